@@ -1,0 +1,372 @@
+// Package publisher talks to Kafka. It turns outbox events into Kafka
+// records (topic from a template, key = aggregate ID, payload as value,
+// standard headers, Java-compatible partitioning), sends them through an
+// idempotent sarama producer, and reports every acknowledgement and failure
+// with the event's position so the caller can decide what is safe to confirm.
+// It knows nothing of WAL or replication slots.
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
+)
+
+// Config says how to reach Kafka and how to shape records.
+type Config struct {
+	Brokers       []string
+	TopicTemplate string // e.g. "outbox.event.{aggregate_type}"
+	Compression   string // none, gzip, snappy, lz4, zstd
+	KafkaVersion  string // protocol version to speak, e.g. "3.6.0"
+	ClientID      string
+
+	// MaxMessageBytes is the largest batch the producer builds for one
+	// partition, and so the largest record it sends. Keep it at or below the
+	// smallest max.message.bytes of the target topics.
+	MaxMessageBytes int
+
+	// RetryMax bounds sarama's own retries of retriable errors; when it runs
+	// out the caller restarts the stream, so retrying never ends while the
+	// slot holds the events.
+	RetryMax        int
+	RetryBackoffMax time.Duration
+
+	Security Security
+
+	// TopicWait is how long a new topic may take to appear (for brokers that
+	// create topics on first use) before it counts as missing.
+	TopicWait time.Duration
+}
+
+// DefaultConfig returns the safe defaults the relay ships with.
+func DefaultConfig() Config {
+	return Config{
+		TopicTemplate:   "outbox.event.{aggregate_type}",
+		Compression:     "lz4",
+		KafkaVersion:    "3.6.0",
+		ClientID:        "outbox-relay",
+		MaxMessageBytes: 1000000,
+		RetryMax:        1000,
+		RetryBackoffMax: 2 * time.Second,
+		TopicWait:       10 * time.Second,
+	}
+}
+
+// Delivery is the outcome of one record, handed to the Handler.
+type Delivery struct {
+	Txn        uint64
+	CommitTime time.Time
+	Bytes      int
+	Topic      string
+	Partition  int32
+	Offset     int64
+}
+
+// Handler receives outcomes. The publisher calls it from one goroutine, in
+// the order the producer reports them.
+type Handler interface {
+	Acked(d Delivery)
+	Failed(d Delivery, err *Error)
+}
+
+// Publisher owns one sarama producer and the goroutine that drains its
+// outcomes. It is built for one stream session: after a failure the caller
+// closes it and makes a new one.
+type Publisher struct {
+	cfg      Config
+	log      zerolog.Logger
+	topics   *topicTemplate
+	client   sarama.Client
+	admin    sarama.ClusterAdmin
+	producer sarama.AsyncProducer
+	handler  Handler
+
+	known map[string]*topicInfo // read and written only by the sending goroutine
+
+	outcomes sync.WaitGroup
+}
+
+// topicInfo is what the publisher learned of a topic on first use.
+type topicInfo struct {
+	name     string
+	maxBytes int // the topic's max.message.bytes
+}
+
+// New connects to Kafka and starts the producer.
+func New(cfg Config, handler Handler, log zerolog.Logger) (*Publisher, error) {
+	topics, err := parseTopicTemplate(cfg.TopicTemplate)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := sarama.NewClient(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("create kafka admin client: %w", err)
+	}
+	producer, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("create kafka producer: %w", err)
+	}
+	p := &Publisher{
+		cfg: cfg, log: log, topics: topics,
+		client: client, admin: admin, producer: producer, handler: handler,
+		known: make(map[string]*topicInfo),
+	}
+	p.outcomes.Add(1)
+	go p.drainOutcomes()
+	return p, nil
+}
+
+func saramaConfig(cfg Config) (*sarama.Config, error) {
+	sc := sarama.NewConfig()
+	version, err := sarama.ParseKafkaVersion(cfg.KafkaVersion)
+	if err != nil {
+		return nil, fmt.Errorf("kafka version %q: %w", cfg.KafkaVersion, err)
+	}
+	sc.Version = version
+	sc.ClientID = cfg.ClientID
+	codec, err := compressionCodec(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
+	sc.Producer.Compression = codec
+	// Idempotence absorbs retries within one producer session without
+	// duplicates or reordering; sarama insists on the rest of these with it.
+	sc.Producer.Idempotent = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Retry.Max = max(cfg.RetryMax, 1)
+	backoffMax := cfg.RetryBackoffMax
+	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration {
+		d := 100 * time.Millisecond << min(retries, 6)
+		d = min(d, backoffMax)
+		return d/2 + rand.N(d/2+1)
+	}
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.Partitioner = newJavaPartitioner
+	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
+	sc.Metadata.AllowAutoTopicCreation = true
+	if err := cfg.Security.apply(sc); err != nil {
+		return nil, err
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka producer configuration: %w", err)
+	}
+	return sc, nil
+}
+
+func compressionCodec(name string) (sarama.CompressionCodec, error) {
+	switch name {
+	case "none", "":
+		return sarama.CompressionNone, nil
+	case "gzip":
+		return sarama.CompressionGZIP, nil
+	case "snappy":
+		return sarama.CompressionSnappy, nil
+	case "lz4":
+		return sarama.CompressionLZ4, nil
+	case "zstd":
+		return sarama.CompressionZSTD, nil
+	}
+	return 0, fmt.Errorf("compression %q: use none, gzip, snappy, lz4 or zstd", name)
+}
+
+// Build turns an event into a record. It fails with a permanent *Error when
+// Kafka could never accept the record (bad topic name, too large, malformed
+// headers), and with a *BatchLimitError when the topic needs a producer with
+// smaller batches. It must be called from one goroutine.
+func (p *Publisher) Build(ev *Event) (*Record, error) {
+	topic, err := p.topic(ev)
+	if err != nil {
+		return nil, err
+	}
+	r, err := build(ev, topic.name)
+	if err != nil {
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
+	}
+	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.MaxMessageBytes); r.size > limit {
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1,
+			Err: fmt.Errorf("%w: record is %d bytes, the limit is %d (topic max.message.bytes %d, producer %d)",
+				sarama.ErrMessageSizeTooLarge, r.size, limit, topic.maxBytes, p.cfg.MaxMessageBytes)}
+	}
+	return r, nil
+}
+
+// Send hands a built record to the producer. It blocks while the producer's
+// input is full, calling whileBlocked every interval so the caller can keep
+// its other duties (the replication connection's status updates) alive.
+func (p *Publisher) Send(ctx context.Context, r *Record, interval time.Duration, whileBlocked func() error) error {
+	select {
+	case p.producer.Input() <- &r.msg:
+		return nil
+	default:
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case p.producer.Input() <- &r.msg:
+			return nil
+		case <-tick.C:
+			if err := whileBlocked(); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// topic resolves and, on first use, checks an event's topic.
+func (p *Publisher) topic(ev *Event) (*topicInfo, error) {
+	var scratch [256]byte
+	name := p.topics.appendName(scratch[:0], ev)
+	if t, ok := p.known[string(name)]; ok {
+		return t, nil
+	}
+	t, err := p.discover(string(name))
+	if err != nil {
+		var perm *Error
+		if errors.As(err, &perm) {
+			perm.EventID = string(ev.EventID)
+		}
+		return nil, err
+	}
+	p.known[t.name] = t
+	return t, nil
+}
+
+// discover checks that a topic exists and learns its max.message.bytes, so
+// an oversize record is caught before it is sent. Sent, it would fail its
+// whole batch and take innocent neighbours, and their order, down with it.
+func (p *Publisher) discover(name string) (*topicInfo, error) {
+	if err := validTopicName(name); err != nil {
+		return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1, Err: err}
+	}
+	deadline := time.Now().Add(p.cfg.TopicWait)
+	for {
+		err := p.client.RefreshMetadata(name)
+		if err == nil {
+			_, err = p.client.Partitions(name)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) && !errors.Is(err, sarama.ErrLeaderNotAvailable) {
+			return nil, fmt.Errorf("look up topic %s: %w", name, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1,
+				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
+		}
+		time.Sleep(200 * time.Millisecond) // the broker is creating the topic; poll its metadata
+	}
+
+	t := &topicInfo{name: name, maxBytes: p.cfg.MaxMessageBytes + recordBatchOverhead}
+	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
+		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
+	})
+	if err != nil {
+		p.log.Warn().Err(err).Str("topic", name).
+			Msg("could not read the topic's max.message.bytes; grant DescribeConfigs on the topic so oversize records are caught before they are sent")
+	}
+	for _, e := range entries {
+		if e.Name == "max.message.bytes" {
+			if v, err := strconv.Atoi(e.Value); err == nil {
+				t.maxBytes = v
+			}
+		}
+	}
+	if t.maxBytes-recordBatchOverhead < p.cfg.MaxMessageBytes {
+		return nil, &BatchLimitError{Topic: name, MaxMessageBytes: t.maxBytes - recordBatchOverhead}
+	}
+	p.log.Debug().Str("topic", name).Int("max_message_bytes", t.maxBytes).Msg("topic ready")
+	return t, nil
+}
+
+// BatchLimitError says a topic accepts smaller batches than the producer
+// builds. The caller restarts with MaxMessageBytes lowered to the limit;
+// otherwise a batch of small records could exceed the topic's limit.
+type BatchLimitError struct {
+	Topic           string
+	MaxMessageBytes int
+}
+
+func (e *BatchLimitError) Error() string {
+	return fmt.Sprintf("topic %s accepts batches of at most %d bytes; restarting the producer with that limit", e.Topic, e.MaxMessageBytes)
+}
+
+// drainOutcomes reports each ack and failure to the handler until the
+// producer closes both channels.
+func (p *Publisher) drainOutcomes() {
+	defer p.outcomes.Done()
+	successes, failures := p.producer.Successes(), p.producer.Errors()
+	for successes != nil || failures != nil {
+		select {
+		case msg, ok := <-successes:
+			if !ok {
+				successes = nil
+				continue
+			}
+			p.handler.Acked(delivery(msg))
+		case perr, ok := <-failures:
+			if !ok {
+				failures = nil
+				continue
+			}
+			d := delivery(perr.Msg)
+			r := perr.Msg.Metadata.(*Record)
+			p.handler.Failed(d, &Error{
+				Class: Classify(perr.Err), EventID: string(r.eventID),
+				Topic: d.Topic, Partition: d.Partition, Err: perr.Err,
+			})
+		}
+	}
+}
+
+func delivery(msg *sarama.ProducerMessage) Delivery {
+	r := msg.Metadata.(*Record)
+	return Delivery{
+		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size,
+		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+	}
+}
+
+// Close flushes what is in flight for at most timeout, then shuts the
+// producer down. Outcomes that arrive meanwhile still reach the handler.
+func (p *Publisher) Close(timeout time.Duration) error {
+	p.producer.AsyncClose()
+	drained := make(chan struct{})
+	go func() {
+		p.outcomes.Wait()
+		close(drained)
+	}()
+	var err error
+	select {
+	case <-drained:
+	case <-time.After(timeout):
+		// A broker that never answers must not hang shutdown. What is still
+		// in flight was never confirmed, so it is re-delivered later; a late
+		// outcome may still reach the handler.
+		err = fmt.Errorf("close kafka producer: gave up after %s with records in flight", timeout)
+	}
+	p.admin.Close()
+	return err
+}

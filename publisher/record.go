@@ -1,0 +1,203 @@
+package publisher
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Event is one outbox row as the publisher needs it. The byte slices may alias
+// a buffer the caller reuses: Build copies what the producer must keep.
+type Event struct {
+	EventID       []byte
+	AggregateType []byte
+	AggregateID   []byte
+	EventType     []byte
+	SchemaVersion []byte
+	Payload       []byte
+	Headers       []byte // a JSON object, or nil
+	OccurredAt    []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
+
+	// Txn and CommitTime identify the event's transaction; they come back in
+	// the acknowledgement unchanged.
+	Txn        uint64
+	CommitTime time.Time
+}
+
+// ReservedHeaders are the headers every record carries. A row's own headers
+// may not use these names.
+var ReservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "schema_version", "occurred_at"}
+
+var (
+	headerEventID       = []byte("event_id")
+	headerEventType     = []byte("event_type")
+	headerAggregateType = []byte("aggregate_type")
+	headerAggregateID   = []byte("aggregate_id")
+	headerSchemaVersion = []byte("schema_version")
+	headerOccurredAt    = []byte("occurred_at")
+)
+
+// inlineHeaders is how many headers fit in a Record without another
+// allocation: the six standard ones plus a couple of the row's own.
+const inlineHeaders = 8
+
+// recordBatchOverhead is the size of a Kafka v2 record batch header. The
+// broker checks max.message.bytes against whole batches, so a record alone
+// in its batch needs this much room besides itself.
+const recordBatchOverhead = 61
+
+// Record is a built Kafka record, ready to send. Everything the producer
+// keeps lives in this one allocation plus one byte buffer, which keeps the
+// per-event cost of the hot path at two allocations.
+type Record struct {
+	msg     sarama.ProducerMessage
+	key     bytesEncoder
+	value   bytesEncoder
+	headers [inlineHeaders]sarama.RecordHeader
+
+	eventID    []byte
+	txn        uint64
+	commitTime time.Time
+	size       int
+}
+
+// Size is the record's encoded size in bytes, as Kafka counts it.
+func (r *Record) Size() int { return r.size }
+
+// Topic is the record's topic.
+func (r *Record) Topic() string { return r.msg.Topic }
+
+// EventID is the event_id of the row the record was built from.
+func (r *Record) EventID() string { return string(r.eventID) }
+
+// bytesEncoder is a sarama.Encoder whose methods have pointer receivers, so
+// storing &field in msg.Key does not allocate the way a []byte conversion to
+// sarama.ByteEncoder would.
+type bytesEncoder struct{ b []byte }
+
+func (e *bytesEncoder) Encode() ([]byte, error) { return e.b, nil }
+func (e *bytesEncoder) Length() int             { return len(e.b) }
+
+// build fills a Record from an event and its resolved topic.
+func build(ev *Event, topic string) (*Record, error) {
+	n := len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) +
+		len(ev.SchemaVersion) + len(ev.OccurredAt) + len(ev.Payload)
+	extra, err := rowHeaders(ev.Headers)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range extra {
+		n += len(h.Key) + len(h.Value)
+	}
+
+	buf := make([]byte, 0, n)
+	take := func(b []byte) []byte {
+		start := len(buf)
+		buf = append(buf, b...)
+		return buf[start:len(buf):len(buf)]
+	}
+	takeRFC3339 := func(pg []byte) []byte {
+		start := len(buf)
+		buf = appendRFC3339(buf, pg)
+		return buf[start:len(buf):len(buf)]
+	}
+	r := &Record{txn: ev.Txn, commitTime: ev.CommitTime}
+	r.eventID = take(ev.EventID)
+	aggregateID := take(ev.AggregateID)
+	r.key.b = aggregateID
+	r.value.b = take(ev.Payload)
+	headers := r.headers[:0]
+	if 6+len(extra) > inlineHeaders {
+		headers = make([]sarama.RecordHeader, 0, 6+len(extra))
+	}
+	headers = append(headers,
+		sarama.RecordHeader{Key: headerEventID, Value: r.eventID},
+		sarama.RecordHeader{Key: headerEventType, Value: take(ev.EventType)},
+		sarama.RecordHeader{Key: headerAggregateType, Value: take(ev.AggregateType)},
+		sarama.RecordHeader{Key: headerAggregateID, Value: aggregateID},
+		sarama.RecordHeader{Key: headerSchemaVersion, Value: take(ev.SchemaVersion)},
+		sarama.RecordHeader{Key: headerOccurredAt, Value: takeRFC3339(ev.OccurredAt)},
+	)
+	for _, h := range extra {
+		headers = append(headers, sarama.RecordHeader{Key: take(h.Key), Value: take(h.Value)})
+	}
+
+	r.msg = sarama.ProducerMessage{
+		Topic:    topic,
+		Key:      &r.key,
+		Value:    &r.value,
+		Headers:  headers,
+		Metadata: r,
+	}
+	r.size = r.msg.ByteSize(2)
+	return r, nil
+}
+
+// appendRFC3339 appends PostgreSQL's ISO timestamptz text in UTC
+// ("2026-11-29 21:03:56.123456+00") as RFC 3339 ("2026-11-29T21:03:56.123456Z"),
+// without parsing it. Anything else (infinity, a far year) passes unchanged,
+// because the header should show the row's value rather than fail the line.
+func appendRFC3339(dst, pg []byte) []byte {
+	n := len(pg)
+	if n < 22 || pg[10] != ' ' || pg[n-3] != '+' || pg[n-2] != '0' || pg[n-1] != '0' {
+		return append(dst, pg...)
+	}
+	dst = append(dst, pg[:10]...)
+	dst = append(dst, 'T')
+	dst = append(dst, pg[11:n-3]...)
+	return append(dst, 'Z')
+}
+
+// header is one of a row's own headers.
+type header struct{ Key, Value []byte }
+
+// rowHeaders reads the row's headers column: a JSON object whose string
+// values become header values as they are, and whose other values are kept
+// as JSON text. Object order is kept.
+func rowHeaders(raw []byte) ([]header, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil, fmt.Errorf("headers column is not a JSON object")
+	}
+	var out []header
+	for dec.More() {
+		keyTok, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("headers column: %w", err)
+		}
+		key := keyTok.(string)
+		for _, reserved := range ReservedHeaders {
+			if key == reserved {
+				return nil, fmt.Errorf("headers column sets reserved header %q", key)
+			}
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, fmt.Errorf("headers column, key %q: %w", key, err)
+		}
+		h := header{Key: []byte(key)}
+		switch {
+		case bytes.Equal(value, []byte("null")):
+			h.Value = nil
+		case len(value) > 0 && value[0] == '"':
+			var s string
+			if err := json.Unmarshal(value, &s); err != nil {
+				return nil, fmt.Errorf("headers column, key %q: %w", key, err)
+			}
+			h.Value = []byte(s)
+		default:
+			h.Value = []byte(value)
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}

@@ -1,0 +1,112 @@
+package relay
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// Metrics are the relay's Prometheus series. Each Relay owns its own set,
+// registered on the registry it is given.
+type Metrics struct {
+	EventsPublished   *prometheus.CounterVec
+	BytesPublished    *prometheus.CounterVec
+	PublishErrors     *prometheus.CounterVec
+	Restarts          prometheus.Counter
+	InFlightEvents    prometheus.Gauge
+	ReceivedLSN       prometheus.Gauge
+	ConfirmedLSN      prometheus.Gauge
+	SlotRetainedWAL   prometheus.Gauge
+	SlotLag           prometheus.Gauge
+	SlotActive        prometheus.Gauge
+	OldestUnpublished prometheus.Gauge
+	CommitToAck       prometheus.Histogram
+	Quarantined       prometheus.Gauge
+	OrderBreaks       *prometheus.CounterVec
+
+	mu               sync.Mutex
+	perTopic         map[string]topicCounters
+	lastAckNs        atomic.Int64
+	quarantinedCount atomic.Int64
+}
+
+type topicCounters struct{ events, bytes prometheus.Counter }
+
+// NewMetrics creates the series and registers them, with the Go and process
+// collectors, on reg (nil: create them unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		EventsPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_events_published_total", Help: "Events acknowledged by Kafka, by topic."}, []string{"topic"}),
+		BytesPublished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_bytes_published_total", Help: "Record bytes acknowledged by Kafka, by topic."}, []string{"topic"}),
+		PublishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_publish_errors_total", Help: "Records Kafka failed, by error class (retriable, producer, permanent)."}, []string{"class"}),
+		Restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_stream_restarts_total", Help: "Stream sessions restarted after a failure; each re-streams from the slot."}),
+		InFlightEvents: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_in_flight_events", Help: "Events sent to Kafka and not yet acknowledged."}),
+		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_received_lsn", Help: "Highest WAL position read from the slot, as a number."}),
+		ConfirmedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_confirmed_lsn", Help: "WAL position confirmed to PostgreSQL, as a number."}),
+		SlotRetainedWAL: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_slot_retained_wal_bytes", Help: "WAL the slot holds: current WAL LSN minus restart_lsn."}),
+		SlotLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_slot_lag_bytes", Help: "Current WAL LSN minus the slot's confirmed_flush_lsn."}),
+		SlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_slot_active", Help: "1 when a process is streaming from the slot."}),
+		OldestUnpublished: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_oldest_unpublished_event_age_seconds", Help: "Age of the oldest event sent and not yet acknowledged."}),
+		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "outbox_relay_commit_to_ack_seconds", Help: "From the transaction's commit time to Kafka's acknowledgement.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table."}),
+		OrderBreaks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_order_breaks_total", Help: "Times a producer failure may have let later records of a partition land before re-delivered earlier ones."}, []string{"topic", "partition"}),
+		perTopic: make(map[string]topicCounters),
+	}
+	if reg != nil {
+		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.InFlightEvents,
+			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
+			m.CommitToAck, m.Quarantined, m.OrderBreaks,
+			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	return m
+}
+
+func (m *Metrics) acked(d publisher.Delivery) {
+	now := time.Now()
+	m.mu.Lock()
+	c, ok := m.perTopic[d.Topic]
+	if !ok {
+		c = topicCounters{m.EventsPublished.WithLabelValues(d.Topic), m.BytesPublished.WithLabelValues(d.Topic)}
+		m.perTopic[d.Topic] = c
+	}
+	m.mu.Unlock()
+	c.events.Inc()
+	c.bytes.Add(float64(d.Bytes))
+	if !d.CommitTime.IsZero() {
+		m.CommitToAck.Observe(now.Sub(d.CommitTime).Seconds())
+	}
+	m.lastAckNs.Store(now.UnixNano())
+}
+
+func (m *Metrics) failed(err *publisher.Error) {
+	m.PublishErrors.WithLabelValues(string(err.Class)).Inc()
+}
+
+func (m *Metrics) lastAck() time.Time {
+	if ns := m.lastAckNs.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+func (m *Metrics) quarantined() int64 { return m.quarantinedCount.Load() }

@@ -1,0 +1,185 @@
+// Package relay wires replication, lsn and publisher into the running relay:
+// one stream session reads committed outbox rows, publishes them, and
+// confirms what Kafka acknowledged; around it, a restart loop backs off and
+// re-streams from the slot after any failure, and waits while another
+// instance holds the slot. It also keeps the state the admin endpoint shows.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// Config is everything the relay needs to run.
+type Config struct {
+	Replication replication.Config
+	Publisher   publisher.Config
+
+	// MaxInFlightEvents and MaxInFlightBytes bound what is sent and not yet
+	// acknowledged. At the bound the relay stops reading WAL. They also bound
+	// the duplicates a crash can cause.
+	MaxInFlightEvents int
+	MaxInFlightBytes  int64
+
+	// StatusInterval is how often a moved confirmed position is reported;
+	// the relay reports at least every StatusMaxInterval regardless, and
+	// sooner when wal_sender_timeout is short.
+	StatusInterval    time.Duration
+	StatusMaxInterval time.Duration
+
+	// ShutdownTimeout bounds the wait for in-flight acks on SIGTERM.
+	ShutdownTimeout time.Duration
+
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+
+	// RecreateLostSlot lets the relay drop and recreate a slot the server
+	// invalidated. Events in the lost WAL are not recovered.
+	RecreateLostSlot bool
+}
+
+// DefaultConfig returns the defaults the relay ships with.
+func DefaultConfig() Config {
+	return Config{
+		Replication: replication.Config{
+			Table:       "public.outbox_events",
+			Publication: "outbox_relay",
+			Slot:        "outbox_relay",
+		},
+		Publisher:         publisher.DefaultConfig(),
+		MaxInFlightEvents: 10000,
+		MaxInFlightBytes:  64 << 20,
+		StatusInterval:    time.Second,
+		StatusMaxInterval: 10 * time.Second,
+		ShutdownTimeout:   30 * time.Second,
+		BackoffMin:        500 * time.Millisecond,
+		BackoffMax:        30 * time.Second,
+	}
+}
+
+// Validate checks the configuration and names the field at fault.
+func (c Config) Validate() error {
+	if err := c.Replication.Validate(); err != nil {
+		return err
+	}
+	if len(c.Publisher.Brokers) == 0 {
+		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
+	}
+	if c.MaxInFlightEvents < 1 {
+		return fmt.Errorf("--max-in-flight-events %d: must be at least 1", c.MaxInFlightEvents)
+	}
+	if c.MaxInFlightBytes < 1 {
+		return fmt.Errorf("--max-in-flight-bytes %d: must be at least 1", c.MaxInFlightBytes)
+	}
+	return nil
+}
+
+// Relay runs stream sessions until its context ends or a fatal error.
+type Relay struct {
+	cfg     Config
+	log     zerolog.Logger
+	metrics *Metrics
+	hooks   Hooks
+
+	mu     sync.Mutex
+	status Status
+	// batchLimit survives sessions: once a topic is known to take smaller
+	// batches, every later producer is built with that limit.
+	batchLimit int
+}
+
+// Hooks let the process around the relay react to its progress (systemd
+// readiness and watchdog). Each may be nil.
+type Hooks struct {
+	// Streaming is called each time a session starts streaming.
+	Streaming func()
+	// Alive is called from the stream loop at least once per StatusInterval
+	// while the loop makes progress.
+	Alive func()
+}
+
+// New returns a relay; metrics may be nil.
+func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
+		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes}
+}
+
+// IsFatal reports whether an error needs the operator: retrying cannot fix it.
+func IsFatal(err error) bool {
+	var perr *publisher.Error
+	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
+		errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
+}
+
+// Run streams until ctx ends (returning nil after a clean drain) or a fatal
+// error occurs. Transient failures restart the session from the slot after
+// a backoff with jitter.
+func (r *Relay) Run(ctx context.Context) error {
+	attempt := 0
+	for {
+		started := time.Now()
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			r.setState(StateStopped, nil)
+			return nil
+		}
+		if IsFatal(err) {
+			r.setState(StateFailed, err)
+			return err
+		}
+		var limit *publisher.BatchLimitError
+		if errors.As(err, &limit) {
+			r.mu.Lock()
+			r.batchLimit = min(r.batchLimit, limit.MaxMessageBytes)
+			r.mu.Unlock()
+			r.log.Warn().Str("topic", limit.Topic).Int("max_message_bytes", limit.MaxMessageBytes).
+				Msg("topic takes smaller batches than the producer builds; restarting the producer with the topic's limit")
+			attempt = 0
+			continue
+		}
+		if time.Since(started) > time.Minute {
+			attempt = 0
+		}
+		attempt++
+		wait := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
+		if errors.Is(err, replication.ErrSlotBusy) {
+			// A standby: poll often enough to take over within seconds.
+			wait = backoff(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
+			r.setState(StateWaitingForSlot, err)
+			r.log.Info().Str("slot", r.cfg.Replication.Slot).Err(err).Dur("retry_in", wait).
+				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
+		} else {
+			r.setState(StateBackingOff, err)
+			r.metrics.Restarts.Inc()
+			r.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).
+				Msg("stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)")
+		}
+		select {
+		case <-ctx.Done():
+			r.setState(StateStopped, nil)
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// backoff is capped exponential backoff with full jitter on the upper half.
+func backoff(lo, hi time.Duration, attempt int) time.Duration {
+	d := lo << min(attempt-1, 16)
+	if d <= 0 || d > hi {
+		d = hi
+	}
+	return d/2 + rand.N(d/2+1)
+}

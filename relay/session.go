@@ -1,0 +1,340 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// session is one life of the stream: check, open the slot, publish and
+// confirm until an error or ctx ends. Every failure ends the session; the
+// next one re-reads from the slot's confirmed position.
+func (r *Relay) session(ctx context.Context) (err error) {
+	r.setState(StateConnecting, nil)
+	start, senderTimeout, err := r.prepare(ctx)
+	if err != nil {
+		return err
+	}
+
+	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.MaxInFlightEvents, Bytes: r.cfg.MaxInFlightBytes})
+	outcomes := newOutcomes(tracker, r.metrics)
+	pubCfg := r.cfg.Publisher
+	r.mu.Lock()
+	pubCfg.MaxMessageBytes = r.batchLimit
+	r.mu.Unlock()
+	pub, err := publisher.New(pubCfg, outcomes, r.log)
+	if err != nil {
+		return err
+	}
+	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
+	if err != nil {
+		pub.Close(time.Second)
+		return err
+	}
+	if err := stream.Start(ctx, start); err != nil {
+		stream.Close(context.Background())
+		pub.Close(time.Second)
+		return err
+	}
+
+	s := &streamer{
+		relay: r, stream: stream, pub: pub, tracker: tracker, outcomes: outcomes,
+		received: start, flushedSent: start, lastStatus: time.Now(),
+		keepaliveEvery: statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout),
+	}
+	r.setStreaming(tracker)
+	r.log.Info().Str("slot", r.cfg.Replication.Slot).Str("start_lsn", start.String()).
+		Dur("status_every", s.keepaliveEvery).Msg("streaming")
+	if r.hooks.Streaming != nil {
+		r.hooks.Streaming()
+	}
+
+	err = s.run(ctx)
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return s.drain()
+	}
+	stream.Close(context.Background())
+	if cerr := pub.Close(5 * time.Second); cerr != nil {
+		r.log.Warn().Err(cerr).Msg("abandoned the failed session's producer")
+	}
+	return err
+}
+
+// prepare checks the server and the slot and returns where to start.
+func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.Duration, err error) {
+	admin, err := replication.Connect(ctx, r.cfg.Replication)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer admin.Close(context.Background())
+	if err := admin.Check(ctx); err != nil {
+		return 0, 0, err
+	}
+	senderTimeout, err = admin.SenderTimeout(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	slot, exists, err := admin.Slot(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	if exists && slot.Lost() && r.cfg.RecreateLostSlot {
+		r.log.Error().Str("slot", slot.Name).
+			Msg("slot was invalidated and --recreate-lost-slot is set: dropping and recreating it; events committed while it was lost are NOT delivered")
+		if err := admin.DropSlot(ctx); err != nil {
+			return 0, 0, err
+		}
+		exists = false
+	}
+	if !exists {
+		at, err := admin.CreateSlot(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		rows, err := admin.CountRows(ctx)
+		if err != nil {
+			return 0, 0, err
+		}
+		ev := r.log.Info()
+		if rows > 0 {
+			ev = r.log.Warn().Int64("rows_not_published", rows)
+		}
+		ev.Str("slot", r.cfg.Replication.Slot).Str("lsn", at.String()).
+			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
+		return at, senderTimeout, nil
+	}
+	if err := admin.CheckSlot(slot); err != nil {
+		return 0, 0, err
+	}
+	start, err = slot.Confirmed()
+	return start, senderTimeout, err
+}
+
+// statusMaxInterval keeps status updates well inside wal_sender_timeout.
+func statusMaxInterval(configured, senderTimeout time.Duration) time.Duration {
+	if senderTimeout > 0 && senderTimeout/3 < configured {
+		return max(senderTimeout/3, 100*time.Millisecond)
+	}
+	return configured
+}
+
+// streamer is the state of one session's read loop.
+type streamer struct {
+	relay    *Relay
+	stream   *replication.Stream
+	pub      *publisher.Publisher
+	tracker  *lsn.Tracker
+	outcomes *outcomes
+
+	txn        lsn.TxnID
+	inTxn      bool
+	commitTime time.Time
+	event      publisher.Event
+
+	received       lsn.LSN // highest position read
+	flushedSent    lsn.LSN // flush position last reported
+	lastStatus     time.Time
+	keepaliveEvery time.Duration
+}
+
+// run reads and publishes until an error, a producer failure or ctx ends.
+func (s *streamer) run(ctx context.Context) error {
+	cfg := &s.relay.cfg
+	timer := time.NewTimer(cfg.StatusInterval)
+	defer timer.Stop()
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := s.outcomes.failure(); err != nil {
+			return err
+		}
+		if err := s.statusIfDue(false); err != nil {
+			return err
+		}
+		if s.relay.hooks.Alive != nil {
+			s.relay.hooks.Alive()
+		}
+		if s.tracker.Full() {
+			// Stop reading WAL until acks free room; keep reporting status so
+			// wal_sender_timeout never fires while Kafka is slow.
+			timer.Reset(cfg.StatusInterval)
+			select {
+			case <-s.tracker.Freed():
+			case <-s.outcomes.failed:
+			case <-timer.C:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		msg, err := s.stream.Receive(s.lastStatus.Add(cfg.StatusInterval))
+		if err != nil {
+			return err
+		}
+		if err := s.handle(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
+	switch msg.Kind {
+	case replication.KindBegin:
+		if s.inTxn {
+			return fmt.Errorf("replication stream: begin of xid %d inside an open transaction", msg.XID)
+		}
+		s.txn = s.tracker.Open(msg.CommitTime)
+		s.inTxn = true
+		s.commitTime = msg.CommitTime
+	case replication.KindRow:
+		if !s.inTxn {
+			return errors.New("replication stream: row outside a transaction")
+		}
+		return s.publish(ctx, &msg.Row)
+	case replication.KindCommit:
+		if !s.inTxn {
+			return errors.New("replication stream: commit outside a transaction")
+		}
+		s.tracker.Close(s.txn, msg.EndLSN)
+		s.inTxn = false
+		s.received = max(s.received, msg.EndLSN)
+	case replication.KindKeepalive:
+		s.received = max(s.received, msg.ServerWALEnd)
+		if !s.inTxn {
+			// Nothing open and, if the tracker agrees, nothing unacknowledged:
+			// the server's WAL end is safe, and confirming it lets the slot
+			// release WAL that only other tables wrote.
+			s.tracker.ConfirmIdle(msg.ServerWALEnd)
+		}
+		if msg.ReplyRequested {
+			return s.statusIfDue(true)
+		}
+	}
+	return nil
+}
+
+// publish builds and sends one outbox row.
+func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
+	ev := &s.event
+	v := &row.Values
+	*ev = publisher.Event{
+		EventID:       v[replication.FieldEventID],
+		AggregateType: v[replication.FieldAggregateType],
+		AggregateID:   v[replication.FieldAggregateID],
+		EventType:     v[replication.FieldEventType],
+		SchemaVersion: v[replication.FieldSchemaVersion],
+		Payload:       v[replication.FieldPayload],
+		Headers:       v[replication.FieldHeaders],
+		OccurredAt:    v[replication.FieldOccurredAt],
+		Txn:           uint64(s.txn),
+		CommitTime:    s.commitTime,
+	}
+	for _, col := range []struct {
+		name  string
+		value []byte
+	}{{"aggregate_id", ev.AggregateID}, {"aggregate_type", ev.AggregateType}, {"event_type", ev.EventType}, {"payload", ev.Payload}} {
+		if col.value == nil {
+			return &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+				Err: fmt.Errorf("row has NULL %s; the outbox table's columns must be NOT NULL (see migrate)", col.name)}
+		}
+	}
+	rec, err := s.pub.Build(ev)
+	if err != nil {
+		return err
+	}
+	s.tracker.Add(s.txn, rec.Size())
+	return s.pub.Send(ctx, rec, s.relay.cfg.StatusInterval, func() error {
+		if err := s.outcomes.failure(); err != nil {
+			return err
+		}
+		return s.statusIfDue(false)
+	})
+}
+
+// statusIfDue reports positions when the confirmed position moved and a
+// StatusInterval passed, when keepaliveEvery passed, or when forced.
+func (s *streamer) statusIfDue(force bool) error {
+	now := time.Now()
+	since := now.Sub(s.lastStatus)
+	confirmed := s.tracker.Confirmed()
+	if !force && since < s.keepaliveEvery && (confirmed == s.flushedSent || since < s.relay.cfg.StatusInterval) {
+		return nil
+	}
+	if err := s.stream.SendStatus(s.received, confirmed); err != nil {
+		return err
+	}
+	s.lastStatus, s.flushedSent = now, confirmed
+	s.relay.metrics.ReceivedLSN.Set(float64(s.received))
+	s.relay.metrics.ConfirmedLSN.Set(float64(confirmed))
+	s.relay.noteProgress(s.received, confirmed)
+	return nil
+}
+
+// drain ends a session on shutdown: stop reading, wait (bounded) for the
+// acks of what is in flight, confirm them, and close.
+func (s *streamer) drain() error {
+	log := s.relay.log
+	s.relay.setState(StateDraining, nil)
+	deadline := time.Now().Add(s.relay.cfg.ShutdownTimeout)
+	for s.tracker.Stats().InFlightEvents > 0 && time.Now().Before(deadline) && s.outcomes.failure() == nil {
+		select {
+		case <-s.tracker.Freed():
+		case <-time.After(s.relay.cfg.StatusInterval):
+		}
+		if err := s.statusIfDue(false); err != nil {
+			break
+		}
+	}
+	stats := s.tracker.Stats()
+	if stats.InFlightEvents > 0 {
+		log.Warn().Int("in_flight_events", stats.InFlightEvents).
+			Msg("shutdown timeout reached with events unacknowledged; they will be re-delivered on the next start")
+	}
+	err := s.statusIfDue(true)
+	s.stream.Close(context.Background())
+	if cerr := s.pub.Close(5 * time.Second); cerr != nil && err == nil {
+		err = cerr
+	}
+	log.Info().Str("confirmed_lsn", stats.Confirmed.String()).Msg("stopped cleanly")
+	return err
+}
+
+// outcomes receives the producer's acks and failures for one session.
+type outcomes struct {
+	tracker *lsn.Tracker
+	metrics *Metrics
+	failed  chan struct{}
+	first   atomic.Pointer[publisher.Error]
+}
+
+func newOutcomes(t *lsn.Tracker, m *Metrics) *outcomes {
+	return &outcomes{tracker: t, metrics: m, failed: make(chan struct{})}
+}
+
+func (o *outcomes) Acked(d publisher.Delivery) {
+	o.tracker.Ack(lsn.TxnID(d.Txn), d.Bytes)
+	o.metrics.acked(d)
+}
+
+func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
+	o.metrics.failed(err)
+	if o.first.CompareAndSwap(nil, err) {
+		close(o.failed)
+	}
+}
+
+// failure returns the session's first producer failure, if any. Nothing at
+// or after the failed event is ever confirmed: its transaction never
+// completes in the tracker.
+func (o *outcomes) failure() error {
+	if err := o.first.Load(); err != nil {
+		return err
+	}
+	return nil
+}

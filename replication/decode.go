@@ -1,0 +1,247 @@
+package replication
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+)
+
+// Kind says what a Message carries.
+type Kind uint8
+
+const (
+	// KindNone: nothing arrived before the deadline.
+	KindNone Kind = iota
+	// KindBegin: a committed transaction starts; Message.CommitTime and XID are set.
+	KindBegin
+	// KindRow: an insert into the outbox table; Message.Row is set.
+	KindRow
+	// KindCommit: the transaction is complete; CommitLSN and EndLSN are set.
+	KindCommit
+	// KindKeepalive: the server's heartbeat; ServerWALEnd and ReplyRequested are set.
+	KindKeepalive
+	// KindOther: anything else (relation, type, origin, other tables); skip it.
+	KindOther
+)
+
+// Field indexes into Row.Values, one per outbox column the relay reads.
+const (
+	FieldEventID = iota
+	FieldAggregateType
+	FieldAggregateID
+	FieldEventType
+	FieldSchemaVersion
+	FieldPayload
+	FieldHeaders
+	FieldOccurredAt
+	numFields
+)
+
+// columnNames maps outbox column names to fields. Columns are matched by
+// name, so added, dropped or reordered columns change nothing.
+var columnNames = map[string]int{
+	"event_id":       FieldEventID,
+	"aggregate_type": FieldAggregateType,
+	"aggregate_id":   FieldAggregateID,
+	"event_type":     FieldEventType,
+	"schema_version": FieldSchemaVersion,
+	"payload":        FieldPayload,
+	"headers":        FieldHeaders,
+	"occurred_at":    FieldOccurredAt,
+}
+
+// requiredFields must be present in the outbox table.
+var requiredFields = []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "payload"}
+
+// Row is one outbox insert, as text. The slices alias the connection's read
+// buffer and are valid only until the next Receive; a nil slice is SQL NULL
+// or a column the table does not have.
+type Row struct {
+	Values [numFields][]byte
+}
+
+// Message is one decoded replication message. Receive reuses it.
+type Message struct {
+	Kind Kind
+
+	// WALStart is where the message's WAL data starts (XLogData only).
+	WALStart lsn.LSN
+	// ServerWALEnd is the server's WAL end when it sent the message.
+	ServerWALEnd   lsn.LSN
+	ReplyRequested bool
+
+	XID        uint32
+	CommitTime time.Time
+	CommitLSN  lsn.LSN
+	EndLSN     lsn.LSN
+
+	Row Row
+}
+
+// relation is the decoder's record of one table from a Relation message.
+type relation struct {
+	outbox  bool
+	fieldOf []int8 // column position -> field, or -1
+}
+
+// decoder turns pgoutput protocol version 1 messages into Messages.
+type decoder struct {
+	schema, table string
+	relations     map[uint32]*relation
+}
+
+func newDecoder(schema, table string) *decoder {
+	return &decoder{schema: schema, table: table, relations: make(map[uint32]*relation)}
+}
+
+var errShort = errors.New("message too short")
+
+// pgEpoch is PostgreSQL's timestamp origin.
+var pgEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+func pgTime(micros int64) time.Time { return time.UnixMicro(pgEpoch + micros).UTC() }
+
+// decode reads one pgoutput message (the payload of an XLogData) into m.
+func (d *decoder) decode(data []byte, m *Message) error {
+	if len(data) == 0 {
+		return errShort
+	}
+	body := data[1:]
+	switch data[0] {
+	case 'B':
+		if len(body) < 20 {
+			return fmt.Errorf("begin: %w", errShort)
+		}
+		m.Kind = KindBegin
+		m.CommitLSN = lsn.LSN(binary.BigEndian.Uint64(body))
+		m.CommitTime = pgTime(int64(binary.BigEndian.Uint64(body[8:])))
+		m.XID = binary.BigEndian.Uint32(body[16:])
+	case 'C':
+		if len(body) < 25 {
+			return fmt.Errorf("commit: %w", errShort)
+		}
+		m.Kind = KindCommit
+		m.CommitLSN = lsn.LSN(binary.BigEndian.Uint64(body[1:]))
+		m.EndLSN = lsn.LSN(binary.BigEndian.Uint64(body[9:]))
+		m.CommitTime = pgTime(int64(binary.BigEndian.Uint64(body[17:])))
+	case 'R':
+		m.Kind = KindOther
+		return d.relation(body)
+	case 'I':
+		return d.insert(body, m)
+	default:
+		// Type, Origin, Update, Delete, Truncate, Message and any later
+		// additions say nothing the relay needs.
+		m.Kind = KindOther
+	}
+	return nil
+}
+
+func (d *decoder) relation(b []byte) error {
+	if len(b) < 4 {
+		return fmt.Errorf("relation: %w", errShort)
+	}
+	oid := binary.BigEndian.Uint32(b)
+	b = b[4:]
+	namespace, b, err := cstring(b)
+	if err != nil {
+		return fmt.Errorf("relation %d namespace: %w", oid, err)
+	}
+	name, b, err := cstring(b)
+	if err != nil {
+		return fmt.Errorf("relation %d name: %w", oid, err)
+	}
+	if len(b) < 3 {
+		return fmt.Errorf("relation %s.%s: %w", namespace, name, errShort)
+	}
+	ncols := int(binary.BigEndian.Uint16(b[1:]))
+	b = b[3:]
+	rel := &relation{outbox: namespace == d.schema && name == d.table, fieldOf: make([]int8, ncols)}
+	seen := make(map[string]bool, ncols)
+	for i := 0; i < ncols; i++ {
+		if len(b) < 1 {
+			return fmt.Errorf("relation %s.%s column %d: %w", namespace, name, i, errShort)
+		}
+		var col string
+		col, b, err = cstring(b[1:])
+		if err != nil || len(b) < 8 {
+			return fmt.Errorf("relation %s.%s column %d: %w", namespace, name, i, errShort)
+		}
+		b = b[8:] // type OID and modifier
+		rel.fieldOf[i] = -1
+		if f, ok := columnNames[col]; ok {
+			rel.fieldOf[i] = int8(f)
+			seen[col] = true
+		}
+	}
+	if rel.outbox {
+		for _, col := range requiredFields {
+			if !seen[col] {
+				return fmt.Errorf("outbox table %s.%s has no column %q: the relay needs event_id, aggregate_type, aggregate_id, event_type and payload", namespace, name, col)
+			}
+		}
+	}
+	d.relations[oid] = rel
+	return nil
+}
+
+func (d *decoder) insert(b []byte, m *Message) error {
+	if len(b) < 7 {
+		return fmt.Errorf("insert: %w", errShort)
+	}
+	oid := binary.BigEndian.Uint32(b)
+	rel, ok := d.relations[oid]
+	if !ok {
+		return fmt.Errorf("insert into relation %d before its relation message", oid)
+	}
+	if !rel.outbox {
+		m.Kind = KindOther
+		return nil
+	}
+	if b[4] != 'N' {
+		return fmt.Errorf("insert: unexpected tuple marker %q", b[4])
+	}
+	ncols := int(binary.BigEndian.Uint16(b[5:]))
+	b = b[7:]
+	m.Kind = KindRow
+	m.Row = Row{}
+	for i := 0; i < ncols; i++ {
+		if len(b) < 1 {
+			return fmt.Errorf("insert column %d: %w", i, errShort)
+		}
+		kind := b[0]
+		b = b[1:]
+		var value []byte
+		switch kind {
+		case 'n', 'u':
+		case 't', 'b':
+			if len(b) < 4 {
+				return fmt.Errorf("insert column %d: %w", i, errShort)
+			}
+			n := int(int32(binary.BigEndian.Uint32(b)))
+			if n < 0 || len(b)-4 < n {
+				return fmt.Errorf("insert column %d: length %d: %w", i, n, errShort)
+			}
+			value = b[4 : 4+n : 4+n]
+			b = b[4+n:]
+		default:
+			return fmt.Errorf("insert column %d: unknown tuple data kind %q", i, kind)
+		}
+		if i < len(rel.fieldOf) && rel.fieldOf[i] >= 0 {
+			m.Row.Values[rel.fieldOf[i]] = value
+		}
+	}
+	return nil
+}
+
+func cstring(b []byte) (string, []byte, error) {
+	for i, c := range b {
+		if c == 0 {
+			return string(b[:i]), b[i+1:], nil
+		}
+	}
+	return "", nil, errShort
+}

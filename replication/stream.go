@@ -1,0 +1,163 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+)
+
+// Stream is one replication connection streaming the slot. It is used from
+// one goroutine.
+type Stream struct {
+	cfg     Config
+	conn    *pgconn.PgConn
+	decoder *decoder
+	msg     Message
+}
+
+// OpenStream opens a replication=database connection.
+func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
+	pc, err := pgconn.ParseConfig(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
+	}
+	pinParams(pc.RuntimeParams, true)
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, connectError(err, cfg.DSN)
+	}
+	schema, table, err := SplitTable(cfg.Table)
+	if err != nil {
+		conn.Close(ctx)
+		return nil, err
+	}
+	return &Stream{cfg: cfg, conn: conn, decoder: newDecoder(schema, table)}, nil
+}
+
+// Start begins streaming the slot from a position, normally the slot's own
+// confirmed_flush_lsn. pgoutput protocol version 1 works on PostgreSQL 10
+// and later; streaming of in-progress transactions stays off, so the server
+// sends each transaction only once it has committed and never an aborted one.
+func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
+	err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication))},
+	})
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "55006":
+			return fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
+		case strings.Contains(pgErr.Message, "invalidated") || strings.Contains(pgErr.Message, "can no longer get changes"):
+			return fmt.Errorf("%w: slot %q: %s %s: events committed while the relay was behind may never reach Kafka; reconcile the outbox table against Kafka, then recreate the slot (--recreate-lost-slot)",
+				ErrSlotLost, s.cfg.Slot, pgErr.Message, pgErr.Detail)
+		case pgErr.Code == "42704":
+			return precondition("start replication: %s: run `outbox-relay migrate`, or fix --slot", pgErr.Message)
+		}
+	}
+	return fmt.Errorf("start replication on slot %s: %w", s.cfg.Slot, err)
+}
+
+// Receive waits until deadline for the next message and decodes it. It
+// returns a Message of KindNone when the deadline passes first. The Message
+// and its Row are reused by the next call.
+func (s *Stream) Receive(deadline time.Time) (*Message, error) {
+	// A read deadline instead of a context keeps pgconn from starting a
+	// watcher goroutine per message; a timeout leaves the connection usable.
+	if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+		return nil, fmt.Errorf("set read deadline: %w", err)
+	}
+	raw, err := s.conn.ReceiveMessage(context.Background())
+	if err != nil {
+		var netErr net.Error
+		if errors.As(err, &netErr) && netErr.Timeout() {
+			s.msg = Message{Kind: KindNone}
+			return &s.msg, nil
+		}
+		return nil, fmt.Errorf("receive replication message: %w", err)
+	}
+	switch raw := raw.(type) {
+	case *pgproto3.CopyData:
+		return s.decodeCopyData(raw.Data)
+	case *pgproto3.ErrorResponse:
+		return nil, fmt.Errorf("replication stream: server error %s: %s", raw.Code, raw.Message)
+	case *pgproto3.CopyDone:
+		return nil, errors.New("replication stream: the server ended the stream")
+	default:
+		s.msg = Message{Kind: KindOther}
+		return &s.msg, nil
+	}
+}
+
+func (s *Stream) decodeCopyData(data []byte) (*Message, error) {
+	m := &s.msg
+	if len(data) == 0 {
+		return nil, errors.New("replication stream: empty message")
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		if len(data) < 18 {
+			return nil, errors.New("replication stream: short keepalive")
+		}
+		*m = Message{
+			Kind:           KindKeepalive,
+			ServerWALEnd:   lsn.LSN(binary.BigEndian.Uint64(data[1:])),
+			ReplyRequested: data[17] != 0,
+		}
+		return m, nil
+	case pglogrepl.XLogDataByteID:
+		if len(data) < 25 {
+			return nil, errors.New("replication stream: short xlogdata")
+		}
+		m.WALStart = lsn.LSN(binary.BigEndian.Uint64(data[1:]))
+		m.ServerWALEnd = lsn.LSN(binary.BigEndian.Uint64(data[9:]))
+		m.ReplyRequested = false
+		if err := s.decoder.decode(data[25:], m); err != nil {
+			return nil, fmt.Errorf("decode pgoutput message at %s: %w", m.WALStart, err)
+		}
+		return m, nil
+	}
+	s.msg = Message{Kind: KindOther}
+	return m, nil
+}
+
+// SendStatus reports the relay's positions to the server. flushed is what
+// the server may release: it must be a position the relay has confirmed,
+// never zero (pglogrepl would replace a zero with written, confirming WAL
+// the relay has not), and never past an unacknowledged commit.
+func (s *Stream) SendStatus(written, flushed lsn.LSN) error {
+	if flushed == 0 {
+		return errors.New("send status update: refusing to send a zero flush position")
+	}
+	written = max(written, flushed)
+	if err := s.conn.Conn().SetWriteDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return fmt.Errorf("send status update: %w", err)
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(written),
+		WALFlushPosition: pglogrepl.LSN(flushed),
+		WALApplyPosition: pglogrepl.LSN(flushed),
+	})
+	if err != nil {
+		return fmt.Errorf("send status update: %w", err)
+	}
+	return nil
+}
+
+// Close ends the stream. The server keeps the slot at the last flush
+// position it was sent.
+func (s *Stream) Close(ctx context.Context) error {
+	return s.conn.Close(ctx)
+}
