@@ -87,6 +87,7 @@ type Publisher struct {
 	admin    sarama.ClusterAdmin
 	producer sarama.AsyncProducer
 	handler  Handler
+	waiting  Waiting
 
 	known map[string]*topicInfo // read and written only by the sending goroutine
 
@@ -99,8 +100,17 @@ type topicInfo struct {
 	maxBytes int // the topic's max.message.bytes
 }
 
+// Waiting is what the caller must keep doing while the publisher blocks it
+// (a full producer, a topic lookup): Do is called every Interval, and an
+// error from it ends the wait. The relay keeps its replication connection's
+// status updates going this way, so wal_sender_timeout never fires.
+type Waiting struct {
+	Interval time.Duration
+	Do       func() error
+}
+
 // New connects to Kafka and starts the producer.
-func New(cfg Config, handler Handler, log zerolog.Logger) (*Publisher, error) {
+func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Publisher, error) {
 	topics, err := parseTopicTemplate(cfg.TopicTemplate)
 	if err != nil {
 		return nil, err
@@ -125,7 +135,7 @@ func New(cfg Config, handler Handler, log zerolog.Logger) (*Publisher, error) {
 	}
 	p := &Publisher{
 		cfg: cfg, log: log, topics: topics,
-		client: client, admin: admin, producer: producer, handler: handler,
+		client: client, admin: admin, producer: producer, handler: handler, waiting: waiting,
 		known: make(map[string]*topicInfo),
 	}
 	p.outcomes.Add(1)
@@ -209,23 +219,22 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 	return r, nil
 }
 
-// Send hands a built record to the producer. It blocks while the producer's
-// input is full, calling whileBlocked every interval so the caller can keep
-// its other duties (the replication connection's status updates) alive.
-func (p *Publisher) Send(ctx context.Context, r *Record, interval time.Duration, whileBlocked func() error) error {
+// Send hands a built record to the producer. While the producer's input is
+// full it blocks, doing the caller's Waiting duty.
+func (p *Publisher) Send(ctx context.Context, r *Record) error {
 	select {
 	case p.producer.Input() <- &r.msg:
 		return nil
 	default:
 	}
-	tick := time.NewTicker(interval)
+	tick := time.NewTicker(p.waiting.Interval)
 	defer tick.Stop()
 	for {
 		select {
 		case p.producer.Input() <- &r.msg:
 			return nil
 		case <-tick.C:
-			if err := whileBlocked(); err != nil {
+			if err := p.waiting.Do(); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -241,7 +250,7 @@ func (p *Publisher) topic(ev *Event) (*topicInfo, error) {
 	if t, ok := p.known[string(name)]; ok {
 		return t, nil
 	}
-	t, err := p.discover(string(name))
+	t, err := p.awaitDiscovery(string(name))
 	if err != nil {
 		var perm *Error
 		if errors.As(err, &perm) {
@@ -251,6 +260,33 @@ func (p *Publisher) topic(ev *Event) (*topicInfo, error) {
 	}
 	p.known[t.name] = t
 	return t, nil
+}
+
+// awaitDiscovery runs discover on its own goroutine, doing the caller's
+// Waiting duty meanwhile: a slow or unreachable broker can make a topic
+// lookup take as long as sarama's metadata retries.
+func (p *Publisher) awaitDiscovery(name string) (*topicInfo, error) {
+	type result struct {
+		topic *topicInfo
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		t, err := p.discover(name)
+		done <- result{t, err}
+	}()
+	tick := time.NewTicker(p.waiting.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.topic, r.err
+		case <-tick.C:
+			if err := p.waiting.Do(); err != nil {
+				return nil, err
+			}
+		}
+	}
 }
 
 // discover checks that a topic exists and learns its max.message.bytes, so

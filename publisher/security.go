@@ -100,4 +100,4 @@ func (c *scramClient) Begin(user, password, authzID string) error {
 }
 
 func (c *scramClient) Step(challenge string) (string, error) { return c.conv.Step(challenge) }
-func (c *scramClient) Done() bool                             { return c.conv.Done() }
+func (c *scramClient) Done() bool                            { return c.conv.Done() }

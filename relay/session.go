@@ -28,7 +28,12 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	r.mu.Lock()
 	pubCfg.MaxMessageBytes = r.batchLimit
 	r.mu.Unlock()
-	pub, err := publisher.New(pubCfg, outcomes, r.log)
+	s := &streamer{
+		relay: r, tracker: tracker, outcomes: outcomes,
+		received: start, flushedSent: start, lastStatus: time.Now(),
+		keepaliveEvery: statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout),
+	}
+	pub, err := publisher.New(pubCfg, outcomes, publisher.Waiting{Interval: r.cfg.StatusInterval, Do: s.whileBlocked}, r.log)
 	if err != nil {
 		return err
 	}
@@ -43,11 +48,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 		return err
 	}
 
-	s := &streamer{
-		relay: r, stream: stream, pub: pub, tracker: tracker, outcomes: outcomes,
-		received: start, flushedSent: start, lastStatus: time.Now(),
-		keepaliveEvery: statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout),
-	}
+	s.stream, s.pub = stream, pub
 	r.setStreaming(tracker)
 	r.log.Info().Str("slot", r.cfg.Replication.Slot).Str("start_lsn", start.String()).
 		Dur("status_every", s.keepaliveEvery).Msg("streaming")
@@ -249,12 +250,16 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 		return err
 	}
 	s.tracker.Add(s.txn, rec.Size())
-	return s.pub.Send(ctx, rec, s.relay.cfg.StatusInterval, func() error {
-		if err := s.outcomes.failure(); err != nil {
-			return err
-		}
-		return s.statusIfDue(false)
-	})
+	return s.pub.Send(ctx, rec)
+}
+
+// whileBlocked keeps the session's duties while the publisher blocks the
+// read loop: notice producer failures, and report status.
+func (s *streamer) whileBlocked() error {
+	if err := s.outcomes.failure(); err != nil {
+		return err
+	}
+	return s.statusIfDue(false)
 }
 
 // statusIfDue reports positions when the confirmed position moved and a

@@ -1,0 +1,49 @@
+# outbox-relay. `make demo` and `make test` are the quick start; see README.md.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+BIN := bin/outbox-relay
+# Go's own test timeout; the suite is sized to finish well inside it.
+TEST_TIMEOUT ?= 60m
+
+.PHONY: all build demo test test-unit test-integration drills bench fuzz lint kafka clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/outbox-relay
+
+# A private PostgreSQL and an in-process Kafka broker, the relay between them,
+# and records printed as a plain Kafka consumer reads them.
+demo:
+	$(GO) run ./cmd/outbox-relay-demo
+
+# Everything: unit tests, then end-to-end tests and reduced-size drills
+# against a private PostgreSQL, kfake, and Apache Kafka (fetched from Maven
+# Central into ~/.cache/outbox-relay on first use).
+test: lint kafka
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-unit:
+	$(GO) test -race -count=1 ./lsn/ ./publisher/ ./replication/ ./migrations/ ./relay/ ./cmd/...
+
+# Full-size failure drills (50,000 events, 20 SIGKILLs, ...): minutes, not for CI.
+drills: kafka
+	OUTBOX_RELAY_DRILL_SIZE=full $(GO) test -race -count=1 -timeout 120m -run 'Drill' -v ./test/...
+
+bench: kafka
+	$(GO) run ./test/bench
+
+fuzz:
+	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime 60s ./replication/
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+kafka:
+	@bash test/kafka/fetch.sh || echo "WARNING: Apache Kafka could not be fetched; its tests will say so (set OUTBOX_RELAY_REQUIRE_APACHE_KAFKA=1 to make that fatal)"
+
+clean:
+	rm -rf bin

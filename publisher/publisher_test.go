@@ -1,0 +1,244 @@
+package publisher
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/IBM/sarama"
+)
+
+// Golden vectors from Kafka's UtilsTest.testMurmur2: placement must match the
+// Java client exactly, or aggregates move partition when a team switches from
+// Debezium or a Java producer.
+func TestMurmur2MatchesKafkaVectors(t *testing.T) {
+	for key, want := range map[string]int32{
+		"21":                         -973932308,
+		"foobar":                     -790332482,
+		"a-little-bit-long-string":   -985981536,
+		"a-little-bit-longer-string": -1486304829,
+		"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+		"abc": 479470107,
+		"":    275646681,
+	} {
+		if got := murmur2([]byte(key)); got != want {
+			t.Errorf("murmur2(%q) = %d, want %d", key, got, want)
+		}
+	}
+}
+
+func TestJavaPartitionIsNonNegativeModulo(t *testing.T) {
+	// toPositive(-790332482) = 1357151166; 1357151166 % 50 = 16.
+	if got := JavaPartition([]byte("foobar"), 50); got != 16 {
+		t.Fatalf("JavaPartition(foobar, 50) = %d, want 16", got)
+	}
+	p := javaPartitioner{}
+	msg := &sarama.ProducerMessage{Topic: "t", Key: sarama.StringEncoder("foobar")}
+	if got, err := p.Partition(msg, 50); err != nil || got != 16 {
+		t.Fatalf("partitioner: %d, %v", got, err)
+	}
+	if _, err := p.Partition(&sarama.ProducerMessage{Topic: "t"}, 3); err == nil {
+		t.Fatal("partitioner accepted a record without key")
+	}
+	if !p.RequiresConsistency() {
+		t.Fatal("partitioner must require consistency")
+	}
+}
+
+func sampleEvent() *Event {
+	return &Event{
+		EventID:       []byte("0b7e7f2e-6d5f-4c1e-9b7a-2f0d6c1a9e01"),
+		AggregateType: []byte("order"),
+		AggregateID:   []byte("order-42"),
+		EventType:     []byte("OrderPlaced"),
+		SchemaVersion: []byte("3"),
+		Payload:       []byte(`{"total": 12.5}`),
+		Headers:       []byte(`{"tenant": "acme", "retries": 2, "traceparent": "00-abc-def-01", "nothing": null}`),
+		OccurredAt:    []byte("2026-11-29 21:03:56.123456+00"),
+		Txn:           7,
+	}
+}
+
+func headerMap(r *Record) map[string]string {
+	m := map[string]string{}
+	for _, h := range r.msg.Headers {
+		m[string(h.Key)] = string(h.Value)
+	}
+	return m
+}
+
+func TestBuildRecord(t *testing.T) {
+	r, err := build(sampleEvent(), "outbox.event.order")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := r.msg.Key.Encode()
+	value, _ := r.msg.Value.Encode()
+	if string(key) != "order-42" || string(value) != `{"total": 12.5}` || r.msg.Topic != "outbox.event.order" {
+		t.Fatalf("key %q value %q topic %q", key, value, r.msg.Topic)
+	}
+	want := map[string]string{
+		"event_id": "0b7e7f2e-6d5f-4c1e-9b7a-2f0d6c1a9e01", "event_type": "OrderPlaced", "aggregate_type": "order",
+		"aggregate_id": "order-42", "schema_version": "3", "occurred_at": "2026-11-29T21:03:56.123456Z",
+		"tenant": "acme", "retries": "2", "traceparent": "00-abc-def-01", "nothing": "",
+	}
+	got := headerMap(r)
+	if len(got) != len(want) {
+		t.Fatalf("headers %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+	if r.Size() != r.msg.ByteSize(2) || r.Size() < len(value) {
+		t.Fatalf("size %d", r.Size())
+	}
+	if r.msg.Metadata.(*Record) != r || r.txn != 7 {
+		t.Fatal("metadata does not point back at the record")
+	}
+}
+
+// The builder copies what sarama keeps: the event's slices alias a read
+// buffer that is overwritten by the next WAL message.
+func TestBuildCopiesInput(t *testing.T) {
+	ev := sampleEvent()
+	r, err := build(ev, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range [][]byte{ev.EventID, ev.AggregateID, ev.Payload, ev.Headers, ev.OccurredAt, ev.EventType} {
+		for i := range b {
+			b[i] = 'X'
+		}
+	}
+	key, _ := r.msg.Key.Encode()
+	if string(key) != "order-42" || headerMap(r)["tenant"] != "acme" || headerMap(r)["event_type"] != "OrderPlaced" {
+		t.Fatalf("record changed with its input: key %q headers %v", key, headerMap(r))
+	}
+}
+
+func TestBuildManyHeaders(t *testing.T) {
+	ev := sampleEvent()
+	var parts []string
+	for i := 0; i < 20; i++ {
+		parts = append(parts, fmt.Sprintf(`"h%d": "v%d"`, i, i))
+	}
+	ev.Headers = []byte("{" + strings.Join(parts, ",") + "}")
+	r, err := build(ev, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.msg.Headers) != 26 || headerMap(r)["h19"] != "v19" {
+		t.Fatalf("headers %v", headerMap(r))
+	}
+}
+
+func TestBuildRejectsBadHeaders(t *testing.T) {
+	for _, h := range []string{`[1,2]`, `"x"`, `{"event_id": "spoof"}`, `{"a": }`} {
+		ev := sampleEvent()
+		ev.Headers = []byte(h)
+		if _, err := build(ev, "t"); err == nil {
+			t.Errorf("headers %s accepted", h)
+		}
+	}
+	ev := sampleEvent()
+	ev.Headers = nil
+	if r, err := build(ev, "t"); err != nil || len(r.msg.Headers) != 6 {
+		t.Fatalf("no headers: %v", err)
+	}
+}
+
+func TestRFC3339(t *testing.T) {
+	for in, want := range map[string]string{
+		"2026-11-29 21:03:56.123456+00": "2026-11-29T21:03:56.123456Z",
+		"2026-11-29 21:03:56+00":        "2026-11-29T21:03:56Z",
+		"infinity":                      "infinity",
+		"2026-11-29 21:03:56+05:30":     "2026-11-29 21:03:56+05:30",
+	} {
+		if got := string(appendRFC3339(nil, []byte(in))); got != want {
+			t.Errorf("appendRFC3339(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The decode-and-build path must stay at two allocations per event: the
+// record and its byte buffer.
+func TestBuildAllocations(t *testing.T) {
+	ev := sampleEvent()
+	ev.Headers = nil
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := build(ev, "t"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 2 {
+		t.Fatalf("build allocates %.1f times per event, want at most 2", allocs)
+	}
+}
+
+func TestTopicTemplate(t *testing.T) {
+	ev := sampleEvent()
+	for tmpl, want := range map[string]string{
+		"outbox.event.{aggregate_type}": "outbox.event.order",
+		"events":                        "events",
+		"{aggregate_type}.{event_type}": "order.OrderPlaced",
+		"prefix-{event_type}-suffix":    "prefix-OrderPlaced-suffix",
+	} {
+		tt, err := parseTopicTemplate(tmpl)
+		if err != nil {
+			t.Fatalf("%s: %v", tmpl, err)
+		}
+		if got := string(tt.appendName(nil, ev)); got != want {
+			t.Errorf("%s -> %q, want %q", tmpl, got, want)
+		}
+	}
+	for _, bad := range []string{"", "x.{nope}", "x.{aggregate_type", "bad topic", ".."} {
+		if _, err := parseTopicTemplate(bad); err == nil {
+			t.Errorf("template %q accepted", bad)
+		}
+	}
+}
+
+func TestValidTopicName(t *testing.T) {
+	if err := validTopicName("ok.name_1-x"); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", ".", "..", "has space", "ümlaut", strings.Repeat("x", 250)} {
+		if err := validTopicName(bad); err == nil || !errors.Is(err, errInvalidTopicName) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+func TestClassify(t *testing.T) {
+	for err, want := range map[error]Class{
+		sarama.ErrMessageSizeTooLarge:                     ClassPermanent,
+		sarama.ErrInvalidTopic:                            ClassPermanent,
+		sarama.ErrTopicAuthorizationFailed:                ClassPermanent,
+		sarama.ErrUnknownTopicOrPartition:                 ClassPermanent,
+		sarama.ConfigurationError("too large"):            ClassPermanent,
+		sarama.ErrOutOfOrderSequenceNumber:                ClassProducer,
+		sarama.ErrInvalidProducerEpoch:                    ClassProducer,
+		sarama.ErrNotLeaderForPartition:                   ClassRetriable,
+		sarama.ErrNotEnoughReplicas:                       ClassRetriable,
+		sarama.ErrRequestTimedOut:                         ClassRetriable,
+		errors.New("dial tcp: connection refused"):        ClassRetriable,
+		fmt.Errorf("wrapped: %w", sarama.ErrInvalidTopic): ClassPermanent,
+	} {
+		if got := Classify(err); got != want {
+			t.Errorf("Classify(%v) = %s, want %s", err, got, want)
+		}
+	}
+}
+
+func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
+	e := &Error{Class: ClassPermanent, EventID: "abc", Topic: "t", Partition: 3, Err: sarama.ErrMessageSizeTooLarge}
+	msg := e.Error()
+	for _, want := range []string{"abc", "topic t partition 3", "max.message.bytes"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q lacks %q", msg, want)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+package replication
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+	"time"
+)
+
+// wire builds pgoutput messages by hand, as the server sends them.
+type wire []byte
+
+func (w wire) u8(v byte) wire     { return append(w, v) }
+func (w wire) u16(v uint16) wire  { return binary.BigEndian.AppendUint16(w, v) }
+func (w wire) u32(v uint32) wire  { return binary.BigEndian.AppendUint32(w, v) }
+func (w wire) u64(v uint64) wire  { return binary.BigEndian.AppendUint64(w, v) }
+func (w wire) str(s string) wire  { return append(append(w, s...), 0) }
+func (w wire) text(s string) wire { return append(w.u8('t').u32(uint32(len(s))), s...) }
+
+func relationMsg(oid uint32, schema, table string, cols ...string) []byte {
+	w := wire{}.u8('R').u32(oid).str(schema).str(table).u8('d').u16(uint16(len(cols)))
+	for _, c := range cols {
+		w = w.u8(0).str(c).u32(25).u32(0xffffffff)
+	}
+	return w
+}
+
+// insertMsg takes one value per column; "\x00null" stands for SQL NULL.
+func insertMsg(oid uint32, values ...string) []byte {
+	w := wire{}.u8('I').u32(oid).u8('N').u16(uint16(len(values)))
+	for _, v := range values {
+		if v == "\x00null" {
+			w = w.u8('n')
+		} else {
+			w = w.text(v)
+		}
+	}
+	return w
+}
+
+var outboxCols = []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at", "created_at"}
+
+func TestDecodeTransaction(t *testing.T) {
+	d := newDecoder("public", "outbox_events")
+	var m Message
+
+	commitMicros := int64(123456789)
+	begin := wire{}.u8('B').u64(0x1000).u64(uint64(commitMicros)).u32(777)
+	if err := d.decode(begin, &m); err != nil || m.Kind != KindBegin || m.XID != 777 || m.CommitLSN != 0x1000 {
+		t.Fatalf("begin: %v %+v", err, m)
+	}
+	if want := time.Date(2000, 1, 1, 0, 2, 3, 456789000, time.UTC); !m.CommitTime.Equal(want) {
+		t.Fatalf("commit time %v, want %v", m.CommitTime, want)
+	}
+	if err := d.decode(relationMsg(16384, "public", "outbox_events", outboxCols...), &m); err != nil || m.Kind != KindOther {
+		t.Fatalf("relation: %v", err)
+	}
+	ins := insertMsg(16384, "id-1", "order", "o-1", "Placed", "1", `{"a": 1}`, "\x00null", "2026-01-01 00:00:00+00", "2026-01-01 00:00:00+00")
+	if err := d.decode(ins, &m); err != nil || m.Kind != KindRow {
+		t.Fatalf("insert: %v %+v", err, m)
+	}
+	v := m.Row.Values
+	if string(v[FieldEventID]) != "id-1" || string(v[FieldAggregateID]) != "o-1" || string(v[FieldPayload]) != `{"a": 1}` ||
+		v[FieldHeaders] != nil || string(v[FieldOccurredAt]) != "2026-01-01 00:00:00+00" {
+		t.Fatalf("row %q", v)
+	}
+	commit := wire{}.u8('C').u8(0).u64(0x1000).u64(0x1030).u64(uint64(commitMicros))
+	if err := d.decode(commit, &m); err != nil || m.Kind != KindCommit || m.CommitLSN != 0x1000 || m.EndLSN != 0x1030 {
+		t.Fatalf("commit: %v %+v", err, m)
+	}
+}
+
+// After ALTER TABLE the server sends the relation again; columns are mapped
+// by name, so an added or reordered column changes nothing.
+func TestDecodeRelationChangeMapsByName(t *testing.T) {
+	d := newDecoder("public", "outbox_events")
+	var m Message
+	cols := []string{"extra_first", "payload", "aggregate_id", "event_id", "aggregate_type", "event_type"}
+	if err := d.decode(relationMsg(1, "public", "outbox_events", cols...), &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.decode(insertMsg(1, "zzz", `{}`, "agg", "id", "type", "evt"), &m); err != nil {
+		t.Fatal(err)
+	}
+	v := m.Row.Values
+	if string(v[FieldEventID]) != "id" || string(v[FieldAggregateID]) != "agg" || string(v[FieldPayload]) != "{}" || v[FieldSchemaVersion] != nil {
+		t.Fatalf("row %q", v)
+	}
+}
+
+func TestDecodeOtherTablesAndMessagesAreSkipped(t *testing.T) {
+	d := newDecoder("public", "outbox_events")
+	var m Message
+	if err := d.decode(relationMsg(2, "public", "orders", "id", "total"), &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.decode(insertMsg(2, "1", "2"), &m); err != nil || m.Kind != KindOther {
+		t.Fatalf("other table: %v %v", err, m.Kind)
+	}
+	for _, typ := range []byte{'Y', 'O', 'U', 'D', 'T', 'M', 'S', 'E', 'c', 'Z'} {
+		if err := d.decode([]byte{typ, 1, 2, 3}, &m); err != nil || m.Kind != KindOther {
+			t.Errorf("message %q: %v %v", typ, err, m.Kind)
+		}
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	d := newDecoder("public", "outbox_events")
+	var m Message
+	if err := d.decode(insertMsg(99, "x"), &m); err == nil || !strings.Contains(err.Error(), "before its relation") {
+		t.Fatalf("insert before relation: %v", err)
+	}
+	err := d.decode(relationMsg(3, "public", "outbox_events", "event_id", "payload"), &m)
+	if err == nil || !strings.Contains(err.Error(), "aggregate_type") {
+		t.Fatalf("outbox relation without required columns: %v", err)
+	}
+	for _, b := range [][]byte{{}, {'B', 1}, {'C', 0, 1}, {'R', 0, 0}, {'I', 0}} {
+		if err := d.decode(b, &m); err == nil {
+			t.Errorf("short message %v decoded", b)
+		}
+	}
+	if err := d.decode(relationMsg(4, "public", "outbox_events", outboxCols...), &m); err != nil {
+		t.Fatal(err)
+	}
+	trunc := insertMsg(4, "id", "a", "b", "c", "1", "{}", "{}", "t", "t")
+	if err := d.decode(trunc[:len(trunc)-3], &m); err == nil {
+		t.Fatal("truncated insert decoded")
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(relationMsg(1, "public", "outbox_events", outboxCols...))
+	f.Add(insertMsg(1, "id", "a", "b", "c", "1", "{}", "\x00null", "t", "t"))
+	f.Add([]byte(wire{}.u8('B').u64(1).u64(2).u32(3)))
+	f.Add([]byte(wire{}.u8('C').u8(0).u64(1).u64(2).u64(3)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d := newDecoder("public", "outbox_events")
+		var m Message
+		// Seed the relation so inserts reach the tuple decoder.
+		if err := d.decode(relationMsg(1, "public", "outbox_events", outboxCols...), &m); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.decode(data, &m); err != nil {
+			return
+		}
+		if m.Kind == KindRow {
+			for _, v := range m.Row.Values {
+				if len(v) > len(data) {
+					t.Fatalf("value longer than the message")
+				}
+			}
+		}
+	})
+}
+
+func TestRedact(t *testing.T) {
+	for in, secret := range map[string]string{
+		"postgres://relay:s3cret@db:5432/app?sslmode=verify-full": "s3cret",
+		"host=db user=relay password=s3cret dbname=app":           "s3cret",
+		"host=db user=relay password='s3 cret' dbname=app":        "s3 cret",
+	} {
+		out := Redact(in)
+		if strings.Contains(out, secret) {
+			t.Errorf("Redact(%q) = %q still has the password", in, out)
+		}
+		if !strings.Contains(out, "relay") {
+			t.Errorf("Redact(%q) = %q lost the user", in, out)
+		}
+	}
+	if d := Describe("postgres://relay:s3cret@db:5432/app"); strings.Contains(d, "s3cret") || !strings.Contains(d, "dbname=app") {
+		t.Errorf("Describe: %q", d)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{DSN: "postgres://u@h/db", Table: "public.outbox_events", Publication: "p", Slot: "s"}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]Config{
+		"--pg-dsn":      {Table: "t", Publication: "p", Slot: "s"},
+		"--table":       {DSN: ok.DSN, Table: "a.b.c", Publication: "p", Slot: "s"},
+		"--slot":        {DSN: ok.DSN, Table: "t", Publication: "p", Slot: "Bad-Slot"},
+		"--publication": {DSN: ok.DSN, Table: "t", Slot: "s"},
+	} {
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// cluster is the PostgreSQL cluster the package's tests share; each test
+// gets its own database in it, and so its own slot and publication names.
+var cluster *harness.Postgres
+
+func TestMain(m *testing.M) {
+	pg, _, err := harness.StartPostgresMain(harness.PGOptions{Settings: map[string]string{
+		"wal_sender_timeout": "20s",
+	}})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: start postgres: %v\n", err)
+		os.Exit(1)
+	}
+	cluster = pg
+	harness.Main(m)
+}
+
+// partitions is the partition count of every auto-created topic, so tests
+// can compute the partition the Java client would choose.
+const partitions = 6
+
+// env is one test's world: a database with the outbox schema, a Kafka
+// broker, and the relay binary.
+type env struct {
+	t     *testing.T
+	db    *harness.PGDatabase
+	kafka *harness.Kfake
+	bin   string
+	slot  string
+
+	mu          sync.Mutex
+	ids         []string            // every committed event_id, in commit order
+	commitOrder map[string][]string // aggregate_id -> event_ids in commit order
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := cluster.CreateTestDatabase(t)
+	e := &env{
+		t: t, db: db, bin: harness.BuildRelay(t),
+		kafka:       harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
+		slot:        db.Name(), // slots are cluster-wide: one per test database
+		commitOrder: map[string][]string{},
+	}
+	t.Cleanup(func() {
+		// Free the cluster-wide slot; a relay still streaming was already
+		// killed by its own cleanup, which runs first.
+		cluster.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.slot)
+	})
+	return e
+}
+
+// args are the flags every command of the test uses.
+func (e *env) args(cmd string, extra ...string) []string {
+	a := []string{cmd, "--pg-dsn", e.db.DSN(), "--slot", e.slot}
+	if cmd == "run" {
+		a = append(a, "--kafka-brokers", e.kafka.BrokerList(), "--admin-addr", "127.0.0.1:0")
+	}
+	return append(a, extra...)
+}
+
+// migrate runs `outbox-relay migrate` and fails the test unless it exits 0.
+func (e *env) migrate(extra ...string) {
+	e.t.Helper()
+	p := harness.StartProcess(e.t, e.bin, e.args("migrate", extra...), nil)
+	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		e.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
+	}
+}
+
+// startRelay starts `outbox-relay run` and waits until it streams.
+func (e *env) startRelay(extra ...string) *harness.Process {
+	e.t.Helper()
+	p := e.startRelayNoWait(extra...)
+	p.WaitForOutput(e.t, `"message":"streaming"`, time.Minute)
+	return p
+}
+
+func (e *env) startRelayNoWait(extra ...string) *harness.Process {
+	e.t.Helper()
+	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+}
+
+// row is one outbox row a test writes.
+type row struct {
+	aggregateType, aggregateID, eventType string
+	payload, headers                      string // JSON; headers may be ""
+}
+
+// commit writes rows in one transaction and records their ids in commit
+// order. It uses its own connection so callers may run it from goroutines.
+func (e *env) commit(ctx context.Context, conn *pgx.Conn, rows []row) error {
+	ids := make([]string, len(rows))
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	batch := &pgx.Batch{}
+	for i, r := range rows {
+		ids[i] = newUUID()
+		var headers any
+		if r.headers != "" {
+			headers = r.headers
+		}
+		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], r.aggregateType, r.aggregateID, r.eventType, r.payload, headers)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i, r := range rows {
+		e.ids = append(e.ids, ids[i])
+		e.commitOrder[r.aggregateID] = append(e.commitOrder[r.aggregateID], ids[i])
+	}
+	return nil
+}
+
+func (e *env) connect() *pgx.Conn {
+	e.t.Helper()
+	conn, err := pgx.Connect(context.Background(), e.db.DSN())
+	if err != nil {
+		e.t.Fatalf("connect: %v", err)
+	}
+	e.t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// writeEvents commits txns transactions of perTxn events each, spread over
+// aggregates aggregates, from one connection so commit order is the order
+// written.
+func (e *env) writeEvents(conn *pgx.Conn, txns, perTxn, aggregates int) error {
+	n := 0
+	for i := 0; i < txns; i++ {
+		rows := make([]row, perTxn)
+		for j := range rows {
+			agg := n % aggregates
+			rows[j] = row{
+				aggregateType: []string{"order", "customer", "invoice"}[agg%3],
+				aggregateID:   fmt.Sprintf("agg-%d", agg),
+				eventType:     "Happened",
+				payload:       fmt.Sprintf(`{"n": %d, "note": "event %d of aggregate %d"}`, n, n, agg),
+			}
+			if n%5 == 0 {
+				rows[j].headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, n, n)
+			}
+			n++
+		}
+		if err := e.commit(context.Background(), conn, rows); err != nil {
+			return fmt.Errorf("commit txn %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (e *env) committed() ([]string, map[string][]string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	order := make(map[string][]string, len(e.commitOrder))
+	for k, v := range e.commitOrder {
+		order[k] = append([]string(nil), v...)
+	}
+	return append([]string(nil), e.ids...), order
+}
+
+// consumeAll reads until every committed event is in Kafka, and checks no
+// loss and per-aggregate order with the independent client.
+func (e *env) consumeAll(timeout time.Duration) []harness.Record {
+	e.t.Helper()
+	ids, order := e.committed()
+	records := harness.ConsumeEventIDs(e.t, e.kafka.Brokers(), `^outbox\.event\.`, ids, timeout)
+	harness.CheckNoLoss(e.t, records, ids)
+	harness.CheckPerAggregateOrder(e.t, records, order)
+	return records
+}
+
+// currentLSN is the server's current WAL position.
+func (e *env) currentLSN() string {
+	e.t.Helper()
+	return e.db.QueryString(e.t, "SELECT pg_current_wal_lsn()::text")
+}
+
+// lsnAtLeast reports whether a >= b, comparing in the server.
+func (e *env) lsnAtLeast(a, b string) bool {
+	e.t.Helper()
+	if a == "" || b == "" {
+		return false
+	}
+	return e.db.QueryString(e.t, "SELECT ($1::pg_lsn >= $2::pg_lsn)::text", a, b) == "true"
+}
+
+func (e *env) confirmedFlush() string {
+	e.t.Helper()
+	return cluster.SlotConfirmedFlushLSN(e.t, e.db.Name(), e.slot)
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// outputHas reports whether the process output contains every part.
+func outputHas(out string, parts ...string) bool {
+	for _, p := range parts {
+		if !strings.Contains(out, p) {
+			return false
+		}
+	}
+	return true
+}

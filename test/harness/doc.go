@@ -1,0 +1,37 @@
+// Package harness is the shared integration-test harness for outbox-relay:
+// it starts the real things the relay talks to and observes the results
+// independently of the relay's own code.
+//
+//   - postgres.go: throwaway PostgreSQL clusters (wal_level=logical) on
+//     127.0.0.1, run as the postgres OS user when the tests run as root,
+//     with helpers for databases, SQL and replication slot state, and
+//     stop/crash/restart drills.
+//   - kfake.go: in-process Kafka clusters (franz-go's kfake) with produce
+//     fault injection (fail, fail after append, cut, hold).
+//   - consumer.go: an independent franz-go consumer, Kafka's Java key
+//     partitioning, and delivery checks (loss, duplicates, per-aggregate
+//     order).
+//   - process.go: building the relay binary once, running it as a child
+//     process with captured output, and Main, the TestMain helper.
+//   - proxy.go: a TCP proxy to cut connections at will.
+//   - apachekafka.go: real Apache Kafka brokers (KRaft) for tests that
+//     must run against the real thing.
+//   - wait.go: WaitFor (poll a condition with a deadline, never sleep as
+//     synchronisation) and FreePort.
+//
+// Every package using the harness should have
+//
+//	func TestMain(m *testing.M) { harness.Main(m) }
+//
+// Main stops whatever the harness started that is still running when the
+// tests end or the binary gets SIGINT/SIGTERM, and first reaps clusters
+// orphaned by an earlier binary that was killed. A test panic is covered by
+// t.Cleanup, which testing still runs; a test timeout kills the binary
+// outright, and what it leaves behind is reaped by the next run. Resources
+// living longer than one test register with registerCleanup, and
+// temporary directories that must be reaped after a crash come from
+// makeOwnedTempDir.
+//
+// Helpers taking a testing.TB fail the test with t.Fatalf and so must run
+// on the test's goroutine.
+package harness

@@ -1,0 +1,447 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// registry holds teardown functions for everything the harness started
+// that must not outlive the test binary: clusters (including ones started
+// in TestMain), child processes, the relay build directory. It is the
+// package's only global state besides the relay build cache, and it exists
+// because Main, which runs after all tests and on SIGINT/SIGTERM, has no
+// other way to reach them.
+var registry = struct {
+	mu   sync.Mutex
+	next int
+	fns  map[int]func()
+}{fns: make(map[int]func())}
+
+// registerCleanup adds fn to the registry Main drains after the tests; the
+// returned func removes it again once the owner has cleaned up itself.
+func registerCleanup(fn func()) (unregister func()) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	id := registry.next
+	registry.next++
+	registry.fns[id] = fn
+	return func() {
+		registry.mu.Lock()
+		defer registry.mu.Unlock()
+		delete(registry.fns, id)
+	}
+}
+
+// runRegisteredCleanups runs every registered function, newest first. The
+// functions run without the lock held, because they usually unregister
+// themselves.
+func runRegisteredCleanups() {
+	registry.mu.Lock()
+	ids := make([]int, 0, len(registry.fns))
+	for id := range registry.fns {
+		ids = append(ids, id)
+	}
+	fns := registry.fns
+	registry.fns = make(map[int]func())
+	registry.mu.Unlock()
+	// Newest first, like t.Cleanup: later resources may depend on
+	// earlier ones (a relay on its database).
+	sort.Sort(sort.Reverse(sort.IntSlice(ids)))
+	for _, id := range ids {
+		fns[id]()
+	}
+}
+
+// Main runs the package's tests and then stops whatever the harness
+// started that is still running. Use it as
+//
+//	func TestMain(m *testing.M) { harness.Main(m) }
+//
+// or call it from a longer TestMain after starting shared servers (e.g.
+// with StartPostgresMain). Before running tests it stops and deletes
+// clusters and directories left behind by earlier test binaries that died
+// without cleaning up (SIGKILL, a test timeout); directories still owned by
+// a running test binary, such as another package's tests running in
+// parallel, are left alone. SIGINT and SIGTERM also stop everything before
+// the binary exits.
+func Main(m *testing.M) {
+	reapOrphans()
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case sig := <-sigs:
+			fmt.Fprintf(os.Stderr, "harness: got %v, stopping servers and processes\n", sig)
+			runRegisteredCleanups()
+			os.Exit(1)
+		case <-done:
+		}
+	}()
+
+	// Returning hands m.Run's result to the test wrapper's os.Exit.
+	m.Run()
+	signal.Stop(sigs)
+	close(done)
+	runRegisteredCleanups()
+}
+
+// ownerFile marks a harness temp directory with the pid and start time of
+// the test binary that created it; the start time tells a live owner from
+// an unrelated process that reused its pid.
+const ownerFile = ".harness-owner"
+
+// makeOwnedTempDir creates a directory under os.TempDir() that reapOrphans
+// in a later test binary may delete once this process is gone.
+func makeOwnedTempDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", fmt.Errorf("create temp dir: %w", err)
+	}
+	self := os.Getpid()
+	marker := fmt.Sprintf("%d %s\n", self, procStartTime(self))
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(marker), 0o644); err != nil {
+		os.RemoveAll(dir)
+		return "", fmt.Errorf("write owner marker: %w", err)
+	}
+	return dir, nil
+}
+
+// reapOrphans removes marked directories whose owner is dead, first
+// stopping a postgres cluster still running from one of them.
+func reapOrphans() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outbox-relay-*"))
+	for _, dir := range dirs {
+		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil {
+			continue // not ours, or being created right now
+		}
+		fields := strings.Fields(string(b))
+		if len(fields) == 0 {
+			continue
+		}
+		pid, err := strconv.Atoi(fields[0])
+		if err != nil {
+			continue
+		}
+		start := ""
+		if len(fields) > 1 {
+			start = fields[1]
+		}
+		if processAlive(pid) && procStartTime(pid) == start {
+			continue
+		}
+		killPostmaster(filepath.Join(dir, "data"))
+		os.RemoveAll(dir)
+	}
+}
+
+func procAvailable() bool {
+	_, err := os.Stat("/proc/self/stat")
+	return err == nil
+}
+
+// procStartTime is the process start time in clock ticks since boot (field
+// 22 of /proc/<pid>/stat), or "" where there is no /proc.
+func procStartTime(pid int) string {
+	f := procStatFields(pid)
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// processAlive reports whether pid is running. A zombie counts as dead: an
+// orphaned postmaster is reparented to PID 1, and in a container that may
+// never reap it.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	if err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	return procState(pid) != "Z"
+}
+
+// procState is the state letter of /proc/<pid>/stat (R, S, D, Z, ...), or
+// "" where there is no /proc.
+func procState(pid int) string {
+	f := procStatFields(pid)
+	if len(f) < 1 {
+		return ""
+	}
+	return f[0]
+}
+
+// procStatFields returns the fields of /proc/<pid>/stat from field 3 on.
+// The command name (field 2) may contain spaces and parentheses, so the
+// split starts after its closing parenthesis.
+func procStatFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// relayBuild caches BuildRelay's result for the test binary: building the
+// relay once rather than per test keeps suites fast.
+var relayBuild struct {
+	once sync.Once
+	path string
+	out  string
+	err  error
+}
+
+// BuildRelay builds ./cmd/outbox-relay (CGO_ENABLED=0) once per test binary
+// and returns the binary's path. The binary lives in a temp directory that
+// Main deletes after the tests. A failed build fails the test with the
+// compiler output.
+func BuildRelay(t testing.TB) string {
+	t.Helper()
+	relayBuild.once.Do(func() {
+		relayBuild.path, relayBuild.out, relayBuild.err = buildRelay()
+	})
+	if relayBuild.err != nil {
+		t.Fatalf("build relay: %v\n%s", relayBuild.err, relayBuild.out)
+	}
+	return relayBuild.path
+}
+
+func buildRelay() (path, output string, err error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", "", err
+	}
+	dir, err := makeOwnedTempDir("outbox-relay-build-")
+	if err != nil {
+		return "", "", err
+	}
+	registerCleanup(func() { os.RemoveAll(dir) })
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", "", fmt.Errorf("find go tool: %w", err)
+	}
+	path = filepath.Join(dir, "outbox-relay")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", path, "./cmd/outbox-relay")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", string(out), fmt.Errorf("go build ./cmd/outbox-relay: %w", err)
+	}
+	return path, string(out), nil
+}
+
+// moduleRoot walks up from the working directory (the package under test)
+// to the directory holding go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("working dir: %w", err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Process is a running child process with its stdout and stderr captured.
+// The child runs in its own process group, so Kill also reaches anything it
+// spawned, and a Ctrl-C in the terminal reaches only the test binary, whose
+// Main then stops the child.
+type Process struct {
+	name    string
+	cmd     *exec.Cmd
+	out     *syncBuffer
+	logPath string
+
+	done chan struct{} // closed once the child was reaped
+
+	unregister func()
+}
+
+// StartProcess starts bin with args. env entries are added to the test's
+// own environment, later entries winning. Output is kept in memory and in a
+// log file; if the test fails, its tail is logged. The process (group) is
+// killed when the test ends.
+func StartProcess(t testing.TB, bin string, args []string, env []string) *Process {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatalf("start %s: create log: %v", bin, err)
+	}
+	p := &Process{
+		name:    filepath.Base(bin),
+		out:     &syncBuffer{},
+		logPath: logPath,
+		done:    make(chan struct{}),
+	}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	w := io.MultiWriter(p.out, logFile)
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A grandchild that inherited stdout must not keep Wait from
+	// returning after the child itself exited.
+	p.cmd.WaitDelay = 2 * time.Second
+	if err := p.cmd.Start(); err != nil {
+		logFile.Close()
+		t.Fatalf("start %s: %v", bin, err)
+	}
+	go func() {
+		// The exit status is read from ProcessState; the error
+		// adds nothing to it.
+		_ = p.cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	p.unregister = registerCleanup(p.Kill)
+	t.Cleanup(func() {
+		p.Kill()
+		p.unregister()
+		if t.Failed() {
+			t.Logf("%s (pid %d) output tail (%s):\n%s", p.name, p.Pid(), p.logPath, lastLines(p.Output(), 50))
+		}
+	})
+	return p
+}
+
+// Pid is the child's process id (and process group id).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Output returns everything the process wrote to stdout and stderr so far.
+func (p *Process) Output() string { return p.out.String() }
+
+// Exited reports whether the process has exited and been reaped.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Signal sends sig to the process itself (not its group).
+func (p *Process) Signal(sig os.Signal) error {
+	if p.Exited() {
+		return errors.New("process already exited")
+	}
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal %v: %w", sig, err)
+	}
+	return nil
+}
+
+// Kill SIGKILLs the process group and waits for the process to be reaped.
+// It is safe to call more than once and after the process exited.
+func (p *Process) Kill() {
+	// The group may outlive its leader, so kill it even after an exit.
+	_ = syscall.Kill(-p.Pid(), syscall.SIGKILL)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		// Only an unkillable (D state) process gets here; nothing
+		// better to do than to stop waiting.
+	}
+}
+
+// Wait waits up to timeout for the process to exit and returns its exit
+// code: the status it exited with, or 128+signal number when a signal
+// killed it (the shell convention, so SIGKILL gives 137).
+func (p *Process) Wait(timeout time.Duration) (exitCode int, err error) {
+	select {
+	case <-p.done:
+		return p.exitCode(), nil
+	case <-time.After(timeout):
+		return -1, fmt.Errorf("%s still running after %v", p.name, timeout)
+	}
+}
+
+// Stop sends SIGTERM and waits up to timeout for the process to exit; then
+// it SIGKILLs the group and reports an error along with the exit code.
+func (p *Process) Stop(timeout time.Duration) (exitCode int, err error) {
+	if p.Exited() {
+		return p.exitCode(), nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	if code, err := p.Wait(timeout); err == nil {
+		return code, nil
+	}
+	p.Kill()
+	return p.exitCode(), fmt.Errorf("%s did not exit within %v of SIGTERM; killed", p.name, timeout)
+}
+
+func (p *Process) exitCode() int {
+	st := p.cmd.ProcessState
+	if st == nil {
+		return -1
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return st.ExitCode()
+}
+
+// WaitForOutput waits until the process's output contains substr, failing
+// the test at timeout or as soon as the process exits without printing it.
+func (p *Process) WaitForOutput(t testing.TB, substr string, timeout time.Duration) {
+	t.Helper()
+	found := func() bool { return strings.Contains(p.Output(), substr) }
+	poll(timeout, func() bool { return found() || p.Exited() })
+	if found() {
+		return
+	}
+	if p.Exited() {
+		t.Fatalf("%s exited (code %d) without printing %q; output tail:\n%s",
+			p.name, p.exitCode(), substr, lastLines(p.Output(), 30))
+	}
+	t.Fatalf("%s did not print %q within %v; output tail:\n%s",
+		p.name, substr, timeout, lastLines(p.Output(), 30))
+}
+
+// syncBuffer is a bytes.Buffer safe for the writer goroutine and readers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
