@@ -41,16 +41,16 @@ type Tracker struct {
 	limits Limits
 	now    func() time.Time
 
-	mu        sync.Mutex
-	ring      []txn // ring buffer of open or unacknowledged transactions
-	head      int   // ring index of the oldest transaction
-	count     int   // transactions in the ring
-	headID    TxnID // ID of the transaction at head
-	confirmed LSN
+	mu                  sync.Mutex
+	ring                []txn // ring buffer of open or unacknowledged transactions
+	head                int   // ring index of the oldest transaction
+	count               int   // transactions in the ring
+	headID              TxnID // ID of the transaction at head
+	confirmed           LSN
 	confirmedCommitTime time.Time
-	events    int
-	bytes     int64
-	freed     chan struct{}
+	events              int
+	bytes               int64
+	freed               chan struct{}
 }
 
 // NewTracker returns a tracker that starts at the slot's confirmed position.
