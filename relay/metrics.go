@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,19 +64,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_slot_active", Help: "1 when a process is streaming from the slot."}),
 		OldestUnpublished: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_oldest_unpublished_event_age_seconds", Help: "Age of the oldest event sent and not yet acknowledged."}),
-		CommitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "outbox_relay_commit_to_ack_seconds", Help: "From the transaction's commit time to Kafka's acknowledgement.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table."}),
 		OrderBreaks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_order_breaks_total", Help: "Times a producer failure may have let later records of a partition land before re-delivered earlier ones."}, []string{"topic", "partition"}),
 		perTopic: make(map[string]topicCounters),
 	}
+	commitToAck := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "outbox_relay_commit_to_ack_seconds", Help: "From the transaction's commit time to Kafka's acknowledgement.",
+		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}})
+	m.CommitToAck = commitToAck
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
-			m.CommitToAck, m.Quarantined, m.OrderBreaks,
+			commitToAck, m.Quarantined, m.OrderBreaks,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
@@ -100,6 +103,9 @@ func (m *Metrics) acked(d publisher.Delivery) {
 
 func (m *Metrics) failed(err *publisher.Error) {
 	m.PublishErrors.WithLabelValues(string(err.Class)).Inc()
+	if err.Partition >= 0 {
+		m.OrderBreaks.WithLabelValues(err.Topic, strconv.Itoa(int(err.Partition))).Inc()
+	}
 }
 
 func (m *Metrics) lastAck() time.Time {

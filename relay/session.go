@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -23,7 +25,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 	}
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.MaxInFlightEvents, Bytes: r.cfg.MaxInFlightBytes})
-	outcomes := newOutcomes(tracker, r.metrics)
+	outcomes := newOutcomes(tracker, r.metrics, r.log)
 	pubCfg := r.cfg.Publisher
 	r.mu.Lock()
 	pubCfg.MaxMessageBytes = r.batchLimit
@@ -314,12 +316,13 @@ func (s *streamer) drain() error {
 type outcomes struct {
 	tracker *lsn.Tracker
 	metrics *Metrics
+	log     zerolog.Logger
 	failed  chan struct{}
 	first   atomic.Pointer[publisher.Error]
 }
 
-func newOutcomes(t *lsn.Tracker, m *Metrics) *outcomes {
-	return &outcomes{tracker: t, metrics: m, failed: make(chan struct{})}
+func newOutcomes(t *lsn.Tracker, m *Metrics, log zerolog.Logger) *outcomes {
+	return &outcomes{tracker: t, metrics: m, log: log, failed: make(chan struct{})}
 }
 
 func (o *outcomes) Acked(d publisher.Delivery) {
@@ -329,6 +332,14 @@ func (o *outcomes) Acked(d publisher.Delivery) {
 
 func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 	o.metrics.failed(err)
+	if err.Partition >= 0 {
+		// sarama keeps appending later batches to a partition after one
+		// failed (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the
+		// re-delivered event may land after events committed later.
+		o.log.Warn().Str("topic", err.Topic).Int32("partition", err.Partition).Str("event_id", err.EventID).
+			Str("class", string(err.Class)).Err(err.Err).
+			Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
+	}
 	if o.first.CompareAndSwap(nil, err) {
 		close(o.failed)
 	}
