@@ -369,6 +369,10 @@ func (p *Publisher) drainOutcomes() {
 			}
 			d := delivery(perr.Msg)
 			r := perr.Msg.Metadata.(*Record)
+			var local sarama.ConfigurationError
+			if errors.As(perr.Err, &local) {
+				d.Partition = -1 // refused by sarama before it chose a partition
+			}
 			p.handler.Failed(d, &Error{
 				Class: Classify(perr.Err), EventID: string(r.eventID),
 				Topic: d.Topic, Partition: d.Partition, Err: perr.Err,
