@@ -1,5 +1,5 @@
 // Package migrations holds the SQL that prepares a database for the relay:
-// the outbox table and its publication. The SQL is embedded in the binary and
+// the outbox table, its publication and the quarantine table. The SQL is embedded in the binary and
 // safe to apply any number of times. Creating the replication slot belongs to
 // the same step (see the migrate command); a slot records only what is
 // committed after it exists.
@@ -24,6 +24,20 @@ type Names struct {
 	Schema      string
 	Table       string
 	Publication string
+	// Quarantine is the schema-qualified quarantine table; empty means
+	// outbox_quarantine in the outbox table's schema.
+	Quarantine string
+}
+
+// QuarantineTable returns the quarantine table's schema and name.
+func (n Names) QuarantineTable() (schema, table string) {
+	if n.Quarantine == "" {
+		return n.Schema, "outbox_quarantine"
+	}
+	if i := strings.IndexByte(n.Quarantine, '.'); i >= 0 {
+		return n.Quarantine[:i], n.Quarantine[i+1:]
+	}
+	return n.Schema, n.Quarantine
 }
 
 // SQL returns the migrations for these names, in order, as one script.
@@ -33,7 +47,9 @@ func SQL(n Names) (string, error) {
 		return "", fmt.Errorf("list migrations: %w", err)
 	}
 	sort.Strings(entries)
+	qSchema, qTable := n.QuarantineTable()
 	r := strings.NewReplacer(
+		"{{quarantine}}", ident(qSchema)+"."+ident(qTable),
 		"{{table}}", ident(n.Schema)+"."+ident(n.Table),
 		"{{table_name}}", strings.Trim(ident(n.Table), `"`),
 		"{{publication}}", ident(n.Publication),

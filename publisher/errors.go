@@ -28,6 +28,8 @@ type Error struct {
 	Topic     string
 	Partition int32 // -1 when the record never reached a partition
 	Err       error
+	// Record is the failed record, when it was built.
+	Record *Record
 }
 
 func (e *Error) Error() string {

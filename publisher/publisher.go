@@ -32,9 +32,14 @@ type Config struct {
 	// smallest max.message.bytes of the target topics.
 	MaxMessageBytes int
 
-	// RetryMax bounds sarama's own retries of retriable errors; when it runs
-	// out the caller restarts the stream, so retrying never ends while the
-	// slot holds the events.
+	// RetryMax bounds sarama's own retries of one record. sarama keeps a
+	// partition's records in order only while it is still retrying them:
+	// once a record runs out of retries, later records of its partition may
+	// be appended before it is re-delivered. So the default is large enough
+	// (hours at the backoff cap) that only a pathological outage exhausts
+	// it; the caller then re-streams from the slot and counts the possible
+	// order break. sarama allocates 32 bytes per allowed retry for each
+	// partition it produces to.
 	RetryMax        int
 	RetryBackoffMax time.Duration
 
@@ -53,8 +58,8 @@ func DefaultConfig() Config {
 		KafkaVersion:    "3.6.0",
 		ClientID:        "outbox-relay",
 		MaxMessageBytes: 1000000,
-		RetryMax:        1000,
-		RetryBackoffMax: 2 * time.Second,
+		RetryMax:        10000,
+		RetryBackoffMax: 5 * time.Second,
 		TopicWait:       10 * time.Second,
 	}
 }
@@ -375,7 +380,7 @@ func (p *Publisher) drainOutcomes() {
 			}
 			p.handler.Failed(d, &Error{
 				Class: Classify(perr.Err), EventID: string(r.eventID),
-				Topic: d.Topic, Partition: d.Partition, Err: perr.Err,
+				Topic: d.Topic, Partition: d.Partition, Err: perr.Err, Record: r,
 			})
 		}
 	}

@@ -73,6 +73,42 @@ func (r *Record) Topic() string { return r.msg.Topic }
 // EventID is the event_id of the row the record was built from.
 func (r *Record) EventID() string { return string(r.eventID) }
 
+// Key is the record's key, the aggregate ID.
+func (r *Record) Key() []byte { return r.key.b }
+
+// Value is the record's value, the payload.
+func (r *Record) Value() []byte { return r.value.b }
+
+// Header returns the value of the named header, or nil.
+func (r *Record) Header(name string) []byte {
+	for _, h := range r.msg.Headers {
+		if string(h.Key) == name {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+// RowHeaders returns the headers that came from the row's headers column,
+// as a JSON object, or nil when there are none.
+func (r *Record) RowHeaders() []byte {
+	extra := r.msg.Headers[len(ReservedHeaders):]
+	if len(extra) == 0 {
+		return nil
+	}
+	obj := make(map[string]*string, len(extra))
+	for _, h := range extra {
+		if h.Value == nil {
+			obj[string(h.Key)] = nil
+			continue
+		}
+		v := string(h.Value)
+		obj[string(h.Key)] = &v
+	}
+	b, _ := json.Marshal(obj)
+	return b
+}
+
 // bytesEncoder is a sarama.Encoder whose methods have pointer receivers, so
 // storing &field in msg.Key does not allocate the way a []byte conversion to
 // sarama.ByteEncoder would.

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,20 +16,23 @@ import (
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
 // registered on the registry it is given.
 type Metrics struct {
-	EventsPublished   *prometheus.CounterVec
-	BytesPublished    *prometheus.CounterVec
-	PublishErrors     *prometheus.CounterVec
-	Restarts          prometheus.Counter
-	InFlightEvents    prometheus.Gauge
-	ReceivedLSN       prometheus.Gauge
-	ConfirmedLSN      prometheus.Gauge
-	SlotRetainedWAL   prometheus.Gauge
-	SlotLag           prometheus.Gauge
-	SlotActive        prometheus.Gauge
-	OldestUnpublished prometheus.Gauge
-	CommitToAck       prometheus.Histogram
-	Quarantined       prometheus.Gauge
-	OrderBreaks       *prometheus.CounterVec
+	EventsPublished    *prometheus.CounterVec
+	BytesPublished     *prometheus.CounterVec
+	PublishErrors      *prometheus.CounterVec
+	Restarts           prometheus.Counter
+	InFlightEvents     prometheus.Gauge
+	ReceivedLSN        prometheus.Gauge
+	ConfirmedLSN       prometheus.Gauge
+	SlotRetainedWAL    prometheus.Gauge
+	SlotLag            prometheus.Gauge
+	SlotActive         prometheus.Gauge
+	OldestUnpublished  prometheus.Gauge
+	CommitToAck        prometheus.Histogram
+	Quarantined        prometheus.Gauge
+	OrderBreaks        *prometheus.CounterVec
+	RetentionDeleted   prometheus.Counter
+	RetentionRuns      prometheus.Counter
+	RetentionWatermark prometheus.Gauge
 
 	mu               sync.Mutex
 	perTopic         map[string]topicCounters
@@ -69,6 +73,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table."}),
 		OrderBreaks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_order_breaks_total", Help: "Times a producer failure may have let later records of a partition land before re-delivered earlier ones."}, []string{"topic", "partition"}),
+		RetentionDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_retention_rows_deleted_total", Help: "Published outbox rows deleted by retention cleanup."}),
+		RetentionRuns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_retention_runs_total", Help: "Retention cleanup passes completed."}),
+		RetentionWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_retention_cutoff_timestamp_seconds", Help: "Rows created before this Unix time may be deleted by retention cleanup."}),
 		perTopic: make(map[string]topicCounters),
 	}
 	commitToAck := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -78,7 +88,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
-			commitToAck, m.Quarantined, m.OrderBreaks,
+			commitToAck, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	return m
@@ -116,3 +126,13 @@ func (m *Metrics) lastAck() time.Time {
 }
 
 func (m *Metrics) quarantined() int64 { return m.quarantinedCount.Load() }
+
+// refreshQuarantined re-reads the quarantine table's size.
+func (m *Metrics) refreshQuarantined(ctx context.Context, q *QuarantineStore) {
+	n, err := q.Count(ctx)
+	if err != nil {
+		return
+	}
+	m.quarantinedCount.Store(n)
+	m.Quarantined.Set(float64(n))
+}

@@ -45,6 +45,16 @@ type Config struct {
 	// RecreateLostSlot lets the relay drop and recreate a slot the server
 	// invalidated. Events in the lost WAL are not recovered.
 	RecreateLostSlot bool
+
+	// OnPermanentError is what happens to an event Kafka will never accept:
+	// OnPermanentQuarantine keeps it in the quarantine table and goes on;
+	// OnPermanentHalt stops the relay.
+	OnPermanentError string
+	// QuarantineTable is the schema-qualified quarantine table; empty means
+	// outbox_quarantine in the outbox table's schema.
+	QuarantineTable string
+
+	Retention Retention
 }
 
 // DefaultConfig returns the defaults the relay ships with.
@@ -63,7 +73,19 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   30 * time.Second,
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
+		OnPermanentError:  OnPermanentQuarantine,
+		Retention:         DefaultRetention(),
 	}
+}
+
+// quarantineTable returns the quarantine table's schema and name.
+func (c Config) quarantineTable() (schema, table string) {
+	outboxSchema, _, _ := replication.SplitTable(c.Replication.Table)
+	if c.QuarantineTable == "" {
+		return outboxSchema, "outbox_quarantine"
+	}
+	s, t, _ := replication.SplitTable(c.QuarantineTable)
+	return s, t
 }
 
 // Validate checks the configuration and names the field at fault.
@@ -80,7 +102,15 @@ func (c Config) Validate() error {
 	if c.MaxInFlightBytes < 1 {
 		return fmt.Errorf("--max-in-flight-bytes %d: must be at least 1", c.MaxInFlightBytes)
 	}
-	return nil
+	if c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt {
+		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
+	}
+	if c.QuarantineTable != "" {
+		if _, _, err := replication.SplitTable(c.QuarantineTable); err != nil {
+			return fmt.Errorf("--quarantine-table: %w", err)
+		}
+	}
+	return c.Retention.validate()
 }
 
 // Relay runs stream sessions until its context ends or a fatal error.
@@ -127,6 +157,25 @@ func IsFatal(err error) bool {
 // error occurs. Transient failures restart the session from the slot after
 // a backoff with jitter.
 func (r *Relay) Run(ctx context.Context) error {
+	// Background parts live exactly as long as Run.
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	var background sync.WaitGroup
+	defer func() {
+		stopBackground()
+		background.Wait()
+	}()
+	if r.cfg.Retention.After > 0 {
+		background.Add(1)
+		go func() {
+			defer background.Done()
+			r.retain(bgCtx)
+		}()
+	}
+	return r.restartLoop(ctx)
+}
+
+// restartLoop runs sessions until ctx ends or a fatal error.
+func (r *Relay) restartLoop(ctx context.Context) error {
 	attempt := 0
 	for {
 		started := time.Now()

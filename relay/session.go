@@ -26,6 +26,16 @@ func (r *Relay) session(ctx context.Context) (err error) {
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.MaxInFlightEvents, Bytes: r.cfg.MaxInFlightBytes})
 	outcomes := newOutcomes(tracker, r.metrics, r.log)
+	if r.cfg.OnPermanentError == OnPermanentQuarantine {
+		schema, table := r.cfg.quarantineTable()
+		store, err := OpenQuarantine(ctx, r.cfg.Replication, schema, table)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		outcomes.quarantine = store
+		r.metrics.refreshQuarantined(ctx, store)
+	}
 	pubCfg := r.cfg.Publisher
 	r.mu.Lock()
 	pubCfg.MaxMessageBytes = r.batchLimit
@@ -238,21 +248,32 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 		Txn:           uint64(s.txn),
 		CommitTime:    s.commitTime,
 	}
+	rec, err := s.build(ev)
+	if err != nil {
+		var perr *publisher.Error
+		if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent && s.outcomes.quarantine != nil {
+			// Never sent, so nothing is in flight for it: once it is stored,
+			// the slot may pass it.
+			return s.outcomes.quarantineEvent(ctx, fromEvent(ev, perr), perr)
+		}
+		return err
+	}
+	s.tracker.Add(s.txn, rec.Size())
+	return s.pub.Send(ctx, rec)
+}
+
+// build checks the row's required values, then builds its record.
+func (s *streamer) build(ev *publisher.Event) (*publisher.Record, error) {
 	for _, col := range []struct {
 		name  string
 		value []byte
 	}{{"aggregate_id", ev.AggregateID}, {"aggregate_type", ev.AggregateType}, {"event_type", ev.EventType}, {"payload", ev.Payload}} {
 		if col.value == nil {
-			return &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+			return nil, &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
 				Err: fmt.Errorf("row has NULL %s; the outbox table's columns must be NOT NULL (see migrate)", col.name)}
 		}
 	}
-	rec, err := s.pub.Build(ev)
-	if err != nil {
-		return err
-	}
-	s.tracker.Add(s.txn, rec.Size())
-	return s.pub.Send(ctx, rec)
+	return s.pub.Build(ev)
 }
 
 // whileBlocked keeps the session's duties while the publisher blocks the
@@ -277,9 +298,23 @@ func (s *streamer) statusIfDue(force bool) error {
 		return err
 	}
 	s.lastStatus, s.flushedSent = now, confirmed
-	s.relay.metrics.ReceivedLSN.Set(float64(s.received))
-	s.relay.metrics.ConfirmedLSN.Set(float64(confirmed))
-	s.relay.noteProgress(s.received, confirmed)
+	stats := s.tracker.Stats()
+	m := s.relay.metrics
+	m.ReceivedLSN.Set(float64(s.received))
+	m.ConfirmedLSN.Set(float64(confirmed))
+	m.InFlightEvents.Set(float64(stats.InFlightEvents))
+	if stats.OldestInFlight.IsZero() {
+		m.OldestUnpublished.Set(0)
+	} else {
+		m.OldestUnpublished.Set(now.Sub(stats.OldestInFlight).Seconds())
+	}
+	// Only what was confirmed before this update was sent counts for
+	// retention: stats may already be newer than the flush position sent.
+	if stats.Confirmed == confirmed {
+		s.relay.noteProgress(s.received, stats.ConfirmedCommitTime)
+	} else {
+		s.relay.noteProgress(s.received, time.Time{})
+	}
 	return nil
 }
 
@@ -314,11 +349,12 @@ func (s *streamer) drain() error {
 
 // outcomes receives the producer's acks and failures for one session.
 type outcomes struct {
-	tracker *lsn.Tracker
-	metrics *Metrics
-	log     zerolog.Logger
-	failed  chan struct{}
-	first   atomic.Pointer[publisher.Error]
+	tracker    *lsn.Tracker
+	metrics    *Metrics
+	log        zerolog.Logger
+	quarantine *QuarantineStore // nil when permanent errors halt the relay
+	failed     chan struct{}
+	first      atomic.Pointer[publisher.Error]
 }
 
 func newOutcomes(t *lsn.Tracker, m *Metrics, log zerolog.Logger) *outcomes {
@@ -332,6 +368,17 @@ func (o *outcomes) Acked(d publisher.Delivery) {
 
 func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 	o.metrics.failed(err)
+	if err.Class == publisher.ClassPermanent && o.quarantine != nil && err.Record != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		qerr := o.quarantineEvent(ctx, fromRecord(err.Record, err), err)
+		cancel()
+		if qerr == nil {
+			// Stored: account for it as delivered so the line moves on.
+			o.tracker.Ack(lsn.TxnID(d.Txn), d.Bytes)
+			return
+		}
+		o.log.Error().Err(qerr).Str("event_id", err.EventID).Msg("could not quarantine the event; re-streaming it")
+	}
 	if err.Partition >= 0 {
 		// sarama keeps appending later batches to a partition after one
 		// failed (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the
@@ -343,6 +390,21 @@ func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 	if o.first.CompareAndSwap(nil, err) {
 		close(o.failed)
 	}
+}
+
+// quarantineEvent stores an event Kafka will never accept, loudly.
+func (o *outcomes) quarantineEvent(ctx context.Context, q Quarantined, perr *publisher.Error) error {
+	if q.Payload == "" {
+		q.Payload = "null"
+	}
+	if err := o.quarantine.Put(ctx, q); err != nil {
+		return err
+	}
+	o.metrics.refreshQuarantined(ctx, o.quarantine)
+	o.log.Error().Str("event_id", q.EventID).Str("topic", q.Topic).Str("class", string(perr.Class)).Err(perr.Err).
+		Str("advice", perr.Advice()).
+		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
+	return nil
 }
 
 // failure returns the session's first producer failure, if any. Nothing at

@@ -36,8 +36,9 @@ type Status struct {
 	LastAck               *time.Time `json:"last_ack_time,omitempty"`
 	QuarantinedEvents     int64      `json:"quarantined_events"`
 
-	tracker  *lsn.Tracker
-	received lsn.LSN
+	tracker             *lsn.Tracker
+	received            lsn.LSN
+	confirmedCommitTime time.Time // survives sessions, for retention
 }
 
 func (r *Relay) setState(state State, err error) {
@@ -62,10 +63,21 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.setState(StateStreaming, nil)
 }
 
-func (r *Relay) noteProgress(received, confirmed lsn.LSN) {
+func (r *Relay) noteProgress(received lsn.LSN, confirmedCommit time.Time) {
 	r.mu.Lock()
 	r.status.received = received
+	if confirmedCommit.After(r.status.confirmedCommitTime) {
+		r.status.confirmedCommitTime = confirmedCommit
+	}
 	r.mu.Unlock()
+}
+
+// confirmedCommitTime is the commit time of the newest transaction whose
+// events Kafka acknowledged and the relay confirmed.
+func (r *Relay) confirmedCommitTime() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.confirmedCommitTime
 }
 
 // Status returns a snapshot of the relay's state.

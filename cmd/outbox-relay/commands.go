@@ -30,6 +30,8 @@ commands:
   run       stream committed outbox rows to Kafka
   migrate   create the outbox table, its publication and the replication slot
   status    print the slot's state from PostgreSQL (needs no running relay)
+  quarantine list | replay <event_id>... | replay --all
+            show or re-publish events Kafka refused
   version   print the version
 
 Run 'outbox-relay <command> -h' for a command's flags. Every flag can also be
@@ -50,7 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
-		"run": runCommand, "migrate": migrateCommand, "status": statusCommand,
+		"run": runCommand, "migrate": migrateCommand, "status": statusCommand, "quarantine": quarantineCommand,
 	}
 	switch args[0] {
 	case "version", "--version", "-version":
@@ -158,7 +160,9 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return fail(stderr, "migrate", err, "")
 	}
-	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication}
+	qSchema, qTable := quarantineTable(o)
+	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
+		Quarantine: qSchema + "." + qTable}
 	if *printSQL {
 		script, err := migrations.SQL(names)
 		if err != nil {

@@ -1,0 +1,116 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// ReplayResult is the outcome of replaying one quarantined event.
+type ReplayResult struct {
+	EventID string
+	Topic   string
+	Err     error // nil: acknowledged by Kafka and removed from quarantine
+}
+
+// replayOutcomes collects the producer's answer for each replayed event,
+// indexed by the event's position in the replay list.
+type replayOutcomes struct {
+	mu      sync.Mutex
+	errs    map[uint64]error
+	topics  map[uint64]string
+	pending sync.WaitGroup
+}
+
+func (o *replayOutcomes) Acked(d publisher.Delivery) {
+	o.mu.Lock()
+	o.topics[d.Txn] = d.Topic
+	o.mu.Unlock()
+	o.pending.Done()
+}
+
+func (o *replayOutcomes) Failed(d publisher.Delivery, err *publisher.Error) {
+	o.mu.Lock()
+	o.errs[d.Txn] = err
+	o.mu.Unlock()
+	o.pending.Done()
+}
+
+// Replay publishes quarantined events again, with their original event_id,
+// key and headers, and removes each from quarantine only after Kafka
+// acknowledged it. An event that fails again stays quarantined. A replayed
+// event lands after any later events of its aggregate.
+func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
+	out := &replayOutcomes{errs: map[uint64]error{}, topics: map[uint64]string{}}
+	waiting := publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}
+	pub, err := publisher.New(cfg, out, waiting, log)
+	if err != nil {
+		return nil, err
+	}
+	results := make([]ReplayResult, len(events))
+	for i := range events {
+		results[i].EventID = events[i].EventID
+		ev := events[i].Event()
+		ev.Txn = uint64(i)
+		rec, err := pub.Build(ev)
+		var limit *publisher.BatchLimitError
+		if errors.As(err, &limit) {
+			// The topic takes smaller batches: flush what is in flight and
+			// go on with a producer built for them.
+			if cerr := pub.Close(timeout); cerr != nil {
+				return nil, cerr
+			}
+			cfg.MaxMessageBytes = limit.MaxMessageBytes
+			if pub, err = publisher.New(cfg, out, waiting, log); err != nil {
+				return nil, err
+			}
+			rec, err = pub.Build(ev)
+		}
+		if err != nil {
+			results[i].Err = err
+			continue
+		}
+		results[i].Topic = rec.Topic()
+		out.pending.Add(1)
+		if err := pub.Send(ctx, rec); err != nil {
+			out.pending.Done()
+			results[i].Err = err
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		out.pending.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	case <-ctx.Done():
+	}
+	closeErr := pub.Close(5 * time.Second)
+
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	for i := range results {
+		r := &results[i]
+		if r.Err != nil {
+			continue
+		}
+		if err, failed := out.errs[uint64(i)]; failed {
+			r.Err = err
+			continue
+		}
+		if _, acked := out.topics[uint64(i)]; !acked {
+			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
+			continue
+		}
+		r.Err = store.Remove(ctx, r.EventID)
+	}
+	return results, closeErr
+}

@@ -1,0 +1,125 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// Retention configures the optional cleanup of published outbox rows.
+type Retention struct {
+	// After is how old a row must be before it may go; zero turns cleanup
+	// off.
+	After time.Duration
+	// Margin is subtracted from the commit time of the relay's confirmed
+	// position. A row inserted by a transaction that ran longer than this
+	// could otherwise be deleted before it is confirmed.
+	Margin   time.Duration
+	Interval time.Duration
+	Batch    int
+	DryRun   bool
+}
+
+// DefaultRetention returns cleanup settings with cleanup off.
+func DefaultRetention() Retention {
+	return Retention{Margin: time.Hour, Interval: time.Minute, Batch: 1000}
+}
+
+func (r Retention) validate() error {
+	switch {
+	case r.After < 0:
+		return errors.New("--retention must not be negative")
+	case r.After > 0 && r.Interval <= 0:
+		return errors.New("--retention-interval must be positive")
+	case r.After > 0 && r.Batch < 1:
+		return errors.New("--retention-batch must be at least 1")
+	case r.Margin < 0:
+		return errors.New("--retention-margin must not be negative")
+	}
+	return nil
+}
+
+// retain deletes published rows in small batches until ctx ends. A row may
+// go only when it is older than the retention and older than the commit time
+// of the relay's confirmed position minus the margin: unconfirmed rows are
+// never deleted. (Deleting a row does not unpublish it, the relay reads the
+// WAL; the rule keeps the table a complete record of what may still need to
+// be reconciled or re-delivered.)
+func (r *Relay) retain(ctx context.Context) {
+	cfg := r.cfg.Retention
+	log := r.log.With().Str("component", "retention").Logger()
+	tick := time.NewTicker(cfg.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		watermark := r.confirmedCommitTime()
+		if watermark.IsZero() {
+			log.Debug().Msg("no confirmed transaction yet in this process; deleting nothing")
+			r.metrics.RetentionRuns.Inc()
+			continue
+		}
+		cutoff := watermark.Add(-cfg.Margin)
+		if byAge := time.Now().Add(-cfg.After); byAge.Before(cutoff) {
+			cutoff = byAge
+		}
+		r.metrics.RetentionWatermark.Set(float64(cutoff.UnixMilli()) / 1000)
+		n, err := r.deleteBefore(ctx, cutoff)
+		r.metrics.RetentionRuns.Inc()
+		if err != nil && ctx.Err() == nil {
+			log.Warn().Err(err).Msg("outbox cleanup failed; retrying next interval (check the role has DELETE on the outbox table)")
+			continue
+		}
+		if n > 0 || cfg.DryRun {
+			ev := log.Info().Int64("rows", n).Time("cutoff", cutoff)
+			if cfg.DryRun {
+				ev.Msg("dry run: rows cleanup would delete")
+			} else {
+				ev.Msg("deleted published outbox rows")
+			}
+		}
+	}
+}
+
+// deleteBefore deletes (or, in a dry run, counts) rows created before
+// cutoff, a batch per transaction.
+func (r *Relay) deleteBefore(ctx context.Context, cutoff time.Time) (int64, error) {
+	admin, err := replication.Connect(ctx, r.cfg.Replication)
+	if err != nil {
+		return 0, err
+	}
+	defer admin.Close(context.Background())
+	schema, table, err := replication.SplitTable(r.cfg.Replication.Table)
+	if err != nil {
+		return 0, err
+	}
+	qualified := pgx.Identifier{schema, table}.Sanitize()
+	conn := admin.Conn()
+	if r.cfg.Retention.DryRun {
+		var n int64
+		err := conn.QueryRow(ctx, "SELECT count(*) FROM "+qualified+" WHERE created_at < $1", cutoff).Scan(&n)
+		return n, err
+	}
+	var total int64
+	for ctx.Err() == nil {
+		tag, err := conn.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE event_id IN (
+			SELECT event_id FROM %s WHERE created_at < $1 LIMIT %d)`, qualified, qualified, r.cfg.Retention.Batch), cutoff)
+		if err != nil {
+			return total, fmt.Errorf("delete published rows: %w", err)
+		}
+		total += tag.RowsAffected()
+		r.metrics.RetentionDeleted.Add(float64(tag.RowsAffected()))
+		if tag.RowsAffected() < int64(r.cfg.Retention.Batch) {
+			break
+		}
+	}
+	return total, nil
+}

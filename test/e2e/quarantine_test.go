@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// randomText is incompressible, so compression cannot bring a record under
+// a size limit.
+func randomText(n int) string {
+	b := make([]byte, n/2)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// An event larger than its topic's max.message.bytes is caught before it
+// is sent, quarantined whole, and the events after it keep flowing. After
+// the limit is raised, replay delivers it with its original identity.
+func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	e.migrate()
+	e.startRelay()
+	conn := e.connect()
+	ctx := context.Background()
+	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Small", `{"n": 1}`, ""}}); err != nil {
+		t.Fatal(err)
+	}
+	big := fmt.Sprintf(`{"blob": %q}`, randomText(10000))
+	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Huge", big, `{"tenant": "acme"}`}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.committed()
+	bigID := ids[1]
+	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Small", `{"n": 3}`, ""}}); err != nil {
+		t.Fatal(err)
+	}
+	afterAll := e.currentLSN()
+	ids, _ = e.committed()
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
+	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
+		return e.lsnAtLeast(e.confirmedFlush(), afterAll)
+	})
+
+	list := harness.StartProcess(t, e.bin, append([]string{"quarantine", "list", "--json"}, e.args("")[1:]...), nil)
+	if code, err := list.Wait(time.Minute); err != nil || code != 0 {
+		t.Fatalf("quarantine list exited %d (%v): %s", code, err, list.Output())
+	}
+	var listed []struct {
+		EventID, Topic, ErrorClass, ErrorMessage, Payload, Headers string
+		Attempts                                                   int
+	}
+	out := list.Output()
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil {
+		t.Fatalf("quarantine list output: %v\n%s", err, out)
+	}
+	if len(listed) != 1 || listed[0].EventID != bigID || listed[0].ErrorClass != "permanent" ||
+		!strings.Contains(listed[0].ErrorMessage, "max.message.bytes") || !strings.Contains(listed[0].Headers, "acme") ||
+		listed[0].Topic != "outbox.event.order" || len(listed[0].Payload) < 10000 {
+		t.Fatalf("quarantine holds %+v, want the oversize event %s", listed, bigID)
+	}
+
+	adm := kadm.NewClient(e.kafka.Client(t))
+	limit := "1048588"
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "outbox.event.order")
+	if err == nil {
+		_, err = resp.On("outbox.event.order", nil)
+	}
+	if err != nil {
+		t.Fatalf("raise max.message.bytes: %v", err)
+	}
+	replay := harness.StartProcess(t, e.bin, append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.kafka.BrokerList()}, e.args("")[1:]...), nil)
+	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
+		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
+	}
+	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{bigID}, time.Minute)
+	for _, r := range records {
+		if r.EventID() == bigID && (string(r.Key) != "o-1" || r.Headers["tenant"] != "acme" || r.Headers["event_type"] != "Huge") {
+			t.Fatalf("replayed record has key %q headers %v", r.Key, r.Headers)
+		}
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
+		t.Fatalf("%d events still quarantined after a successful replay", n)
+	}
+}
+
+// Retriable errors never quarantine: they are retried, in order, until the
+// broker recovers.
+func TestRetriableErrorsQuarantineNothing(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay("--kafka-retry-backoff-max", "50ms")
+	if err := e.writeEvents(e.connect(), 3, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	e.consumeAll(time.Minute)
+	fault := e.kafka.FailProduce(15, kerr.NotLeaderForPartition.Code)
+	defer fault.Remove()
+	if err := e.writeEvents(e.connect(), 10, 2, 4); err != nil {
+		t.Fatal(err)
+	}
+	e.consumeAll(2 * time.Minute)
+	if fault.Hits() < 15 {
+		t.Fatalf("only %d of 15 injected errors were hit", fault.Hits())
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
+		t.Fatalf("%d events quarantined after retriable errors", n)
+	}
+}
+
+// Cleanup deletes published rows, but never one whose event is not yet
+// confirmed: here the broker holds the acks of the second batch.
+func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	e.startRelay("--admin-addr", admin, "--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
+	conn := e.connect()
+	if err := e.writeEvents(conn, 5, 2, 2); err != nil {
+		t.Fatal(err)
+	}
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, 30*time.Second, "cleanup deletes the published rows", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+	})
+
+	release := e.kafka.HoldProduce()
+	defer release()
+	if err := e.writeEvents(conn, 3, 2, 1); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the held events reach the broker", func() bool { return e.kafka.HeldProduces() > 0 })
+	runs := retentionRuns(t, admin)
+	harness.WaitFor(t, 30*time.Second, "three more cleanup passes", func() bool { return retentionRuns(t, admin) >= runs+3 })
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 6 {
+		t.Fatalf("%d of 6 unconfirmed rows left after cleanup passes: cleanup deleted unconfirmed rows", n)
+	}
+	release()
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, 30*time.Second, "cleanup deletes the rows once confirmed", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+	})
+}
+
+var runsLine = regexp.MustCompile(`(?m)^outbox_relay_retention_runs_total (\S+)$`)
+
+func retentionRuns(t *testing.T, admin string) float64 {
+	t.Helper()
+	body := httpGet(t, "http://"+admin+"/metrics")
+	m := runsLine.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no outbox_relay_retention_runs_total in /metrics")
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
