@@ -16,8 +16,8 @@ build:
 
 # A private PostgreSQL and an in-process Kafka broker, the relay between them,
 # and records printed as a plain Kafka consumer reads them.
-demo:
-	$(GO) run ./cmd/outbox-relay-demo
+demo: build
+	$(GO) run ./cmd/outbox-relay-demo --relay $(BIN)
 
 # Everything: unit tests, then end-to-end tests and reduced-size drills
 # against a private PostgreSQL, kfake, and Apache Kafka (fetched from Maven
