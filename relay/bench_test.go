@@ -129,7 +129,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 
 type nopHandler struct{}
 
-func (nopHandler) Acked(publisher.Delivery)                   {}
+func (nopHandler) Acked(publisher.Delivery)                    {}
 func (nopHandler) Failed(publisher.Delivery, *publisher.Error) {}
 
 // benchPublisher returns a publisher connected to an in-process kfake

@@ -142,6 +142,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
+	log = log.With().Str("slot", cfg.Replication.Slot).Logger()
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
 		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes}
 }
@@ -207,7 +208,7 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			// A standby: poll often enough to take over within seconds.
 			wait = backoff(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
 			r.setState(StateWaitingForSlot, err)
-			r.log.Info().Str("slot", r.cfg.Replication.Slot).Err(err).Dur("retry_in", wait).
+			r.log.Info().Err(err).Dur("retry_in", wait).
 				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
 		} else {
 			r.setState(StateBackingOff, err)

@@ -62,7 +62,7 @@ func (r *Relay) session(ctx context.Context) (err error) {
 
 	s.stream, s.pub = stream, pub
 	r.setStreaming(tracker)
-	r.log.Info().Str("slot", r.cfg.Replication.Slot).Str("start_lsn", start.String()).
+	r.log.Info().Str("start_lsn", start.String()).
 		Dur("status_every", s.keepaliveEvery).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()
@@ -98,7 +98,7 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		return 0, 0, err
 	}
 	if exists && slot.Lost() && r.cfg.RecreateLostSlot {
-		r.log.Error().Str("slot", slot.Name).
+		r.log.Error().
 			Msg("slot was invalidated and --recreate-lost-slot is set: dropping and recreating it; events committed while it was lost are NOT delivered")
 		if err := admin.DropSlot(ctx); err != nil {
 			return 0, 0, err
@@ -118,7 +118,7 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		if rows > 0 {
 			ev = r.log.Warn().Int64("rows_not_published", rows)
 		}
-		ev.Str("slot", r.cfg.Replication.Slot).Str("lsn", at.String()).
+		ev.Str("lsn", at.String()).
 			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
 		return at, senderTimeout, nil
 	}

@@ -114,7 +114,6 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := o.relay.Validate(); err != nil {
 		return fail(stderr, "run", err, o.relay.Replication.DSN)
 	}
-	log = log.With().Str("slot", o.relay.Replication.Slot).Logger()
 
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
