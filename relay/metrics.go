@@ -33,6 +33,8 @@ type Metrics struct {
 	RetentionDeleted   prometheus.Counter
 	RetentionRuns      prometheus.Counter
 	RetentionWatermark prometheus.Gauge
+	State              *prometheus.GaugeVec
+	SlotWALStatus      *prometheus.GaugeVec
 
 	mu               sync.Mutex
 	perTopic         map[string]topicCounters
@@ -79,6 +81,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_retention_runs_total", Help: "Retention cleanup passes completed."}),
 		RetentionWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_retention_cutoff_timestamp_seconds", Help: "Rows created before this Unix time may be deleted by retention cleanup."}),
+		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_relay_state", Help: "1 for the relay's current state (streaming, waiting-for-slot, backing-off, ...), 0 for the others."}, []string{"state"}),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_relay_slot_wal_status", Help: "1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others."}, []string{"wal_status"}),
 		perTopic: make(map[string]topicCounters),
 	}
 	commitToAck := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -90,8 +96,42 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
 			commitToAck, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
+	m.setState(StateStarting)
+	m.setWALStatus("")
 	return m
+}
+
+// states are the values of outbox_relay_state's label, all exported so a
+// query never misses a series.
+var states = []State{StateStarting, StateConnecting, StateStreaming, StateWaitingForSlot,
+	StateBackingOff, StateDraining, StateStopped, StateFailed}
+
+// setState makes state the one outbox_relay_state series at 1.
+func (m *Metrics) setState(state State) {
+	for _, s := range states {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.State.WithLabelValues(string(s)).Set(v)
+	}
+}
+
+// walStatuses are the values pg_replication_slots.wal_status takes.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// setWALStatus makes status the one outbox_relay_slot_wal_status series at
+// 1; "" (unknown) sets them all to 0.
+func (m *Metrics) setWALStatus(status string) {
+	for _, s := range walStatuses {
+		v := 0.0
+		if s == status {
+			v = 1
+		}
+		m.SlotWALStatus.WithLabelValues(s).Set(v)
+	}
 }
 
 func (m *Metrics) acked(d publisher.Delivery) {

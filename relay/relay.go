@@ -178,6 +178,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // restartLoop runs sessions until ctx ends or a fatal error.
 func (r *Relay) restartLoop(ctx context.Context) error {
 	attempt := 0
+	standby := false
 	for {
 		started := time.Now()
 		err := r.session(ctx)
@@ -207,10 +208,16 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		if errors.Is(err, replication.ErrSlotBusy) {
 			// A standby: poll often enough to take over within seconds.
 			wait = backoff(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
+			ev := r.log.Debug()
+			if !standby {
+				ev = r.log.Info() // once per wait, not every poll
+			}
+			standby = true
 			r.setState(StateWaitingForSlot, err)
-			r.log.Info().Err(err).Dur("retry_in", wait).
+			ev.Err(err).Dur("retry_in", wait).
 				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
 		} else {
+			standby = false
 			r.setState(StateBackingOff, err)
 			r.metrics.Restarts.Inc()
 			r.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).

@@ -48,6 +48,7 @@ func (r *Relay) setState(state State, err error) {
 		r.status.Since = time.Now()
 	}
 	r.status.State = state
+	r.metrics.setState(state)
 	if err != nil {
 		r.status.LastError = err.Error()
 	}
