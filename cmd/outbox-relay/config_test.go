@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Flags win over the environment, which wins over the --config file.
+func TestConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "relay.yaml")
+	os.WriteFile(file, []byte(`
+pg-dsn: postgres://file@db/app
+kafka-brokers: [k1:9092, k2:9092]
+slot: from_file
+topic: from.file
+table: ${OUTBOX_TEST_SCHEMA}.events
+`), 0o600)
+	t.Setenv("OUTBOX_TEST_SCHEMA", "sales")
+	t.Setenv("OUTBOX_RELAY_SLOT", "from_env")
+	t.Setenv("OUTBOX_RELAY_TOPIC", "from.env")
+
+	o := &options{}
+	fs := newFlagSet("run", o, &bytes.Buffer{})
+	if err := parse(fs, o, []string{"--config", file, "--topic", "from.flag"}); err != nil {
+		t.Fatal(err)
+	}
+	c := o.relay
+	if c.Publisher.TopicTemplate != "from.flag" {
+		t.Errorf("topic %q: the flag must win", c.Publisher.TopicTemplate)
+	}
+	if c.Replication.Slot != "from_env" {
+		t.Errorf("slot %q: the environment must win over the file", c.Replication.Slot)
+	}
+	if c.Replication.DSN != "postgres://file@db/app" || c.Replication.Table != "sales.events" {
+		t.Errorf("file values not applied: dsn %q table %q", c.Replication.DSN, c.Replication.Table)
+	}
+	if strings.Join(c.Publisher.Brokers, ",") != "k1:9092,k2:9092" {
+		t.Errorf("brokers %v", c.Publisher.Brokers)
+	}
+	if c.Publisher.Compression != "lz4" || o.adminAddr != "127.0.0.1:9797" {
+		t.Errorf("defaults lost: compression %q admin %q", c.Publisher.Compression, o.adminAddr)
+	}
+}
+
+func TestConfigFileUnknownKeyIsNamed(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	os.WriteFile(file, []byte("pg_dsn: x\n"), 0o600)
+	o := &options{}
+	fs := newFlagSet("run", o, &bytes.Buffer{})
+	err := parse(fs, o, []string{"--config", file})
+	if err == nil || !strings.Contains(err.Error(), `unknown key "pg_dsn"`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestSASLPasswordFromEnvAndFile(t *testing.T) {
+	t.Setenv("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "from-env")
+	o := &options{}
+	if err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err != nil {
+		t.Fatal(err)
+	}
+	if o.relay.Publisher.Security.SASLPassword != "from-env" {
+		t.Fatalf("password %q", o.relay.Publisher.Security.SASLPassword)
+	}
+	file := filepath.Join(t.TempDir(), "pw")
+	os.WriteFile(file, []byte("from-file\n"), 0o600)
+	o = &options{}
+	if err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--kafka-sasl-password-file", file}); err != nil {
+		t.Fatal(err)
+	}
+	if o.relay.Publisher.Security.SASLPassword != "from-file" {
+		t.Fatalf("password %q", o.relay.Publisher.Security.SASLPassword)
+	}
+}
+
+// Configuration errors exit 2 with one line naming the flag, and never
+// print the DSN's password.
+func TestConfigErrorsExitTwoWithoutSecrets(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--on-permanent-error", "skip"},
+		{"run", "--pg-dsn", "postgres://u:hunter2@h/db"},
+		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--table", "a.b.c"},
+		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--log-level", "loud"},
+		{"frobnicate"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), args, &stdout, &stderr)
+		out := stderr.String()
+		if code != exitUsage || strings.Contains(out, "hunter2") || strings.Count(strings.TrimSpace(out), "\n") > 20 {
+			t.Errorf("%v: exit %d, stderr %q", args, code, out)
+		}
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var stdout bytes.Buffer
+	if code := run(context.Background(), []string{"version"}, &stdout, &bytes.Buffer{}); code != 0 || !strings.HasPrefix(stdout.String(), "outbox-relay ") {
+		t.Fatalf("version: %d %q", code, stdout.String())
+	}
+}
