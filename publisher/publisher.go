@@ -81,6 +81,12 @@ type Handler interface {
 	Failed(d Delivery, err *Error)
 }
 
+// RetryObserver may be implemented by a Handler that wants to count the
+// producer's retries (each is a backoff before a record is sent again).
+type RetryObserver interface {
+	Retrying()
+}
+
 // Publisher owns one sarama producer and the goroutine that drains its
 // outcomes. It is built for one stream session: after a failure the caller
 // closes it and makes a new one.
@@ -123,6 +129,13 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if observer, ok := handler.(RetryObserver); ok {
+		backoff := sc.Producer.Retry.BackoffFunc
+		sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
+			observer.Retrying()
+			return backoff(retries, maxRetries)
+		}
 	}
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {

@@ -16,18 +16,21 @@ import (
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
 // registered on the registry it is given.
 type Metrics struct {
-	EventsPublished    *prometheus.CounterVec
-	BytesPublished     *prometheus.CounterVec
-	PublishErrors      *prometheus.CounterVec
-	Restarts           prometheus.Counter
-	InFlightEvents     prometheus.Gauge
-	ReceivedLSN        prometheus.Gauge
-	ConfirmedLSN       prometheus.Gauge
-	SlotRetainedWAL    prometheus.Gauge
-	SlotLag            prometheus.Gauge
-	SlotActive         prometheus.Gauge
-	OldestUnpublished  prometheus.Gauge
-	CommitToAck        prometheus.Histogram
+	EventsPublished   *prometheus.CounterVec
+	BytesPublished    *prometheus.CounterVec
+	PublishErrors     *prometheus.CounterVec
+	Restarts          prometheus.Counter
+	Retries           prometheus.Counter
+	InFlightEvents    prometheus.Gauge
+	ReceivedLSN       prometheus.Gauge
+	ConfirmedLSN      prometheus.Gauge
+	SlotRetainedWAL   prometheus.Gauge
+	SlotLag           prometheus.Gauge
+	SlotActive        prometheus.Gauge
+	OldestUnpublished prometheus.Gauge
+	// CommitToAck observes commit-to-ack latency in seconds. It is an
+	// Observer so a benchmark can record exact values instead.
+	CommitToAck        prometheus.Observer
 	Quarantined        prometheus.Gauge
 	OrderBreaks        *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
@@ -56,6 +59,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_publish_errors_total", Help: "Records Kafka failed, by error class (retriable, producer, permanent)."}, []string{"class"}),
 		Restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_stream_restarts_total", Help: "Stream sessions restarted after a failure; each re-streams from the slot."}),
+		Retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_producer_retries_total", Help: "Producer retries after retriable errors (each is one backoff)."}),
 		InFlightEvents: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_in_flight_events", Help: "Events sent to Kafka and not yet acknowledged."}),
 		ReceivedLSN: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -92,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}})
 	m.CommitToAck = commitToAck
 	if reg != nil {
-		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.InFlightEvents,
+		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
 			commitToAck, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -366,6 +366,8 @@ func (o *outcomes) Acked(d publisher.Delivery) {
 	o.metrics.acked(d)
 }
 
+func (o *outcomes) Retrying() { o.metrics.Retries.Inc() }
+
 func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 	o.metrics.failed(err)
 	if err.Class == publisher.ClassPermanent && o.quarantine != nil && err.Record != nil {
