@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -240,5 +241,67 @@ func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
+	}
+}
+
+// The scanner must agree with encoding/json on every object it accepts.
+func TestRowHeadersMatchEncodingJSON(t *testing.T) {
+	for _, raw := range []string{
+		`{"tenant": "acme", "n": 1.5e3, "ok": true, "none": null, "nested": {"a": [1, {"b": "}"}]}, "esc": "q\"uote\\n\u00e9"}`,
+		`{"a":"b","c":[]}`,
+		" \n{ \"sp ace\" :\t\"v\" } ",
+		`{}`,
+		`{"emoji": "🚀", "empty": ""}`,
+	} {
+		got, err := rowHeaders([]byte(raw), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		var want map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(raw), &want); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d headers, want %d", raw, len(got), len(want))
+		}
+		for _, h := range got {
+			w := want[string(h.Key)]
+			var s string
+			switch {
+			case string(w) == "null":
+				if h.Value != nil {
+					t.Errorf("%s: %s = %q, want a null value", raw, h.Key, h.Value)
+				}
+			case json.Unmarshal(w, &s) == nil:
+				if string(h.Value) != s {
+					t.Errorf("%s: %s = %q, want %q", raw, h.Key, h.Value, s)
+				}
+			default:
+				var a, b any
+				if json.Unmarshal(h.Value, &a) != nil || json.Unmarshal(w, &b) != nil || fmt.Sprint(a) != fmt.Sprint(b) {
+					t.Errorf("%s: %s = %s, want %s", raw, h.Key, h.Value, w)
+				}
+			}
+		}
+	}
+	for _, bad := range []string{`{"a": }`, `{"a" 1}`, `{"a": 1,}`, `{"a": "x"`, `{"a": 1} x`, `{"a": tru}`, `[1]`, `"s"`} {
+		if _, err := rowHeaders([]byte(bad), nil); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+// A row with a couple of headers (tenant, traceparent) costs no more
+// allocations than one without.
+func TestBuildWithHeadersAllocations(t *testing.T) {
+	ev := sampleEvent()
+	ev.Headers = []byte(`{"tenant": "acme", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := build(ev, "t"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 2 {
+		t.Fatalf("build with two headers allocates %.1f times per event, want at most 2", allocs)
 	}
 }

@@ -1,8 +1,8 @@
 package publisher
 
 import (
-	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -121,7 +121,8 @@ func (e *bytesEncoder) Length() int             { return len(e.b) }
 func build(ev *Event, topic string) (*Record, error) {
 	n := len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) +
 		len(ev.SchemaVersion) + len(ev.OccurredAt) + len(ev.Payload)
-	extra, err := rowHeaders(ev.Headers)
+	var extraInline [inlineHeaders - 6]header
+	extra, err := rowHeaders(ev.Headers, extraInline[:0])
 	if err != nil {
 		return nil, err
 	}
@@ -190,50 +191,134 @@ func appendRFC3339(dst, pg []byte) []byte {
 // header is one of a row's own headers.
 type header struct{ Key, Value []byte }
 
-// rowHeaders reads the row's headers column: a JSON object whose string
-// values become header values as they are, and whose other values are kept
-// as JSON text. Object order is kept.
-func rowHeaders(raw []byte) ([]header, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return nil, nil
+// rowHeaders reads the row's headers column, a JSON object, into dst:
+// string values become header values as they are, other values are kept as
+// JSON text, and JSON null becomes a null header value. Object order is kept.
+// The result aliases raw unless a string holds escapes; a hand-written
+// scanner keeps a row with headers from costing dozens of allocations.
+func rowHeaders(raw []byte, dst []header) ([]header, error) {
+	i := skipSpace(raw, 0)
+	if i == len(raw) || string(raw[i:]) == "null" {
+		return dst, nil
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil || tok != json.Delim('{') {
-		return nil, fmt.Errorf("headers column is not a JSON object")
+	if raw[i] != '{' {
+		return nil, errors.New("headers column is not a JSON object")
 	}
-	var out []header
-	for dec.More() {
-		keyTok, err := dec.Token()
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == '}' {
+		return dst, nil
+	}
+	for {
+		if i >= len(raw) || raw[i] != '"' {
+			return nil, fmt.Errorf("headers column: expected a key at offset %d", i)
+		}
+		key, next, err := jsonString(raw, i)
 		if err != nil {
 			return nil, fmt.Errorf("headers column: %w", err)
 		}
-		key := keyTok.(string)
 		for _, reserved := range ReservedHeaders {
-			if key == reserved {
+			if string(key) == reserved {
 				return nil, fmt.Errorf("headers column sets reserved header %q", key)
 			}
 		}
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
+		i = skipSpace(raw, next)
+		if i >= len(raw) || raw[i] != ':' {
+			return nil, fmt.Errorf("headers column, key %q: expected ':'", key)
+		}
+		i = skipSpace(raw, i+1)
+		var value []byte
+		switch {
+		case i < len(raw) && raw[i] == '"':
+			value, next, err = jsonString(raw, i)
+		case len(raw)-i >= 4 && string(raw[i:i+4]) == "null":
+			value, next = nil, i+4
+		default:
+			next, err = jsonValueEnd(raw, i)
+			value = raw[i:next]
+		}
+		if err != nil {
 			return nil, fmt.Errorf("headers column, key %q: %w", key, err)
 		}
-		h := header{Key: []byte(key)}
-		switch {
-		case bytes.Equal(value, []byte("null")):
-			h.Value = nil
-		case len(value) > 0 && value[0] == '"':
-			var s string
-			if err := json.Unmarshal(value, &s); err != nil {
-				return nil, fmt.Errorf("headers column, key %q: %w", key, err)
-			}
-			h.Value = []byte(s)
-		default:
-			h.Value = []byte(value)
+		dst = append(dst, header{Key: key, Value: value})
+		i = skipSpace(raw, next)
+		if i < len(raw) && raw[i] == ',' {
+			i = skipSpace(raw, i+1)
+			continue
 		}
-		out = append(out, h)
+		if i < len(raw) && raw[i] == '}' && skipSpace(raw, i+1) == len(raw) {
+			return dst, nil
+		}
+		return nil, fmt.Errorf("headers column: malformed JSON object at offset %d", i)
 	}
-	return out, nil
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// jsonString reads the string starting at b[i] (a quote) and returns its
+// content and the offset after its closing quote.
+func jsonString(b []byte, i int) (content []byte, next int, err error) {
+	escaped := false
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			escaped = true
+			j++
+		case '"':
+			if !escaped {
+				return b[i+1 : j], j + 1, nil
+			}
+			var s string
+			if err := json.Unmarshal(b[i:j+1], &s); err != nil {
+				return nil, 0, err
+			}
+			return []byte(s), j + 1, nil
+		}
+	}
+	return nil, 0, errors.New("unterminated string")
+}
+
+// jsonValueEnd returns the offset just after the number, literal, object or
+// array starting at b[i].
+func jsonValueEnd(b []byte, i int) (int, error) {
+	depth := 0
+	for j := i; j < len(b); j++ {
+		switch c := b[j]; c {
+		case '"':
+			_, next, err := jsonString(b, j)
+			if err != nil {
+				return 0, err
+			}
+			j = next - 1
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return j, validJSON(b[i:j])
+			}
+			depth--
+			if depth == 0 {
+				return j + 1, validJSON(b[i : j+1])
+			}
+		case ',':
+			if depth == 0 {
+				return j, validJSON(b[i:j])
+			}
+		}
+	}
+	if depth == 0 {
+		return len(b), validJSON(b[i:])
+	}
+	return 0, errors.New("unterminated value")
+}
+
+func validJSON(v []byte) error {
+	if !json.Valid(v) {
+		return fmt.Errorf("invalid JSON value %q", v)
+	}
+	return nil
 }
