@@ -8,6 +8,8 @@ package publisher
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -81,6 +83,19 @@ type Handler interface {
 	Failed(d Delivery, err *Error)
 }
 
+// ErrAuth marks a Kafka authentication or certificate failure. Retrying in
+// the same process cannot fix it (credentials are read at start), so the
+// relay exits and its supervisor restarts it with what the operator fixed.
+var ErrAuth = errors.New("kafka authentication failed")
+
+func authFailure(err error) bool {
+	var certErr *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	return errors.Is(err, sarama.ErrSASLAuthenticationFailed) || errors.As(err, &certErr) ||
+		errors.As(err, &unknownCA) || errors.As(err, &hostErr)
+}
+
 // RetryObserver may be implemented by a Handler that wants to count the
 // producer's retries (each is a backoff before a record is sent again).
 type RetryObserver interface {
@@ -139,6 +154,9 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 	}
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
+		if authFailure(err) {
+			return nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
+		}
 		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)

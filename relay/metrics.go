@@ -105,6 +105,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.setState(StateStarting)
 	m.setWALStatus("")
+	// Every error class exists from the start, at 0, so rate() and
+	// dashboards see a series before the first error.
+	for _, class := range []publisher.Class{publisher.ClassRetriable, publisher.ClassProducer, publisher.ClassPermanent} {
+		m.PublishErrors.WithLabelValues(string(class))
+	}
 	return m
 }
 

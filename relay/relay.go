@@ -151,7 +151,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
+		errors.Is(err, publisher.ErrAuth) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal
@@ -172,6 +172,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.retain(bgCtx)
 		}()
 	}
+	background.Add(1)
+	go func() {
+		defer background.Done()
+		r.PollSlot(bgCtx, 5*time.Second)
+	}()
 	return r.restartLoop(ctx)
 }
 

@@ -122,8 +122,18 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
 		return at, senderTimeout, nil
 	}
-	if err := admin.CheckSlot(slot); err != nil {
+	if err := admin.CheckSlot(ctx, slot); err != nil {
 		return 0, 0, err
+	}
+	if slot.Active {
+		// Another process streams it. Say so before connecting to Kafka, so a
+		// standby does not open a producer on every poll; START_REPLICATION
+		// remains the real lock.
+		pid := 0
+		if slot.ActivePID != nil {
+			pid = *slot.ActivePID
+		}
+		return 0, 0, fmt.Errorf("%w: replication slot %q is active for PID %d", replication.ErrSlotBusy, slot.Name, pid)
 	}
 	start, err = slot.Confirmed()
 	return start, senderTimeout, err
@@ -186,7 +196,14 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 			continue
 		}
-		msg, err := s.stream.Receive(s.lastStatus.Add(cfg.StatusInterval))
+		// Wake for the next status update that may be due: a moved position
+		// is reported within StatusInterval, an unmoved one every
+		// keepaliveEvery. A deadline already past would spin the loop.
+		deadline := s.lastStatus.Add(s.keepaliveEvery)
+		if next := time.Now().Add(cfg.StatusInterval); next.Before(deadline) {
+			deadline = next
+		}
+		msg, err := s.stream.Receive(deadline)
 		if err != nil {
 			return err
 		}

@@ -24,16 +24,16 @@ const (
 // Status is the relay's own view, for the admin endpoint.
 type Status struct {
 	State     State     `json:"state"`
-	LastError string    `json:"last_error,omitempty"`
+	LastError string    `json:"last_error"`
 	Since     time.Time `json:"state_since"`
 
-	ReceivedLSN           string     `json:"received_lsn,omitempty"`
-	ConfirmedLSN          string     `json:"confirmed_lsn,omitempty"`
+	ReceivedLSN           string     `json:"received_lsn"`
+	ConfirmedLSN          string     `json:"confirmed_lsn"`
 	InFlightEvents        int        `json:"in_flight_events"`
 	InFlightTxns          int        `json:"in_flight_transactions"`
 	OldestInFlightSeconds float64    `json:"oldest_in_flight_age_seconds"`
-	LastConfirmedCommit   *time.Time `json:"last_confirmed_commit_time,omitempty"`
-	LastAck               *time.Time `json:"last_ack_time,omitempty"`
+	LastConfirmedCommit   *time.Time `json:"last_confirmed_commit_time"`
+	LastAck               *time.Time `json:"last_ack_time"`
 	QuarantinedEvents     int64      `json:"quarantined_events"`
 
 	tracker             *lsn.Tracker

@@ -42,6 +42,7 @@ func Connect(ctx context.Context, cfg Config) (*Admin, error) {
 		return nil, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
 	}
 	pinParams(pc.RuntimeParams, false)
+	defaultConnectTimeout(&pc.Config)
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, connectError(err, cfg.DSN)
@@ -54,6 +55,15 @@ func (a *Admin) Conn() *pgx.Conn { return a.conn }
 
 // Close closes the connection.
 func (a *Admin) Close(ctx context.Context) error { return a.conn.Close(ctx) }
+
+// defaultConnectTimeout bounds a connection attempt when the DSN does not
+// (connect_timeout): a server that accepts TCP and never answers would
+// otherwise hang the relay instead of sending it into its retry loop.
+func defaultConnectTimeout(c *pgconn.Config) {
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 15 * time.Second
+	}
+}
 
 // pinParams sets the session parameters decoding relies on (timestamps
 // come out as ISO text in UTC) and the replication mode.
@@ -202,12 +212,8 @@ func (a *Admin) Slot(ctx context.Context) (info *SlotInfo, ok bool, err error) {
 func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
 	query := "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
 	if a.cfg.SlotFailover {
-		var version int
-		if err := a.conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-			return 0, fmt.Errorf("read server version: %w", err)
-		}
-		if version < 170000 {
-			return 0, precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %d.%d: drop the flag, or upgrade", version/10000, version%10000/100)
+		if err := a.requireFailoverSupport(ctx); err != nil {
+			return 0, err
 		}
 		query = "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
 	}
@@ -223,7 +229,7 @@ func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
 }
 
 // CheckSlot verifies an existing slot can serve the relay.
-func (a *Admin) CheckSlot(info *SlotInfo) error {
+func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
 	if info.Lost() {
 		return fmt.Errorf("%w: slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed while the relay was behind may never reach Kafka. "+
 			"Reconcile the outbox table against Kafka for that period, then drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay with --recreate-lost-slot, or run migrate",
@@ -233,11 +239,32 @@ func (a *Admin) CheckSlot(info *SlotInfo) error {
 		return precondition("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)
 	}
 	var db string
-	if err := a.conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+	if err := a.conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return fmt.Errorf("read current database: %w", err)
 	}
 	if info.Database != db {
 		return precondition("slot %q belongs to database %q, not %q: choose another --slot", info.Name, info.Database, db)
+	}
+	if a.cfg.SlotFailover {
+		if err := a.requireFailoverSupport(ctx); err != nil {
+			return err
+		}
+		if info.Failover == nil || !*info.Failover {
+			return precondition("--slot-failover is set but slot %q is not a failover slot: run ALTER_REPLICATION_SLOT %s (FAILOVER true) on a replication connection, or drop the slot and run `outbox-relay migrate --slot-failover`",
+				info.Name, quoteIdent(info.Name))
+		}
+	}
+	return nil
+}
+
+// requireFailoverSupport refuses --slot-failover on servers before 17.
+func (a *Admin) requireFailoverSupport(ctx context.Context) error {
+	var version int
+	if err := a.conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return fmt.Errorf("read server version: %w", err)
+	}
+	if version < 170000 {
+		return precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %d.%d: drop the flag, or upgrade", version/10000, version%10000/100)
 	}
 	return nil
 }

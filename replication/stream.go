@@ -32,6 +32,7 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
 	}
 	pinParams(pc.RuntimeParams, true)
+	defaultConnectTimeout(pc)
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, connectError(err, cfg.DSN)

@@ -119,6 +119,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	metrics := relay.NewMetrics(registry)
 	notifier := newSystemdNotifier(log)
 	r := relay.New(o.relay, log, metrics, relay.Hooks{Streaming: notifier.ready, Alive: notifier.alive})
+	notifier.watch(ctx, r.Status, o.relay)
 
 	if o.adminAddr != "" {
 		ln, err := net.Listen("tcp", o.adminAddr)
@@ -200,7 +201,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
 	if exists {
-		if err := admin.CheckSlot(info); err != nil {
+		if err := admin.CheckSlot(ctx, info); err != nil {
 			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
 		}
 		log.Info().Str("slot", info.Name).Msg("replication slot exists")

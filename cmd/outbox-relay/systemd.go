@@ -200,6 +200,9 @@ func (n *systemdNotifier) observe(s relay.Status, now time.Time, backoffMax time
 func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax time.Duration) bool {
 	watchdog := 2 * n.every // WatchdogSec
 	in := now.Sub(s.Since)
+	if s.Since.IsZero() {
+		in = 0 // the relay has not changed state since it was created
+	}
 	switch s.State {
 	case relay.StateBackingOff, relay.StateWaitingForSlot:
 		return in < backoffMax+watchdog

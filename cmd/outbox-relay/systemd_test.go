@@ -104,12 +104,17 @@ func TestNotifierWatchdogPolicy(t *testing.T) {
 		{relay.StateConnecting, time.Second, true},
 		{relay.StateConnecting, watchdog + time.Millisecond, false}, // a hung connect
 		{relay.StateStarting, 0, true},
+		{relay.StateStarting, -1, true}, // zero Since: the relay was just created
 		{relay.StateDraining, 0, false},
 		{relay.StateFailed, 0, false},
 		{relay.StateStopped, 0, false},
 	} {
 		n := &systemdNotifier{every: watchdog / 2}
-		got := n.loopTurning(relay.Status{State: tc.state, Since: now.Add(-tc.age)}, now, backoffMax)
+		since := now.Add(-tc.age)
+		if tc.age < 0 {
+			since = time.Time{}
+		}
+		got := n.loopTurning(relay.Status{State: tc.state, Since: since}, now, backoffMax)
 		if got != tc.ping {
 			t.Errorf("%s for %v: ping=%v, want %v", tc.state, tc.age, got, tc.ping)
 		}

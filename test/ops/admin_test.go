@@ -1,0 +1,268 @@
+package ops
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// slotDoc is the /slot document, decoded loosely so the test sees exactly
+// which keys are there.
+type slotDoc struct {
+	Slot      map[string]any `json:"slot"`
+	SlotError string         `json:"slot_error"`
+	Relay     map[string]any `json:"relay"`
+}
+
+func getSlot(t *testing.T, base string) slotDoc {
+	t.Helper()
+	code, body := get(t, base+"/slot")
+	if code != http.StatusOK {
+		t.Fatalf("GET /slot: %d %s", code, body)
+	}
+	var doc slotDoc
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		t.Fatalf("/slot is not JSON: %v\n%s", err, body)
+	}
+	return doc
+}
+
+// metricNames lists the outbox_relay_* series relay/metrics.go declares,
+// so a series added there is checked here without editing this test.
+func metricNames(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "..", "relay", "metrics.go"))
+	if err != nil {
+		t.Fatalf("read relay/metrics.go: %v", err)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		names = append(names, m[1])
+	}
+	if len(names) < 10 {
+		t.Fatalf("found only %d metric names in relay/metrics.go: %v", len(names), names)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func TestAdminEndpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	p := e.startStreaming()
+	base := p.admin()
+
+	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz: %d %q, want 200 ok", code, body)
+	}
+	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz while streaming: %d %q, want 200", code, body)
+	}
+
+	// Read-only: no method but GET (and HEAD) does anything.
+	for _, path := range []string{"/healthz", "/readyz", "/slot", "/metrics"} {
+		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete} {
+			if code, _ := request(t, method, base+path); code != http.StatusMethodNotAllowed {
+				t.Errorf("%s %s: %d, want 405", method, path, code)
+			}
+		}
+	}
+	if code, _ := get(t, base+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("GET /debug/pprof/: %d, want 404 (no profiling endpoint on the admin port)", code)
+	}
+
+	// Events flow: the per-topic counters move by exactly what was written.
+	before := scrape(t, base)
+	if _, ok := value(before, "outbox_relay_events_published_total", "topic", "outbox.event.order"); ok {
+		t.Fatalf("events counted for topic outbox.event.order before any was written")
+	}
+	ids := append(insert(t, e.db.DSN(), "order", 5), insert(t, e.db.DSN(), "invoice", 3)...)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	harness.WaitFor(t, 30*time.Second, "the published counters to reach 5 and 3", func() bool {
+		f := scrape(t, base)
+		order, _ := value(f, "outbox_relay_events_published_total", "topic", "outbox.event.order")
+		invoice, _ := value(f, "outbox_relay_events_published_total", "topic", "outbox.event.invoice")
+		return order >= 5 && invoice >= 3
+	})
+	after := scrape(t, base)
+	for topic, want := range map[string]float64{"outbox.event.order": 5, "outbox.event.invoice": 3} {
+		if got, _ := value(after, "outbox_relay_events_published_total", "topic", topic); got != want {
+			t.Errorf("events published to %s: %v, want %v", topic, got, want)
+		}
+		if bytes, _ := value(after, "outbox_relay_bytes_published_total", "topic", topic); bytes < want*20 {
+			t.Errorf("bytes published to %s: %v for %v events", topic, bytes, want)
+		}
+	}
+	if n, _ := value(after, "outbox_relay_commit_to_ack_seconds"); n < 8 {
+		t.Errorf("commit-to-ack histogram counted %v events, want 8", n)
+	}
+
+	// Every series relay/metrics.go declares is exposed, with the Go and
+	// process collectors. Only the order-break counter has no series
+	// before its first event: its labels (topic, partition) are not known
+	// in advance.
+	for _, name := range metricNames(t) {
+		if after[name] == nil && name != "outbox_relay_order_breaks_total" {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	for _, name := range []string{"outbox_relay_publish_errors_total"} {
+		for _, class := range []string{"retriable", "producer", "permanent"} {
+			if _, ok := value(after, name, "class", class); !ok {
+				t.Errorf("/metrics lacks %s{class=%q}: alerts and dashboards need it at 0 before the first error", name, class)
+			}
+		}
+	}
+	for _, name := range []string{"go_goroutines", "go_gc_duration_seconds", "go_memstats_heap_alloc_bytes",
+		"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} {
+		if after[name] == nil {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if v, _ := value(after, "outbox_relay_state", "state", "streaming"); v != 1 {
+		t.Errorf("outbox_relay_state{state=streaming} = %v while streaming", v)
+	}
+	if v, _ := value(after, "outbox_relay_state", "state", "backing-off"); v != 0 {
+		t.Errorf("outbox_relay_state{state=backing-off} = %v while streaming", v)
+	}
+
+	// The slot poller reports the slot as active.
+	harness.WaitFor(t, 30*time.Second, "outbox_relay_slot_active 1 and wal_status reserved", func() bool {
+		f := scrape(t, base)
+		active, _ := value(f, "outbox_relay_slot_active")
+		reserved, _ := value(f, "outbox_relay_slot_wal_status", "wal_status", "reserved")
+		return active == 1 && reserved == 1
+	})
+
+	// /slot: the server's view beside the relay's.
+	harness.WaitFor(t, 30*time.Second, "/slot to show the acknowledged events confirmed", func() bool {
+		d := getSlot(t, base)
+		return d.Relay["in_flight_events"] == 0.0 && d.Relay["last_ack_time"] != nil && d.Relay["confirmed_lsn"] != ""
+	})
+	doc := getSlot(t, base)
+	for _, key := range []string{"slot_name", "plugin", "active", "active_pid", "restart_lsn", "confirmed_flush_lsn",
+		"wal_status", "safe_wal_size", "current_wal_lsn", "retained_wal_bytes", "lag_bytes"} {
+		if _, ok := doc.Slot[key]; !ok {
+			t.Errorf("/slot .slot has no %q: %v", key, doc.Slot)
+		}
+	}
+	for _, key := range []string{"received_lsn", "confirmed_lsn", "in_flight_events", "in_flight_transactions",
+		"oldest_in_flight_age_seconds", "last_confirmed_commit_time", "last_ack_time", "quarantined_events",
+		"state", "state_since", "last_error"} {
+		if _, ok := doc.Relay[key]; !ok {
+			t.Errorf("/slot .relay has no %q: %v", key, doc.Relay)
+		}
+	}
+	si := cluster.SlotInfo(t, e.db.Name(), e.slot)
+	if doc.Slot["slot_name"] != e.slot || doc.Slot["plugin"] != "pgoutput" || doc.Slot["active"] != true ||
+		doc.Slot["active_pid"] != float64(si.ActivePID) || doc.Slot["wal_status"] != "reserved" {
+		t.Errorf("/slot .slot = %v; pg_replication_slots says %+v", doc.Slot, si)
+	}
+	if doc.Relay["state"] != "streaming" || doc.SlotError != "" {
+		t.Errorf("/slot .relay.state %v, slot_error %q", doc.Relay["state"], doc.SlotError)
+	}
+}
+
+// The admin endpoint listens on loopback unless told otherwise: it is
+// unauthenticated.
+func TestAdminEndpointDefaultsToLoopback(t *testing.T) {
+	t.Parallel()
+	bin := harness.BuildRelay(t)
+	p := harness.StartProcess(t, bin, []string{"run", "-h"}, nil)
+	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		t.Fatalf("run -h exited %d (%v)", code, err)
+	}
+	m := regexp.MustCompile(`(?s)-admin-addr string.*?\(default "([^"]*)"\)`).FindStringSubmatch(p.Output())
+	if m == nil {
+		t.Fatalf("run -h does not show the default of --admin-addr:\n%s", p.Output())
+	}
+	if !strings.HasPrefix(m[1], "127.0.0.1:") {
+		t.Errorf("--admin-addr defaults to %q, want a 127.0.0.1 address", m[1])
+	}
+}
+
+// While Kafka does not acknowledge, the slot cannot advance: the slot
+// poller's gauges show the lag and the in-flight age grow, and recover once
+// Kafka answers again.
+func TestSlotGaugesFollowTheSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	p := e.startStreaming()
+	base := p.admin()
+	harness.WaitFor(t, 30*time.Second, "the slot poller to see the slot active", func() bool {
+		v, _ := value(scrape(t, base), "outbox_relay_slot_active")
+		return v == 1
+	})
+
+	release := e.kafka.HoldProduce()
+	ids := insert(t, e.db.DSN(), "order", 200)
+	// 200 single-row transactions write well over 50 kB of WAL.
+	var peak float64
+	harness.WaitFor(t, time.Minute, "slot lag, retained WAL, in-flight events and their age to grow", func() bool {
+		f := scrape(t, base)
+		lag, _ := value(f, "outbox_relay_slot_lag_bytes")
+		retained, _ := value(f, "outbox_relay_slot_retained_wal_bytes")
+		inFlight, _ := value(f, "outbox_relay_in_flight_events")
+		age, _ := value(f, "outbox_relay_oldest_unpublished_event_age_seconds")
+		peak = lag
+		return lag > 50000 && retained >= lag && inFlight > 0 && age >= 2
+	})
+	doc := getSlot(t, base)
+	if doc.Relay["in_flight_events"].(float64) <= 0 || doc.Relay["oldest_in_flight_age_seconds"].(float64) < 2 {
+		t.Errorf("/slot .relay while Kafka holds the records: %v", doc.Relay)
+	}
+
+	release()
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	// Other tests write WAL into the shared cluster meanwhile, so the lag
+	// drops to what they wrote since the relay's last confirmation.
+	harness.WaitFor(t, time.Minute, "the lag and in-flight gauges to drop after Kafka answered", func() bool {
+		f := scrape(t, base)
+		lag, _ := value(f, "outbox_relay_slot_lag_bytes")
+		inFlight, _ := value(f, "outbox_relay_in_flight_events")
+		age, _ := value(f, "outbox_relay_oldest_unpublished_event_age_seconds")
+		return lag < peak/2 && inFlight == 0 && age == 0
+	})
+}
+
+// The stream loop must wait for the server, not spin: an idle relay runs
+// beside a production database for months. An idle relay that burns a
+// core is a bug (measured here before the fix: 13-15 s of CPU per 20 s).
+func TestIdleRelayUsesLittleCPU(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	p := e.startStreaming()
+	base := p.admin()
+	ids := insert(t, e.db.DSN(), "order", 3)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+
+	// Measure the relay's own CPU time over a wall-clock window that is
+	// long enough to span its keepalive interval (10s by default).
+	const window = 12 * time.Second
+	start, startCPU := time.Now(), metric(t, base, "process_cpu_seconds_total")
+	var elapsed time.Duration
+	var used float64
+	harness.WaitFor(t, window+30*time.Second, "the measuring window to pass", func() bool {
+		elapsed = time.Since(start)
+		if elapsed < window {
+			return false
+		}
+		used = metric(t, base, "process_cpu_seconds_total") - startCPU
+		return true
+	})
+	t.Logf("idle relay used %.2fs of CPU in %v", used, elapsed.Round(time.Millisecond))
+	if limit := 0.05 * elapsed.Seconds(); used > limit {
+		t.Errorf("idle relay used %.2fs of CPU in %v, more than 5%% of one core (%.2fs)", used, elapsed.Round(time.Millisecond), limit)
+	}
+}

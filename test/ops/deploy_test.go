@@ -1,0 +1,558 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// deployFile is the path of a file in deploy/, from this package's
+// directory.
+func deployFile(name string) string { return filepath.Join("..", "..", "deploy", name) }
+
+// requireTool finds a command-line tool, or skips the test loudly; with
+// requireEnv=1 in the environment a missing tool fails it instead.
+func requireTool(t *testing.T, tool, pkg, requireEnv string) string {
+	t.Helper()
+	path, err := exec.LookPath(tool)
+	if err == nil {
+		return path
+	}
+	msg := fmt.Sprintf("%s not found (Debian package %s): this test cannot run; set %s=1 to make that a failure", tool, pkg, requireEnv)
+	if os.Getenv(requireEnv) == "1" {
+		t.Fatal(msg)
+	}
+	t.Log("SKIP: " + msg)
+	t.Skip(msg)
+	return ""
+}
+
+// runTool runs a tool with a timeout and returns its combined output.
+func runTool(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	return string(out), err
+}
+
+// flagDefaults returns every flag of `outbox-relay run` with the default
+// its help shows ("" when none is shown, as for false booleans).
+func flagDefaults(t *testing.T) map[string]string {
+	t.Helper()
+	p := harness.StartProcess(t, harness.BuildRelay(t), []string{"run", "-h"}, nil)
+	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		t.Fatalf("run -h: exit %d (%v)", code, err)
+	}
+	flags := map[string]string{}
+	var last string
+	for _, line := range strings.Split(p.Output(), "\n") {
+		if m := regexp.MustCompile(`^  -([a-z0-9-]+)`).FindStringSubmatch(line); m != nil {
+			last = m[1]
+			flags[last] = ""
+		}
+		if m := regexp.MustCompile(`\(default "?([^")]*)"?\)$`).FindStringSubmatch(line); m != nil && last != "" {
+			flags[last] = m[1]
+		}
+	}
+	if len(flags) < 20 {
+		t.Fatalf("found only %d flags in run -h:\n%s", len(flags), p.Output())
+	}
+	return flags
+}
+
+// The unit file must load in systemd: systemd-analyze verify, run against a
+// copy whose ExecStart points at the built relay (verify insists the binary
+// exists). Works as root in a container without systemd as PID 1.
+func TestSystemdUnitVerifies(t *testing.T) {
+	t.Parallel()
+	analyze := requireTool(t, "systemd-analyze", "systemd", "OUTBOX_RELAY_REQUIRE_SYSTEMD_ANALYZE")
+	unit, err := os.ReadFile(deployFile("outbox-relay.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(unit)
+	const installed = "/usr/local/bin/outbox-relay"
+	if !strings.Contains(text, "ExecStart="+installed+" run --config /etc/outbox-relay/outbox-relay.yaml") {
+		t.Fatalf("ExecStart is not %s run --config /etc/outbox-relay/outbox-relay.yaml", installed)
+	}
+	for _, want := range []string{"Type=notify", "Restart=always", "StartLimitIntervalSec=0", "User=outbox-relay",
+		"NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "CapabilityBoundingSet=\n",
+		"RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX", "SystemCallFilter=@system-service", "EnvironmentFile=-/etc/outbox-relay/env",
+		"ProtectKernelTunables=yes", "ProtectControlGroups=yes", "LockPersonality=yes", "RestrictNamespaces=yes", "MemoryMax="} {
+		if !strings.Contains(text, "\n"+want) {
+			t.Errorf("the unit lacks %q", strings.TrimSpace(want))
+		}
+	}
+	// The drain must end before systemd's SIGKILL, and the watchdog must
+	// leave the stream loop (which pings once per --status-interval) room.
+	defaults := flagDefaults(t)
+	setting := func(key string) time.Duration {
+		m := regexp.MustCompile(`(?m)^` + key + `=(\S+)$`).FindStringSubmatch(text)
+		if m == nil {
+			t.Fatalf("the unit has no %s=", key)
+		}
+		d, err := time.ParseDuration(strings.Replace(m[1], "min", "m", 1))
+		if err != nil {
+			t.Fatalf("%s=%s: %v", key, m[1], err)
+		}
+		return d
+	}
+	shutdown, err := time.ParseDuration(defaults["shutdown-timeout"])
+	if err != nil {
+		t.Fatalf("default --shutdown-timeout %q: %v", defaults["shutdown-timeout"], err)
+	}
+	if stop := setting("TimeoutStopSec"); stop < shutdown+10*time.Second {
+		t.Errorf("TimeoutStopSec=%v leaves less than 10s beyond --shutdown-timeout %v", stop, shutdown)
+	}
+	status, err := time.ParseDuration(defaults["status-interval"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wd := setting("WatchdogSec"); wd < 10*status {
+		t.Errorf("WatchdogSec=%v is less than ten --status-interval (%v)", wd, status)
+	}
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "outbox-relay")
+	raw, err := os.ReadFile(harness.BuildRelay(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyPath := filepath.Join(dir, "outbox-relay.service")
+	if err := os.WriteFile(copyPath, []byte(strings.ReplaceAll(text, installed, bin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runTool(t, analyze, "verify", "--man=no", copyPath)
+	t.Logf("systemd-analyze verify:\n%s", out)
+	if err != nil {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "outbox-relay.service") {
+			t.Errorf("systemd-analyze verify complains: %s", line)
+		}
+	}
+
+	// The exposure score of the hardening, where this systemd can rate a
+	// unit file offline (250+).
+	out, err = runTool(t, analyze, "security", "--offline=yes", copyPath)
+	m := regexp.MustCompile(`Overall exposure level for outbox-relay\.service: ([0-9.]+)`).FindStringSubmatch(out)
+	if err != nil || m == nil {
+		t.Logf("systemd-analyze security --offline is not available here (%v); skipping the exposure score", err)
+		return
+	}
+	score, _ := strconv.ParseFloat(m[1], 64)
+	t.Logf("systemd-analyze security exposure: %.1f (0 best, 10 worst)", score)
+	if score > 2.0 {
+		t.Errorf("exposure %.1f: the hardening regressed (1.2 when written)\n%s", score, out)
+	}
+}
+
+// The example config documents every flag of `run` (set, or commented
+// out), sets only real flags, shows the defaults where it says so, and
+// works: a relay started with it streams.
+func TestExampleConfig(t *testing.T) {
+	t.Parallel()
+	path := deployFile("outbox-relay.yaml")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defaults := flagDefaults(t)
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^(?:# )?([a-z][a-z0-9-]*):`).FindAllStringSubmatch(string(raw), -1) {
+		documented[m[1]] = true
+	}
+	for flag := range defaults {
+		if flag != "config" && !documented[flag] {
+			t.Errorf("the example config does not document --%s", flag)
+		}
+	}
+	var active map[string]any
+	if err := yaml.Unmarshal(raw, &active); err != nil {
+		t.Fatalf("the example config is not YAML: %v", err)
+	}
+	// Deliberately not the defaults: where to connect, and TLS on.
+	examples := map[string]bool{"pg-dsn": true, "kafka-brokers": true, "kafka-tls": true}
+	for key, v := range active {
+		def, ok := defaults[key]
+		if !ok {
+			t.Errorf("the example config sets %q, which is not a flag of run", key)
+			continue
+		}
+		if examples[key] {
+			continue
+		}
+		got := fmt.Sprint(v)
+		if def == "" && got == "false" {
+			continue
+		}
+		if dg, e1 := time.ParseDuration(got); e1 == nil {
+			if dd, e2 := time.ParseDuration(def); e2 == nil && dd == dg {
+				continue
+			}
+		}
+		if got != def {
+			t.Errorf("the example config sets %s: %s, but the default is %q", key, got, def)
+		}
+	}
+
+	// It works as it is, with only the environment-specific values
+	// overridden by flags (which win over the file).
+	e := newEnv(t)
+	e.migrate()
+	p := e.start(e.args("run", "--config", path, "--kafka-tls=false"))
+	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
+
+	// The standard collectors the dashboard and the alerts use exist.
+	families := scrape(t, p.admin())
+	for name := range referencedSeries(t) {
+		if !strings.HasPrefix(name, "outbox_relay_") && name != "up" && families[name] == nil {
+			t.Errorf("the dashboard or the alerts use %s, which /metrics does not have", name)
+		}
+	}
+}
+
+// declaredSeries are the series relay/metrics.go declares, with the
+// _bucket, _sum and _count series of its histograms.
+func declaredSeries(t *testing.T) map[string]bool {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "..", "relay", "metrics.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, name := range metricNames(t) {
+		out[name] = true
+	}
+	for _, m := range regexp.MustCompile(`NewHistogram\(prometheus\.HistogramOpts\{\s*Name:\s*"([a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			out[m[1]+suffix] = true
+		}
+	}
+	return out
+}
+
+var seriesName = regexp.MustCompile(`\b(?:outbox_relay_[a-z0-9_]+|process_[a-z0-9_]+|go_[a-z0-9_]+|up)\b`)
+
+// alertRule is one rule of deploy/prometheus-alerts.yaml.
+type alertRule struct {
+	Alert       string            `yaml:"alert"`
+	Expr        string            `yaml:"expr"`
+	For         string            `yaml:"for"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string      `yaml:"name"`
+		Rules []alertRule `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+func readRules(t *testing.T) ruleFile {
+	t.Helper()
+	raw, err := os.ReadFile(deployFile("prometheus-alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rf ruleFile
+	if err := yaml.Unmarshal(raw, &rf); err != nil {
+		t.Fatalf("prometheus-alerts.yaml: %v", err)
+	}
+	return rf
+}
+
+type dashboard struct {
+	Title  string `json:"title"`
+	UID    string `json:"uid"`
+	Panels []struct {
+		ID      int    `json:"id"`
+		Type    string `json:"type"`
+		Title   string `json:"title"`
+		GridPos *struct {
+			X, Y, W, H int
+		} `json:"gridPos"`
+		Targets []struct {
+			Expr string `json:"expr"`
+		} `json:"targets"`
+	} `json:"panels"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	raw, err := os.ReadFile(deployFile(filepath.Join("grafana", "outbox-relay.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatalf("grafana/outbox-relay.json is not valid JSON: %v", err)
+	}
+	return d
+}
+
+// referencedSeries is every series the dashboard and the alert rules use.
+func referencedSeries(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, g := range readRules(t).Groups {
+		for _, r := range g.Rules {
+			for _, n := range seriesName.FindAllString(r.Expr, -1) {
+				out[n] = true
+			}
+		}
+	}
+	for _, p := range readDashboard(t).Panels {
+		for _, target := range p.Targets {
+			for _, n := range seriesName.FindAllString(target.Expr, -1) {
+				out[n] = true
+			}
+		}
+	}
+	return out
+}
+
+// Every alert is complete and uses only series the relay exports; promtool
+// accepts the file and the rules fire (and stay quiet) as intended.
+func TestAlertRules(t *testing.T) {
+	t.Parallel()
+	rf := readRules(t)
+	declared := declaredSeries(t)
+	names := map[string]bool{}
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" || names[r.Alert] {
+				t.Errorf("rule %q: missing or duplicate alert name", r.Alert)
+			}
+			names[r.Alert] = true
+			if strings.TrimSpace(r.Expr) == "" || r.For == "" {
+				t.Errorf("%s: needs expr and for", r.Alert)
+			}
+			if _, err := time.ParseDuration(r.For); err != nil {
+				t.Errorf("%s: for %q: %v", r.Alert, r.For, err)
+			}
+			if s := r.Labels["severity"]; s != "critical" && s != "warning" {
+				t.Errorf("%s: labels.severity %q, want critical or warning", r.Alert, s)
+			}
+			if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
+				t.Errorf("%s: needs annotations.summary and annotations.description", r.Alert)
+			}
+			used := seriesName.FindAllString(r.Expr, -1)
+			if len(used) == 0 {
+				t.Errorf("%s: the expression uses no relay series: %s", r.Alert, r.Expr)
+			}
+			for _, n := range used {
+				if strings.HasPrefix(n, "outbox_relay_") && !declared[n] {
+					t.Errorf("%s: %s is not a series of relay/metrics.go", r.Alert, n)
+				}
+			}
+		}
+	}
+	// What the operator asked to be alerted on.
+	for _, want := range []string{"OutboxRelayDown", "OutboxRelayNotStreaming", "OutboxRelaySlotInactive",
+		"OutboxRelaySlotRetainsTooMuchWAL", "OutboxRelayOldestEventTooOld", "OutboxRelayStalled",
+		"OutboxRelayRestartingOften", "OutboxRelayPublishErrors", "OutboxRelayQuarantineNotEmpty"} {
+		if !names[want] {
+			t.Errorf("no %s alert", want)
+		}
+	}
+
+	promtool := requireTool(t, "promtool", "prometheus", "OUTBOX_RELAY_REQUIRE_PROMTOOL")
+	if out, err := runTool(t, promtool, "check", "rules", deployFile("prometheus-alerts.yaml")); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	// promtool test rules compares annotations verbatim; the expressions
+	// are what matter here, so test a copy without annotations.
+	for gi := range rf.Groups {
+		for ri := range rf.Groups[gi].Rules {
+			rf.Groups[gi].Rules[ri].Annotations = nil
+		}
+	}
+	stripped, err := yaml.Marshal(rf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), stripped, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rules_test.yaml"), []byte(alertTests), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runTool(t, promtool, "test", "rules", filepath.Join(dir, "rules_test.yaml")); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}
+
+// alertTests are promtool unit tests of the rules' expressions.
+const alertTests = `
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  # The slot has no consumer: fires after 5 minutes, not before.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_active{job="outbox-relay", instance="a"}'
+        values: '1 1 0x20'
+    alert_rule_test:
+      - {eval_time: 5m, alertname: OutboxRelaySlotInactive, exp_alerts: []}
+      - eval_time: 10m
+        alertname: OutboxRelaySlotInactive
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+
+  # An HA pair: the standby waiting is fine while the other streams; when
+  # neither streams the job alerts.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_state{job="outbox-relay", instance="a", state="streaming"}'
+        values: '1x10 0x10'
+      - series: 'outbox_relay_state{job="outbox-relay", instance="b", state="streaming"}'
+        values: '0x20'
+      - series: 'outbox_relay_state{job="outbox-relay", instance="b", state="waiting-for-slot"}'
+        values: '1x20'
+    alert_rule_test:
+      - {eval_time: 9m, alertname: OutboxRelayNotStreaming, exp_alerts: []}
+      - eval_time: 18m
+        alertname: OutboxRelayNotStreaming
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+
+  # A relay that never published anything while the slot lags is stalled;
+  # one that publishes is not, whatever the lag.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_lag_bytes{job="stuck", instance="a"}'
+        values: '300000000x40'
+      - series: 'outbox_relay_slot_lag_bytes{job="busy", instance="b"}'
+        values: '300000000x40'
+      - series: 'outbox_relay_events_published_total{job="busy", instance="b", topic="t"}'
+        values: '0+100x40'
+    alert_rule_test:
+      - eval_time: 30m
+        alertname: OutboxRelayStalled
+        exp_alerts: [{exp_labels: {job: stuck, severity: critical}}]
+
+  # Quarantine, down, WAL at risk, old events, restarts, permanent errors.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_quarantined_events{job="outbox-relay", instance="a"}'
+        values: '0 0 2x10'
+      - series: 'up{job="outbox-relay", instance="a"}'
+        values: '1 1 0x10'
+      - series: 'outbox_relay_slot_wal_status{job="outbox-relay", instance="a", wal_status="unreserved"}'
+        values: '0 0 1x10'
+      - series: 'outbox_relay_slot_wal_status{job="outbox-relay", instance="a", wal_status="reserved"}'
+        values: '1 1 0x10'
+      - series: 'outbox_relay_oldest_unpublished_event_age_seconds{job="outbox-relay", instance="a"}'
+        values: '0 0 120x10'
+      - series: 'outbox_relay_stream_restarts_total{job="outbox-relay", instance="a"}'
+        values: '0+1x20'
+      - series: 'outbox_relay_publish_errors_total{job="outbox-relay", instance="a", class="permanent"}'
+        values: '0 0 0 1x10'
+      - series: 'outbox_relay_publish_errors_total{job="outbox-relay", instance="a", class="retriable"}'
+        values: '0 0 0 5x10'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: OutboxRelayQuarantineNotEmpty
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+      - eval_time: 5m
+        alertname: OutboxRelayDown
+        exp_alerts: [{exp_labels: {job: outbox-relay, instance: a, severity: critical}}]
+      - eval_time: 3m
+        alertname: OutboxRelaySlotWALAtRisk
+        exp_alerts: [{exp_labels: {job: outbox-relay, wal_status: unreserved, severity: critical}}]
+      - eval_time: 5m
+        alertname: OutboxRelayOldestEventTooOld
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+      - eval_time: 10m
+        alertname: OutboxRelayRestartingOften
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+      - eval_time: 5m
+        alertname: OutboxRelayPublishErrors
+        exp_alerts: [{exp_labels: {job: outbox-relay, class: permanent, severity: warning}}]
+`
+
+// The dashboard is valid JSON, every panel queries series the relay
+// exports, and every series the relay declares is on some panel.
+func TestGrafanaDashboard(t *testing.T) {
+	t.Parallel()
+	d := readDashboard(t)
+	if d.Title == "" || d.UID == "" || len(d.Panels) == 0 {
+		t.Fatalf("dashboard title %q uid %q with %d panels", d.Title, d.UID, len(d.Panels))
+	}
+	declared := declaredSeries(t)
+	onPanels := map[string]bool{}
+	ids := map[int]bool{}
+	for _, p := range d.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel id %d used twice", p.ID)
+		}
+		ids[p.ID] = true
+		if p.GridPos == nil || p.GridPos.W == 0 || p.GridPos.H == 0 {
+			t.Errorf("panel %q has no position", p.Title)
+		}
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, target := range p.Targets {
+			used := seriesName.FindAllString(target.Expr, -1)
+			if len(used) == 0 {
+				t.Errorf("panel %q: query %q uses no known series", p.Title, target.Expr)
+			}
+			for _, n := range used {
+				onPanels[n] = true
+				if strings.HasPrefix(n, "outbox_relay_") && !declared[n] {
+					t.Errorf("panel %q: %s is not a series of relay/metrics.go", p.Title, n)
+				}
+			}
+		}
+	}
+	for _, n := range metricNames(t) {
+		if !onPanels[n] && !onPanels[n+"_bucket"] {
+			t.Errorf("no panel shows %s", n)
+		}
+	}
+}
+
+// docs/operations.md documents every series and every alert.
+func TestOperationsDocIsComplete(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	for _, n := range metricNames(t) {
+		if !strings.Contains(doc, "`"+n+"`") && !strings.Contains(doc, "`"+n+"{") {
+			t.Errorf("docs/operations.md does not document %s", n)
+		}
+	}
+	for _, g := range readRules(t).Groups {
+		for _, r := range g.Rules {
+			if !strings.Contains(doc, r.Alert) {
+				t.Errorf("docs/operations.md does not explain the alert %s", r.Alert)
+			}
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package ops
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// createRole creates a login role (cluster-wide, so named after the test's
+// database) with the given attributes and password.
+func createRole(t *testing.T, name, attrs, password string) {
+	t.Helper()
+	cluster.Exec(t, fmt.Sprintf("CREATE ROLE %s LOGIN %s PASSWORD '%s'", name, attrs, password))
+}
+
+// The relay's PostgreSQL password must never appear in anything it prints
+// or serves: logs on success, logs and exit messages on every failure
+// path, the admin endpoint. Both DSN forms (URL and key=value) are tried.
+func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	const secret = "Pg-Secret-9f3b71c2"
+	const wrong = "Pg-Wrong-5e2c80d4"
+	e := newEnv(t)
+	e.migrate()
+	role := "pw_" + e.slot
+	createRole(t, role, "REPLICATION", secret)
+	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
+
+	// A port nobody listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadPort := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+
+	url := e.db.DSNFor(role, secret)
+	kv := func(port int, password string) string {
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable", port, role, password, e.db.Name())
+	}
+	leaks := func(what, text string) {
+		t.Helper()
+		for _, pw := range []string{secret, wrong} {
+			if strings.Contains(text, pw) {
+				t.Errorf("%s shows a password:\n%s", what, lastLines(text, 20))
+			}
+		}
+	}
+
+	t.Run("streaming", func(t *testing.T) {
+		p := e.start(e.argsAs(url, "run"))
+		p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+		harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
+		base := p.admin()
+		for _, path := range []string{"/slot", "/readyz", "/metrics"} {
+			_, body := get(t, base+path)
+			leaks(path, body)
+		}
+		if err := p.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+			t.Errorf("SIGTERM: exit %d (%v)", code, err)
+		}
+		leaks("the relay's output", p.Output())
+	})
+
+	// A wrong password is a precondition the operator must fix: the relay
+	// stops, saying what to check.
+	for name, dsn := range map[string]string{"wrong password, URL": e.db.DSNFor(role, wrong), "wrong password, key=value": kv(cluster.Port(), wrong)} {
+		t.Run(name, func(t *testing.T) {
+			p := e.start(e.argsAs(dsn, "run"))
+			code, err := p.Wait(time.Minute)
+			if err != nil || code == 0 {
+				t.Fatalf("run with a wrong password: exit %d (%v), want a non-zero exit", code, err)
+			}
+			if !strings.Contains(p.Output(), "password authentication failed") || !strings.Contains(p.Output(), "check the user and password") {
+				t.Errorf("run with a wrong password does not say so:\n%s", lastLines(p.Output(), 10))
+			}
+			leaks("run's output", p.Output())
+			for _, cmd := range []string{"status", "migrate"} {
+				code, out := e.run(e.argsAs(dsn, cmd))
+				if code == 0 || !strings.Contains(out, "password authentication failed") {
+					t.Errorf("%s with a wrong password exited %d:\n%s", cmd, code, out)
+				}
+				leaks(cmd+"'s output", out)
+			}
+		})
+	}
+
+	// An unreachable server is transient: the relay retries, and its
+	// errors and readiness name the server without the password.
+	t.Run("unreachable server", func(t *testing.T) {
+		for _, dsn := range []string{strings.Replace(url, fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", deadPort), 1), kv(deadPort, secret)} {
+			p := e.start(e.argsAs(dsn, "run"))
+			base := p.admin()
+			harness.WaitFor(t, time.Minute, "two failed connection attempts", func() bool {
+				return metric(t, base, "outbox_relay_stream_restarts_total") >= 2
+			})
+			code, body := get(t, base+"/readyz")
+			if code != http.StatusServiceUnavailable || !strings.Contains(body, fmt.Sprint(deadPort)) {
+				t.Errorf("/readyz with the server unreachable: %d %q, want 503 naming the server", code, body)
+			}
+			leaks("/readyz", body)
+			_, slot := get(t, base+"/slot")
+			leaks("/slot", slot)
+			p.Kill()
+			leaks("the relay's output", p.Output())
+			code, out := e.run(e.argsAs(dsn, "status"))
+			if code == 0 {
+				t.Errorf("status against an unreachable server exited 0")
+			}
+			leaks("status's output", out)
+		}
+	})
+
+	// A DSN that does not parse is quoted back only without its password.
+	t.Run("malformed DSN", func(t *testing.T) {
+		bad := fmt.Sprintf("postgres://%s:%s@127.0.0.1:notaport/%s", role, secret, e.db.Name())
+		for _, cmd := range []string{"run", "status", "migrate"} {
+			code, out := e.run(e.argsAs(bad, cmd))
+			if code == 0 || !strings.Contains(out, "--pg-dsn") {
+				t.Errorf("%s with a malformed DSN exited %d without naming --pg-dsn:\n%s", cmd, code, out)
+			}
+			leaks(cmd+"'s output", out)
+		}
+	})
+}
+
+// The least a relay needs, proven end to end: the table, publication and
+// quarantine table are created by their owner (no superuser, no
+// REPLICATION), the slot by the relay's role, which is LOGIN REPLICATION
+// with no superuser and no access to the outbox table itself. It streams
+// every event; quarantining needs SELECT, INSERT, UPDATE on the quarantine
+// table; retention needs SELECT, DELETE on the outbox table.
+func TestMinimalRole(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	owner, relayRole := "own_"+e.slot, "rel_"+e.slot
+	const ownerPass, relayPass = "owner-pw-41d7", "relay-pw-c03e"
+	createRole(t, owner, "NOSUPERUSER NOREPLICATION", ownerPass)
+	createRole(t, relayRole, "NOSUPERUSER REPLICATION", relayPass)
+	// What a schema owner has: it may create tables and publications.
+	e.db.Exec(t, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s", e.db.Name(), owner, owner))
+	ownerDSN, relayDSN := e.db.DSNFor(owner, ownerPass), e.db.DSNFor(relayRole, relayPass)
+
+	// The owner cannot create the slot; it creates the rest.
+	if code, out := e.run(e.argsAs(ownerDSN, "migrate")); code == 0 || !strings.Contains(out, "REPLICATION") {
+		t.Errorf("migrate as a role without REPLICATION exited %d without naming the attribute:\n%s", code, out)
+	}
+	if code, out := e.run(e.argsAs(ownerDSN, "migrate", "--skip-slot")); code != 0 {
+		t.Fatalf("migrate --skip-slot as the owner exited %d:\n%s", code, out)
+	}
+	if code, out := e.run(e.argsAs(relayDSN, "migrate", "--slot-only")); code != 0 {
+		t.Fatalf("migrate --slot-only as the relay's role exited %d:\n%s", code, out)
+	}
+	// Grants come from the owner, as they would in production.
+	ownerDB := func(sql string) {
+		t.Helper()
+		e.db.Exec(t, "SET ROLE "+owner+"; "+sql+"; RESET ROLE")
+	}
+	ownerDB("GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO " + relayRole)
+
+	for _, q := range []struct{ sql, want string }{
+		{fmt.Sprintf("SELECT rolsuper::text FROM pg_roles WHERE rolname = '%s'", relayRole), "false"},
+		{fmt.Sprintf("SELECT has_table_privilege('%s', 'outbox_events', 'SELECT')::text", relayRole), "false"},
+		{fmt.Sprintf("SELECT has_table_privilege('%s', 'outbox_events', 'INSERT')::text", relayRole), "false"},
+		{fmt.Sprintf("SELECT rolreplication::text FROM pg_roles WHERE rolname = '%s'", owner), "false"},
+	} {
+		if got := e.db.QueryString(t, q.sql); got != q.want {
+			t.Fatalf("%s = %s, want %s", q.sql, got, q.want)
+		}
+	}
+
+	p := e.start(e.argsAs(relayDSN, "run"))
+	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+	base := p.admin()
+	ids := insert(t, ownerDSN, "order", 20)
+	// A topic name Kafka refuses: the event goes to the quarantine table.
+	bad := newUUID()
+	e.db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES ($1, 'not a topic!', 'a', 'Happened', '{}')`, bad)
+	ids = append(ids, insert(t, ownerDSN, "order", 5)...)
+	end := e.db.QueryString(t, "SELECT pg_current_wal_lsn()::text")
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	harness.WaitFor(t, time.Minute, "the refused event in the quarantine table", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", bad) == 1
+	})
+	harness.WaitFor(t, 30*time.Second, "outbox_relay_quarantined_events to count it", func() bool {
+		v, _ := value(scrape(t, base), "outbox_relay_quarantined_events")
+		return v == 1
+	})
+	// The slot advanced past the quarantined event: nothing is stuck.
+	harness.WaitFor(t, time.Minute, "the slot to confirm the last event", func() bool {
+		return e.db.QueryString(t, `SELECT (confirmed_flush_lsn >= $2::pg_lsn)::text
+			FROM pg_replication_slots WHERE slot_name = $1`, e.slot, end) == "true"
+	})
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		t.Fatalf("SIGTERM: exit %d (%v)", code, err)
+	}
+
+	// Retention deletes published rows: SELECT and DELETE on the outbox.
+	ownerDB("GRANT SELECT, DELETE ON outbox_events TO " + relayRole)
+	rows := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events")
+	p = e.start(e.argsAs(relayDSN, "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "500ms"))
+	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+	base = p.admin()
+	last := insert(t, ownerDSN, "order", 1)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, last, time.Minute)
+	harness.WaitFor(t, time.Minute, "retention to delete the published rows", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") < rows
+	})
+	if v := metric(t, base, "outbox_relay_retention_rows_deleted_total"); v < 1 {
+		t.Errorf("retention deleted rows but outbox_relay_retention_rows_deleted_total = %v", v)
+	}
+	if strings.Contains(p.Output(), "cleanup failed") {
+		t.Errorf("retention failed with SELECT and DELETE granted:\n%s", lastLines(p.Output(), 10))
+	}
+}
