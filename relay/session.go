@@ -110,12 +110,12 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		if err != nil {
 			return 0, 0, err
 		}
-		rows, err := admin.CountRows(ctx)
-		if err != nil {
-			return 0, 0, err
-		}
 		ev := r.log.Info()
-		if rows > 0 {
+		if rows, err := admin.CountRows(ctx); err != nil {
+			// The relay's role need not read the table; the slot exists
+			// either way, so say what could not be checked and go on.
+			ev = r.log.Warn().AnErr("count_error", err)
+		} else if rows > 0 {
 			ev = r.log.Warn().Int64("rows_not_published", rows)
 		}
 		ev.Str("lsn", at.String()).
