@@ -116,6 +116,7 @@ type Publisher struct {
 	waiting  Waiting
 
 	known map[string]*topicInfo // read and written only by the sending goroutine
+	wait  *time.Timer           // Send's timer, used only by the sending goroutine
 
 	outcomes sync.WaitGroup
 }
@@ -256,24 +257,33 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 }
 
 // Send hands a built record to the producer. While the producer's input is
-// full it blocks, doing the caller's Waiting duty.
+// full it blocks, doing the caller's Waiting duty. Send is called from one
+// goroutine, which lets it reuse one timer: while catching up the input is
+// often full, and a new ticker per blocked send was a third of the relay's
+// allocations.
 func (p *Publisher) Send(ctx context.Context, r *Record) error {
 	select {
 	case p.producer.Input() <- &r.msg:
 		return nil
 	default:
 	}
-	tick := time.NewTicker(p.waiting.Interval)
-	defer tick.Stop()
+	if p.wait == nil {
+		p.wait = time.NewTimer(p.waiting.Interval)
+	} else {
+		p.wait.Reset(p.waiting.Interval)
+	}
 	for {
 		select {
 		case p.producer.Input() <- &r.msg:
+			p.wait.Stop()
 			return nil
-		case <-tick.C:
+		case <-p.wait.C:
 			if err := p.waiting.Do(); err != nil {
 				return err
 			}
+			p.wait.Reset(p.waiting.Interval)
 		case <-ctx.Done():
+			p.wait.Stop()
 			return ctx.Err()
 		}
 	}

@@ -23,6 +23,9 @@ type Stream struct {
 	conn    *pgconn.PgConn
 	decoder *decoder
 	msg     Message
+	// deadline is the read deadline set on the connection. Setting one
+	// per message was a measurable share of the read path.
+	deadline time.Time
 }
 
 // OpenStream opens a replication=database connection.
@@ -77,8 +80,13 @@ func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
 func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 	// A read deadline instead of a context keeps pgconn from starting a
 	// watcher goroutine per message; a timeout leaves the connection usable.
-	if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
-		return nil, fmt.Errorf("set read deadline: %w", err)
+	// Waking earlier than asked is harmless (the caller loops), so the
+	// deadline already set stays while it is still ahead and not later.
+	if now := time.Now(); !s.deadline.After(now) || s.deadline.After(deadline) {
+		if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+			return nil, fmt.Errorf("set read deadline: %w", err)
+		}
+		s.deadline = deadline
 	}
 	raw, err := s.conn.ReceiveMessage(context.Background())
 	if err != nil {

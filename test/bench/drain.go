@@ -1,0 +1,425 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+)
+
+// clockTick is USER_HZ, the unit of utime and stime in /proc/<pid>/stat;
+// it is 100 on every Linux architecture Go supports.
+const clockTick = 100
+
+// cpuSeconds is utime+stime of a process, from /proc/<pid>/stat.
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("short stat")
+	}
+	// Fields 14 and 15 of stat; f starts at field 3.
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	s, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, errors.New("malformed stat times")
+	}
+	return float64(u+s) / clockTick, nil
+}
+
+// memKB reads a field such as VmHWM or VmRSS of /proc/<pid>/status, in KiB.
+func memKB(pid int, field string) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, field+":") {
+			f := strings.Fields(line[len(field)+1:])
+			if len(f) > 0 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
+}
+
+// machineCPU returns busy and total jiffies of all CPUs, from /proc/stat.
+func machineCPU() (busy, total uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, x := range f[1:] {
+		v, _ := strconv.ParseUint(x, 10, 64)
+		total += v
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
+}
+
+// busyMeter measures how busy the whole machine was over an interval, in
+// percent of all CPUs: with other work on the machine, numbers measured
+// near 100% are not comparable with quiet runs.
+type busyMeter struct{ busy, total uint64 }
+
+func startBusy() busyMeter {
+	b, t := machineCPU()
+	return busyMeter{b, t}
+}
+
+func (m busyMeter) percent() float64 {
+	b, t := machineCPU()
+	if t <= m.total {
+		return 0
+	}
+	return 100 * float64(b-m.busy) / float64(t-m.total)
+}
+
+// DrainRun is one reader draining a backlog.
+type DrainRun struct {
+	Reader  string `json:"reader"` // pg_recvlogical, relay/kfake, relay/apache, relay-in-process/...
+	Variant string `json:"variant,omitempty"`
+	Rep     int    `json:"rep"`
+	Events  int    `json:"events"`
+	// Seconds runs from starting the process until the end: pg_recvlogical
+	// exited at --endpos; the relay had every event acknowledged and the
+	// slot's confirmed_flush_lsn at the end position.
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	// AckedSeconds: until Kafka held every event (relay only).
+	AckedSeconds float64 `json:"acked_seconds,omitempty"`
+	// StreamingAfter: until the relay logged "streaming".
+	StreamingAfter float64 `json:"streaming_after_seconds,omitempty"`
+	// CPUSeconds is the reader's utime+stime from "streaming" to the end
+	// (pg_recvlogical: whole run).
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	CPUUsPerEvent float64 `json:"cpu_us_per_event"`
+	PeakRSSMB     float64 `json:"peak_rss_mb,omitempty"`
+	// WalsenderCPUUsPerEvent is the walsender's CPU per event, sampled
+	// every 50 ms (slightly low for pg_recvlogical, whose walsender exits
+	// with it).
+	WalsenderCPUUsPerEvent float64 `json:"walsender_cpu_us_per_event"`
+	// Nudged says the bench had to write WAL after the last ack so that a
+	// keepalive let the relay confirm up to the end position.
+	Nudged bool `json:"nudged,omitempty"`
+	// MallocsPerEvent and AllocBytesPerEvent are the whole process's heap
+	// allocations per event (in-process runs only).
+	MallocsPerEvent    float64 `json:"mallocs_per_event,omitempty"`
+	AllocBytesPerEvent float64 `json:"alloc_bytes_per_event,omitempty"`
+	// MachineBusyPercent is how busy all CPUs of the machine were during
+	// the run, this run and everything else on the machine included.
+	MachineBusyPercent float64 `json:"machine_busy_percent"`
+}
+
+// label is the reader with its variant, for tables and logs.
+func (r *DrainRun) label() string {
+	if r.Variant == "" {
+		return r.Reader
+	}
+	return r.Reader + " [" + r.Variant + "]"
+}
+
+// walsenderWatch samples the CPU time of a slot's walsender.
+type walsenderWatch struct {
+	pid         int
+	first, last float64
+}
+
+func (w *walsenderWatch) sample(st slotState) {
+	if st.activePID == 0 {
+		return
+	}
+	c, err := cpuSeconds(st.activePID)
+	if err != nil {
+		return
+	}
+	if w.pid != st.activePID {
+		w.pid, w.first = st.activePID, c
+	}
+	w.last = c
+}
+
+func (w *walsenderWatch) used() float64 { return w.last - w.first }
+
+// drainRecvLogical runs pg_recvlogical on slot until the end position.
+func (b *bench) drainRecvLogical(ctx context.Context, dsn, slot string, rows int, end lsn.LSN) (DrainRun, error) {
+	run := DrainRun{Reader: "pg_recvlogical", Events: rows}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return run, err
+	}
+	defer conn.Close(context.Background())
+	args := []string{"-d", libpqDSN(dsn), "-S", slot, "--start", "--no-loop",
+		"-o", "proto_version=1", "-o", "publication_names=" + publication,
+		"-E", end.String(), "-f", "/dev/null"}
+	cmd := exec.Command(recvlogicalPath(), args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	t0, busy := time.Now(), startBusy()
+	if err := cmd.Start(); err != nil {
+		return run, fmt.Errorf("start pg_recvlogical: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var ws walsenderWatch
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	timeout := time.After(drainTimeout(rows))
+	for {
+		select {
+		case err := <-done:
+			run.Seconds = time.Since(t0).Seconds()
+			run.MachineBusyPercent = busy.percent()
+			if err != nil {
+				return run, fmt.Errorf("pg_recvlogical: %w: %s", err, out.String())
+			}
+			run.EventsPerSec = float64(rows) / run.Seconds
+			if st := cmd.ProcessState; st != nil {
+				run.CPUSeconds = (st.UserTime() + st.SystemTime()).Seconds()
+				run.CPUUsPerEvent = run.CPUSeconds * 1e6 / float64(rows)
+			}
+			run.WalsenderCPUUsPerEvent = ws.used() * 1e6 / float64(rows)
+			return run, nil
+		case <-tick.C:
+			if st, err := readSlot(ctx, conn, slot); err == nil {
+				ws.sample(st)
+			}
+		case <-timeout:
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			return run, fmt.Errorf("pg_recvlogical did not reach %s within %s: %s", end, drainTimeout(rows), out.String())
+		case <-ctx.Done():
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+			return run, ctx.Err()
+		}
+	}
+}
+
+// recvlogicalPath prefers the server's own bin directory's pg_recvlogical.
+func recvlogicalPath() string {
+	if dir := os.Getenv("OUTBOX_RELAY_PG_BIN"); dir != "" {
+		if p := filepath.Join(dir, "pg_recvlogical"); isExec(p) {
+			return p
+		}
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_recvlogical")
+	if len(matches) > 0 {
+		return matches[len(matches)-1]
+	}
+	return "pg_recvlogical"
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode()&0o111 != 0
+}
+
+func drainTimeout(rows int) time.Duration {
+	return 5*time.Minute + time.Duration(rows)*time.Millisecond
+}
+
+// relayProcess is a relay subprocess with its log.
+type relayProcess struct {
+	cmd       *exec.Cmd
+	done      chan error
+	streaming chan struct{}
+	mu        sync.Mutex
+	tail      []string
+}
+
+func (p *relayProcess) logTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+// startRelay starts `outbox-relay run` on slot, publishing to topic.
+func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant, logPath string) (*relayProcess, error) {
+	args := []string{"run", "--pg-dsn", dsn, "--kafka-brokers", br.list(), "--slot", slot,
+		"--topic", topic, "--admin-addr", "", "--log-level", "info"}
+	if b.o.compression != "" {
+		args = append(args, "--compression", b.o.compression)
+	}
+	args = append(args, strings.Fields(b.o.extraRelayArg)...)
+	bin := b.relayBin
+	if v.bin != "" {
+		bin = v.bin
+	}
+	cmd := exec.Command(bin, args...)
+	// The bench's own environment must not configure the relay.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOX_RELAY_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, v.env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout = cmd.Stderr
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	p := &relayProcess{cmd: cmd, done: make(chan error, 1), streaming: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start relay: %w", err)
+	}
+	var readDone sync.WaitGroup
+	readDone.Add(1)
+	go func() {
+		defer readDone.Done()
+		defer logFile.Close()
+		sc := bufio.NewScanner(io.TeeReader(stderr, logFile))
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		seen := false
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.tail = append(p.tail, line)
+			if len(p.tail) > 30 {
+				p.tail = p.tail[1:]
+			}
+			p.mu.Unlock()
+			if !seen && strings.Contains(line, `"message":"streaming"`) {
+				seen = true
+				close(p.streaming)
+			}
+		}
+	}()
+	go func() {
+		readDone.Wait()
+		p.done <- cmd.Wait()
+	}()
+	return p, nil
+}
+
+// stop sends SIGTERM, waits for a clean exit, and kills the group after 30s.
+func (p *relayProcess) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// drainRelay runs the relay binary on slot until every event is
+// acknowledged and the slot's confirmed_flush_lsn reaches end.
+func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, topic string, v variant, rows int, end lsn.LSN, logDir string) (DrainRun, error) {
+	run := DrainRun{Reader: "relay/" + br.name, Variant: v.name, Events: rows}
+	if err := br.createTopic(topic, b.o.partitions); err != nil {
+		return run, err
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return run, err
+	}
+	defer conn.Close(context.Background())
+	t0, busy := time.Now(), startBusy()
+	p, err := b.startRelay(dsn, slot, br, topic, v, filepath.Join(logDir, slot+".log"))
+	if err != nil {
+		return run, err
+	}
+	defer p.stop()
+	pid := p.cmd.Process.Pid
+
+	var ws walsenderWatch
+	var cpu0 float64
+	streaming := p.streaming
+	var tAcked time.Time
+	lastNudge := time.Time{}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	timeout := time.After(drainTimeout(rows))
+	for n := 0; ; n++ {
+		select {
+		case <-streaming:
+			streaming = nil
+			run.StreamingAfter = time.Since(t0).Seconds()
+			cpu0, _ = cpuSeconds(pid)
+		case err := <-p.done:
+			p.done <- err
+			return run, fmt.Errorf("relay exited early (%v); log tail:\n%s", err, p.logTail())
+		case <-timeout:
+			return run, fmt.Errorf("relay did not drain %d events within %s; log tail:\n%s", rows, drainTimeout(rows), p.logTail())
+		case <-ctx.Done():
+			return run, ctx.Err()
+		case <-tick.C:
+		}
+		if tAcked.IsZero() && n%2 == 0 {
+			if acked, err := br.acked(ctx, topic); err == nil && acked >= int64(rows) {
+				tAcked = time.Now()
+				run.AckedSeconds = tAcked.Sub(t0).Seconds()
+			}
+		}
+		st, err := readSlot(ctx, conn, slot)
+		if err != nil {
+			return run, err
+		}
+		ws.sample(st)
+		if !tAcked.IsZero() && st.confirmed >= end {
+			run.Seconds = time.Since(t0).Seconds()
+			run.MachineBusyPercent = busy.percent()
+			cpu1, err := cpuSeconds(pid)
+			if err != nil {
+				return run, err
+			}
+			hwm, err := memKB(pid, "VmHWM")
+			if err != nil {
+				return run, err
+			}
+			run.EventsPerSec = float64(rows) / run.Seconds
+			run.CPUSeconds = cpu1 - cpu0
+			run.CPUUsPerEvent = run.CPUSeconds * 1e6 / float64(rows)
+			run.PeakRSSMB = float64(hwm) / 1024
+			run.WalsenderCPUUsPerEvent = ws.used() * 1e6 / float64(rows)
+			return run, nil
+		}
+		// Everything is acknowledged but the slot waits for a keepalive
+		// beyond the end (the last commit ended on a page boundary, or the
+		// keepalive came while acks were pending): write WAL to make one.
+		if !tAcked.IsZero() && time.Since(tAcked) > 3*time.Second && time.Since(lastNudge) > 3*time.Second {
+			if err := nudgeWAL(ctx, conn); err != nil {
+				return run, err
+			}
+			run.Nudged = true
+			lastNudge = time.Now()
+		}
+	}
+}

@@ -1,0 +1,377 @@
+// Command bench measures the relay against the targets of the "Make it fast"
+// issue: throughput against the pg_recvlogical ceiling, CPU per event, peak
+// memory, commit-to-ack latency and allocations per event. It writes
+// Markdown and JSON to bench/results/ and appends a line to
+// bench/results/history.md. See test/bench/README.md.
+//
+// It is a program, not a test, so `go test ./...` never runs it:
+//
+//	go run ./test/bench [--rows 100000] [--broker kfake|apache|both] [--note "..."]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// options are the command line.
+type options struct {
+	rows          int
+	broker        string
+	note          string
+	out           string
+	repeat        int
+	partitions    int
+	aggregates    int
+	payload       int
+	prefillConns  int
+	latencyFor    time.Duration
+	rates         string
+	writers       int
+	skip          map[string]bool
+	relayBin      string
+	profileDir    string
+	pgFsync       bool
+	compression   string
+	extraRelayArg string
+	logDir        string
+	latencyDump   string
+	variants      []variant
+}
+
+// variant is one relay build measured side by side with the others on the
+// same backlogs: drains alternate between variants within each repetition.
+type variant struct {
+	name string
+	bin  string   // empty: the default binary
+	env  []string // extra environment
+}
+
+func parseOptions(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&o.rows, "rows", 1_000_000, "backlog size in outbox rows for each transaction shape; the large transaction has twice as many")
+	fs.StringVar(&o.broker, "broker", "", "kfake, apache or both (default: both when Apache Kafka can start here, else kfake)")
+	fs.StringVar(&o.note, "note", "", "free text recorded with the run in history.md (what changed)")
+	fs.StringVar(&o.out, "out", "bench/results", "directory for latest.md, latest.json, timestamped copies and history.md (relative to the module root)")
+	fs.IntVar(&o.repeat, "repeat", 1, "how many times each drain is measured on the same backlog (each on its own slot)")
+	fs.IntVar(&o.partitions, "partitions", 6, "partitions of each benchmark topic")
+	fs.IntVar(&o.aggregates, "aggregates", 10000, "distinct aggregate_id values")
+	fs.IntVar(&o.payload, "payload", 300, "payload size in bytes (jsonb text)")
+	fs.IntVar(&o.prefillConns, "prefill-conns", 2, "connections filling the backlog in parallel")
+	fs.DurationVar(&o.latencyFor, "latency-duration", 15*time.Second, "how long each live-latency rate runs")
+	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
+	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, allocs")
+	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
+	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
+	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
+	fs.StringVar(&o.compression, "compression", "", "pass --compression to the relay (default: the relay's own default)")
+	fs.StringVar(&o.extraRelayArg, "relay-args", "", "extra space-separated flags for the relay subprocess")
+	fs.StringVar(&o.latencyDump, "latency-dump", "", "write every latency observation (ack time, latency) as CSV files into this directory")
+	fs.StringVar(&o.logDir, "logs", "", "keep the relay subprocesses' logs in this directory (default: a temporary one, deleted)")
+	fs.Func("variant", "NAME=BIN[,KEY=VALUE...]: measure this relay binary (with this extra environment) side by side with the others, on the same backlogs; repeatable. Without it the one relay is the default binary", func(v string) error {
+		name, rest, ok := strings.Cut(v, "=")
+		if !ok || name == "" || strings.ContainsAny(name, " /|") {
+			return fmt.Errorf("want NAME=BIN[,KEY=VALUE...]")
+		}
+		parts := strings.Split(rest, ",")
+		vr := variant{name: name, bin: parts[0], env: parts[1:]}
+		for _, kv := range vr.env {
+			if !strings.Contains(kv, "=") {
+				return fmt.Errorf("variant %s: %q is not KEY=VALUE", name, kv)
+			}
+		}
+		o.variants = append(o.variants, vr)
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.rows < 1000 {
+		return nil, fmt.Errorf("--rows %d: at least 1000", o.rows)
+	}
+	if o.repeat < 1 || o.repeat > 3 {
+		return nil, fmt.Errorf("--repeat %d: 1 to 3", o.repeat)
+	}
+	switch o.broker {
+	case "", "kfake", "apache", "both":
+	default:
+		return nil, fmt.Errorf("--broker %q: kfake, apache or both", o.broker)
+	}
+	o.skip = map[string]bool{}
+	for _, s := range strings.Split(*skip, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "":
+		case "ceiling", "bigtxn", "latency", "allocs":
+			o.skip[s] = true
+		default:
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency or allocs", s)
+		}
+	}
+	if _, err := o.rateList(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// rateList parses --rates; 0 stands for max.
+func (o *options) rateList() ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(o.rates, ",") {
+		s = strings.TrimSpace(s)
+		if s == "max" {
+			out = append(out, 0)
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--rates: %q is not a positive number or max", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func main() {
+	o, err := parseOptions(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b := &bench{o: o, started: time.Now()}
+	err = b.run(ctx)
+	b.cleanup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// bench is one run of the benchmark.
+type bench struct {
+	o       *options
+	started time.Time
+	root    string // module root
+	res     *Results
+
+	pg       *harness.Postgres
+	brokers  []*broker
+	relayBin string
+	cleanups []func()
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (b *bench) defer_(fn func()) { b.cleanups = append(b.cleanups, fn) }
+
+func (b *bench) cleanup() {
+	for i := len(b.cleanups) - 1; i >= 0; i-- {
+		b.cleanups[i]()
+	}
+	b.cleanups = nil
+}
+
+func (b *bench) run(ctx context.Context) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	b.root = root
+	b.res = newResults(b.o)
+	b.res.Environment = environment()
+
+	// Apache Kafka is the slow part to start: do it first, and say clearly
+	// when it cannot run here.
+	if err := b.startBrokers(); err != nil {
+		return err
+	}
+	names := make([]string, len(b.brokers))
+	for i, br := range b.brokers {
+		names[i] = br.name
+	}
+	b.res.Brokers = names
+
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || b.o.profileDir != "" {
+		if err := b.startPostgres(); err != nil {
+			return err
+		}
+	}
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] {
+		if err := b.buildRelay(); err != nil {
+			return err
+		}
+	}
+	if !b.o.skip["allocs"] {
+		b.logf("allocations: go test -bench BenchmarkDecodeAndBuild ./relay/")
+		a, err := runGoBench(ctx, b.root)
+		if err != nil {
+			b.logf("allocations benchmark failed: %v", err)
+			b.res.Problems = append(b.res.Problems, fmt.Sprintf("allocations benchmark: %v", err))
+		}
+		b.res.Allocs = a
+	}
+	if !b.o.skip["ceiling"] || b.o.profileDir != "" {
+		for _, shape := range []shape{{name: "single-row txns", key: "single", perTxn: 1}, {name: "100-row txns", key: "batch100", perTxn: 100}} {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			sr, err := b.ceiling(ctx, shape)
+			if err != nil {
+				return fmt.Errorf("ceiling, %s: %w", shape.name, err)
+			}
+			b.res.Ceiling = append(b.res.Ceiling, sr)
+		}
+	}
+	if !b.o.skip["bigtxn"] {
+		bt, err := b.bigTxn(ctx)
+		if err != nil {
+			return fmt.Errorf("large transaction: %w", err)
+		}
+		b.res.BigTxn = bt
+	}
+	if !b.o.skip["latency"] {
+		for _, br := range b.brokers {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			lr, err := b.latency(ctx, br)
+			if err != nil {
+				return fmt.Errorf("latency, %s: %w", br.name, err)
+			}
+			b.res.Latency = append(b.res.Latency, lr)
+		}
+	}
+	b.res.Duration = time.Since(b.started).Round(time.Second).String()
+	return b.write()
+}
+
+func (b *bench) startPostgres() error {
+	b.logf("starting PostgreSQL")
+	settings := map[string]string{
+		"autovacuum":                "off", // no WAL from autovacuum between the backlog and its end position
+		"max_wal_size":              "16GB",
+		"checkpoint_timeout":        "30min",
+		"shared_buffers":            "256MB",
+		"max_replication_slots":     "30",
+		"max_wal_senders":           "30",
+		"logical_decoding_work_mem": "64MB",
+		"wal_sender_timeout":        "60s",
+	}
+	if !b.o.pgFsync {
+		settings["fsync"] = "off"
+	}
+	pg, closePG, err := harness.StartPostgresMain(harness.PGOptions{Settings: settings})
+	if err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	b.pg = pg
+	b.defer_(closePG)
+	return nil
+}
+
+func (b *bench) buildRelay() error {
+	for i, v := range b.o.variants {
+		if v.bin == "" {
+			continue
+		}
+		abs, err := filepath.Abs(v.bin)
+		if err != nil {
+			return err
+		}
+		b.o.variants[i].bin = abs
+	}
+	if len(b.o.variants) == 0 {
+		b.o.variants = []variant{{}}
+	}
+	names := []string{}
+	for _, v := range b.o.variants {
+		if v.name != "" {
+			names = append(names, scrubPaths(fmt.Sprintf("%s = %s %s", v.name, orDefault(v.bin, "default binary"), strings.Join(v.env, " "))))
+		}
+	}
+	b.res.Variants = names
+	if b.o.relayBin != "" {
+		abs, err := filepath.Abs(b.o.relayBin)
+		if err != nil {
+			return err
+		}
+		b.relayBin = abs
+		b.res.RelayBinary = "given with --relay-bin"
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "outbox-relay-bench-")
+	if err != nil {
+		return err
+	}
+	b.defer_(func() { os.RemoveAll(dir) })
+	b.relayBin = filepath.Join(dir, "outbox-relay")
+	b.logf("building the relay")
+	if err := runCmd(b.root, []string{"CGO_ENABLED=0"}, "go", "build", "-trimpath", "-o", b.relayBin, "./cmd/outbox-relay"); err != nil {
+		return fmt.Errorf("build relay: %w", err)
+	}
+	b.res.RelayBinary = "go build -trimpath ./cmd/outbox-relay (CGO_ENABLED=0)"
+	return nil
+}
+
+// environment describes the machine for the results.
+func environment() Environment {
+	e := Environment{GoVersion: runtime.Version(), CPUs: runtime.NumCPU()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				if i := strings.IndexByte(line, ':'); i >= 0 {
+					e.CPUModel = strings.TrimSpace(line[i+1:])
+				}
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		if len(f) >= 3 {
+			e.LoadAtStart = strings.Join(f[:3], " ")
+		}
+	}
+	return e
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run the benchmark inside the module (no go.mod above the working directory)")
+		}
+		dir = parent
+	}
+}
