@@ -188,6 +188,7 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	}
 	sc.Version = version
 	sc.ClientID = cfg.ClientID
+	sc.MetricRegistry = newDiscardMetrics()
 	codec, err := compressionCodec(cfg.Compression)
 	if err != nil {
 		return nil, err

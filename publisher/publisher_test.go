@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/IBM/sarama"
+	metrics "github.com/rcrowley/go-metrics"
 )
 
 // Golden vectors from Kafka's UtilsTest.testMurmur2: placement must match the
@@ -303,5 +304,23 @@ func TestBuildWithHeadersAllocations(t *testing.T) {
 	})
 	if allocs > 2 {
 		t.Fatalf("build with two headers allocates %.1f times per event, want at most 2", allocs)
+	}
+}
+
+func TestDiscardMetricsHandsOutNoOps(t *testing.T) {
+	r := newDiscardMetrics()
+	if _, ok := r.GetOrRegister("m", metrics.NewMeter).(metrics.NilMeter); !ok {
+		t.Error("meter is not a no-op")
+	}
+	if _, ok := r.GetOrRegister("c", metrics.NewCounter).(metrics.NilCounter); !ok {
+		t.Error("counter is not a no-op")
+	}
+	h := r.GetOrRegister("h", func() metrics.Histogram { return metrics.NewHistogram(metrics.NewUniformSample(10)) })
+	if _, ok := h.(metrics.NilHistogram); !ok {
+		t.Error("histogram is not a no-op")
+	}
+	// An unknown kind still gets a working metric.
+	if r.GetOrRegister("e", metrics.NewEWMA1) == nil {
+		t.Error("unknown kind got nothing")
 	}
 }
