@@ -31,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -71,25 +72,11 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			st := &streamer{pub: pub}
 			row := benchRow(1, payload, bc.headers)
 			var ev publisher.Event
-			var txn uint64
+			var txn lsn.TxnID
 			var commitTime time.Time
-			event := func(r *replication.Row) {
-				// The same mapping as streamer.publish, which also adds to
-				// the tracker and sends; neither belongs to this benchmark.
-				v := &r.Values
-				ev = publisher.Event{
-					EventID:       v[replication.FieldEventID],
-					AggregateType: v[replication.FieldAggregateType],
-					AggregateID:   v[replication.FieldAggregateID],
-					EventType:     v[replication.FieldEventType],
-					SchemaVersion: v[replication.FieldSchemaVersion],
-					Payload:       v[replication.FieldPayload],
-					Headers:       v[replication.FieldHeaders],
-					OccurredAt:    v[replication.FieldOccurredAt],
-					Txn:           txn,
-					CommitTime:    commitTime,
-				}
-			}
+			// streamer.publish also adds to the tracker and sends; neither
+			// belongs to this benchmark.
+			event := func(r *replication.Row) { ev = eventOf(r, txn, commitTime) }
 			// The topic lookup happens once per topic, before the timer.
 			event(&row)
 			if _, err := st.build(&ev); err != nil {

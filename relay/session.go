@@ -249,11 +249,11 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 	return nil
 }
 
-// publish builds and sends one outbox row.
-func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
-	ev := &s.event
+// eventOf maps a decoded outbox row to the publisher's event; the slices
+// still alias the read buffer.
+func eventOf(row *replication.Row, txn lsn.TxnID, commitTime time.Time) publisher.Event {
 	v := &row.Values
-	*ev = publisher.Event{
+	return publisher.Event{
 		EventID:       v[replication.FieldEventID],
 		AggregateType: v[replication.FieldAggregateType],
 		AggregateID:   v[replication.FieldAggregateID],
@@ -262,9 +262,15 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 		Payload:       v[replication.FieldPayload],
 		Headers:       v[replication.FieldHeaders],
 		OccurredAt:    v[replication.FieldOccurredAt],
-		Txn:           uint64(s.txn),
-		CommitTime:    s.commitTime,
+		Txn:           uint64(txn),
+		CommitTime:    commitTime,
 	}
+}
+
+// publish builds and sends one outbox row.
+func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
+	ev := &s.event
+	*ev = eventOf(row, s.txn, s.commitTime)
 	rec, err := s.build(ev)
 	if err != nil {
 		var perr *publisher.Error
