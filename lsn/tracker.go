@@ -9,7 +9,10 @@ import (
 // order transactions were opened, which is their commit order in the WAL.
 type TxnID uint64
 
-// Limits bound what may be in flight: sent to Kafka and not yet acknowledged.
+// Limits bound what may be in flight. Events counts every event that a crash
+// would re-deliver: sent and not yet acknowledged, or acknowledged but not
+// yet reported to PostgreSQL. Bytes counts unacknowledged bytes, which is
+// what holds memory.
 type Limits struct {
 	Events int
 	Bytes  int64
@@ -21,6 +24,7 @@ type Stats struct {
 	ConfirmedCommitTime time.Time // zero until a transaction has been confirmed
 	InFlightEvents      int
 	InFlightBytes       int64
+	UnreportedEvents    int // acknowledged and confirmed, not yet reported
 	InFlightTxns        int
 	OldestInFlight      time.Time // when the oldest unacknowledged event was sent; zero if none
 }
@@ -31,7 +35,15 @@ type txn struct {
 	commitTime time.Time
 	firstSent  time.Time
 	pending    int
+	added      int
 	closed     bool
+}
+
+// unreported is a confirmed transaction whose end PostgreSQL has not yet
+// been told about.
+type unreported struct {
+	end    LSN
+	events int
 }
 
 // Tracker records transactions in commit order and answers what is safe to
@@ -51,6 +63,10 @@ type Tracker struct {
 	events              int
 	bytes               int64
 	freed               chan struct{}
+
+	unreported       []unreported // confirmed, in order, oldest at unreportedHead
+	unreportedHead   int
+	unreportedEvents int
 }
 
 // NewTracker returns a tracker that starts at the slot's confirmed position.
@@ -112,6 +128,7 @@ func (t *Tracker) Add(id TxnID, bytes int) {
 		x.firstSent = t.now()
 	}
 	x.pending++
+	x.added++
 	t.events++
 	t.bytes += int64(bytes)
 }
@@ -153,6 +170,10 @@ func (t *Tracker) advance() {
 			t.confirmed = x.end
 		}
 		t.confirmedCommitTime = x.commitTime
+		if x.added > 0 {
+			t.unreported = append(t.unreported, unreported{end: x.end, events: x.added})
+			t.unreportedEvents += x.added
+		}
 		*x = txn{}
 		t.head = (t.head + 1) & (len(t.ring) - 1)
 		t.count--
@@ -182,12 +203,35 @@ func (t *Tracker) ConfirmIdle(walEnd LSN) bool {
 	return true
 }
 
-// Full reports whether the in-flight bound is reached; the reader must stop
-// reading WAL until Freed signals.
+// Reported records that PostgreSQL was sent flush position l: the events of
+// transactions ending at or before it will not be re-delivered after a
+// crash, so they no longer count against the bound.
+func (t *Tracker) Reported(l LSN) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for t.unreportedHead < len(t.unreported) && t.unreported[t.unreportedHead].end <= l {
+		t.unreportedEvents -= t.unreported[t.unreportedHead].events
+		t.unreportedHead++
+	}
+	if t.unreportedHead == len(t.unreported) {
+		t.unreported, t.unreportedHead = t.unreported[:0], 0
+	} else if t.unreportedHead > len(t.unreported)/2 {
+		n := copy(t.unreported, t.unreported[t.unreportedHead:])
+		t.unreported, t.unreportedHead = t.unreported[:n], 0
+	}
+}
+
+// Full reports whether the bound is reached: the reader must stop reading
+// WAL until acks free room (Freed signals) or, when the confirmed position
+// has moved, until it reports that position to PostgreSQL. Counting the
+// acknowledged but unreported events is what bounds the duplicates of a
+// crash by Limits.Events. Events of a transaction still open do not count
+// once acknowledged: it cannot be confirmed before its commit is read, and
+// counting them would stall a transaction larger than the bound.
 func (t *Tracker) Full() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.events >= t.limits.Events || t.bytes >= t.limits.Bytes
+	return t.events+t.unreportedEvents >= t.limits.Events || t.bytes >= t.limits.Bytes
 }
 
 // Freed is signalled after acknowledgements free in-flight capacity.
@@ -202,6 +246,7 @@ func (t *Tracker) Stats() Stats {
 		ConfirmedCommitTime: t.confirmedCommitTime,
 		InFlightEvents:      t.events,
 		InFlightBytes:       t.bytes,
+		UnreportedEvents:    t.unreportedEvents,
 		InFlightTxns:        t.count,
 	}
 	for i := 0; i < t.count; i++ {

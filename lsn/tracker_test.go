@@ -205,3 +205,56 @@ func TestStatsOldestInFlight(t *testing.T) {
 		t.Fatalf("stats after ack %+v", s)
 	}
 }
+
+// Acknowledged events still count against the bound until PostgreSQL has
+// been told: a crash before that report re-delivers them. This is what
+// bounds a crash's duplicates by Limits.Events.
+func TestUnreportedEventsCountUntilReported(t *testing.T) {
+	tr := NewTracker(1, Limits{Events: 3, Bytes: 1 << 20})
+	for i, end := range []LSN{10, 20, 30} {
+		id := tr.Open(time.Time{})
+		tr.Add(id, 1)
+		tr.Close(id, end)
+		tr.Ack(id, 1)
+		if i < 2 && tr.Full() {
+			t.Fatalf("full after %d acknowledged events", i+1)
+		}
+	}
+	if !tr.Full() {
+		t.Fatal("three acknowledged, unreported events do not fill a bound of three")
+	}
+	if s := tr.Stats(); s.InFlightEvents != 0 || s.UnreportedEvents != 3 || s.Confirmed != 30 {
+		t.Fatalf("stats %+v", s)
+	}
+	tr.Reported(20)
+	if tr.Full() || tr.Stats().UnreportedEvents != 1 {
+		t.Fatalf("after reporting 20: full=%v unreported=%d", tr.Full(), tr.Stats().UnreportedEvents)
+	}
+	tr.Reported(30)
+	if tr.Stats().UnreportedEvents != 0 {
+		t.Fatalf("unreported %d after reporting everything", tr.Stats().UnreportedEvents)
+	}
+}
+
+// A transaction larger than the bound must still flow: its acknowledged
+// events cannot be confirmed before its commit arrives, so they do not
+// count, or the reader would wait for ever.
+func TestOpenTransactionLargerThanBoundFlows(t *testing.T) {
+	tr := NewTracker(1, Limits{Events: 2, Bytes: 1 << 20})
+	id := tr.Open(time.Time{})
+	for i := 0; i < 10; i++ {
+		if tr.Full() {
+			t.Fatalf("full at event %d of an open transaction whose earlier events are acknowledged", i)
+		}
+		tr.Add(id, 1)
+		tr.Ack(id, 1)
+	}
+	tr.Close(id, 50)
+	if tr.Confirmed() != 50 || tr.Stats().UnreportedEvents != 10 || !tr.Full() {
+		t.Fatalf("after close: %+v", tr.Stats())
+	}
+	tr.Reported(50)
+	if tr.Full() {
+		t.Fatal("full after reporting")
+	}
+}

@@ -185,6 +185,13 @@ func (s *streamer) run(ctx context.Context) error {
 			s.relay.hooks.Alive()
 		}
 		if s.tracker.Full() {
+			if s.tracker.Confirmed() != s.flushedSent {
+				// Room comes from telling PostgreSQL what is confirmed.
+				if err := s.statusIfDue(true); err != nil {
+					return err
+				}
+				continue
+			}
 			// Stop reading WAL until acks free room; keep reporting status so
 			// wal_sender_timeout never fires while Kafka is slow.
 			timer.Reset(cfg.StatusInterval)
@@ -311,6 +318,12 @@ func (s *streamer) whileBlocked() error {
 // statusIfDue reports positions when the confirmed position moved and a
 // StatusInterval passed, when keepaliveEvery passed, or when forced.
 func (s *streamer) statusIfDue(force bool) error {
+	if !s.inTxn {
+		// A keepalive's WAL end may have arrived while acks were pending;
+		// once they are in, it is safe, and without this the slot would
+		// hold that tail of WAL until the database writes again.
+		s.tracker.ConfirmIdle(s.received)
+	}
 	now := time.Now()
 	since := now.Sub(s.lastStatus)
 	confirmed := s.tracker.Confirmed()
@@ -320,6 +333,7 @@ func (s *streamer) statusIfDue(force bool) error {
 	if err := s.stream.SendStatus(s.received, confirmed); err != nil {
 		return err
 	}
+	s.tracker.Reported(confirmed)
 	s.lastStatus, s.flushedSent = now, confirmed
 	stats := s.tracker.Stats()
 	m := s.relay.metrics

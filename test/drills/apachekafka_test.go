@@ -1,0 +1,290 @@
+package drills
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// TestDrillLeaderFailover SIGKILLs the leader of a partition the relay is
+// writing to, on a three-broker Apache Kafka cluster (replication factor 3,
+// min.insync.replicas=2), mid-stream. acks=all writes survive on the other
+// replicas and a new leader takes over; the producer must find it, and its
+// retries must neither lose nor reorder (sarama #1430 idempotence broken on
+// reconnect, #2611 OutOfOrderSequenceNumber after a reconnect, #2619 and
+// #2860 reordering on retry). The node is restarted afterwards and the
+// relay keeps delivering.
+func TestDrillLeaderFailover(t *testing.T) {
+	rng := newRand(t)
+	w := newWorld(t, shared, nil)
+	w.topicPrefix = "drill_failover."
+	k := requireKafka(t, harness.ApacheKafkaOptions{
+		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
+	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
+	w.brokers = k.Brokers()
+	w.migrate()
+	conn := w.connect()
+	relay := w.startRelay()
+	if err := w.writeTxns(conn, rng, 10, 5, 300); err != nil {
+		t.Fatal(err)
+	}
+	w.consumeAll(time.Minute)
+
+	wrng := writerRand(rng)
+	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
+	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.committedCount() > 1500 })
+	topic := w.topics()[0]
+	leader, err := k.PartitionLeader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.KillNode(leader)
+	killed, atKill := time.Now(), w.committedCount()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted { // leave the shared cluster whole for later tests
+			if err := k.StartNode(leader); err != nil {
+				t.Errorf("cleanup: restart node %d: %v", leader, err)
+			}
+		}
+	})
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	w.consumeAll(3 * time.Minute)
+	t.Logf("killed node %d, leader of %s/0, with %d events committed; all %d delivered %v after the kill",
+		leader, topic, atKill, w.committedCount(), time.Since(killed).Round(time.Millisecond))
+	newLeader, err := k.PartitionLeader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newLeader == leader {
+		t.Fatalf("partition %s/0 is still led by the killed node %d", topic, leader)
+	}
+
+	if err := k.StartNode(leader); err != nil {
+		t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
+	}
+	restarted = true
+	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
+		t.Fatal(err)
+	}
+	records := w.waitSettled(3 * time.Minute)
+	w.checkDelivery(records)
+	if relay.Exited() {
+		t.Fatalf("relay exited:\n%s", relay.Output())
+	}
+	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.committedCount(),
+		len(records)-w.committedCount(), strings.Count(relay.Output(), msgRestart))
+}
+
+// TestDrillApacheKafkaEndToEnd runs the main delivery contract against real
+// Apache Kafka, 4.x (which dropped the old protocol versions, KIP-896) and
+// 3.9 (the last of the previous generation): exact keys, values and
+// headers, the Java client's partition for each key on topics created with
+// a known partition count, and per-aggregate commit order, all read with
+// franz-go; then the same records read with kcat (librdkafka), a consumer
+// that shares no code with either.
+func TestDrillApacheKafkaEndToEnd(t *testing.T) {
+	for _, version := range []string{harness.ApacheKafka4Version, harness.ApacheKafka3Version} {
+		t.Run(version, func(t *testing.T) {
+			rng := newRand(t)
+			w := newWorld(t, shared, nil)
+			w.topicPrefix = "drill_e2e_" + strings.ReplaceAll(version, ".", "_") + "."
+			k := requireKafka(t, harness.ApacheKafkaOptions{Version: version, Nodes: 1}, w.topics(), 1, nil)
+			w.brokers = k.Brokers()
+			w.migrate()
+			relay := w.startRelay()
+			if err := w.writeTxns(w.connect(), rng, 200, 10, 300); err != nil {
+				t.Fatal(err)
+			}
+			records := w.waitSettled(2 * time.Minute)
+			w.checkDelivery(records)
+			if len(records) != w.committedCount() {
+				t.Errorf("%d records for %d events in a run without failures", len(records), w.committedCount())
+			}
+			checkAgainstTable(t, w, records)
+			if relay.Exited() {
+				t.Fatalf("relay exited:\n%s", relay.Output())
+			}
+			t.Run("kcat", func(t *testing.T) { checkWithKcat(t, w, records) })
+		})
+	}
+}
+
+// checkAgainstTable compares every record with its row: topic, key, value,
+// the six standard headers, the row's own headers, and the partition the
+// Java client picks for the key.
+func checkAgainstTable(t *testing.T, w *world, records []harness.Record) {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), `
+		SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
+		       COALESCE(headers->>'tenant', ''), COALESCE(headers->>'traceparent', ''),
+		       to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+		FROM outbox_events`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct{ aggType, aggID, eventType, version, payload, tenant, traceparent, occurred string }
+	expected := map[string]want{}
+	for rows.Next() {
+		var id string
+		var x want
+		if err := rows.Scan(&id, &x.aggType, &x.aggID, &x.eventType, &x.version, &x.payload, &x.tenant, &x.traceparent, &x.occurred); err != nil {
+			t.Fatal(err)
+		}
+		expected[id] = x
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	bad := 0
+	for _, r := range records {
+		x, ok := expected[r.EventID()]
+		var problems []string
+		switch {
+		case !ok:
+			problems = append(problems, "unknown event_id")
+		default:
+			if r.Topic != w.topicPrefix+x.aggType {
+				problems = append(problems, "topic "+r.Topic)
+			}
+			if string(r.Key) != x.aggID || string(r.Value) != x.payload {
+				problems = append(problems, fmt.Sprintf("key %q value %q", r.Key, r.Value))
+			}
+			if p := harness.JavaPartition(r.Key, partitions); r.Partition != p {
+				problems = append(problems, fmt.Sprintf("partition %d, the Java client picks %d", r.Partition, p))
+			}
+			h := r.Headers
+			if h["event_type"] != x.eventType || h["aggregate_type"] != x.aggType || h["aggregate_id"] != x.aggID ||
+				h["schema_version"] != x.version || !sameInstant(h["occurred_at"], x.occurred) {
+				problems = append(problems, fmt.Sprintf("standard headers %v", h))
+			}
+			if h["tenant"] != x.tenant || h["traceparent"] != x.traceparent {
+				problems = append(problems, fmt.Sprintf("row headers tenant=%q traceparent=%q, want %q %q", h["tenant"], h["traceparent"], x.tenant, x.traceparent))
+			}
+			if wantN := 6 + btoi(x.tenant != "") + btoi(x.traceparent != ""); len(r.HeaderKeys) != wantN {
+				problems = append(problems, fmt.Sprintf("%d headers %v, want %d", len(r.HeaderKeys), r.HeaderKeys, wantN))
+			}
+		}
+		if len(problems) > 0 {
+			bad++
+			if bad <= 20 {
+				t.Errorf("record %s/%d@%d (event %s): %s", r.Topic, r.Partition, r.Offset, r.EventID(), strings.Join(problems, "; "))
+			}
+		}
+	}
+	if bad > 20 {
+		t.Errorf("... %d records wrong in all", bad)
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// sameInstant compares RFC 3339 times that differ only in trailing zeros of
+// the fraction.
+func sameInstant(a, b string) bool {
+	ta, err1 := time.Parse(time.RFC3339Nano, a)
+	tb, err2 := time.Parse(time.RFC3339Nano, b)
+	return err1 == nil && err2 == nil && ta.Equal(tb)
+}
+
+// RequireKcatEnv names the environment variable that makes a missing kcat
+// a failure rather than a skip. CI sets it.
+const RequireKcatEnv = "OUTBOX_RELAY_REQUIRE_KCAT"
+
+// checkWithKcat reads every drill topic with kcat and checks that it sees
+// exactly the records franz-go saw: same event ids, partitions and keys.
+func checkWithKcat(t *testing.T, w *world, records []harness.Record) {
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		kcat, err = exec.LookPath("kafkacat")
+	}
+	if err != nil {
+		msg := "kcat (librdkafka) is not installed, so the independent librdkafka check did NOT run; install it (apt-get install kcat)"
+		if os.Getenv(RequireKcatEnv) == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip("SKIPPING: " + msg + "; set " + RequireKcatEnv + "=1 to make this a failure")
+	}
+	type seen struct {
+		partition string
+		key       string
+	}
+	want := map[string]seen{}
+	for _, r := range records {
+		want[r.EventID()] = seen{fmt.Sprint(r.Partition), string(r.Key)}
+	}
+	got := map[string]seen{}
+	lines := 0
+	for _, topic := range w.topics() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		cmd := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(w.brokers, ","), "-t", topic,
+			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`)
+		out, err := cmd.Output()
+		cancel()
+		if err != nil {
+			stderr := ""
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = string(ee.Stderr)
+			}
+			t.Fatalf("kcat on %s: %v\n%s", topic, err, stderr)
+		}
+		sc := bufio.NewScanner(strings.NewReader(string(out)))
+		for sc.Scan() {
+			line := sc.Text()
+			if line == "" {
+				continue
+			}
+			lines++
+			parts := strings.SplitN(line, "|", 3)
+			if len(parts) != 3 {
+				t.Fatalf("kcat line %q: want partition|key|headers", line)
+			}
+			id := ""
+			for _, h := range strings.Split(parts[2], ",") {
+				if v, ok := strings.CutPrefix(h, "event_id="); ok {
+					id = v
+				}
+			}
+			if id == "" {
+				t.Errorf("kcat record without event_id header: %q", line)
+				continue
+			}
+			if _, dup := got[id]; dup {
+				t.Errorf("kcat saw event %s twice", id)
+			}
+			got[id] = seen{parts[0], parts[1]}
+		}
+	}
+	if lines != len(records) {
+		t.Errorf("kcat read %d records, franz-go %d", lines, len(records))
+	}
+	for id, s := range want {
+		if g, ok := got[id]; !ok {
+			t.Errorf("kcat did not see event %s", id)
+		} else if g != s {
+			t.Errorf("event %s: kcat saw partition %s key %q, franz-go partition %s key %q", id, g.partition, g.key, s.partition, s.key)
+		}
+	}
+	t.Logf("kcat (librdkafka) read the same %d records: event ids, partitions and keys match", lines)
+}

@@ -1,0 +1,566 @@
+package drills
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// partitions is the partition count of every drill topic, so a test can
+// compute the partition the Java client picks for a key.
+const partitions = 6
+
+// aggregateTypes are the aggregate types the writers use; with the default
+// topic template each is one topic.
+var aggregateTypes = []string{"order", "customer", "invoice"}
+
+// world is one drill's setting: a database with the outbox schema on some
+// cluster, a Kafka, the relay binary, and what the drill committed.
+type world struct {
+	t       *testing.T
+	pg      *harness.Postgres
+	db      *harness.PGDatabase
+	brokers []string
+	bin     string
+	slot    string
+	// topicPrefix is what the relay's topic template puts before
+	// {aggregate_type}; drills on a shared Apache Kafka cluster use their
+	// own, so topics never collide.
+	topicPrefix string
+	// relayDSN is the DSN the relay gets; a drill may point it at a proxy.
+	relayDSN string
+	// types are the aggregate types whose topics the drill uses; the first
+	// one carries the settle marker.
+	types []string
+
+	seq atomic.Int64 // numbers events across writers, for payloads
+
+	mu          sync.Mutex
+	ids         []string            // committed event ids, in commit order
+	index       map[string]int      // event id -> position in ids
+	commitOrder map[string][]string // aggregate id -> event ids in commit order
+}
+
+// newWorld creates a database for the test on pg and readies names; the
+// Kafka side is given as a broker list.
+func newWorld(t *testing.T, pg *harness.Postgres, brokers []string) *world {
+	t.Helper()
+	db := pg.CreateTestDatabase(t)
+	w := &world{
+		t: t, pg: pg, db: db, brokers: brokers,
+		bin:         harness.BuildRelay(t),
+		slot:        db.Name(), // slots are cluster-wide: one per test database
+		topicPrefix: "outbox.event.",
+		relayDSN:    db.DSN(),
+		types:       aggregateTypes,
+		index:       map[string]int{},
+		commitOrder: map[string][]string{},
+	}
+	t.Cleanup(func() {
+		// Free the cluster-wide slot once its walsender is gone (the relay
+		// was killed by its own, later registered, cleanup). A failure here
+		// must not hide the test's own result, so it is only logged.
+		var err error
+		if !eventually(15*time.Second, func() bool {
+			err = dropInactiveSlot(pg, db.Name(), w.slot)
+			return err == nil
+		}) {
+			t.Logf("cleanup: slot %s not dropped: %v", w.slot, err)
+		}
+	})
+	return w
+}
+
+// dropInactiveSlot drops the slot if it exists and is inactive; it returns
+// an error while the slot is still active.
+func dropInactiveSlot(pg *harness.Postgres, db, slot string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pg.DSN(db))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var active *bool
+	err = conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if active != nil && *active {
+		return errors.New("slot still active")
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+	return err
+}
+
+// topicRegex matches the drill's topics, for the consumer.
+func (w *world) topicRegex() string {
+	return "^" + strings.ReplaceAll(w.topicPrefix, ".", `\.`)
+}
+
+// topics are the drill's topic names, one per aggregate type.
+func (w *world) topics() []string {
+	out := make([]string, len(w.types))
+	for i, a := range w.types {
+		out[i] = w.topicPrefix + a
+	}
+	return out
+}
+
+// args are the flags every relay command of the drill uses.
+func (w *world) args(cmd string, extra ...string) []string {
+	a := []string{cmd, "--pg-dsn", w.relayDSN, "--slot", w.slot}
+	if cmd == "run" {
+		a = append(a, "--kafka-brokers", strings.Join(w.brokers, ","), "--admin-addr", "",
+			"--topic", w.topicPrefix+"{aggregate_type}")
+	}
+	return append(a, extra...)
+}
+
+// migrate runs `outbox-relay migrate` (schema, publication and slot) on the
+// drill's database directly, never through a proxy.
+func (w *world) migrate() {
+	w.t.Helper()
+	args := []string{"migrate", "--pg-dsn", w.db.DSN(), "--slot", w.slot}
+	p := harness.StartProcess(w.t, w.bin, args, nil)
+	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		w.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
+	}
+}
+
+// startRelay starts `outbox-relay run` and waits until it streams.
+func (w *world) startRelay(extra ...string) *harness.Process {
+	w.t.Helper()
+	p := w.startRelayNoWait(extra...)
+	p.WaitForOutput(w.t, msgStreaming, 2*time.Minute)
+	return p
+}
+
+func (w *world) startRelayNoWait(extra ...string) *harness.Process {
+	w.t.Helper()
+	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+}
+
+// Log lines the drills look for in the relay's JSON output.
+const (
+	msgStreaming = `"message":"streaming"`
+	msgRestart   = "stream stopped; restarting from the slot"
+	msgOrder     = "per-aggregate order on this partition may break"
+)
+
+// event is one outbox row a writer commits.
+type event struct {
+	aggregateType, aggregateID, eventType string
+	payload, headers                      string // JSON; headers may be ""
+}
+
+// genEvents makes n events over aggregates aggregates, choosing aggregates
+// with rng; one in five carries headers of its own.
+func (w *world) genEvents(rng *mrand.Rand, n, aggregates int) []event {
+	out := make([]event, n)
+	for i := range out {
+		agg := rng.IntN(aggregates)
+		s := w.seq.Add(1)
+		out[i] = event{
+			aggregateType: aggregateTypes[agg%len(aggregateTypes)],
+			aggregateID:   fmt.Sprintf("agg-%d", agg),
+			eventType:     "Happened",
+			payload:       fmt.Sprintf(`{"n": %d, "aggregate": %d}`, s, agg),
+		}
+		if s%5 == 0 {
+			out[i].headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, s, s)
+		}
+	}
+	return out
+}
+
+// commit writes events in one transaction and records their ids in commit
+// order. Commit order is the order commits return only when one goroutine
+// writes a given aggregate; the drills keep to that.
+func (w *world) commit(ctx context.Context, conn *pgx.Conn, events []event) error {
+	ids := make([]string, len(events))
+	for i := range ids {
+		ids[i] = newUUID()
+	}
+	return w.commitIDs(ctx, conn, ids, events)
+}
+
+// commitIDs is commit with the event ids chosen by the caller, who can then
+// look for them when the commit's outcome is in doubt (the server crashed
+// before answering COMMIT).
+func (w *world) commitIDs(ctx context.Context, conn *pgx.Conn, ids []string, events []event) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	batch := &pgx.Batch{}
+	for i, e := range events {
+		var headers any
+		if e.headers != "" {
+			headers = e.headers
+		}
+		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], e.aggregateType, e.aggregateID, e.eventType, e.payload, headers)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	w.record(ids, events)
+	return nil
+}
+
+// record notes committed events in commit order.
+func (w *world) record(ids []string, events []event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, e := range events {
+		w.index[ids[i]] = len(w.ids)
+		w.ids = append(w.ids, ids[i])
+		w.commitOrder[e.aggregateID] = append(w.commitOrder[e.aggregateID], ids[i])
+	}
+}
+
+// writeTxns commits txns transactions of perTxn events each.
+func (w *world) writeTxns(conn *pgx.Conn, rng *mrand.Rand, txns, perTxn, aggregates int) error {
+	for i := 0; i < txns; i++ {
+		if err := w.commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
+			return fmt.Errorf("commit txn %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// connect opens a connection to the drill's database, closed at test end.
+func (w *world) connect() *pgx.Conn {
+	w.t.Helper()
+	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		w.t.Fatalf("connect: %v", err)
+	}
+	w.t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// forget drops events from what the drill expects in Kafka, for events the
+// drill knows cannot arrive.
+func (w *world) forget(ids []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	drop := map[string]bool{}
+	for _, id := range ids {
+		drop[id] = true
+	}
+	kept := w.ids[:0]
+	w.index = map[string]int{}
+	for _, id := range w.ids {
+		if !drop[id] {
+			w.index[id] = len(kept)
+			kept = append(kept, id)
+		}
+	}
+	w.ids = kept
+	for agg, evs := range w.commitOrder {
+		var k []string
+		for _, id := range evs {
+			if !drop[id] {
+				k = append(k, id)
+			}
+		}
+		w.commitOrder[agg] = k
+	}
+}
+
+func (w *world) committed() ([]string, map[string][]string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	order := make(map[string][]string, len(w.commitOrder))
+	for k, v := range w.commitOrder {
+		order[k] = append([]string(nil), v...)
+	}
+	return append([]string(nil), w.ids...), order
+}
+
+func (w *world) committedCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.ids)
+}
+
+// commitIndex maps each committed event id to its place in commit order.
+func (w *world) commitIndex() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.index))
+	for k, v := range w.index {
+		out[k] = v
+	}
+	return out
+}
+
+// consumeAll reads until every committed event is in Kafka and returns the
+// records read so far; it checks nothing else.
+func (w *world) consumeAll(timeout time.Duration) []harness.Record {
+	w.t.Helper()
+	ids, _ := w.committed()
+	return harness.ConsumeEventIDs(w.t, w.brokers, w.topicRegex(), ids, timeout)
+}
+
+// checkDelivery checks no loss and per-aggregate order of every committed
+// event, and that within each partition first deliveries follow commit
+// order.
+func (w *world) checkDelivery(records []harness.Record) {
+	w.t.Helper()
+	ids, order := w.committed()
+	harness.CheckNoLoss(w.t, records, ids)
+	harness.CheckPerAggregateOrder(w.t, records, order)
+	checkPartitionOrder(w.t, records, w.commitIndex(), nil)
+}
+
+// checkPartitionOrder checks that, in every partition not in exempt
+// ("topic/partition"), the first deliveries of committed events sit in
+// commit order: no later event landed before an earlier one's first copy.
+// It returns, per partition, how many first deliveries came too late,
+// reporting each partition's first such with t.Errorf unless it is exempt.
+func checkPartitionOrder(t testing.TB, records []harness.Record, index map[string]int, exempt map[string]bool) (broken map[string]int) {
+	t.Helper()
+	broken = map[string]int{}
+	last := map[string]int{} // highest commit position first-delivered so far
+	lastID := map[string]string{}
+	for _, r := range harness.FirstDeliveries(records) {
+		i, ok := index[r.EventID()]
+		if !ok {
+			continue
+		}
+		tp := fmt.Sprintf("%s/%d", r.Topic, r.Partition)
+		if prev, seen := last[tp]; seen && i < prev {
+			broken[tp]++
+			if broken[tp] == 1 && !exempt[tp] {
+				t.Errorf("partition %s: event %s (#%d in commit order) first delivered at offset %d, after event %s (#%d)",
+					tp, r.EventID(), i+1, r.Offset, lastID[tp], prev+1)
+			}
+			continue
+		}
+		last[tp], lastID[tp] = i, r.EventID()
+	}
+	return broken
+}
+
+// currentLSN is the server's current WAL write position.
+func (w *world) currentLSN() string {
+	w.t.Helper()
+	return w.db.QueryString(w.t, "SELECT pg_current_wal_lsn()::text")
+}
+
+func (w *world) confirmedFlush() string {
+	w.t.Helper()
+	return w.pg.SlotConfirmedFlushLSN(w.t, w.db.Name(), w.slot)
+}
+
+// walsenderPID is the pid pg_stat_replication shows for the connection
+// streaming the slot, 0 if none.
+func (w *world) walsenderPID() int {
+	w.t.Helper()
+	return int(w.db.QueryInt64(w.t, `SELECT COALESCE((SELECT r.pid FROM pg_stat_replication r
+		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1), 0)`, w.slot))
+}
+
+// waitSettled commits one marker event, waits until the slot confirmed it
+// (so the relay has acknowledged everything committed before it and will
+// re-deliver nothing), and returns every record in Kafka. The marker goes
+// through the relay like any event and is checked like one.
+//
+// A marker, not pg_current_wal_lsn(): the relay confirms WAL that only
+// other tables wrote after an outbox burst only once more WAL arrives (see
+// TestDrillIdleConfirmAfterBurst), which would make this wait depend on
+// background WAL.
+func (w *world) waitSettled(timeout time.Duration) []harness.Record {
+	w.t.Helper()
+	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		w.t.Fatalf("settle: connect: %v", err)
+	}
+	defer conn.Close(context.Background())
+	settleStart := time.Now()
+	marker := w.fence(conn, []event{{
+		aggregateType: w.types[0], aggregateID: "settle-marker", eventType: "Settled", payload: `{"marker": true}`,
+	}})
+	harness.WaitFor(w.t, timeout, "the slot confirms the settle marker (commit at "+marker+")", func() bool {
+		return !notPast(w.confirmedFlush(), marker)
+	})
+	total := sumOffsets(endOffsets(w.t, w.brokers, w.topics()))
+	if debugTiming {
+		w.t.Logf("settled: marker confirmed %v after it was committed", time.Since(settleStart))
+		defer func() { w.t.Logf("settled: %d records consumed %v after the marker", total, time.Since(settleStart)) }()
+	}
+	return harness.ConsumeUntil(w.t, w.brokers, w.topicRegex(), timeout, func(all []harness.Record) bool {
+		return int64(len(all)) >= total
+	})
+}
+
+// debugTiming (OUTBOX_RELAY_DRILL_DEBUG=1) logs how long settling takes.
+var debugTiming = os.Getenv("OUTBOX_RELAY_DRILL_DEBUG") == "1"
+
+// parseLSN reads PostgreSQL's "X/Y" LSN text.
+func parseLSN(s string) (uint64, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, fmt.Errorf("bad lsn %q", s)
+	}
+	h, err := strconv.ParseUint(hi, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("bad lsn %q: %w", s, err)
+	}
+	l, err := strconv.ParseUint(lo, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("bad lsn %q: %w", s, err)
+	}
+	return h<<32 | l, nil
+}
+
+// lsnLE reports a <= b; an empty or unparsable LSN is never <= anything,
+// nor is anything <= it.
+func lsnLE(a, b string) bool {
+	x, err1 := parseLSN(a)
+	y, err2 := parseLSN(b)
+	return err1 == nil && err2 == nil && x <= y
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// newRand returns a seeded generator and logs the seed; set
+// OUTBOX_RELAY_DRILL_SEED to replay a run.
+func newRand(t *testing.T) *mrand.Rand {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("OUTBOX_RELAY_DRILL_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("OUTBOX_RELAY_DRILL_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("random seed %d (set OUTBOX_RELAY_DRILL_SEED=%d to replay)", seed, seed)
+	return mrand.New(mrand.NewPCG(seed, seed^0x5eed))
+}
+
+// startKfake starts a kfake cluster with the drill's topics pre-created.
+func startKfake(t *testing.T, opts harness.KfakeOptions, topics []string) *harness.Kfake {
+	t.Helper()
+	if opts.Partitions == 0 {
+		opts.Partitions = partitions
+	}
+	k := harness.StartKfakeWith(t, opts)
+	for _, topic := range topics {
+		k.CreateTopic(t, topic, partitions, nil)
+	}
+	return k
+}
+
+// runWriter runs fn on its own goroutine and returns a function that waits
+// for it and reports its error.
+func runWriter(fn func() error) (wait func() error) {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	var once sync.Once
+	var err error
+	return func() error {
+		once.Do(func() { err = <-done })
+		return err
+	}
+}
+
+// fence commits events in one transaction and returns the LSN where its
+// commit record starts, read back from the WAL with pg_walinspect. The
+// slot's confirmed_flush_lsn passes the transaction exactly when it
+// exceeds that LSN: nothing lies between a commit record's start and its
+// end. (An upper bound such as pg_current_wal_lsn() after the commit would
+// let a confirm of exactly this transaction's end slip through whenever
+// other WAL followed it.)
+func (w *world) fence(conn *pgx.Conn, events []event) string {
+	w.t.Helper()
+	ctx := context.Background()
+	w.db.Exec(w.t, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+	from := w.currentLSN()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		w.t.Fatalf("fence: %v", err)
+	}
+	defer tx.Rollback(ctx)
+	var xid string
+	if err := tx.QueryRow(ctx, "SELECT (txid_current() % 4294967296)::text").Scan(&xid); err != nil {
+		w.t.Fatalf("fence: %v", err)
+	}
+	ids := make([]string, len(events))
+	for i, e := range events {
+		ids[i] = newUUID()
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, $2, $3, $4, $5::jsonb)`, ids[i], e.aggregateType, e.aggregateID, e.eventType, e.payload); err != nil {
+			w.t.Fatalf("fence: %v", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		w.t.Fatalf("fence: commit: %v", err)
+	}
+	w.record(ids, events)
+	// PostgreSQL 15 reads to the end of WAL with its own function; 16
+	// dropped it and lets pg_get_wal_records_info read past the end.
+	records := "pg_get_wal_records_info_till_end_of_wal($1::pg_lsn)"
+	if w.db.QueryInt64(w.t, "SELECT current_setting('server_version_num')::bigint") >= 160000 {
+		records = "pg_get_wal_records_info($1::pg_lsn, 'FFFFFFFF/FFFFFFFF')"
+	}
+	lsn := w.db.QueryString(w.t, `SELECT start_lsn::text FROM `+records+`
+		WHERE xid = $2::xid AND resource_manager = 'Transaction' AND record_type LIKE 'COMMIT%'`, from, xid)
+	if lsn == "" {
+		w.t.Fatalf("fence: no commit record of xid %s after %s", xid, from)
+	}
+	return lsn
+}
+
+// notPast reports whether the slot's confirmed position has not passed the
+// commit record starting at commitLSN, i.e. that transaction is not
+// confirmed.
+func notPast(confirmed, commitLSN string) bool { return lsnLE(confirmed, commitLSN) }
+
+// eventually polls cond every 50ms until it holds or timeout passes, and
+// reports whether it held: harness.WaitFor for a test that words its own
+// failure.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if cond() {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+}
