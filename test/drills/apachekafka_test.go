@@ -41,14 +41,14 @@ func TestDrillLeaderFailover(t *testing.T) {
 
 	wrng := writerRand(rng)
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
-	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.committedCount() > 1500 })
+	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
 	topic := w.topics()[0]
 	leader, err := k.PartitionLeader(topic, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	k.KillNode(leader)
-	killed, atKill := time.Now(), w.committedCount()
+	killed, atKill := time.Now(), w.CommittedCount()
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted { // leave the shared cluster whole for later tests
@@ -62,7 +62,7 @@ func TestDrillLeaderFailover(t *testing.T) {
 	}
 	w.consumeAll(3 * time.Minute)
 	t.Logf("killed node %d, leader of %s/0, with %d events committed; all %d delivered %v after the kill",
-		leader, topic, atKill, w.committedCount(), time.Since(killed).Round(time.Millisecond))
+		leader, topic, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
 	newLeader, err := k.PartitionLeader(topic, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -83,8 +83,8 @@ func TestDrillLeaderFailover(t *testing.T) {
 	if relay.Exited() {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
-	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.committedCount(),
-		len(records)-w.committedCount(), strings.Count(relay.Output(), msgRestart))
+	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.CommittedCount(),
+		len(records)-w.CommittedCount(), strings.Count(relay.Output(), msgRestart))
 }
 
 // TestDrillApacheKafkaEndToEnd runs the main delivery contract against real
@@ -109,8 +109,8 @@ func TestDrillApacheKafkaEndToEnd(t *testing.T) {
 			}
 			records := w.waitSettled(2 * time.Minute)
 			w.checkDelivery(records)
-			if len(records) != w.committedCount() {
-				t.Errorf("%d records for %d events in a run without failures", len(records), w.committedCount())
+			if len(records) != w.CommittedCount() {
+				t.Errorf("%d records for %d events in a run without failures", len(records), w.CommittedCount())
 			}
 			checkAgainstTable(t, w, records)
 			if relay.Exited() {

@@ -61,7 +61,7 @@ func TestDrillCrashTorture(t *testing.T) {
 		for n := range chunks {
 			for n > 0 {
 				size := min(n, 1+wrng.IntN(20))
-				if err := w.commit(context.Background(), conn, w.genEvents(wrng, size, aggregates)); err != nil {
+				if err := w.Commit(context.Background(), conn, w.genEvents(wrng, size, aggregates)); err != nil {
 					return err
 				}
 				n -= size
@@ -76,7 +76,7 @@ func TestDrillCrashTorture(t *testing.T) {
 	}()
 
 	chunks <- first
-	harness.WaitFor(t, 2*time.Minute, "the first backlog is committed", func() bool { return w.committedCount() >= first })
+	harness.WaitFor(t, 2*time.Minute, "the first backlog is committed", func() bool { return w.CommittedCount() >= first })
 	args := []string{"--max-in-flight-events", strconv.Itoa(bound)}
 	relay := w.startRelayNoWait(args...)
 	lifeStart := time.Now()
@@ -124,7 +124,7 @@ func TestDrillCrashTorture(t *testing.T) {
 		snapshots = append(snapshots, snap)
 		t.Logf("kill %d (%s): life of %v, %d records; %d of %d events committed; slot at %s",
 			i+1, kind, time.Since(lifeStart).Round(time.Millisecond), sumOffsets(snap)-delivered,
-			w.committedCount(), events, w.confirmedFlush())
+			w.CommittedCount(), events, w.confirmedFlush())
 		delivered = sumOffsets(snap)
 		relay = w.startRelayNoWait(args...)
 		lifeStart = time.Now()
@@ -136,14 +136,14 @@ func TestDrillCrashTorture(t *testing.T) {
 	}
 	relay.WaitForOutput(t, msgStreaming, 2*time.Minute)
 
-	if got := w.committedCount(); got != events {
+	if got := w.CommittedCount(); got != events {
 		t.Fatalf("writer committed %d events, want %d", got, events)
 	}
 	records := w.waitSettled(5 * time.Minute)
 	w.checkDelivery(records)
 
 	lives := splitLives(records, snapshots)
-	total := len(records) - w.committedCount() // the settle marker is an event too
+	total := len(records) - w.CommittedCount() // the settle marker is an event too
 	worst := 0
 	for i, l := range lives {
 		if i < kills {

@@ -2,7 +2,6 @@ package drills
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
@@ -48,10 +47,10 @@ type world struct {
 
 	seq atomic.Int64 // numbers events across writers, for payloads
 
-	mu          sync.Mutex
-	ids         []string            // committed event ids, in commit order
-	index       map[string]int      // event id -> position in ids
-	commitOrder map[string][]string // aggregate id -> event ids in commit order
+	// Ledger commits the drill's events and remembers them in commit
+	// order. Commit order is the order commits return only when one
+	// goroutine writes a given aggregate; the drills keep to that.
+	*harness.Ledger
 }
 
 // newWorld creates a database for the test on pg and readies names; the
@@ -66,8 +65,7 @@ func newWorld(t *testing.T, pg *harness.Postgres, brokers []string) *world {
 		topicPrefix: "outbox.event.",
 		relayDSN:    db.DSN(),
 		types:       aggregateTypes,
-		index:       map[string]int{},
-		commitOrder: map[string][]string{},
+		Ledger:      harness.NewLedger(),
 	}
 	t.Cleanup(func() {
 		// Free the cluster-wide slot once its walsender is gone (the relay
@@ -164,86 +162,30 @@ const (
 	msgOrder     = "per-aggregate order on this partition may break"
 )
 
-// event is one outbox row a writer commits.
-type event struct {
-	aggregateType, aggregateID, eventType string
-	payload, headers                      string // JSON; headers may be ""
-}
-
 // genEvents makes n events over aggregates aggregates, choosing aggregates
 // with rng; one in five carries headers of its own.
-func (w *world) genEvents(rng *mrand.Rand, n, aggregates int) []event {
-	out := make([]event, n)
+func (w *world) genEvents(rng *mrand.Rand, n, aggregates int) []harness.OutboxEvent {
+	out := make([]harness.OutboxEvent, n)
 	for i := range out {
 		agg := rng.IntN(aggregates)
 		s := w.seq.Add(1)
-		out[i] = event{
-			aggregateType: aggregateTypes[agg%len(aggregateTypes)],
-			aggregateID:   fmt.Sprintf("agg-%d", agg),
-			eventType:     "Happened",
-			payload:       fmt.Sprintf(`{"n": %d, "aggregate": %d}`, s, agg),
+		out[i] = harness.OutboxEvent{
+			AggregateType: aggregateTypes[agg%len(aggregateTypes)],
+			AggregateID:   fmt.Sprintf("agg-%d", agg),
+			EventType:     "Happened",
+			Payload:       fmt.Sprintf(`{"n": %d, "aggregate": %d}`, s, agg),
 		}
 		if s%5 == 0 {
-			out[i].headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, s, s)
+			out[i].Headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, s, s)
 		}
 	}
 	return out
 }
 
-// commit writes events in one transaction and records their ids in commit
-// order. Commit order is the order commits return only when one goroutine
-// writes a given aggregate; the drills keep to that.
-func (w *world) commit(ctx context.Context, conn *pgx.Conn, events []event) error {
-	ids := make([]string, len(events))
-	for i := range ids {
-		ids[i] = newUUID()
-	}
-	return w.commitIDs(ctx, conn, ids, events)
-}
-
-// commitIDs is commit with the event ids chosen by the caller, who can then
-// look for them when the commit's outcome is in doubt (the server crashed
-// before answering COMMIT).
-func (w *world) commitIDs(ctx context.Context, conn *pgx.Conn, ids []string, events []event) error {
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx)
-	batch := &pgx.Batch{}
-	for i, e := range events {
-		var headers any
-		if e.headers != "" {
-			headers = e.headers
-		}
-		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], e.aggregateType, e.aggregateID, e.eventType, e.payload, headers)
-	}
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	w.record(ids, events)
-	return nil
-}
-
-// record notes committed events in commit order.
-func (w *world) record(ids []string, events []event) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, e := range events {
-		w.index[ids[i]] = len(w.ids)
-		w.ids = append(w.ids, ids[i])
-		w.commitOrder[e.aggregateID] = append(w.commitOrder[e.aggregateID], ids[i])
-	}
-}
-
 // writeTxns commits txns transactions of perTxn events each.
 func (w *world) writeTxns(conn *pgx.Conn, rng *mrand.Rand, txns, perTxn, aggregates int) error {
 	for i := 0; i < txns; i++ {
-		if err := w.commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
+		if err := w.Commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
 			return fmt.Errorf("commit txn %d: %w", i, err)
 		}
 	}
@@ -261,67 +203,11 @@ func (w *world) connect() *pgx.Conn {
 	return conn
 }
 
-// forget drops events from what the drill expects in Kafka, for events the
-// drill knows cannot arrive.
-func (w *world) forget(ids []string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	drop := map[string]bool{}
-	for _, id := range ids {
-		drop[id] = true
-	}
-	kept := w.ids[:0]
-	w.index = map[string]int{}
-	for _, id := range w.ids {
-		if !drop[id] {
-			w.index[id] = len(kept)
-			kept = append(kept, id)
-		}
-	}
-	w.ids = kept
-	for agg, evs := range w.commitOrder {
-		var k []string
-		for _, id := range evs {
-			if !drop[id] {
-				k = append(k, id)
-			}
-		}
-		w.commitOrder[agg] = k
-	}
-}
-
-func (w *world) committed() ([]string, map[string][]string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	order := make(map[string][]string, len(w.commitOrder))
-	for k, v := range w.commitOrder {
-		order[k] = append([]string(nil), v...)
-	}
-	return append([]string(nil), w.ids...), order
-}
-
-func (w *world) committedCount() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.ids)
-}
-
-// commitIndex maps each committed event id to its place in commit order.
-func (w *world) commitIndex() map[string]int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := make(map[string]int, len(w.index))
-	for k, v := range w.index {
-		out[k] = v
-	}
-	return out
-}
-
 // consumeAll reads until every committed event is in Kafka and returns the
 // records read so far; it checks nothing else.
 func (w *world) consumeAll(timeout time.Duration) []harness.Record {
 	w.t.Helper()
-	ids, _ := w.committed()
+	ids, _ := w.Committed()
 	return harness.ConsumeEventIDs(w.t, w.brokers, w.topicRegex(), ids, timeout)
 }
 
@@ -330,10 +216,10 @@ func (w *world) consumeAll(timeout time.Duration) []harness.Record {
 // order.
 func (w *world) checkDelivery(records []harness.Record) {
 	w.t.Helper()
-	ids, order := w.committed()
+	ids, order := w.Committed()
 	harness.CheckNoLoss(w.t, records, ids)
 	harness.CheckPerAggregateOrder(w.t, records, order)
-	checkPartitionOrder(w.t, records, w.commitIndex(), nil)
+	checkPartitionOrder(w.t, records, w.CommitIndex(), nil)
 }
 
 // checkPartitionOrder checks that, in every partition not in exempt
@@ -401,8 +287,8 @@ func (w *world) waitSettled(timeout time.Duration) []harness.Record {
 	}
 	defer conn.Close(context.Background())
 	settleStart := time.Now()
-	marker := w.fence(conn, []event{{
-		aggregateType: w.types[0], aggregateID: "settle-marker", eventType: "Settled", payload: `{"marker": true}`,
+	marker := w.fence(conn, []harness.OutboxEvent{{
+		AggregateType: w.types[0], AggregateID: "settle-marker", EventType: "Settled", Payload: `{"marker": true}`,
 	}})
 	harness.WaitFor(w.t, timeout, "the slot confirms the settle marker (commit at "+marker+")", func() bool {
 		return !notPast(w.confirmedFlush(), marker)
@@ -443,14 +329,6 @@ func lsnLE(a, b string) bool {
 	x, err1 := parseLSN(a)
 	y, err2 := parseLSN(b)
 	return err1 == nil && err2 == nil && x <= y
-}
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // newRand returns a seeded generator and logs the seed; set
@@ -502,7 +380,7 @@ func runWriter(fn func() error) (wait func() error) {
 // end. (An upper bound such as pg_current_wal_lsn() after the commit would
 // let a confirm of exactly this transaction's end slip through whenever
 // other WAL followed it.)
-func (w *world) fence(conn *pgx.Conn, events []event) string {
+func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
 	w.t.Helper()
 	ctx := context.Background()
 	w.db.Exec(w.t, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
@@ -518,16 +396,16 @@ func (w *world) fence(conn *pgx.Conn, events []event) string {
 	}
 	ids := make([]string, len(events))
 	for i, e := range events {
-		ids[i] = newUUID()
+		ids[i] = harness.NewUUID()
 		if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
-			VALUES ($1, $2, $3, $4, $5::jsonb)`, ids[i], e.aggregateType, e.aggregateID, e.eventType, e.payload); err != nil {
+			VALUES ($1, $2, $3, $4, $5::jsonb)`, ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload); err != nil {
 			w.t.Fatalf("fence: %v", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		w.t.Fatalf("fence: commit: %v", err)
 	}
-	w.record(ids, events)
+	w.Record(ids, events)
 	// PostgreSQL 15 reads to the end of WAL with its own function; 16
 	// dropped it and lets pg_get_wal_records_info read past the end.
 	records := "pg_get_wal_records_info_till_end_of_wal($1::pg_lsn)"

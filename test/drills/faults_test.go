@@ -65,7 +65,7 @@ func TestDrillAckLostAfterAppend(t *testing.T) {
 	if n := strings.Count(relay.Output(), msgRestart); n > 0 {
 		t.Errorf("relay restarted its stream %d times for a retriable error it should have retried in place", n)
 	}
-	t.Logf("%d acks lost after append; %d records for %d events, %d duplicates", f.Hits(), len(records), w.committedCount(), len(records)-w.committedCount())
+	t.Logf("%d acks lost after append; %d records for %d events, %d duplicates", f.Hits(), len(records), w.CommittedCount(), len(records)-w.CommittedCount())
 }
 
 // TestDrillRetriableBrokerErrors injects NOT_LEADER_OR_FOLLOWER,
@@ -146,7 +146,7 @@ func TestDrillRetriableBrokerErrors(t *testing.T) {
 	if relay.Exited() {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
-	t.Logf("%d records for %d events", len(records), w.committedCount())
+	t.Logf("%d records for %d events", len(records), w.CommittedCount())
 }
 
 // TestDrillSequenceAndEpochErrors answers one produce request with
@@ -184,14 +184,14 @@ func sequenceDrill(t *testing.T, code int16) {
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 500, 10, 300) })
 	// Inject once the stream is busy, so the failed request carries a batch
 	// with later ones queued behind it.
-	harness.WaitFor(t, time.Minute, "writer under way", func() bool { return w.committedCount() > 1000 })
+	harness.WaitFor(t, time.Minute, "writer under way", func() bool { return w.CommittedCount() > 1000 })
 	f := k.FailProduce(1, code)
 	harness.WaitFor(t, time.Minute, "the fault to hit a produce request", func() bool { return f.Hits() >= 1 })
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
 	records := w.waitSettled(3 * time.Minute)
-	ids, order := w.committed()
+	ids, order := w.Committed()
 	harness.CheckNoLoss(t, records, ids)
 
 	// The partitions the relay says may be out of order.
@@ -214,7 +214,7 @@ func sequenceDrill(t *testing.T, code int16) {
 	}
 
 	// Order must hold everywhere else.
-	broken := checkPartitionOrder(t, records, w.commitIndex(), flagged)
+	broken := checkPartitionOrder(t, records, w.CommitIndex(), flagged)
 	where := onPartitions(records)
 	kept := map[string][]string{}
 	for agg, evs := range order {

@@ -71,7 +71,7 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 	if len(ids) != rows {
 		t.Fatalf("table holds %d bulk rows, want %d", len(ids), rows)
 	}
-	w.record(ids, events)
+	w.Record(ids, events)
 
 	records := w.waitSettled(10 * time.Minute)
 	delivered := time.Since(began)
@@ -101,7 +101,7 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 }
 
 // committedBulk reads the bulk rows back in their commit order.
-func committedBulk(t *testing.T, w *world) ([]string, []event) {
+func committedBulk(t *testing.T, w *world) ([]string, []harness.OutboxEvent) {
 	t.Helper()
 	conn, err := pgx.Connect(context.Background(), w.db.DSN())
 	if err != nil {
@@ -130,10 +130,10 @@ func committedBulk(t *testing.T, w *world) ([]string, []event) {
 	}
 	sort.Slice(all, func(a, b int) bool { return all[a].i < all[b].i })
 	ids := make([]string, len(all))
-	events := make([]event, len(all))
+	events := make([]harness.OutboxEvent, len(all))
 	for n, r := range all {
 		ids[n] = r.id
-		events[n] = event{aggregateType: "bulk", aggregateID: r.agg}
+		events[n] = harness.OutboxEvent{AggregateType: "bulk", AggregateID: r.agg}
 	}
 	return ids, events
 }

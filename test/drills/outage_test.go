@@ -35,7 +35,7 @@ func startPacedWriter(w *world, conn *pgx.Conn, rng *mrand.Rand, every time.Dura
 				return nil
 			case <-tick.C:
 			}
-			if err := w.commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
+			if err := w.Commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
 				return err
 			}
 			pw.events.Add(int64(perTxn))
@@ -183,7 +183,7 @@ func outageDrill(t *testing.T, w *world, outage time.Duration, down, up func()) 
 		t.Errorf("the replication connection changed (walsender pids %v) without the relay logging a restart: it was dropped, not reconnected cleanly", keys(pids))
 	}
 	t.Logf("backlog drained %v after the broker returned; %d records for %d events (%d duplicates); walsender pid %s",
-		drained.Round(time.Millisecond), len(records), w.committedCount(), len(records)-w.committedCount(),
+		drained.Round(time.Millisecond), len(records), w.CommittedCount(), len(records)-w.CommittedCount(),
 		map[bool]string{true: "unchanged", false: fmt.Sprintf("changed %v", keys(pids))}[len(pids) == 1])
 }
 
@@ -263,7 +263,7 @@ func TestDrillBackpressureVsSenderTimeout(t *testing.T) {
 	arrived := time.Since(released)
 	records := w.waitSettled(3 * time.Minute)
 	t.Logf("everything arrived %v after the release (slot confirmed all %v after it); %d records for %d events",
-		arrived.Round(time.Millisecond), time.Since(released).Round(time.Millisecond), len(records), w.committedCount())
+		arrived.Round(time.Millisecond), time.Since(released).Round(time.Millisecond), len(records), w.CommittedCount())
 	w.checkDelivery(records)
 	if p := w.walsenderPID(); p != pid {
 		t.Errorf("walsender pid changed from %d to %d", pid, p)

@@ -39,8 +39,8 @@ func TestDrillPermanentRejection(t *testing.T) {
 		for _, topic := range w.topics()[1:] {
 			k.CreateTopic(t, topic, partitions, nil)
 		}
-		big := event{aggregateType: "order", aggregateID: "agg-big", eventType: "Huge",
-			payload: `{"blob": "` + incompressible(4000) + `"}`}
+		big := harness.OutboxEvent{AggregateType: "order", AggregateID: "agg-big", EventType: "Huge",
+			Payload: `{"blob": "` + incompressible(4000) + `"}`}
 		rejectionDrill(t, w, big, "outbox.event.order", []string{"too large", "max.message.bytes"})
 	})
 	// (b) A topic that does not exist, with auto-creation off.
@@ -48,12 +48,12 @@ func TestDrillPermanentRejection(t *testing.T) {
 		w := newWorld(t, shared, nil)
 		k := startKfake(t, harness.KfakeOptions{DisableAutoCreate: true}, w.topics())
 		w.brokers = k.Brokers()
-		ghost := event{aggregateType: "ghost", aggregateID: "agg-ghost", eventType: "Boo", payload: `{"boo": 1}`}
+		ghost := harness.OutboxEvent{AggregateType: "ghost", AggregateID: "agg-ghost", EventType: "Boo", Payload: `{"boo": 1}`}
 		rejectionDrill(t, w, ghost, "outbox.event.ghost", []string{"does not exist"})
 	})
 }
 
-func rejectionDrill(t *testing.T, w *world, bad event, topic string, reason []string) {
+func rejectionDrill(t *testing.T, w *world, bad harness.OutboxEvent, topic string, reason []string) {
 	rng := newRand(t)
 	w.migrate()
 	conn := w.connect()
@@ -61,14 +61,14 @@ func rejectionDrill(t *testing.T, w *world, bad event, topic string, reason []st
 	if err := w.writeTxns(conn, rng, 10, 5, 30); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := w.committed()
-	fence := w.fence(conn, []event{bad})
-	ids, _ := w.committed()
+	before, _ := w.Committed()
+	fence := w.fence(conn, []harness.OutboxEvent{bad})
+	ids, _ := w.Committed()
 	badID := ids[len(ids)-1]
 	if err := w.writeTxns(conn, rng, 5, 5, 30); err != nil {
 		t.Fatal(err)
 	}
-	all, _ := w.committed()
+	all, _ := w.Committed()
 	after := all[len(before)+1:]
 
 	code, err := relay.Wait(2 * time.Minute)

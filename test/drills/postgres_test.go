@@ -33,15 +33,15 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	conn := w.connect()
 	wrng := writerRand(rng)
 	var doubtIDs []string
-	var doubtEvents []event
+	var doubtEvents []harness.OutboxEvent
 	crashedWriter := runWriter(func() error {
 		for {
 			events := w.genEvents(wrng, 20, 500)
 			ids := make([]string, len(events))
 			for i := range ids {
-				ids[i] = newUUID()
+				ids[i] = harness.NewUUID()
 			}
-			if err := w.commitIDs(context.Background(), conn, ids, events); err != nil {
+			if err := w.CommitIDs(context.Background(), conn, ids, events); err != nil {
 				doubtIDs, doubtEvents = ids, events
 				return err
 			}
@@ -59,7 +59,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("PostgreSQL crashed with %d events committed, %d records in Kafka (writer stopped on: %v)",
-		w.committedCount(), sumOffsets(m), werr)
+		w.CommittedCount(), sumOffsets(m), werr)
 	streams := strings.Count(relay.Output(), msgStreaming)
 	pg.Start(t)
 	restarted := time.Now()
@@ -75,14 +75,14 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	if len(doubtIDs) > 0 {
 		switch n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", doubtIDs); n {
 		case int64(len(doubtIDs)):
-			w.record(doubtIDs, doubtEvents) // it committed, after every other
+			w.Record(doubtIDs, doubtEvents) // it committed, after every other
 		case 0:
 		default:
 			t.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(doubtIDs))
 		}
 	}
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.committedCount()) {
-		t.Fatalf("table holds %d events, the writer knows of %d", n, w.committedCount())
+	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
+		t.Fatalf("table holds %d events, the writer knows of %d", n, w.CommittedCount())
 	}
 	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
 	if err != nil {
@@ -98,7 +98,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
 	t.Logf("%d records for %d events (%d duplicates); %d stream restarts in one process",
-		len(records), w.committedCount(), len(records)-w.committedCount(), strings.Count(relay.Output(), msgRestart))
+		len(records), w.CommittedCount(), len(records)-w.CommittedCount(), strings.Count(relay.Output(), msgRestart))
 }
 
 // TestDrillReplicationConnectionCut puts a TCP proxy between the relay and
@@ -154,7 +154,7 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 	if relay.Exited() {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
-	t.Logf("%d cuts, reconnect times %v; %d records for %d events", cuts, reconnects, len(records), w.committedCount())
+	t.Logf("%d cuts, reconnect times %v; %d records for %d events", cuts, reconnects, len(records), w.CommittedCount())
 }
 
 // TestDrillSlotInvalidated lets PostgreSQL invalidate the relay's slot
@@ -185,15 +185,15 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
 		t.Fatalf("relay exited %d (%v) on SIGTERM, want 0", code, err)
 	}
-	delivered, _ := w.committed()
+	delivered, _ := w.Committed()
 
 	// Committed while the relay is down, then lost with the WAL.
 	if err := w.writeTxns(conn, rng, 5, 2, 20); err != nil {
 		t.Fatal(err)
 	}
-	all, _ := w.committed()
+	all, _ := w.Committed()
 	lost := append([]string(nil), all[len(delivered):]...)
-	w.forget(lost) // the drill checks them separately
+	w.Forget(lost) // the drill checks them separately
 	w.db.Exec(t, "CREATE TABLE filler (id bigserial PRIMARY KEY, v text)")
 	harness.WaitFor(t, 3*time.Minute, "PostgreSQL invalidates the slot", func() bool {
 		w.db.Exec(t, "INSERT INTO filler (v) SELECT repeat('f', 1000) FROM generate_series(1, 4000)")
@@ -234,12 +234,12 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	if si := pg.SlotInfo(t, w.db.Name(), w.slot); !si.Exists || si.WALStatus == "lost" {
 		t.Fatalf("slot after --recreate-lost-slot: %+v", si)
 	}
-	before := w.committedCount()
+	before := w.CommittedCount()
 	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
 		t.Fatal(err)
 	}
 	records := w.waitSettled(2 * time.Minute)
-	ids, _ := w.committed()
+	ids, _ := w.Committed()
 	harness.CheckNoLoss(t, records, append(append([]string(nil), delivered...), ids[before:]...))
 	got := map[string]bool{}
 	for _, r := range records {

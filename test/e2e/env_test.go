@@ -2,13 +2,11 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,9 +44,8 @@ type env struct {
 	bin   string
 	slot  string
 
-	mu          sync.Mutex
-	ids         []string            // every committed event_id, in commit order
-	commitOrder map[string][]string // aggregate_id -> event_ids in commit order
+	// Ledger commits the test's events and remembers them in commit order.
+	*harness.Ledger
 }
 
 func newEnv(t *testing.T) *env {
@@ -56,9 +53,9 @@ func newEnv(t *testing.T) *env {
 	db := cluster.CreateTestDatabase(t)
 	e := &env{
 		t: t, db: db, bin: harness.BuildRelay(t),
-		kafka:       harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
-		slot:        db.Name(), // slots are cluster-wide: one per test database
-		commitOrder: map[string][]string{},
+		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
+		slot:   db.Name(), // slots are cluster-wide: one per test database
+		Ledger: harness.NewLedger(),
 	}
 	t.Cleanup(func() {
 		// Free the cluster-wide slot; a relay still streaming was already
@@ -99,46 +96,6 @@ func (e *env) startRelayNoWait(extra ...string) *harness.Process {
 	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
 }
 
-// row is one outbox row a test writes.
-type row struct {
-	aggregateType, aggregateID, eventType string
-	payload, headers                      string // JSON; headers may be ""
-}
-
-// commit writes rows in one transaction and records their ids in commit
-// order. It uses its own connection so callers may run it from goroutines.
-func (e *env) commit(ctx context.Context, conn *pgx.Conn, rows []row) error {
-	ids := make([]string, len(rows))
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx)
-	batch := &pgx.Batch{}
-	for i, r := range rows {
-		ids[i] = newUUID()
-		var headers any
-		if r.headers != "" {
-			headers = r.headers
-		}
-		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], r.aggregateType, r.aggregateID, r.eventType, r.payload, headers)
-	}
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for i, r := range rows {
-		e.ids = append(e.ids, ids[i])
-		e.commitOrder[r.aggregateID] = append(e.commitOrder[r.aggregateID], ids[i])
-	}
-	return nil
-}
-
 func (e *env) connect() *pgx.Conn {
 	e.t.Helper()
 	conn, err := pgx.Connect(context.Background(), e.db.DSN())
@@ -155,42 +112,32 @@ func (e *env) connect() *pgx.Conn {
 func (e *env) writeEvents(conn *pgx.Conn, txns, perTxn, aggregates int) error {
 	n := 0
 	for i := 0; i < txns; i++ {
-		rows := make([]row, perTxn)
+		rows := make([]harness.OutboxEvent, perTxn)
 		for j := range rows {
 			agg := n % aggregates
-			rows[j] = row{
-				aggregateType: []string{"order", "customer", "invoice"}[agg%3],
-				aggregateID:   fmt.Sprintf("agg-%d", agg),
-				eventType:     "Happened",
-				payload:       fmt.Sprintf(`{"n": %d, "note": "event %d of aggregate %d"}`, n, n, agg),
+			rows[j] = harness.OutboxEvent{
+				AggregateType: []string{"order", "customer", "invoice"}[agg%3],
+				AggregateID:   fmt.Sprintf("agg-%d", agg),
+				EventType:     "Happened",
+				Payload:       fmt.Sprintf(`{"n": %d, "note": "event %d of aggregate %d"}`, n, n, agg),
 			}
 			if n%5 == 0 {
-				rows[j].headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, n, n)
+				rows[j].Headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, n, n)
 			}
 			n++
 		}
-		if err := e.commit(context.Background(), conn, rows); err != nil {
+		if err := e.Commit(context.Background(), conn, rows); err != nil {
 			return fmt.Errorf("commit txn %d: %w", i, err)
 		}
 	}
 	return nil
 }
 
-func (e *env) committed() ([]string, map[string][]string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	order := make(map[string][]string, len(e.commitOrder))
-	for k, v := range e.commitOrder {
-		order[k] = append([]string(nil), v...)
-	}
-	return append([]string(nil), e.ids...), order
-}
-
 // consumeAll reads until every committed event is in Kafka, and checks no
 // loss and per-aggregate order with the independent client.
 func (e *env) consumeAll(timeout time.Duration) []harness.Record {
 	e.t.Helper()
-	ids, order := e.committed()
+	ids, order := e.Committed()
 	records := harness.ConsumeEventIDs(e.t, e.kafka.Brokers(), `^outbox\.event\.`, ids, timeout)
 	harness.CheckNoLoss(e.t, records, ids)
 	harness.CheckPerAggregateOrder(e.t, records, order)
@@ -215,14 +162,6 @@ func (e *env) lsnAtLeast(a, b string) bool {
 func (e *env) confirmedFlush() string {
 	e.t.Helper()
 	return cluster.SlotConfirmedFlushLSN(e.t, e.db.Name(), e.slot)
-}
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // outputHas reports whether the process output contains every part.

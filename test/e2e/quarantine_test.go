@@ -36,20 +36,20 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	e.startRelay()
 	conn := e.connect()
 	ctx := context.Background()
-	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Small", `{"n": 1}`, ""}}); err != nil {
+	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 1}`}}); err != nil {
 		t.Fatal(err)
 	}
 	big := fmt.Sprintf(`{"blob": %q}`, randomText(10000))
-	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Huge", big, `{"tenant": "acme"}`}}); err != nil {
+	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Huge", Payload: big, Headers: `{"tenant": "acme"}`}}); err != nil {
 		t.Fatal(err)
 	}
-	ids, _ := e.committed()
+	ids, _ := e.Committed()
 	bigID := ids[1]
-	if err := e.commit(ctx, conn, []row{{"order", "o-1", "Small", `{"n": 3}`, ""}}); err != nil {
+	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 3}`}}); err != nil {
 		t.Fatal(err)
 	}
 	afterAll := e.currentLSN()
-	ids, _ = e.committed()
+	ids, _ = e.Committed()
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
 		return e.lsnAtLeast(e.confirmedFlush(), afterAll)

@@ -116,7 +116,7 @@ func TestRolledBackTransactionsAreNotPublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rolledBack := newUUID()
+	rolledBack := harness.NewUUID()
 	if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 		VALUES ($1, 'order', 'rb', 'Nope', '{}')`, rolledBack); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestKilledRelayRedeliversEverything(t *testing.T) {
 	// Kill it once it has confirmed part of the stream and more is coming.
 	start := e.confirmedFlush()
 	harness.WaitFor(t, time.Minute, "relay confirms some events", func() bool {
-		ids, _ := e.committed()
+		ids, _ := e.Committed()
 		return len(ids) > 1500 && e.confirmedFlush() != start
 	})
 	relay.Kill()

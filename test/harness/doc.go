@@ -14,6 +14,8 @@
 //   - process.go: building the relay binary once, running it as a child
 //     process with captured output, and Main, the TestMain helper.
 //   - proxy.go: a TCP proxy to cut connections at will.
+//   - outbox.go: committing outbox events the way a service does, and a
+//     ledger of every committed event_id in commit order per aggregate.
 //   - apachekafka.go: real Apache Kafka brokers (KRaft) for tests that
 //     must run against the real thing.
 //   - wait.go: WaitFor (poll a condition with a deadline, never sleep as

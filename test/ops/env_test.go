@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
@@ -222,7 +221,7 @@ func insert(t *testing.T, dsn string, aggType string, n int) []string {
 	defer conn.Close(context.Background())
 	ids := make([]string, n)
 	for i := range ids {
-		ids[i] = newUUID()
+		ids[i] = harness.NewUUID()
 		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 			VALUES ($1, $2, $3, 'Happened', $4::jsonb)`, ids[i], aggType, fmt.Sprintf("agg-%d", i%7), fmt.Sprintf(`{"n": %d}`, i)); err != nil {
 			t.Fatalf("insert event %d: %v", i, err)
@@ -272,14 +271,6 @@ func consumeIDs(t *testing.T, brokers []string, opts []kgo.Opt, want []string, t
 	if len(missing) > 0 {
 		t.Fatalf("%d of %d events never reached Kafka within %v (last fetch error: %v)", len(missing), len(want), timeout, lastErr)
 	}
-}
-
-func newUUID() string {
-	var b [16]byte
-	rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
 // lastLines is the tail of a process's output, for failure messages.

@@ -183,7 +183,7 @@ func TestMinimalRole(t *testing.T) {
 	base := p.admin()
 	ids := insert(t, ownerDSN, "order", 20)
 	// A topic name Kafka refuses: the event goes to the quarantine table.
-	bad := newUUID()
+	bad := harness.NewUUID()
 	e.db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 		VALUES ($1, 'not a topic!', 'a', 'Happened', '{}')`, bad)
 	ids = append(ids, insert(t, ownerDSN, "order", 5)...)

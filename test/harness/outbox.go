@@ -1,0 +1,154 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OutboxEvent is one outbox row a test commits.
+type OutboxEvent struct {
+	AggregateType, AggregateID, EventType string
+	Payload, Headers                      string // JSON; Headers "" writes NULL
+}
+
+// Ledger commits outbox events and remembers every committed event_id in
+// commit order, overall and per aggregate, for CheckNoLoss and
+// CheckPerAggregateOrder. It is safe for concurrent use.
+//
+// Commit order is the order commits return only when one goroutine writes
+// a given aggregate; tests checking per-aggregate order keep to that.
+type Ledger struct {
+	mu          sync.Mutex
+	ids         []string            // committed event ids, in commit order
+	index       map[string]int      // event id -> position in ids
+	commitOrder map[string][]string // aggregate id -> event ids in commit order
+}
+
+// NewLedger returns an empty Ledger.
+func NewLedger() *Ledger {
+	return &Ledger{index: map[string]int{}, commitOrder: map[string][]string{}}
+}
+
+// Commit writes events to outbox_events in one transaction, with fresh
+// event ids, and records the ids once COMMIT succeeded. conn is the
+// caller's, so callers may commit from goroutines of their own.
+func (l *Ledger) Commit(ctx context.Context, conn *pgx.Conn, events []OutboxEvent) error {
+	ids := make([]string, len(events))
+	for i := range ids {
+		ids[i] = NewUUID()
+	}
+	return l.CommitIDs(ctx, conn, ids, events)
+}
+
+// CommitIDs is Commit with the event ids chosen by the caller, who can then
+// look for them when the commit's outcome is in doubt (the server crashed
+// before answering COMMIT) and Record them if they did commit.
+func (l *Ledger) CommitIDs(ctx context.Context, conn *pgx.Conn, ids []string, events []OutboxEvent) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	batch := &pgx.Batch{}
+	for i, e := range events {
+		var headers any
+		if e.Headers != "" {
+			headers = e.Headers
+		}
+		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload, headers)
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	l.Record(ids, events)
+	return nil
+}
+
+// Record notes events committed some other way (ids[i] is events[i]'s id),
+// after everything recorded so far.
+func (l *Ledger) Record(ids []string, events []OutboxEvent) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, e := range events {
+		l.index[ids[i]] = len(l.ids)
+		l.ids = append(l.ids, ids[i])
+		l.commitOrder[e.AggregateID] = append(l.commitOrder[e.AggregateID], ids[i])
+	}
+}
+
+// Forget drops events from what the test expects in Kafka, for events it
+// knows cannot arrive.
+func (l *Ledger) Forget(ids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	drop := map[string]bool{}
+	for _, id := range ids {
+		drop[id] = true
+	}
+	kept := l.ids[:0]
+	l.index = map[string]int{}
+	for _, id := range l.ids {
+		if !drop[id] {
+			l.index[id] = len(kept)
+			kept = append(kept, id)
+		}
+	}
+	l.ids = kept
+	for agg, evs := range l.commitOrder {
+		var k []string
+		for _, id := range evs {
+			if !drop[id] {
+				k = append(k, id)
+			}
+		}
+		l.commitOrder[agg] = k
+	}
+}
+
+// Committed returns copies of the committed event ids in commit order and
+// of the per-aggregate commit order (aggregate id -> event ids).
+func (l *Ledger) Committed() (ids []string, commitOrder map[string][]string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	order := make(map[string][]string, len(l.commitOrder))
+	for k, v := range l.commitOrder {
+		order[k] = append([]string(nil), v...)
+	}
+	return append([]string(nil), l.ids...), order
+}
+
+// CommittedCount is how many events are committed.
+func (l *Ledger) CommittedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.ids)
+}
+
+// CommitIndex returns a copy of the map from each committed event id to
+// its place in commit order.
+func (l *Ledger) CommitIndex() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[string]int, len(l.index))
+	for k, v := range l.index {
+		out[k] = v
+	}
+	return out
+}
+
+// NewUUID returns a random (version 4) UUID in its text form.
+func NewUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
