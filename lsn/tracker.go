@@ -221,6 +221,13 @@ func (t *Tracker) Reported(l LSN) {
 	}
 }
 
+// Idle reports whether no transaction is open or waiting for acks.
+func (t *Tracker) Idle() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.count == 0
+}
+
 // Full reports whether the bound is reached: the reader must stop reading
 // WAL until acks free room (Freed signals) or, when the confirmed position
 // has moved, until it reports that position to PostgreSQL. Counting the

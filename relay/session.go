@@ -139,6 +139,11 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 	return start, senderTimeout, err
 }
 
+// idleConfirmDelay is how soon a moved position is reported once nothing is
+// in flight any more, instead of waiting out StatusInterval: it keeps the
+// slot's lag small after a burst at the cost of at most ten updates a second.
+const idleConfirmDelay = 100 * time.Millisecond
+
 // statusMaxInterval keeps status updates well inside wal_sender_timeout.
 func statusMaxInterval(configured, senderTimeout time.Duration) time.Duration {
 	if senderTimeout > 0 && senderTimeout/3 < configured {
@@ -206,8 +211,12 @@ func (s *streamer) run(ctx context.Context) error {
 		// Wake for the next status update that may be due: a moved position
 		// is reported within StatusInterval, an unmoved one every
 		// keepaliveEvery. A deadline already past would spin the loop.
+		wake := cfg.StatusInterval
+		if !s.tracker.Idle() {
+			wake = idleConfirmDelay // notice soon when the last acks arrive
+		}
 		deadline := s.lastStatus.Add(s.keepaliveEvery)
-		if next := time.Now().Add(cfg.StatusInterval); next.Before(deadline) {
+		if next := time.Now().Add(wake); next.Before(deadline) {
 			deadline = next
 		}
 		msg, err := s.stream.Receive(deadline)
@@ -316,7 +325,8 @@ func (s *streamer) whileBlocked() error {
 }
 
 // statusIfDue reports positions when the confirmed position moved and a
-// StatusInterval passed, when keepaliveEvery passed, or when forced.
+// StatusInterval passed (or idleConfirmDelay, once nothing is in flight),
+// when keepaliveEvery passed, or when forced.
 func (s *streamer) statusIfDue(force bool) error {
 	if !s.inTxn {
 		// A keepalive's WAL end may have arrived while acks were pending;
@@ -327,7 +337,10 @@ func (s *streamer) statusIfDue(force bool) error {
 	now := time.Now()
 	since := now.Sub(s.lastStatus)
 	confirmed := s.tracker.Confirmed()
-	if !force && since < s.keepaliveEvery && (confirmed == s.flushedSent || since < s.relay.cfg.StatusInterval) {
+	moved := confirmed != s.flushedSent
+	due := force || since >= s.keepaliveEvery ||
+		moved && (since >= s.relay.cfg.StatusInterval || since >= idleConfirmDelay && s.tracker.Idle())
+	if !due {
 		return nil
 	}
 	if err := s.stream.SendStatus(s.received, confirmed); err != nil {
