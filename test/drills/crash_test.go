@@ -41,10 +41,7 @@ func TestDrillCrashTorture(t *testing.T) {
 	rng := newRand(t)
 	began := time.Now()
 
-	w := newWorld(t, shared, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, _ := newKfakeWorld(t, shared)
 	off := newOffsets(t, w.brokers)
 	conn := w.connect()
 

@@ -348,6 +348,17 @@ func newRand(t *testing.T) *mrand.Rand {
 }
 
 // startKfake starts a kfake cluster with the drill's topics pre-created.
+// newKfakeWorld is a migrated world on pg with its own kfake broker, every
+// topic it writes to created up front.
+func newKfakeWorld(t *testing.T, pg *harness.Postgres) (*world, *harness.Kfake) {
+	t.Helper()
+	w := newWorld(t, pg, nil)
+	k := startKfake(t, harness.KfakeOptions{}, w.topics())
+	w.brokers = k.Brokers()
+	w.migrate()
+	return w, k
+}
+
 func startKfake(t *testing.T, opts harness.KfakeOptions, topics []string) *harness.Kfake {
 	t.Helper()
 	if opts.Partitions == 0 {

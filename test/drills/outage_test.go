@@ -206,10 +206,7 @@ func TestDrillBackpressureVsSenderTimeout(t *testing.T) {
 	const held = 15 * time.Second
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "5s"}})
-	w := newWorld(t, pg, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, k := newKfakeWorld(t, pg)
 	w.db.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
 	conn := w.connect()
 	relay := w.startRelay("--max-in-flight-events", "500")

@@ -21,10 +21,7 @@ import (
 func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{})
-	w := newWorld(t, pg, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, _ := newKfakeWorld(t, pg)
 	off := newOffsets(t, w.brokers)
 	relay := w.startRelay()
 
@@ -172,10 +169,7 @@ func TestDrillSlotInvalidated(t *testing.T) {
 		"max_wal_size":           "32MB",
 		"min_wal_size":           "32MB",
 	}})
-	w := newWorld(t, pg, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, _ := newKfakeWorld(t, pg)
 	conn := w.connect()
 	relay := w.startRelay()
 	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
@@ -282,10 +276,7 @@ func lastLogMessage(out string) string {
 func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"autovacuum": "off"}})
-	w := newWorld(t, pg, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, k := newKfakeWorld(t, pg)
 	w.db.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
 	conn := w.connect()
 	w.startRelay()
