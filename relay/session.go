@@ -208,18 +208,7 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 			continue
 		}
-		// Wake for the next status update that may be due: a moved position
-		// is reported within StatusInterval, an unmoved one every
-		// keepaliveEvery. A deadline already past would spin the loop.
-		wake := cfg.StatusInterval
-		if !s.tracker.Idle() {
-			wake = idleConfirmDelay // notice soon when the last acks arrive
-		}
-		deadline := s.lastStatus.Add(s.keepaliveEvery)
-		if next := time.Now().Add(wake); next.Before(deadline) {
-			deadline = next
-		}
-		msg, err := s.stream.Receive(deadline)
+		msg, err := s.stream.Receive(s.nextWake())
 		if err != nil {
 			return err
 		}
@@ -227,6 +216,29 @@ func (s *streamer) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// nextWake is when the read loop must look at its status again even if no
+// message comes: at the keepalive, every idleConfirmDelay while acks are
+// pending (to notice the last one soon), and when an idle tracker's moved
+// position becomes due. Without the last, a position that moved just after
+// an update waited a whole StatusInterval, and a burst's tail sat
+// unconfirmed that long.
+func (s *streamer) nextWake() time.Time {
+	deadline := s.lastStatus.Add(s.keepaliveEvery)
+	var next time.Time
+	switch {
+	case !s.tracker.Idle():
+		next = time.Now().Add(idleConfirmDelay)
+	case s.tracker.Confirmed() != s.flushedSent:
+		next = s.lastStatus.Add(idleConfirmDelay)
+	default:
+		return deadline
+	}
+	if next.Before(deadline) {
+		return next
+	}
+	return deadline
 }
 
 func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {

@@ -226,6 +226,32 @@ func TestIdleOutboxBusyDatabaseSlotAdvances(t *testing.T) {
 	t.Logf("slot reached %s within %v of the last write", target, time.Since(started).Round(time.Millisecond))
 }
 
+// After a burst the slot must catch up with Kafka promptly, not a status
+// interval later. A small in-flight window makes the relay report often
+// during the burst, so an update tends to go out just before the last acks
+// arrive; the position they move must still follow within moments.
+func TestBurstTailIsConfirmedPromptly(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay("--status-interval", "30s", "--max-in-flight-events", "20")
+	conn := e.connect()
+	if err := e.writeEvents(conn, 49, 40, 30); err != nil {
+		t.Fatal(err)
+	}
+	beforeLast := e.currentLSN()
+	if err := e.writeEvents(conn, 1, 40, 30); err != nil {
+		t.Fatal(err)
+	}
+	e.consumeAll(time.Minute)
+	acked := time.Now()
+	// Only the last transaction's end lies past beforeLast: the previous one
+	// ended at or before it.
+	harness.WaitFor(t, 3*time.Second, "confirmed_flush_lsn passes the last transaction", func() bool {
+		return e.db.QueryString(t, "SELECT ($1::pg_lsn > $2::pg_lsn)::text", e.confirmedFlush(), beforeLast) == "true"
+	})
+	t.Logf("slot confirmed the last transaction %v after the consumer saw every event", time.Since(acked).Round(time.Millisecond))
+}
+
 // ALTER TABLE mid-stream sends a new Relation message; streaming goes on and
 // the added column is ignored.
 func TestAlterTableMidStream(t *testing.T) {
