@@ -30,7 +30,11 @@ type Metrics struct {
 	OldestUnpublished prometheus.Gauge
 	// CommitToAck observes commit-to-ack latency in seconds. It is an
 	// Observer so a benchmark can record exact values instead.
-	CommitToAck        prometheus.Observer
+	CommitToAck prometheus.Observer
+	// CommitToReceive observes, per transaction, the time from its commit
+	// to the relay reading its first outbox row: the database's share of
+	// CommitToAck (WAL flush, the walsender's decoding, the socket).
+	CommitToReceive    prometheus.Observer
 	Quarantined        prometheus.Gauge
 	OrderBreaks        *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
@@ -94,12 +98,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	commitToAck := prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "outbox_relay_commit_to_ack_seconds", Help: "From the transaction's commit time to Kafka's acknowledgement.",
-		Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}})
+		Buckets: latencyBuckets})
 	m.CommitToAck = commitToAck
+	commitToReceive := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "outbox_relay_commit_to_receive_seconds", Help: "From the transaction's commit time to the relay reading its first outbox row (PostgreSQL's share of commit_to_ack).",
+		Buckets: latencyBuckets})
+	m.CommitToReceive = commitToReceive
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
-			commitToAck, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
+			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
@@ -112,6 +120,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+// latencyBuckets suit both latency histograms: sub-millisecond on an idle
+// system up to minutes behind a Kafka outage.
+var latencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}
 
 // states are the values of outbox_relay_state's label, all exported so a
 // query never misses a series.

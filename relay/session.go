@@ -162,6 +162,7 @@ type streamer struct {
 
 	txn        lsn.TxnID
 	inTxn      bool
+	rowSeen    bool // the open transaction's first row was read
 	commitTime time.Time
 	event      publisher.Event
 
@@ -219,26 +220,29 @@ func (s *streamer) run(ctx context.Context) error {
 }
 
 // nextWake is when the read loop must look at its status again even if no
-// message comes: at the keepalive, every idleConfirmDelay while acks are
-// pending (to notice the last one soon), and when an idle tracker's moved
-// position becomes due. Without the last, a position that moved just after
-// an update waited a whole StatusInterval, and a burst's tail sat
-// unconfirmed that long.
+// message comes: every StatusInterval at the latest (the loop's heartbeat,
+// which the systemd watchdog follows), at the keepalive, every
+// idleConfirmDelay while acks are pending (to notice the last one soon),
+// and when an idle tracker's moved position becomes due. Without the last,
+// a position that moved just after an update waited a whole StatusInterval,
+// and a burst's tail sat unconfirmed that long.
 func (s *streamer) nextWake() time.Time {
-	deadline := s.lastStatus.Add(s.keepaliveEvery)
-	var next time.Time
+	now := time.Now()
+	next := now.Add(s.relay.cfg.StatusInterval)
 	switch {
 	case !s.tracker.Idle():
-		next = time.Now().Add(idleConfirmDelay)
+		next = now.Add(idleConfirmDelay)
 	case s.tracker.Confirmed() != s.flushedSent:
-		next = s.lastStatus.Add(idleConfirmDelay)
-	default:
-		return deadline
+		next = earliest(next, s.lastStatus.Add(idleConfirmDelay))
 	}
-	if next.Before(deadline) {
-		return next
+	return earliest(next, s.lastStatus.Add(s.keepaliveEvery))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
 	}
-	return deadline
+	return a
 }
 
 func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
@@ -248,11 +252,15 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 			return fmt.Errorf("replication stream: begin of xid %d inside an open transaction", msg.XID)
 		}
 		s.txn = s.tracker.Open(msg.CommitTime)
-		s.inTxn = true
+		s.inTxn, s.rowSeen = true, false
 		s.commitTime = msg.CommitTime
 	case replication.KindRow:
 		if !s.inTxn {
 			return errors.New("replication stream: row outside a transaction")
+		}
+		if !s.rowSeen {
+			s.rowSeen = true
+			s.relay.metrics.CommitToReceive.Observe(time.Since(s.commitTime).Seconds())
 		}
 		return s.publish(ctx, &msg.Row)
 	case replication.KindCommit:

@@ -10,22 +10,27 @@ import (
 // The read loop's wake-up decides how long a confirmable position can sit
 // unreported: these cases pin each reason to wake.
 func TestNextWake(t *testing.T) {
-	const keepalive = 10 * time.Second
+	const keepalive, statusInterval = 10 * time.Second, 3 * time.Second
+	relay := &Relay{cfg: Config{StatusInterval: statusInterval}}
 	newStreamer := func(lastStatus time.Time) (*streamer, *lsn.Tracker) {
 		tr := lsn.NewTracker(100, lsn.Limits{Events: 10, Bytes: 1 << 20})
-		return &streamer{tracker: tr, lastStatus: lastStatus, flushedSent: 100, keepaliveEvery: keepalive}, tr
+		return &streamer{relay: relay, tracker: tr, lastStatus: lastStatus, flushedSent: 100, keepaliveEvery: keepalive}, tr
 	}
 	near := func(t *testing.T, got, want time.Time) {
 		t.Helper()
 		// nextWake reads the clock itself; a test machine's pause is allowed
-		// for, a status interval (1 s) or a keepalive (10 s) is not.
+		// for, the heartbeat (3 s) or a keepalive (10 s) is not.
 		if d := got.Sub(want); d < -400*time.Millisecond || d > 400*time.Millisecond {
 			t.Fatalf("wake at %v, want about %v (off by %v)", got.Format(time.StampMilli), want.Format(time.StampMilli), d)
 		}
 	}
 
-	t.Run("nothing to report waits for the keepalive", func(t *testing.T) {
-		last := time.Now()
+	t.Run("nothing to report: the heartbeat", func(t *testing.T) {
+		s, _ := newStreamer(time.Now())
+		near(t, s.nextWake(), time.Now().Add(statusInterval))
+	})
+	t.Run("nothing to report, keepalive due first", func(t *testing.T) {
+		last := time.Now().Add(-9 * time.Second)
 		s, _ := newStreamer(last)
 		near(t, s.nextWake(), last.Add(keepalive))
 	})

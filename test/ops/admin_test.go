@@ -105,6 +105,10 @@ func TestAdminEndpoint(t *testing.T) {
 	if n, _ := value(after, "outbox_relay_commit_to_ack_seconds"); n < 8 {
 		t.Errorf("commit-to-ack histogram counted %v events, want 8", n)
 	}
+	// One observation per transaction, at its first row.
+	if n, _ := value(after, "outbox_relay_commit_to_receive_seconds"); n < 1 || n > 8 {
+		t.Errorf("commit-to-receive histogram counted %v transactions, want 1 to 8", n)
+	}
 
 	// Every series relay/metrics.go declares is exposed, with the Go and
 	// process collectors. Only the order-break counter has no series
