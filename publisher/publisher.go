@@ -45,6 +45,12 @@ type Config struct {
 	RetryMax        int
 	RetryBackoffMax time.Duration
 
+	// Linger is how long a batch may wait for more records before it is
+	// sent when no request is in flight (Kafka's linger.ms). While a
+	// request is in flight records gather anyway, so it matters only when
+	// the relay is idle between events.
+	Linger time.Duration
+
 	Security Security
 
 	// TopicWait is how long a new topic may take to appear (for brokers that
@@ -215,6 +221,7 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Return.Errors = true
 	sc.Producer.Partitioner = newJavaPartitioner
 	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
+	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true
 	if err := cfg.Security.apply(sc); err != nil {
 		return nil, err

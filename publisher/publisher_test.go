@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/IBM/sarama"
 	metrics "github.com/rcrowley/go-metrics"
@@ -382,4 +383,25 @@ func headerList(r *Record) []string {
 		out = append(out, fmt.Sprintf("%s=%q", h.Key, h.Value))
 	}
 	return out
+}
+
+// The producer settings the delivery promises rest on, and the linger knob.
+func TestSaramaConfig(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Brokers = []string{"127.0.0.1:9092"}
+	cfg.Linger = 2 * time.Millisecond
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Producer.Idempotent || sc.Producer.RequiredAcks != sarama.WaitForAll || sc.Net.MaxOpenRequests != 1 {
+		t.Errorf("idempotent %t, acks %d, max open requests %d: want an idempotent producer, acks=all, one request in flight",
+			sc.Producer.Idempotent, sc.Producer.RequiredAcks, sc.Net.MaxOpenRequests)
+	}
+	if sc.Producer.Flush.Frequency != 2*time.Millisecond {
+		t.Errorf("Flush.Frequency %v, want the 2ms linger", sc.Producer.Flush.Frequency)
+	}
+	if sc.Producer.Compression != sarama.CompressionLZ4 {
+		t.Errorf("compression %v, want lz4 by default", sc.Producer.Compression)
+	}
 }

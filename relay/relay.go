@@ -96,6 +96,9 @@ func (c Config) Validate() error {
 	if len(c.Publisher.Brokers) == 0 {
 		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
 	}
+	if c.Publisher.Linger < 0 || c.Publisher.Linger > time.Second {
+		return fmt.Errorf("--kafka-linger %s: must be between 0 and 1s", c.Publisher.Linger)
+	}
 	if c.MaxInFlightEvents < 1 {
 		return fmt.Errorf("--max-in-flight-events %d: must be at least 1", c.MaxInFlightEvents)
 	}

@@ -51,6 +51,7 @@ func newFlagSet(name string, o *options, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.Publisher.MaxMessageBytes, "kafka-max-message-bytes", c.Publisher.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
 	fs.IntVar(&c.Publisher.RetryMax, "kafka-retry-max", c.Publisher.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot")
 	fs.DurationVar(&c.Publisher.RetryBackoffMax, "kafka-retry-backoff-max", c.Publisher.RetryBackoffMax, "cap of the producer's exponential retry backoff")
+	fs.DurationVar(&c.Publisher.Linger, "kafka-linger", c.Publisher.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
 	fs.BoolVar(&c.Publisher.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
 	fs.StringVar(&c.Publisher.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")
 	fs.StringVar(&c.Publisher.Security.Cert, "kafka-tls-cert", "", "client certificate PEM file, for mutual TLS")
