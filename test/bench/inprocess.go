@@ -14,10 +14,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
-// recorder replaces Metrics.CommitToAck and keeps every observation, so
-// percentiles are exact rather than read from histogram buckets. The relay
-// observes now − commit time on its outcome goroutine, right after the
-// producer reported the record's success.
+// recorder replaces Metrics.CommitToAck (or CommitToReceive) and keeps every
+// observation, so percentiles are exact rather than read from histogram
+// buckets. The relay observes now − commit time on its outcome goroutine,
+// right after the producer reported the record's success (or on its read
+// loop, when it decoded the transaction's first row).
 type recorder struct {
 	mu  sync.Mutex
 	obs []observation
@@ -52,14 +53,16 @@ func (r *recorder) count() int {
 
 // inProcess is a relay.Relay running in the bench process.
 type inProcess struct {
-	rec       *recorder
+	rec       *recorder // commit to ack, per event
+	recv      *recorder // commit to the relay reading the first row, per transaction
 	cancel    context.CancelFunc
 	errc      chan error
 	streaming chan struct{}
 }
 
 // startInProcess runs relay.New(...).Run with the default configuration on
-// slot, publishing to topic, with the recorder as Metrics.CommitToAck.
+// slot, publishing to topic, with recorders as Metrics.CommitToAck and
+// Metrics.CommitToReceive.
 func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo io.Writer) *inProcess {
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = dsn
@@ -69,10 +72,13 @@ func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo
 	if b.o.compression != "" {
 		cfg.Publisher.Compression = b.o.compression
 	}
+	if b.o.linger >= 0 {
+		cfg.Publisher.Linger = b.o.linger
+	}
 	metrics := relay.NewMetrics(nil)
-	rec := &recorder{}
-	metrics.CommitToAck = rec
-	p := &inProcess{rec: rec, errc: make(chan error, 1), streaming: make(chan struct{})}
+	rec, recv := &recorder{}, &recorder{}
+	metrics.CommitToAck, metrics.CommitToReceive = rec, recv
+	p := &inProcess{rec: rec, recv: recv, errc: make(chan error, 1), streaming: make(chan struct{})}
 	var once sync.Once
 	log := zerolog.New(logTo).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 	r := relay.New(cfg, log, metrics, relay.Hooks{Streaming: func() { once.Do(func() { close(p.streaming) }) }})

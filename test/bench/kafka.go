@@ -32,7 +32,7 @@ func (b *bench) startBrokers() error {
 	if want != "kfake" {
 		b.logf("starting Apache Kafka %s (single node, KRaft)", harness.ApacheKafka4Version)
 		apache, apacheErr = harness.StartApacheKafka(harness.ApacheKafkaOptions{
-			NumPartitions: b.o.partitions, AutoCreateTopics: true, HeapMB: 512,
+			NumPartitions: b.o.partitions, AutoCreateTopics: true, HeapMB: 512, ServerJVM: b.o.apacheJVM == "server",
 		})
 		if apacheErr != nil {
 			if want == "apache" || want == "both" || !errors.Is(apacheErr, harness.ErrApacheKafkaUnavailable) {

@@ -25,6 +25,11 @@ type LatencyPhase struct {
 	P99Ms        float64 `json:"p99_ms"`
 	P999Ms       float64 `json:"p999_ms"`
 	MaxMs        float64 `json:"max_ms"`
+	// Receive*: commit to the relay reading the transaction's row, which is
+	// PostgreSQL's share of the latency (WAL flush, walsender, socket).
+	ReceiveP50Ms  float64 `json:"receive_p50_ms"`
+	ReceiveP99Ms  float64 `json:"receive_p99_ms"`
+	ReceiveP999Ms float64 `json:"receive_p999_ms"`
 	// DrainSeconds is how long after the writers stopped the last ack came.
 	DrainSeconds float64 `json:"drain_seconds"`
 	// MachineBusyPercent: all CPUs of the machine, everything included.
@@ -73,6 +78,7 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 	}
 	time.Sleep(time.Second)
 	p.rec.take()
+	p.recv.take()
 
 	for rep := 1; rep <= b.o.repeat; rep++ {
 		for _, rate := range rates {
@@ -93,7 +99,7 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 				time.Sleep(10 * time.Millisecond)
 			}
 			drain := time.Since(end).Seconds()
-			obs := p.rec.take()
+			obs, received := p.rec.take(), p.recv.take()
 			if len(obs) < int(written) {
 				return res, fmt.Errorf("rate %s: %d of %d events acknowledged within 2 minutes", rateName(rate), len(obs), written)
 			}
@@ -103,15 +109,18 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 				}
 			}
 			v := sortedLatencies(obs, start.Add(time.Second), end)
+			rv := sortedLatencies(received, start.Add(time.Second), end)
 			ph := LatencyPhase{
 				Rep: rep, TargetRate: rate, Written: written, Seconds: elapsed.Seconds(),
 				AchievedRate: float64(written) / elapsed.Seconds(), Measured: len(v),
 				P50Ms: 1000 * percentile(v, 0.50), P99Ms: 1000 * percentile(v, 0.99),
 				P999Ms: 1000 * percentile(v, 0.999), MaxMs: 1000 * percentile(v, 1),
-				DrainSeconds: drain, MachineBusyPercent: busyPercent,
+				ReceiveP50Ms: 1000 * percentile(rv, 0.50), ReceiveP99Ms: 1000 * percentile(rv, 0.99),
+				ReceiveP999Ms: 1000 * percentile(rv, 0.999),
+				DrainSeconds:  drain, MachineBusyPercent: busyPercent,
 			}
-			b.logf("latency %s #%d at %s/s: achieved %.0f/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms (%d events; machine %.0f%% busy)",
-				br.name, rep, rateName(rate), ph.AchievedRate, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.Measured, ph.MachineBusyPercent)
+			b.logf("latency %s #%d at %s/s: achieved %.0f/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms (%d events; machine %.0f%% busy); commit to receive p50 %.2f ms, p99 %.2f ms",
+				br.name, rep, rateName(rate), ph.AchievedRate, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.Measured, ph.MachineBusyPercent, ph.ReceiveP50Ms, ph.ReceiveP99Ms)
 			res.Phases = append(res.Phases, ph)
 			time.Sleep(time.Second)
 		}

@@ -44,6 +44,8 @@ type options struct {
 	relayBin      string
 	profileDir    string
 	pgFsync       bool
+	apacheJVM     string
+	linger        time.Duration
 	compression   string
 	extraRelayArg string
 	logDir        string
@@ -74,10 +76,12 @@ func parseOptions(args []string) (*options, error) {
 	fs.DurationVar(&o.latencyFor, "latency-duration", 15*time.Second, "how long each live-latency rate runs")
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, allocs")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
+	fs.StringVar(&o.apacheJVM, "apache-jvm", "server", "server: the Apache Kafka broker runs with the JVM's own JIT and GC, as in production; lean: C1 only and the serial collector, as in the tests")
+	fs.DurationVar(&o.linger, "linger", -1, "set the in-process relay's and the producer floor's linger (default: the relay's own default)")
 	fs.StringVar(&o.compression, "compression", "", "pass --compression to the relay (default: the relay's own default)")
 	fs.StringVar(&o.extraRelayArg, "relay-args", "", "extra space-separated flags for the relay subprocess")
 	fs.StringVar(&o.latencyDump, "latency-dump", "", "write every latency observation (ack time, latency) as CSV files into this directory")
@@ -106,6 +110,9 @@ func parseOptions(args []string) (*options, error) {
 	if o.rows < 1000 {
 		return nil, fmt.Errorf("--rows %d: at least 1000", o.rows)
 	}
+	if o.apacheJVM != "server" && o.apacheJVM != "lean" {
+		return nil, fmt.Errorf("--apache-jvm %q: server or lean", o.apacheJVM)
+	}
 	if o.repeat < 1 || o.repeat > 3 {
 		return nil, fmt.Errorf("--repeat %d: 1 to 3", o.repeat)
 	}
@@ -119,10 +126,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "allocs":
+		case "ceiling", "bigtxn", "latency", "floor", "allocs":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency or allocs", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor or allocs", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
@@ -263,6 +270,18 @@ func (b *bench) run(ctx context.Context) error {
 				return fmt.Errorf("latency, %s: %w", br.name, err)
 			}
 			b.res.Latency = append(b.res.Latency, lr)
+		}
+	}
+	if !b.o.skip["floor"] {
+		for _, br := range b.brokers {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			fr, err := b.producerFloor(ctx, br)
+			if err != nil {
+				return fmt.Errorf("producer floor, %s: %w", br.name, err)
+			}
+			b.res.Floor = append(b.res.Floor, fr)
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()

@@ -34,9 +34,11 @@ type Results struct {
 	Ceiling     []ShapeResult     `json:"ceiling,omitempty"`
 	BigTxn      *BigTxnResult     `json:"big_transaction,omitempty"`
 	Latency     []LatencyResult   `json:"latency,omitempty"`
-	Allocs      []GoBenchResult   `json:"allocs,omitempty"`
-	Problems    []string          `json:"problems,omitempty"`
-	Duration    string            `json:"duration"`
+	// Floor is the publisher alone at the same rates, without PostgreSQL.
+	Floor    []LatencyResult `json:"producer_floor,omitempty"`
+	Allocs   []GoBenchResult `json:"allocs,omitempty"`
+	Problems []string        `json:"problems,omitempty"`
+	Duration string          `json:"duration"`
 }
 
 // TargetRow is one measured value against its target from the issue.
@@ -319,11 +321,23 @@ func (r *Results) markdown() string {
 	if len(r.Latency) > 0 {
 		w("\n## Live commit-to-ack latency\n\n")
 		w("%s. Commit time is the Commit message's timestamp (PostgreSQL's clock), ack time the relay's clock when the producer reported success; same machine, same clock. The first second of each run is warm-up and not counted.\n\n", r.Latency[0].Method)
-		w("| broker | rep | target/s | achieved/s | events | p50 ms | p99 ms | p99.9 ms | max ms | last ack after writers stopped, s | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("\"Commit to receive\" is PostgreSQL's share: from the commit to the relay reading the transaction's row (WAL flush, the walsender's decoding, the socket, and waiting for a CPU). What the relay and Kafka add is the difference.\n\n")
+		w("| broker | rep | target/s | achieved/s | events | p50 ms | p99 ms | p99.9 ms | max ms | commit to receive p50 / p99 / p99.9 ms | last ack after writers stopped, s | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, l := range r.Latency {
 			for _, ph := range l.Phases {
-				w("| %s | %d | %s | %.0f | %d | %.2f | %.2f | %.2f | %.1f | %.2f | %.0f%% |\n", l.Broker, ph.Rep, rateName(ph.TargetRate), ph.AchievedRate,
-					ph.Measured, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.DrainSeconds, ph.MachineBusyPercent)
+				w("| %s | %d | %s | %.0f | %d | %.2f | %.2f | %.2f | %.1f | %.2f / %.2f / %.2f | %.2f | %.0f%% |\n", l.Broker, ph.Rep, rateName(ph.TargetRate), ph.AchievedRate,
+					ph.Measured, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.ReceiveP50Ms, ph.ReceiveP99Ms, ph.ReceiveP999Ms, ph.DrainSeconds, ph.MachineBusyPercent)
+			}
+		}
+	}
+	if len(r.Floor) > 0 {
+		w("\n## Producer floor: the publisher alone, no PostgreSQL\n\n")
+		w("%s. Open-loop schedule at each rate; the first second is not counted. This is what the producer and the broker add by themselves on this machine; compare it with the live latency above.\n\n", r.Floor[0].Method)
+		w("| broker | target/s | achieved/s | records | p50 ms | p99 ms | p99.9 ms | max ms | machine busy |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, l := range r.Floor {
+			for _, ph := range l.Phases {
+				w("| %s | %s | %.0f | %d | %.2f | %.2f | %.2f | %.1f | %.0f%% |\n", l.Broker, rateName(ph.TargetRate), ph.AchievedRate,
+					ph.Measured, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.MachineBusyPercent)
 			}
 		}
 	}

@@ -84,6 +84,11 @@ type ApacheKafkaOptions struct {
 	NumPartitions int
 	// HeapMB is each JVM's -Xmx in MiB; 0 means 384.
 	HeapMB int
+	// ServerJVM runs the broker with the JVM's own JIT (tiered C1 and C2)
+	// and garbage collector (G1), as a production broker runs. The default
+	// is lean for tests on two cores: C1 only and the serial collector,
+	// which start fast and burn little CPU but serve each request slower.
+	ServerJVM bool
 	// Settings are extra server.properties entries, applied last.
 	Settings map[string]string
 	// StartTimeout bounds the wait for the cluster (or a restarted node)
@@ -120,9 +125,9 @@ func (o ApacheKafkaOptions) withDefaults() ApacheKafkaOptions {
 func (o ApacheKafkaOptions) key() string {
 	o = o.withDefaults()
 	var b strings.Builder
-	fmt.Fprintf(&b, "v=%s n=%d isr=%d rf=%d auto=%t parts=%d heap=%d timeout=%s",
+	fmt.Fprintf(&b, "v=%s n=%d isr=%d rf=%d auto=%t parts=%d heap=%d server=%t timeout=%s",
 		o.Version, o.Nodes, o.MinInsyncReplicas, o.DefaultReplicationFactor,
-		o.AutoCreateTopics, o.NumPartitions, o.HeapMB, o.StartTimeout)
+		o.AutoCreateTopics, o.NumPartitions, o.HeapMB, o.ServerJVM, o.StartTimeout)
 	keys := make([]string, 0, len(o.Settings))
 	for k := range o.Settings {
 		keys = append(keys, k)
@@ -408,24 +413,28 @@ log4j.logger.state.change.logger=WARN
 }
 
 // jvmArgs returns the java arguments before the main class.
-func (k *ApacheKafka) jvmArgs(heapMB int) []string {
-	return []string{
+func (k *ApacheKafka) jvmArgs(heapMB int, server bool) []string {
+	args := []string{
 		fmt.Sprintf("-Xmx%dm", heapMB),
 		fmt.Sprintf("-Xms%dm", min(heapMB, 64)),
 		"-Xss512k",
-		"-XX:+UseSerialGC",
-		// C1 only: faster start and far less JIT CPU on a 2-core box.
-		"-XX:TieredStopAtLevel=1",
-		"-XX:ReservedCodeCacheSize=64m",
+	}
+	if !server {
+		args = append(args, "-XX:+UseSerialGC",
+			// C1 only: faster start and far less JIT CPU on a 2-core box.
+			"-XX:TieredStopAtLevel=1",
+			"-XX:ReservedCodeCacheSize=64m")
+	}
+	return append(args,
 		"-XX:MaxDirectMemorySize=256m",
 		"-XX:+ExitOnOutOfMemoryError",
 		"-Djava.awt.headless=true",
 		"-Djava.net.preferIPv4Stack=true",
-		"-Dlog4j2.configurationFile=" + filepath.Join(k.dir, "log4j2.properties"),
-		"-Dlog4j.configuration=file:" + filepath.Join(k.dir, "log4j.properties"),
-		"-Dkafka.logs.dir=" + k.dir,
+		"-Dlog4j2.configurationFile="+filepath.Join(k.dir, "log4j2.properties"),
+		"-Dlog4j.configuration=file:"+filepath.Join(k.dir, "log4j.properties"),
+		"-Dkafka.logs.dir="+k.dir,
 		"-cp", filepath.Join(k.libs, "*"),
-	}
+	)
 }
 
 // format runs kafka.tools.StorageTool on every node. Both 3.9 and 4.x
@@ -452,7 +461,7 @@ func (k *ApacheKafka) format() error {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			args := append(k.jvmArgs(128), "kafka.tools.StorageTool", "format",
+			args := append(k.jvmArgs(128, false), "kafka.tools.StorageTool", "format",
 				"-t", k.clusterID, "-c", n.props)
 			args = append(args, extra...)
 			cmd := exec.CommandContext(ctx, k.java, args...)
@@ -474,7 +483,7 @@ func (k *ApacheKafka) launch(n *kafkaNode) error {
 		return fmt.Errorf("open node log: %w", err)
 	}
 	fmt.Fprintf(logf, "==== harness: starting node %d at %s ====\n", n.id, time.Now().Format(time.RFC3339Nano))
-	args := append(k.jvmArgs(k.opts.HeapMB), "kafka.Kafka", n.props)
+	args := append(k.jvmArgs(k.opts.HeapMB, k.opts.ServerJVM), "kafka.Kafka", n.props)
 	cmd := exec.Command(k.java, args...)
 	cmd.Dir = n.dir
 	cmd.Stdout = logf
