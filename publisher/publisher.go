@@ -124,11 +124,6 @@ type Publisher struct {
 	known map[string]*topicInfo // read and written only by the sending goroutine
 	wait  *time.Timer           // Send's timer, used only by the sending goroutine
 
-	// records holds acknowledged Records for reuse. Only an ack returns one:
-	// sarama is done with a message once it reports success, while a failed
-	// record may still be quarantined or logged.
-	records sync.Pool
-
 	outcomes sync.WaitGroup
 }
 
@@ -257,11 +252,8 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, _ := p.records.Get().(*Record)
-	if r == nil {
-		r = new(Record)
-	}
-	if err := build(r, ev, topic.name); err != nil {
+	r, err := build(ev, topic.name)
+	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
 	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.MaxMessageBytes); r.size > limit {
@@ -424,7 +416,6 @@ func (p *Publisher) drainOutcomes() {
 				continue
 			}
 			p.handler.Acked(delivery(msg))
-			p.records.Put(msg.Metadata.(*Record))
 		case perr, ok := <-failures:
 			if !ok {
 				failures = nil

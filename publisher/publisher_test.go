@@ -72,7 +72,7 @@ func headerMap(r *Record) map[string]string {
 }
 
 func TestBuildRecord(t *testing.T) {
-	r, err := buildNew(sampleEvent(), "outbox.event.order")
+	r, err := build(sampleEvent(), "outbox.event.order")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestBuildRecord(t *testing.T) {
 // buffer that is overwritten by the next WAL message.
 func TestBuildCopiesInput(t *testing.T) {
 	ev := sampleEvent()
-	r, err := buildNew(ev, "t")
+	r, err := build(ev, "t")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +129,7 @@ func TestBuildManyHeaders(t *testing.T) {
 		parts = append(parts, fmt.Sprintf(`"h%d": "v%d"`, i, i))
 	}
 	ev.Headers = []byte("{" + strings.Join(parts, ",") + "}")
-	r, err := buildNew(ev, "t")
+	r, err := build(ev, "t")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,13 +142,13 @@ func TestBuildRejectsBadHeaders(t *testing.T) {
 	for _, h := range []string{`[1,2]`, `"x"`, `{"event_id": "spoof"}`, `{"a": }`} {
 		ev := sampleEvent()
 		ev.Headers = []byte(h)
-		if _, err := buildNew(ev, "t"); err == nil {
+		if _, err := build(ev, "t"); err == nil {
 			t.Errorf("headers %s accepted", h)
 		}
 	}
 	ev := sampleEvent()
 	ev.Headers = nil
-	if r, err := buildNew(ev, "t"); err != nil || len(r.msg.Headers) != 6 {
+	if r, err := build(ev, "t"); err != nil || len(r.msg.Headers) != 6 {
 		t.Fatalf("no headers: %v", err)
 	}
 }
@@ -172,7 +172,7 @@ func TestBuildAllocations(t *testing.T) {
 	ev := sampleEvent()
 	ev.Headers = nil
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := buildNew(ev, "t"); err != nil {
+		if _, err := build(ev, "t"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -299,7 +299,7 @@ func TestBuildWithHeadersAllocations(t *testing.T) {
 	ev := sampleEvent()
 	ev.Headers = []byte(`{"tenant": "acme", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := buildNew(ev, "t"); err != nil {
+		if _, err := build(ev, "t"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -324,65 +324,6 @@ func TestDiscardMetricsHandsOutNoOps(t *testing.T) {
 	if r.GetOrRegister("e", metrics.NewEWMA1) == nil {
 		t.Error("unknown kind got nothing")
 	}
-}
-
-// buildNew builds into a fresh Record, as Build does when none is pooled.
-func buildNew(ev *Event, topic string) (*Record, error) {
-	r := new(Record)
-	if err := build(r, ev, topic); err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-// A pooled Record is rebuilt in place: nothing of its last event may leak
-// into the next, whichever is larger, and the message must look as sarama
-// sees a new one (no partition, offset or retry state left behind).
-func TestReusedRecordKeepsNothingOfItsLastEvent(t *testing.T) {
-	big := sampleEvent()
-	big.Payload = []byte(`{"total": 12.5, "lines": ["` + strings.Repeat("x", 500) + `"]}`)
-	small := sampleEvent()
-	small.EventID = []byte("e2")
-	small.AggregateID = []byte("a")
-	small.Headers = nil
-	small.OccurredAt = nil
-	small.Txn = 9
-
-	for _, order := range [][2]*Event{{big, small}, {small, big}} {
-		first, next := order[0], order[1]
-		r := new(Record)
-		if err := build(r, first, "t1"); err != nil {
-			t.Fatal(err)
-		}
-		// What sarama writes into a message it delivered.
-		r.msg.Partition, r.msg.Offset = 3, 99
-		if err := build(r, next, "t2"); err != nil {
-			t.Fatal(err)
-		}
-		want, err := buildNew(next, "t2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(r.Key()) != string(want.Key()) || string(r.Value()) != string(want.Value()) ||
-			r.EventID() != want.EventID() || r.Topic() != want.Topic() || r.Size() != want.Size() ||
-			r.txn != want.txn || !r.commitTime.Equal(want.commitTime) ||
-			r.msg.Partition != 0 || r.msg.Offset != 0 {
-			t.Fatalf("reused record differs from a new one:\n got key %q value %q id %q topic %q size %d txn %d partition %d offset %d\nwant key %q value %q id %q topic %q size %d txn %d",
-				r.Key(), r.Value(), r.EventID(), r.Topic(), r.Size(), r.txn, r.msg.Partition, r.msg.Offset,
-				want.Key(), want.Value(), want.EventID(), want.Topic(), want.Size(), want.txn)
-		}
-		if got, exp := fmt.Sprint(headerList(r)), fmt.Sprint(headerList(want)); got != exp {
-			t.Fatalf("reused record's headers %s, a new one's %s", got, exp)
-		}
-	}
-}
-
-func headerList(r *Record) []string {
-	var out []string
-	for _, h := range r.msg.Headers {
-		out = append(out, fmt.Sprintf("%s=%q", h.Key, h.Value))
-	}
-	return out
 }
 
 // The producer settings the delivery promises rest on, and the linger knob.
