@@ -66,7 +66,7 @@ func DefaultConfig() Config {
 			Slot:        "outbox_relay",
 		},
 		Publisher:         publisher.DefaultConfig(),
-		MaxInFlightEvents: 10000,
+		MaxInFlightEvents: 2000,
 		MaxInFlightBytes:  64 << 20,
 		StatusInterval:    time.Second,
 		StatusMaxInterval: 10 * time.Second,

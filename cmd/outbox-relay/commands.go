@@ -115,6 +115,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return fail(stderr, "run", err, o.relay.Replication.DSN)
 	}
 
+	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
 	notifier := newSystemdNotifier(log)
@@ -133,7 +134,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	}
 	log.Info().Str("version", version).Str("postgres", replication.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.relay.Publisher.Brokers).Str("table", o.relay.Replication.Table).
-		Str("topic", o.relay.Publisher.TopicTemplate).Msg("starting")
+		Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()

@@ -15,7 +15,7 @@ import (
 
 // rssBound is the relay's allowed peak RSS while it publishes one 200,000-row
 // transaction. Measured on a 2-core machine: 39 to 50 MiB (the in-flight
-// bound, 10,000 events or 64 MiB of records, is what holds it; the
+// bound, 2,000 events or 64 MiB of records, is what holds it; the
 // transaction's size must not matter). 160 MiB leaves room for the Go
 // runtime's and sarama's slack without letting a relay that buffers the
 // transaction (200,000 rows of ~330 bytes, plus per-record overhead,

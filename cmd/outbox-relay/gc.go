@@ -1,0 +1,30 @@
+package main
+
+import (
+	"runtime/debug"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+)
+
+// gcPercent is the relay's default GOGC. Its live heap is small and held
+// there by the in-flight window, so the collector can run a third as often
+// for little memory. Measured while catching up on the 2-core benchmark
+// machine: about 10% less CPU per event, peak RSS still about 50 MB.
+const gcPercent = 300
+
+// tuneGC sets the relay's garbage collector defaults unless the operator set
+// GOGC or GOMEMLIMIT, which always win. The soft memory limit keeps a window
+// of large records (up to --max-in-flight-bytes) from growing the heap to
+// four times its size. It returns what it applied (-1: left alone).
+func tuneGC(cfg relay.Config, getenv func(string) string) (percent int, limit int64) {
+	percent, limit = -1, -1
+	if getenv("GOGC") == "" {
+		percent = gcPercent
+		debug.SetGCPercent(percent)
+	}
+	if getenv("GOMEMLIMIT") == "" {
+		limit = 64<<20 + 2*cfg.MaxInFlightBytes
+		debug.SetMemoryLimit(limit)
+	}
+	return percent, limit
+}
