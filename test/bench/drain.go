@@ -128,6 +128,10 @@ type DrainRun struct {
 	// every 50 ms (slightly low for pg_recvlogical, whose walsender exits
 	// with it).
 	WalsenderCPUUsPerEvent float64 `json:"walsender_cpu_us_per_event"`
+	// BrokerCPUUsPerEvent is the broker's CPU per event over the same span
+	// as CPUSeconds: the JVM for Apache Kafka, the bench process (which
+	// hosts kfake, and polls lightly) for kfake.
+	BrokerCPUUsPerEvent float64 `json:"broker_cpu_us_per_event,omitempty"`
 	// Nudged says the bench had to write WAL after the last ack so that a
 	// keepalive let the relay confirm up to the end position.
 	Nudged bool `json:"nudged,omitempty"`
@@ -360,7 +364,7 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 	pid := p.cmd.Process.Pid
 
 	var ws walsenderWatch
-	var cpu0 float64
+	var cpu0, broker0 float64
 	streaming := p.streaming
 	var tAcked time.Time
 	lastNudge := time.Time{}
@@ -373,6 +377,7 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 			streaming = nil
 			run.StreamingAfter = time.Since(t0).Seconds()
 			cpu0, _ = cpuSeconds(pid)
+			broker0 = br.cpuSeconds()
 		case err := <-p.done:
 			p.done <- err
 			return run, fmt.Errorf("relay exited early (%v); log tail:\n%s", err, p.logTail())
@@ -409,6 +414,7 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 			run.CPUUsPerEvent = run.CPUSeconds * 1e6 / float64(rows)
 			run.PeakRSSMB = float64(hwm) / 1024
 			run.WalsenderCPUUsPerEvent = ws.used() * 1e6 / float64(rows)
+			run.BrokerCPUUsPerEvent = (br.cpuSeconds() - broker0) * 1e6 / float64(rows)
 			return run, nil
 		}
 		// Everything is acknowledged but the slot waits for a keepalive

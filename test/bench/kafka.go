@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -24,6 +25,22 @@ type broker struct {
 }
 
 func (br *broker) list() string { return strings.Join(br.addrs, ",") }
+
+// cpuSeconds is the broker's CPU so far: the JVMs' for Apache Kafka, this
+// process's (which hosts kfake) for kfake.
+func (br *broker) cpuSeconds() float64 {
+	pids := []int{os.Getpid()}
+	if br.apache != nil {
+		pids = br.apache.PIDs()
+	}
+	total := 0.0
+	for _, pid := range pids {
+		if s, err := cpuSeconds(pid); err == nil {
+			total += s
+		}
+	}
+	return total
+}
 
 func (b *bench) startBrokers() error {
 	want := b.o.broker

@@ -290,7 +290,8 @@ func (r *Results) markdown() string {
 	if len(r.Ceiling) > 0 {
 		w("\n## Ceiling: draining a backlog\n\n")
 		w("Each reader has its own slot, created back to back before the backlog was committed. In each repetition pg_recvlogical drains first and again last (\"after\"); the ratio divides by the faster of the two, so the order cannot favour the relay. Time runs from starting the process until pg_recvlogical exits at `--endpos`, or until every event is acknowledged by Kafka and the slot's confirmed_flush_lsn reaches the end position (relay). The relay confirms about 100 ms after its last ack once nothing is in flight; \"ratio at all acked\" uses the time Kafka held every event instead (end offsets polled every 100 ms). Relay CPU is utime+stime of the relay process from its \"streaming\" log line to the end; walsender CPU is sampled from /proc every 50 ms. Machine busy is all CPUs of the machine, other people's work included.\n\n")
-		w("| shape | reader | rep | seconds | events/s | ratio | all acked at s | ratio at all acked | CPU s | CPU µs/event | CPU s/100k | peak RSS MB | walsender µs/event | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		w("The last columns are the machine's CPU budget: the broker's CPU per event (the JVM; for kfake the bench process that hosts it), then relay + walsender + broker µs per event, and the events per second two CPUs could sustain at that cost (2,000,000 ÷ the sum), PostgreSQL's other work aside. A ratio below 0.95 with that bound under the pg_recvlogical rate means the box, not the relay's share alone, sets the pace.\n\n")
+		w("| shape | reader | rep | seconds | events/s | ratio | all acked at s | ratio at all acked | CPU s | CPU µs/event | CPU s/100k | peak RSS MB | walsender µs/event | broker µs/event | relay+walsender+broker µs/event / events/s two CPUs allow | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, sh := range r.Ceiling {
 			runs := sh.Runs
 			if sh.Profile != nil {
@@ -304,9 +305,16 @@ func (r *Results) markdown() string {
 						ackedRatio = fmt.Sprintf("%.2f", recv.Seconds/run.AckedSeconds)
 					}
 				}
-				w("| %s | %s%s | %d | %.1f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %s | %.2f | %.0f%% |\n", sh.Shape, run.label(), nudged(run.Nudged), run.Rep,
+				budget := ""
+				if run.BrokerCPUUsPerEvent > 0 {
+					total := run.CPUUsPerEvent + run.WalsenderCPUUsPerEvent + run.BrokerCPUUsPerEvent
+					budget = fmt.Sprintf("%.2f | %.1f / %.0f", run.BrokerCPUUsPerEvent, total, 2e6/total)
+				} else {
+					budget = " | "
+				}
+				w("| %s | %s%s | %d | %.1f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %s | %.2f | %s | %.0f%% |\n", sh.Shape, run.label(), nudged(run.Nudged), run.Rep,
 					run.Seconds, run.EventsPerSec, ratio, optional(run.AckedSeconds, "%.1f"), ackedRatio, run.CPUSeconds, run.CPUUsPerEvent,
-					run.CPUUsPerEvent/10, optional(run.PeakRSSMB, "%.1f"), run.WalsenderCPUUsPerEvent, run.MachineBusyPercent)
+					run.CPUUsPerEvent/10, optional(run.PeakRSSMB, "%.1f"), run.WalsenderCPUUsPerEvent, budget, run.MachineBusyPercent)
 			}
 		}
 		w("\n")

@@ -526,6 +526,18 @@ func (k *ApacheKafka) Version() string { return k.opts.Version }
 // StartupTime returns how long StartApacheKafka took, format included.
 func (k *ApacheKafka) StartupTime() time.Duration { return k.startup }
 
+// PIDs returns the process IDs of the running broker JVMs, for measuring
+// their CPU.
+func (k *ApacheKafka) PIDs() []int {
+	var pids []int
+	for _, n := range k.nodes {
+		if n.cmd != nil && n.cmd.Process != nil {
+			pids = append(pids, n.cmd.Process.Pid)
+		}
+	}
+	return pids
+}
+
 // Nodes returns the number of nodes.
 func (k *ApacheKafka) Nodes() int { return len(k.nodes) }
 
