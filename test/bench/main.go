@@ -263,31 +263,37 @@ func (b *bench) run(ctx context.Context) error {
 	// The floor runs first: it also warms the broker (JIT, page cache) for
 	// the live latency.
 	if !b.o.skip["floor"] {
-		for _, br := range b.brokers {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			fr, err := b.producerFloor(ctx, br)
-			if err != nil {
-				return fmt.Errorf("producer floor, %s: %w", br.name, err)
-			}
-			b.res.Floor = append(b.res.Floor, fr)
+		fr, err := b.eachBroker(ctx, "producer floor", b.producerFloor)
+		if err != nil {
+			return err
 		}
+		b.res.Floor = fr
 	}
 	if !b.o.skip["latency"] {
-		for _, br := range b.brokers {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			lr, err := b.latency(ctx, br)
-			if err != nil {
-				return fmt.Errorf("latency, %s: %w", br.name, err)
-			}
-			b.res.Latency = append(b.res.Latency, lr)
+		lr, err := b.eachBroker(ctx, "latency", b.latency)
+		if err != nil {
+			return err
 		}
+		b.res.Latency = lr
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()
 	return b.write()
+}
+
+// eachBroker runs one latency part on every broker in turn.
+func (b *bench) eachBroker(ctx context.Context, part string, measure func(context.Context, *broker) (LatencyResult, error)) ([]LatencyResult, error) {
+	var out []LatencyResult
+	for _, br := range b.brokers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r, err := measure(ctx, br)
+		if err != nil {
+			return nil, fmt.Errorf("%s, %s: %w", part, br.name, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 func (b *bench) startPostgres() error {
