@@ -17,6 +17,7 @@ package relay
 // nothing is sent to it.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -70,7 +71,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			// streamer.build is the read loop's build step: the NOT NULL
 			// checks, then Publisher.Build.
 			st := &streamer{pub: pub}
-			row := benchRow(1, payload, bc.headers)
+			row := benchRow(b, payload, bc.headers)
 			var ev publisher.Event
 			var txn lsn.TxnID
 			var commitTime time.Time
@@ -150,31 +151,24 @@ func benchPayload(n int) string {
 	return strings.Replace(base, `""`, `"`+strings.Repeat("x", max(n-len(base), 0))+`"`, 1)
 }
 
-// benchRow is a decoded outbox row, as Stream.Receive would return it.
-func benchRow(i int, payload, headers string) replication.Row {
-	var r replication.Row
-	vals := benchValues(i, payload, headers)
-	for col, name := range benchColumns {
-		switch name {
-		case "event_id":
-			r.Values[replication.FieldEventID] = vals[col]
-		case "aggregate_type":
-			r.Values[replication.FieldAggregateType] = vals[col]
-		case "aggregate_id":
-			r.Values[replication.FieldAggregateID] = vals[col]
-		case "event_type":
-			r.Values[replication.FieldEventType] = vals[col]
-		case "schema_version":
-			r.Values[replication.FieldSchemaVersion] = vals[col]
-		case "payload":
-			r.Values[replication.FieldPayload] = vals[col]
-		case "headers":
-			r.Values[replication.FieldHeaders] = vals[col]
-		case "occurred_at":
-			r.Values[replication.FieldOccurredAt] = vals[col]
+// benchRow is one row decoded by Stream.Receive from the fake walsender,
+// its values copied out of the read buffer.
+func benchRow(b *testing.B, payload, headers string) replication.Row {
+	b.Helper()
+	stream := benchStream(b, benchWAL(1, 1, payload, headers))
+	for {
+		msg, err := stream.Receive(time.Now().Add(10 * time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if msg.Kind == replication.KindRow {
+			row := msg.Row
+			for i := range row.Values {
+				row.Values[i] = bytes.Clone(row.Values[i])
+			}
+			return row
 		}
 	}
-	return r
 }
 
 // benchValues are one row's column values in table order, as pgoutput sends

@@ -101,9 +101,18 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 			n++
 		}
 	}
-	// Warm up: topic lookup, connections, the broker's JIT.
-	if _, _, err := send(500, 2*time.Second); err != nil {
+	failed := func() bool { return h.err() != nil }
+	// Warm up: topic lookup, connections, the broker's JIT. Its acks are
+	// awaited and dropped, so none is counted in the first rate.
+	warm, _, err := send(500, 2*time.Second)
+	if err != nil {
 		return res, err
+	}
+	if !h.rec.await(warm, time.Minute, failed) {
+		if err := h.err(); err != nil {
+			return res, err
+		}
+		return res, fmt.Errorf("floor warm-up: %d of %d records acknowledged within a minute", h.rec.count(), warm)
 	}
 	rates, _ := b.o.rateList()
 	for _, rate := range rates {
@@ -118,10 +127,7 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 		}
 		end := time.Now()
 		busyPercent := busy.percent()
-		deadline := time.Now().Add(time.Minute)
-		for h.rec.count() < n && time.Now().Before(deadline) && h.err() == nil {
-			time.Sleep(10 * time.Millisecond) // polling the recorder's count
-		}
+		h.rec.await(n, time.Minute, failed)
 		if err := h.err(); err != nil {
 			return res, err
 		}

@@ -51,6 +51,19 @@ func (r *recorder) count() int {
 	return len(r.obs)
 }
 
+// await polls until at least n observations are in, timeout passes or
+// abort says to stop, and reports whether n arrived.
+func (r *recorder) await(n int, timeout time.Duration, abort func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for r.count() < n {
+		if !time.Now().Before(deadline) || abort() {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond) // polling the count
+	}
+	return true
+}
+
 // inProcess is a relay.Relay running in the bench process.
 type inProcess struct {
 	rec       *recorder // commit to ack, per event

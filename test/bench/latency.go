@@ -72,11 +72,15 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 		return res, err
 	}
 	pad := b.o.payload - len(payloadJSON(0, 0))
-	// Warm up: the first record looks its topic up.
-	if _, _, err := writeAtRate(ctx, dsn, 500, 2*time.Second, 2, b.o.aggregates, pad); err != nil {
+	// Warm up: the first record looks its topic up. Its acks are awaited
+	// and dropped, so none is counted in the first rate.
+	warm, _, err := writeAtRate(ctx, dsn, 500, 2*time.Second, 2, b.o.aggregates, pad)
+	if err != nil {
 		return res, err
 	}
-	time.Sleep(time.Second)
+	if !p.rec.await(int(warm), 2*time.Minute, func() bool { return false }) {
+		return res, fmt.Errorf("warm-up: %d of %d events acknowledged within 2 minutes", p.rec.count(), warm)
+	}
 	p.rec.take()
 	p.recv.take()
 
@@ -94,10 +98,7 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 			end := time.Now()
 			busyPercent := busy.percent()
 			// Wait for the acks of everything written.
-			deadline := time.Now().Add(2 * time.Minute)
-			for p.rec.count() < int(written) && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
+			p.rec.await(int(written), 2*time.Minute, func() bool { return false })
 			drain := time.Since(end).Seconds()
 			obs, received := p.rec.take(), p.recv.take()
 			if len(obs) < int(written) {
@@ -122,7 +123,7 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 			b.logf("latency %s #%d at %s/s: achieved %.0f/s, p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms, max %.1f ms (%d events; machine %.0f%% busy); commit to receive p50 %.2f ms, p99 %.2f ms",
 				br.name, rep, rateName(rate), ph.AchievedRate, ph.P50Ms, ph.P99Ms, ph.P999Ms, ph.MaxMs, ph.Measured, ph.MachineBusyPercent, ph.ReceiveP50Ms, ph.ReceiveP99Ms)
 			res.Phases = append(res.Phases, ph)
-			time.Sleep(time.Second)
+			time.Sleep(time.Second) // a rest between rates, for the machine to settle
 		}
 	}
 	return res, nil

@@ -72,7 +72,7 @@ func newWorld(t *testing.T, pg *harness.Postgres, brokers []string) *world {
 		// was killed by its own, later registered, cleanup). A failure here
 		// must not hide the test's own result, so it is only logged.
 		var err error
-		if !eventually(15*time.Second, func() bool {
+		if !harness.Poll(15*time.Second, func() bool {
 			err = dropInactiveSlot(pg, db.Name(), w.slot)
 			return err == nil
 		}) {
@@ -435,21 +435,3 @@ func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
 // commit record starting at commitLSN, i.e. that transaction is not
 // confirmed.
 func notPast(confirmed, commitLSN string) bool { return lsnLE(confirmed, commitLSN) }
-
-// eventually polls cond every 50ms until it holds or timeout passes, and
-// reports whether it held: harness.WaitFor for a test that words its own
-// failure.
-func eventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if cond() {
-			return true
-		}
-		if !time.Now().Before(deadline) {
-			return false
-		}
-		<-tick.C
-	}
-}

@@ -306,7 +306,7 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 		w.consumeAll(time.Minute)
 		released := time.Now()
 		quiet := true
-		confirmed := eventually(within, func() bool {
+		confirmed := harness.Poll(within, func() bool {
 			quiet = quiet && w.currentLSN() == tail
 			return lsnLE(tail, w.confirmedFlush())
 		})

@@ -701,7 +701,9 @@ func TestProcess(t *testing.T) {
 	}
 	p.Kill() // idempotent
 
-	script := `echo "ready $GREETING"; trap 'echo stopping; exit 3' TERM; while :; do sleep 0.05; done`
+	// The trap goes in before "ready", which is what the test waits for:
+	// otherwise a loaded machine can deliver TERM before it is set.
+	script := `trap 'echo stopping; exit 3' TERM; echo "ready $GREETING"; while :; do sleep 0.05; done`
 	sh := harness.StartProcess(t, "/bin/sh", []string{"-c", script}, []string{"GREETING=hi"})
 	sh.WaitForOutput(t, "ready hi", 10*time.Second)
 	code, err := sh.Stop(10 * time.Second)

@@ -336,7 +336,7 @@ func (p *Postgres) startLocked() error {
 		// After a postmaster was SIGKILLed its children linger until
 		// they notice, and PostgreSQL refuses to start while they
 		// hold the old shared memory.
-		if !poll(30*time.Second, func() bool { return len(p.serverProcs()) == 0 }) {
+		if !Poll(30*time.Second, func() bool { return len(p.serverProcs()) == 0 }) {
 			return fmt.Errorf("processes of the previous server still running: %v", p.serverProcs())
 		}
 	}
@@ -515,7 +515,7 @@ func (p *Postgres) KillPostmaster(t testing.TB) {
 	}
 	// The signal is asynchronous; until the process is gone, Start
 	// would take the dying server for a running one.
-	if !poll(10*time.Second, func() bool { return !processAlive(pid) }) {
+	if !Poll(10*time.Second, func() bool { return !processAlive(pid) }) {
 		t.Fatalf("kill postmaster: pid %d still alive after SIGKILL", pid)
 	}
 }
@@ -801,11 +801,11 @@ func killPostmaster(dataDir string) {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGQUIT)
-	if poll(10*time.Second, func() bool { return !processAlive(pid) }) {
+	if Poll(10*time.Second, func() bool { return !processAlive(pid) }) {
 		return
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	poll(5*time.Second, func() bool { return !processAlive(pid) })
+	Poll(5*time.Second, func() bool { return !processAlive(pid) })
 }
 
 // isPostgres guards against signalling an unrelated process that reused a

@@ -416,7 +416,7 @@ func (p *Process) exitCode() int {
 func (p *Process) WaitForOutput(t testing.TB, substr string, timeout time.Duration) {
 	t.Helper()
 	found := func() bool { return strings.Contains(p.Output(), substr) }
-	poll(timeout, func() bool { return found() || p.Exited() })
+	Poll(timeout, func() bool { return found() || p.Exited() })
 	if found() {
 		return
 	}

@@ -19,14 +19,14 @@ const pollInterval = 20 * time.Millisecond
 // WaitFor calls t.Fatalf, so call it from the test's goroutine only.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !poll(timeout, cond) {
+	if !Poll(timeout, cond) {
 		t.Fatalf("timed out after %v waiting for %s", timeout, what)
 	}
 }
 
-// poll is WaitFor without the test: it reports whether cond became true
+// Poll is WaitFor without the test: it reports whether cond became true
 // before timeout, for helpers that want to word their own failure.
-func poll(timeout time.Duration, cond func() bool) bool {
+func Poll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	ticker := time.NewTicker(pollInterval)
 	defer ticker.Stop()
