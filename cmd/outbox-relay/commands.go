@@ -32,6 +32,8 @@ commands:
   status    print the slot's state from PostgreSQL (needs no running relay)
   quarantine list | replay <event_id>... | replay --all
             show or re-publish events Kafka refused
+  reconcile --since DURATION|RFC3339 [--until ...] [--republish] [--json]
+            find outbox rows missing from Kafka, and republish them
   version   print the version
 
 Run 'outbox-relay <command> -h' for a command's flags. Every flag can also be
@@ -43,6 +45,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1 // the relay stopped on an error it cannot retry
 	exitUsage   = 2 // bad flags or configuration
+	// exitMissing (3, reconcile.go): events missing from Kafka.
 )
 
 // run dispatches a command and maps its outcome to an exit code.
@@ -53,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"run": runCommand, "migrate": migrateCommand, "status": statusCommand, "quarantine": quarantineCommand,
+		"reconcile": reconcileCommand,
 	}
 	switch args[0] {
 	case "version", "--version", "-version":
@@ -72,9 +76,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // setup parses a command's flags; on failure it prints one line and returns
 // the exit code to use.
-func setup(name string, args []string, stderr io.Writer) (*options, *flag.FlagSet, int) {
+func setup(name string, args []string, stderr io.Writer, extra ...func(*flag.FlagSet)) (*options, *flag.FlagSet, int) {
 	o := &options{}
 	fs := newFlagSet("outbox-relay "+name, o, stderr)
+	for _, register := range extra {
+		register(fs)
+	}
 	if err := parse(fs, o, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, nil, exitOK
@@ -103,7 +110,8 @@ func fail(stderr io.Writer, name string, err error, dsn string) int {
 }
 
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
-	o, _, code := setup("run", args, stderr)
+	var periodic periodicFlags
+	o, _, code := setup("run", args, stderr, periodic.register)
 	if o == nil {
 		return code
 	}
@@ -114,6 +122,9 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := o.relay.Validate(); err != nil {
 		return fail(stderr, "run", err, o.relay.Replication.DSN)
 	}
+	if err := periodic.validate(); err != nil {
+		return fail(stderr, "run", err, "")
+	}
 
 	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
@@ -121,6 +132,12 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	notifier := newSystemdNotifier(log)
 	r := relay.New(o.relay, log, metrics, relay.Hooks{Streaming: notifier.ready, Alive: notifier.alive})
 	notifier.watch(ctx, r.Status, o.relay)
+	periodicCtx, stopPeriodic := context.WithCancel(ctx)
+	periodicDone := startPeriodicReconcile(periodicCtx, periodic, o, registry, log)
+	defer func() {
+		stopPeriodic()
+		periodicDone()
+	}()
 
 	if o.adminAddr != "" {
 		ln, err := net.Listen("tcp", o.adminAddr)
