@@ -255,12 +255,13 @@ func renderBar(p reconcile.Progress, width int) string {
 
 // periodicFlags are run's flags for the background comparison.
 type periodicFlags struct {
-	every, window time.Duration
+	every, window, settle time.Duration
 }
 
 func (p *periodicFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.every, "reconcile-every", 0, "compare the outbox with Kafka this often in the background and export the result as metrics (0: never); it never republishes")
 	fs.DurationVar(&p.window, "reconcile-window", time.Hour, "how far back each background comparison looks")
+	fs.DurationVar(&p.settle, "reconcile-settle", defaultSettle, "each background window ends this long before the check; longer than your longest transaction")
 }
 
 func (p *periodicFlags) validate() error {
@@ -269,6 +270,8 @@ func (p *periodicFlags) validate() error {
 		return errors.New("--reconcile-every must not be negative")
 	case p.every > 0 && p.window <= 0:
 		return errors.New("--reconcile-window must be positive")
+	case p.settle < 0:
+		return errors.New("--reconcile-settle must not be negative")
 	}
 	return nil
 }
@@ -280,7 +283,7 @@ func startPeriodicReconcile(ctx context.Context, p periodicFlags, o *options, re
 	if p.every <= 0 {
 		return func() {}
 	}
-	checker := &reconcile.Periodic{Config: reconcileConfig(o), Every: p.every, Window: p.window, Settle: defaultSettle,
+	checker := &reconcile.Periodic{Config: reconcileConfig(o), Every: p.every, Window: p.window, Settle: p.settle,
 		Metrics: metrics, Log: log}
 	done := make(chan struct{})
 	go func() {
