@@ -1,0 +1,63 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/reconcile"
+)
+
+func TestParseWindow(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		since, until string
+		want         [2]time.Time
+		err          string
+	}{
+		{since: "2h", until: "1m", want: [2]time.Time{now.Add(-2 * time.Hour), now.Add(-time.Minute)}},
+		{since: "2026-11-30T09:30:00Z", until: "0s", want: [2]time.Time{now.Add(-150 * time.Minute), now}},
+		{since: "2026-11-30T11:00:00+01:00", until: "2026-11-30T11:30:00Z", want: [2]time.Time{now.Add(-2 * time.Hour), now.Add(-30 * time.Minute)}},
+		{since: "", until: "1m", err: "--since is required"},
+		{since: "1m", until: "2h", err: "is not before"},
+		{since: "-1h", until: "0s", err: "must not be negative"},
+		{since: "yesterday", until: "0s", err: "want a duration ago"},
+	} {
+		since, until, err := parseWindow(tc.since, tc.until, now)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseWindow(%q, %q) error %v, want one containing %q", tc.since, tc.until, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !since.Equal(tc.want[0]) || !until.Equal(tc.want[1]) {
+			t.Errorf("parseWindow(%q, %q) = %s, %s, %v; want %s, %s", tc.since, tc.until, since, until, err, tc.want[0], tc.want[1])
+		}
+	}
+}
+
+func TestRenderBar(t *testing.T) {
+	got := renderBar(reconcile.Progress{Phase: "kafka", Done: 450, Total: 1000, Elapsed: 12 * time.Second}, 10)
+	if want := "kafka     [====>     ]  45%  450/1000  12s"; got != want {
+		t.Errorf("renderBar = %q, want %q", got, want)
+	}
+	if got := renderBar(reconcile.Progress{Phase: "rows", Done: 2000, Total: 1000}, 4); !strings.Contains(got, "[====] 100%") {
+		t.Errorf("renderBar past the total = %q, want a full bar", got)
+	}
+}
+
+// Bad flags exit 2, as for every command.
+func TestReconcileBadFlagsExit2(t *testing.T) {
+	for _, args := range [][]string{
+		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092"},
+		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092", "--since", "1h", "--until", "2h"},
+		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--since", "1h"},
+		{"reconcile", "--no-such-flag"},
+		{"run", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092", "--reconcile-every", "-1m"},
+	} {
+		var out, errOut strings.Builder
+		if code := run(t.Context(), args, &out, &errOut); code != exitUsage {
+			t.Errorf("%v exited %d, want %d; stderr: %s", args, code, exitUsage, errOut.String())
+		}
+	}
+}
