@@ -167,7 +167,7 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	}
 	rep.Topics = topics
 	progress.enter("rows", rowTotal)
-	rows, unchecked, err := table.windowIDs(ctx, &progress.done)
+	rows, unchecked, err := table.windowIDs(ctx, rowTotal, &progress.done)
 	if err != nil {
 		return nil, err
 	}
