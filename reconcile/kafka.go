@@ -19,6 +19,9 @@ type partitionRange struct {
 	topic     string
 	partition int32
 	from, to  int64 // offsets [from, to); to is the high watermark at the start
+	// truncated: records were deleted from the partition's start, and the
+	// window reaches back to what is left.
+	truncated bool
 }
 
 // scanResult is what the partition readers found besides the row counts.
@@ -27,6 +30,7 @@ type scanResult struct {
 	unidentified  int64
 	candidates    []Phantom // records in the phantom window with no window row
 	missingTopics []string
+	truncated     []string // partitions whose retention may have deleted window records
 }
 
 // scanKafka reads every partition of topics from (Since - Margin) to the
@@ -51,6 +55,14 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 	res.missingTopics = missing
 	for _, topic := range missing {
 		log.Warn().Str("topic", topic).Msg("topic does not exist in Kafka: every row routed to it is missing")
+	}
+	for _, r := range ranges {
+		if r.truncated {
+			name := fmt.Sprintf("%s/%d", r.topic, r.partition)
+			res.truncated = append(res.truncated, name)
+			log.Warn().Str("partition", name).
+				Msg("Kafka deleted this partition's oldest records and the window starts at or before what is left: rows whose records retention deleted show as missing; shorten the window to the topic's retention")
+		}
 	}
 	var total int64
 	for _, r := range ranges {
@@ -128,7 +140,12 @@ func partitionRanges(client sarama.Client, topics []string, from time.Time) (ran
 			if start < 0 || start > hwm {
 				start = hwm // no record at or after from
 			}
-			ranges = append(ranges, partitionRange{topic: topic, partition: p, from: start, to: hwm})
+			oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, nil, fmt.Errorf("log start of %s/%d: %w", topic, p, err)
+			}
+			ranges = append(ranges, partitionRange{topic: topic, partition: p, from: start, to: hwm,
+				truncated: oldest > 0 && start <= oldest})
 		}
 	}
 	return ranges, missing, nil

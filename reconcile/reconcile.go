@@ -111,6 +111,9 @@ type Report struct {
 
 	// MissingTopics are topics rows route to that Kafka does not have.
 	MissingTopics []string `json:"missing_topics"`
+	// TruncatedPartitions lost records to Kafka's retention and the window
+	// reaches back to what is left: their rows may show as missing.
+	TruncatedPartitions []string `json:"truncated_partitions"`
 
 	// What --republish did with Missing.
 	Republished          int64     `json:"republished"`
@@ -195,6 +198,7 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	rep.RecordsScanned = scan.records
 	rep.UnidentifiedRecords = scan.unidentified
 	rep.MissingTopics = scan.missingTopics
+	rep.TruncatedPartitions = scan.truncated
 
 	rep.Phantoms, err = table.phantoms(ctx, scan.candidates)
 	if err != nil {

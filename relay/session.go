@@ -99,7 +99,7 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 	}
 	if exists && slot.Lost() && r.cfg.RecreateLostSlot {
 		r.log.Error().
-			Msg("slot was invalidated and --recreate-lost-slot is set: dropping and recreating it; events committed while it was lost are NOT delivered")
+			Msg("slot was invalidated and --recreate-lost-slot is set: dropping and recreating it; events committed while it was lost are NOT delivered: run the reconcile_command the next line names")
 		if err := admin.DropSlot(ctx); err != nil {
 			return 0, 0, err
 		}
@@ -117,6 +117,9 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 			ev = r.log.Warn().AnErr("count_error", err)
 		} else if rows > 0 {
 			ev = r.log.Warn().Int64("rows_not_published", rows)
+			if cmd, err := reconcileCommand(ctx, admin, r.cfg.Replication.Table); err == nil && cmd != "" {
+				ev = ev.Str("reconcile_command", cmd)
+			}
 		}
 		ev.Str("lsn", at.String()).
 			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")

@@ -163,6 +163,10 @@ func printReport(w io.Writer, rep *reconcile.Report, republished bool) {
 	if len(rep.MissingTopics) > 0 {
 		fmt.Fprintf(w, "topics not in kafka %s\n", strings.Join(rep.MissingTopics, ", "))
 	}
+	if len(rep.TruncatedPartitions) > 0 {
+		fmt.Fprintf(w, "WARNING: Kafka's retention deleted the start of %s; rows whose records it deleted show as missing: shorten the window\n",
+			strings.Join(rep.TruncatedPartitions, ", "))
+	}
 	if rep.UncheckedRows > 0 {
 		fmt.Fprintf(w, "unchecked rows    %d (event_id is not a uuid)\n", rep.UncheckedRows)
 	}

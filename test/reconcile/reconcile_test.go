@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
@@ -213,4 +214,25 @@ func TestPhantomIsReported(t *testing.T) {
 		t.Fatalf("reconcile exited %d, phantoms %+v, unidentified %d; want 0, [%s], 1", code, rep.Phantoms, rep.UnidentifiedRecords, phantom)
 	}
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
+}
+
+// A relay that has to create its slot while the table holds rows logs the
+// reconcile command for them; run as logged, it finds exactly the rows the
+// new slot will never deliver.
+func TestNewSlotLogsReconcileCommand(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot")
+	lost := e.commit(3, "order")
+	relay := e.startRelay()
+	published := e.commit(2, "order")
+	e.consumeAll(published)
+
+	m := regexp.MustCompile(`"reconcile_command":"outbox-relay reconcile --since (\S+) --until (\S+) `).FindStringSubmatch(relay.Output())
+	if m == nil {
+		t.Fatalf("the relay created the slot without naming the reconcile command:\n%s", relay.Output())
+	}
+	code, rep := e.reconcile("--since", m[1], "--until", m[2])
+	if code != 3 || !sameSet(rep.Missing, lost) {
+		t.Fatalf("the logged command exited %d listing %v; want 3 and exactly %v", code, rep.Missing, lost)
+	}
 }
