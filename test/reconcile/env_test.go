@@ -138,7 +138,9 @@ func (e *env) reconcile(args ...string) (int, report) {
 	e.t.Helper()
 	all := append(append([]string{"reconcile", "--json"}, e.common()...), args...)
 	p := harness.StartProcess(e.t, e.bin, all, []string{"OUTBOX_RELAY_LOG_LEVEL=warn"})
+	started := time.Now()
 	code, err := p.Wait(2 * time.Minute)
+	e.t.Logf("reconcile %v: exit %d in %s", args, code, time.Since(started))
 	if err != nil {
 		e.t.Fatalf("reconcile %v: %v\n%s", args, err, p.Output())
 	}
