@@ -195,14 +195,8 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 // build checks the row's required values as `run` does, then builds its
 // record.
 func build(pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
-	for _, col := range []struct {
-		name  string
-		value []byte
-	}{{"aggregate_id", ev.AggregateID}, {"aggregate_type", ev.AggregateType}, {"event_type", ev.EventType}, {"payload", ev.Payload}} {
-		if col.value == nil {
-			return nil, &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
-				Err: fmt.Errorf("row has NULL %s; the outbox table's columns must be NOT NULL (see migrate)", col.name)}
-		}
+	if err := relay.CheckRequired(ev); err != nil {
+		return nil, err
 	}
 	return pub.Build(ev)
 }

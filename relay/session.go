@@ -326,14 +326,8 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 
 // build checks the row's required values, then builds its record.
 func (s *streamer) build(ev *publisher.Event) (*publisher.Record, error) {
-	for _, col := range []struct {
-		name  string
-		value []byte
-	}{{"aggregate_id", ev.AggregateID}, {"aggregate_type", ev.AggregateType}, {"event_type", ev.EventType}, {"payload", ev.Payload}} {
-		if col.value == nil {
-			return nil, &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
-				Err: fmt.Errorf("row has NULL %s; the outbox table's columns must be NOT NULL (see migrate)", col.name)}
-		}
+	if err := CheckRequired(ev); err != nil {
+		return nil, err
 	}
 	return s.pub.Build(ev)
 }
