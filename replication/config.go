@@ -35,6 +35,12 @@ func (c Config) Validate() error {
 	if _, err := pgconn.ParseConfig(c.DSN); err != nil {
 		return fmt.Errorf("--pg-dsn does not parse: %s (fix the connection string; see libpq's connection string formats)", parseProblem(err))
 	}
+	return c.ValidateNames()
+}
+
+// ValidateNames checks the table, slot and publication names alone, for
+// paths that need no connection, such as printing the migration SQL.
+func (c Config) ValidateNames() error {
 	if _, _, err := SplitTable(c.Table); err != nil {
 		return err
 	}
