@@ -18,20 +18,16 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/reconcile"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/replication"
 )
-
-// exitMissing: reconcile found events missing from Kafka and did not
-// republish all of them.
-const exitMissing = 3
 
 // defaultSettle is how long before now a window ends by default: rows
 // younger than this may still be on their way to Kafka, or belong to a
 // transaction that has not committed yet.
 const defaultSettle = time.Minute
 
-// reconcileFlags are the flags of the reconcile command.
-type reconcileFlags struct {
+// reconcileOptions are the flags of the reconcile command, and of run's
+// periodic check.
+type reconcileOptions struct {
 	since, until string
 	republish    bool
 	asJSON       bool
@@ -39,36 +35,60 @@ type reconcileFlags struct {
 	stall        time.Duration
 	ackTimeout   time.Duration
 	progress     time.Duration
+
+	every, window, settle time.Duration // run --reconcile-*
+}
+
+func reconcileFlags(fs *flag.FlagSet, o *options) {
+	r := &o.reconcile
+	fs.StringVar(&r.since, "since", "", "start of the window, as a duration ago (e.g. 2h) or RFC 3339 time (required)")
+	fs.StringVar(&r.until, "until", defaultSettle.String(), "end of the window, as a duration ago or RFC 3339 time; the default leaves rows still on their way out")
+	fs.BoolVar(&r.republish, "republish", false, "send the missing events again through the same path as run")
+	fs.BoolVar(&r.asJSON, "json", false, "print the report as JSON, with every missing event id")
+	fs.DurationVar(&r.margin, "margin", 5*time.Minute, "read Kafka from this long before --since; covers clock skew between PostgreSQL and the relay's host")
+	fs.DurationVar(&r.stall, "stall-timeout", time.Minute, "fail when a partition delivers nothing this long before its end")
+	fs.DurationVar(&r.ackTimeout, "ack-timeout", 2*time.Minute, "with --republish: how long to wait for Kafka's acknowledgements")
+	fs.DurationVar(&r.progress, "progress-interval", 10*time.Second, "how often progress is logged when stderr is not a terminal")
+}
+
+func periodicReconcileFlags(fs *flag.FlagSet, o *options) {
+	r := &o.reconcile
+	fs.DurationVar(&r.every, "reconcile-every", 0, "compare the outbox with Kafka this often in the background and export the result as metrics (0: never); it never republishes")
+	fs.DurationVar(&r.window, "reconcile-window", time.Hour, "how far back each background comparison looks")
+	fs.DurationVar(&r.settle, "reconcile-settle", defaultSettle, "each background window ends this long before the check; longer than your longest transaction")
+}
+
+func (r *reconcileOptions) validatePeriodic() error {
+	switch {
+	case r.every < 0:
+		return errors.New("--reconcile-every must not be negative")
+	case r.every > 0 && r.window <= 0:
+		return errors.New("--reconcile-window must be positive")
+	case r.settle < 0:
+		return errors.New("--reconcile-settle must not be negative")
+	}
+	return nil
 }
 
 func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var f reconcileFlags
-	o, _, code := setup("reconcile", args, stderr, func(fs *flag.FlagSet) {
-		fs.StringVar(&f.since, "since", "", "start of the window, as a duration ago (e.g. 2h) or RFC 3339 time (required)")
-		fs.StringVar(&f.until, "until", defaultSettle.String(), "end of the window, as a duration ago or RFC 3339 time; the default leaves rows still on their way out")
-		fs.BoolVar(&f.republish, "republish", false, "send the missing events again through the same path as run")
-		fs.BoolVar(&f.asJSON, "json", false, "print the report as JSON, with every missing event id")
-		fs.DurationVar(&f.margin, "margin", 5*time.Minute, "read Kafka from this long before --since; covers clock skew between PostgreSQL and the relay's host")
-		fs.DurationVar(&f.stall, "stall-timeout", time.Minute, "fail when a partition delivers nothing this long before its end")
-		fs.DurationVar(&f.ackTimeout, "ack-timeout", 2*time.Minute, "with --republish: how long to wait for Kafka's acknowledgements")
-		fs.DurationVar(&f.progress, "progress-interval", 10*time.Second, "how often progress is logged when stderr is not a terminal")
-	})
+	o, _, code := setup("reconcile", args, 0, stderr)
 	if o == nil {
 		return code
 	}
+	f := &o.reconcile
 	since, until, err := parseWindow(f.since, f.until, time.Now())
-	if err == nil && len(o.relay.Publisher.Brokers) == 0 {
-		err = errors.New("--kafka-brokers is required: a comma-separated list of host:port")
+	if err == nil && f.margin < 0 {
+		err = errors.New("--margin must not be negative")
 	}
 	if err == nil {
-		err = o.relay.Replication.Validate()
+		err = validateReconcile(o.relay)
 	}
 	if err != nil {
-		return fail(stderr, "reconcile", err, o.relay.Replication.DSN)
+		return usageError(stderr, "reconcile", err, o.relay.Replication.DSN)
 	}
 	log, err := newLogger(o.logLevel, stderr)
 	if err != nil {
-		return fail(stderr, "reconcile", err, "")
+		return usageError(stderr, "reconcile", err, "")
 	}
 
 	cfg := reconcileConfig(o)
@@ -85,8 +105,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	rep, err := reconcile.Run(ctx, cfg, log)
 	bar.clear()
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-relay reconcile: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
-		return exitFailure
+		return failure(stderr, "reconcile", err, o.relay.Replication.DSN)
 	}
 	if f.asJSON {
 		enc := json.NewEncoder(stdout)
@@ -99,6 +118,24 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		return exitMissing
 	}
 	return exitOK
+}
+
+// validateReconcile checks what reconcile needs before it touches
+// PostgreSQL or Kafka, as run does.
+func validateReconcile(c relay.Config) error {
+	if len(c.Publisher.Brokers) == 0 {
+		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
+	}
+	if err := validateQuarantineTable(c.QuarantineTable); err != nil {
+		return err
+	}
+	if err := c.Replication.Validate(); err != nil {
+		return err
+	}
+	if c.OnPermanentError != relay.OnPermanentQuarantine && c.OnPermanentError != relay.OnPermanentHalt {
+		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
+	}
+	return c.Publisher.Validate()
 }
 
 // reconcileConfig is the comparison's configuration from the shared flags.
@@ -257,33 +294,11 @@ func renderBar(p reconcile.Progress, width int) string {
 	return fmt.Sprintf("%-9s [%s] %3.0f%%  %d/%d  %s", p.Phase, bar, frac*100, p.Done, p.Total, p.Elapsed.Round(time.Second))
 }
 
-// periodicFlags are run's flags for the background comparison.
-type periodicFlags struct {
-	every, window, settle time.Duration
-}
-
-func (p *periodicFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&p.every, "reconcile-every", 0, "compare the outbox with Kafka this often in the background and export the result as metrics (0: never); it never republishes")
-	fs.DurationVar(&p.window, "reconcile-window", time.Hour, "how far back each background comparison looks")
-	fs.DurationVar(&p.settle, "reconcile-settle", defaultSettle, "each background window ends this long before the check; longer than your longest transaction")
-}
-
-func (p *periodicFlags) validate() error {
-	switch {
-	case p.every < 0:
-		return errors.New("--reconcile-every must not be negative")
-	case p.every > 0 && p.window <= 0:
-		return errors.New("--reconcile-window must be positive")
-	case p.settle < 0:
-		return errors.New("--reconcile-settle must not be negative")
-	}
-	return nil
-}
-
 // startPeriodicReconcile runs the background comparison on its own
 // goroutine; wait returns once it stopped after ctx ended.
-func startPeriodicReconcile(ctx context.Context, p periodicFlags, o *options, reg prometheus.Registerer, log zerolog.Logger) (wait func()) {
+func startPeriodicReconcile(ctx context.Context, o *options, reg prometheus.Registerer, log zerolog.Logger) (wait func()) {
 	metrics := reconcile.NewMetrics(reg)
+	p := o.reconcile
 	if p.every <= 0 {
 		return func() {}
 	}

@@ -46,18 +46,43 @@ func TestRenderBar(t *testing.T) {
 	}
 }
 
-// Bad flags exit 2, as for every command.
-func TestReconcileBadFlagsExit2(t *testing.T) {
+// reconcile keeps the exit-code contract: 2 for bad flags before touching
+// anything, 1 when PostgreSQL cannot be reached; its help lists its own
+// flags and run's lists the periodic check's.
+func TestReconcileExitCodesAndFlags(t *testing.T) {
+	dsn := deadDSN(t)
 	for _, args := range [][]string{
-		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092"},
-		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092", "--since", "1h", "--until", "2h"},
-		{"reconcile", "--pg-dsn", "postgres://localhost/db", "--since", "1h"},
+		{"reconcile", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1"},
+		{"reconcile", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--since", "1h", "--until", "2h"},
+		{"reconcile", "--pg-dsn", dsn, "--since", "1h"},
+		{"reconcile", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--since", "1h", "--compression", "brotli"},
+		{"reconcile", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--since", "1h", "extra-argument"},
 		{"reconcile", "--no-such-flag"},
-		{"run", "--pg-dsn", "postgres://localhost/db", "--kafka-brokers", "localhost:9092", "--reconcile-every", "-1m"},
+		{"run", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--reconcile-every", "-1m"},
 	} {
-		var out, errOut strings.Builder
-		if code := run(t.Context(), args, &out, &errOut); code != exitUsage {
-			t.Errorf("%v exited %d, want %d; stderr: %s", args, code, exitUsage, errOut.String())
+		if code, _, stderr := runCaptured(args...); code != exitUsage || strings.Contains(stderr, "hunter2") {
+			t.Errorf("%v: exit %d, want %d\n%s", args, code, exitUsage, stderr)
+		}
+	}
+	code, _, stderr := runCaptured("reconcile", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--since", "1h")
+	if code != exitFailure || strings.Contains(stderr, "hunter2") {
+		t.Errorf("reconcile with PostgreSQL unreachable: exit %d, want %d\n%s", code, exitFailure, stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"reconcile", "-h"}, []string{"-since", "-until", "-republish", "-json", "-topic", "-on-permanent-error", "-kafka-tls", "-quarantine-table"}},
+		{[]string{"run", "-h"}, []string{"-reconcile-every", "-reconcile-window", "-reconcile-settle", "-topic", "-on-permanent-error"}},
+	} {
+		code, _, help := runCaptured(tc.args...)
+		if code != exitOK {
+			t.Errorf("%v: exit %d", tc.args, code)
+		}
+		for _, f := range tc.want {
+			if !strings.Contains(help, "  "+f+" ") && !strings.Contains(help, "  "+f+"\n") {
+				t.Errorf("%v does not list %s", tc.args, f)
+			}
 		}
 	}
 }

@@ -54,13 +54,25 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func (e *env) common() []string {
-	return []string{"--pg-dsn", e.db.DSN(), "--slot", e.slot, "--kafka-brokers", e.kafka.BrokerList()}
+// pg are the connection flags every command takes; kafka those of the
+// commands that reach Kafka.
+func (e *env) pg() []string { return []string{"--pg-dsn", e.db.DSN(), "--slot", e.slot} }
+
+func (e *env) kafkaArgs() []string { return []string{"--kafka-brokers", e.kafka.BrokerList()} }
+
+// command is a command line: the command, then the connection flags it
+// takes, then extra.
+func (e *env) command(name string, extra ...string) []string {
+	args := append([]string{name}, e.pg()...)
+	if name != "migrate" {
+		args = append(args, e.kafkaArgs()...)
+	}
+	return append(args, extra...)
 }
 
 func (e *env) migrate(extra ...string) {
 	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, append(append([]string{"migrate"}, e.common()...), extra...), nil)
+	p := harness.StartProcess(e.t, e.bin, e.command("migrate", extra...), nil)
 	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
 		e.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
 	}
@@ -68,8 +80,7 @@ func (e *env) migrate(extra ...string) {
 
 func (e *env) startRelay(extra ...string) *harness.Process {
 	e.t.Helper()
-	args := append(append([]string{"run"}, e.common()...), "--admin-addr", "")
-	p := harness.StartProcess(e.t, e.bin, append(args, extra...), nil)
+	p := harness.StartProcess(e.t, e.bin, e.command("run", append([]string{"--admin-addr", ""}, extra...)...), nil)
 	p.WaitForOutput(e.t, `"message":"streaming"`, time.Minute)
 	return p
 }
@@ -136,7 +147,7 @@ type report struct {
 // report.
 func (e *env) reconcile(args ...string) (int, report) {
 	e.t.Helper()
-	all := append(append([]string{"reconcile", "--json"}, e.common()...), args...)
+	all := e.command("reconcile", append([]string{"--json"}, args...)...)
 	p := harness.StartProcess(e.t, e.bin, all, []string{"OUTBOX_RELAY_LOG_LEVEL=warn"})
 	started := time.Now()
 	code, err := p.Wait(2 * time.Minute)

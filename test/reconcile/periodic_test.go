@@ -41,7 +41,7 @@ func TestPeriodicCheckExportsMissingEvents(t *testing.T) {
 	e.migrate()
 	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	started := time.Now()
-	relay := harness.StartProcess(t, e.bin, append(append([]string{"run"}, e.common()...), "--admin-addr", admin,
+	relay := harness.StartProcess(t, e.bin, e.command("run", "--admin-addr", admin,
 		"--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s"), nil)
 	relay.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 	if v, ok := metric(admin, "outbox_relay_reconcile_interval_seconds"); !ok || v != 0.2 {
