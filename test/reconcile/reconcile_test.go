@@ -188,8 +188,9 @@ func TestRetentionDeletedRowsAreNotReported(t *testing.T) {
 }
 
 // A record in Kafka with no row (a phantom, as after a failover to a
-// server that lost the row) is reported and left in place.
-func TestPhantomIsReported(t *testing.T) {
+// server that lost the row) is reported and left in place; a second record
+// of an event is reported as delivered more than once.
+func TestPhantomAndDuplicateAreReported(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay()
@@ -203,6 +204,8 @@ func TestPhantomIsReported(t *testing.T) {
 		{Topic: "outbox.event.order", Key: []byte("order-1"), Value: []byte(`{}`),
 			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(phantom)}}},
 		{Topic: "outbox.event.order", Key: []byte("order-1"), Value: []byte(`{}`)},
+		{Topic: "outbox.event.order", Key: []byte("order-0"), Value: []byte(`{}`),
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(ids[0])}}},
 	} {
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatalf("produce: %v", err)
@@ -212,6 +215,9 @@ func TestPhantomIsReported(t *testing.T) {
 	code, rep := e.reconcile(append(window, "--margin", "0s")...)
 	if code != 0 || len(rep.Phantoms) != 1 || rep.Phantoms[0].EventID != phantom || rep.UnidentifiedRecords != 1 {
 		t.Fatalf("reconcile exited %d, phantoms %+v, unidentified %d; want 0, [%s], 1", code, rep.Phantoms, rep.UnidentifiedRecords, phantom)
+	}
+	if !sameSet(rep.Duplicated, ids[:1]) || rep.Found != int64(len(ids)) {
+		t.Fatalf("delivered more than once %v, found %d; want [%s] and %d", rep.Duplicated, rep.Found, ids[0], len(ids))
 	}
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
 }
