@@ -108,8 +108,14 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			return nil
 		}
 		i, ok := r.missing.index(id)
-		if !ok || r.state[i] != pending {
+		if !ok {
 			return nil
+		}
+		r.mu.Lock()
+		state := r.state[i]
+		r.mu.Unlock()
+		if state != pending {
+			return nil // the table returned the row twice (a text id without a key)
 		}
 		ev.Txn = uint64(i)
 		rec, err := build(pub, ev)
