@@ -81,7 +81,9 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		err = errors.New("--margin must not be negative")
 	}
 	if err == nil {
-		err = validateReconcile(o.relay)
+		// The same checks as run: reconcile reads and publishes with run's
+		// settings, and the flags it does not take keep their valid defaults.
+		err = validateRun(o.relay)
 	}
 	if err != nil {
 		return usageError(stderr, "reconcile", err, o.relay.Replication.DSN)
@@ -118,24 +120,6 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		return exitMissing
 	}
 	return exitOK
-}
-
-// validateReconcile checks what reconcile needs before it touches
-// PostgreSQL or Kafka, as run does.
-func validateReconcile(c relay.Config) error {
-	if len(c.Publisher.Brokers) == 0 {
-		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
-	}
-	if err := validateQuarantineTable(c.QuarantineTable); err != nil {
-		return err
-	}
-	if err := c.Replication.Validate(); err != nil {
-		return err
-	}
-	if c.OnPermanentError != relay.OnPermanentQuarantine && c.OnPermanentError != relay.OnPermanentHalt {
-		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
-	}
-	return c.Publisher.Validate()
 }
 
 // reconcileConfig is the comparison's configuration from the shared flags.
