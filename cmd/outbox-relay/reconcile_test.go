@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outbox-relay/outbox-relay/reconcile"
 )
 
@@ -84,5 +86,20 @@ func TestReconcileExitCodesAndFlags(t *testing.T) {
 				t.Errorf("%v does not list %s", tc.args, f)
 			}
 		}
+	}
+}
+
+// Off a terminal, progress goes to the log as structured lines.
+func TestProgressIsLoggedOffATerminal(t *testing.T) {
+	var logged strings.Builder
+	bar := newProgressBar(&logged)
+	if bar.terminal {
+		t.Fatal("a strings.Builder counts as a terminal")
+	}
+	log := zerolog.New(&logged)
+	bar.update(log)(reconcile.Progress{Phase: "kafka", Done: 10, Total: 40, Elapsed: 3 * time.Second})
+	if out := logged.String(); !strings.Contains(out, `"message":"reconcile progress"`) || !strings.Contains(out, `"phase":"kafka"`) ||
+		!strings.Contains(out, `"done":10`) || !strings.Contains(out, `"total":40`) || strings.Contains(out, "\r") {
+		t.Fatalf("progress off a terminal logged %q", out)
 	}
 }
