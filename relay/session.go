@@ -117,9 +117,9 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 			ev = r.log.Warn().AnErr("count_error", err)
 		} else if rows > 0 {
 			ev = r.log.Warn().Int64("rows_not_published", rows)
-			if cmd, err := reconcileCommand(ctx, admin, r.cfg.Replication.Table); err == nil && cmd != "" {
-				ev = ev.Str("reconcile_command", cmd)
-			}
+		}
+		if cmd := reconcileCommand(ctx, admin, r.cfg.Replication.Table); cmd != "" {
+			ev = ev.Str("reconcile_command", cmd)
 		}
 		ev.Str("lsn", at.String()).
 			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
