@@ -161,16 +161,18 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return fail(stderr, "migrate", err, "")
 	}
-	qSchema, qTable := quarantineTable(o)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: qSchema + "." + qTable}
+		Quarantine: o.relay.QuarantineTable}
 	if *printSQL {
 		script, err := migrations.SQL(names)
 		if err != nil {
 			return fail(stderr, "migrate", err, "")
 		}
-		fmt.Fprint(stdout, script)
-		fmt.Fprintf(stdout, "-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", o.relay.Replication.Slot)
+		slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
+		if err != nil {
+			return fail(stderr, "migrate", err, "")
+		}
+		fmt.Fprint(stdout, script+slotSQL)
 		return exitOK
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
@@ -187,6 +189,9 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer admin.Close(context.Background())
 	if !*slotOnly {
 		if err := migrations.Apply(ctx, admin.Conn(), names); err != nil {
+			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		}
+		if err := admin.CheckColumns(ctx); err != nil {
 			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
 		}
 		log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication).Msg("schema is up to date")

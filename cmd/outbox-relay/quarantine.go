@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 const quarantineUsage = `usage:
@@ -44,15 +45,22 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err := o.relay.Replication.Validate(); err != nil {
 		return fail(stderr, "quarantine", err, dsn)
 	}
-	schema, table := quarantineTable(o)
-	store, err := relay.OpenQuarantine(ctx, o.relay.Replication, schema, table)
+	table, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
 	if err != nil {
 		return fail(stderr, "quarantine", err, dsn)
 	}
-	defer store.Close()
+	access := store.ForList
+	if sub == "replay" {
+		access = store.ForReplay
+	}
+	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication, table, access)
+	if err != nil {
+		return fail(stderr, "quarantine", err, dsn)
+	}
+	defer quarantine.Close()
 
 	if sub == "list" {
-		events, err := store.List(ctx, "")
+		events, err := quarantine.List(ctx, "")
 		if err != nil {
 			return fail(stderr, "quarantine", err, dsn)
 		}
@@ -83,10 +91,10 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	var events []relay.Quarantined
 	if *all {
-		events, err = store.List(ctx, "")
+		events, err = quarantine.List(ctx, "")
 	} else {
 		for _, id := range ids {
-			one, lerr := store.List(ctx, id)
+			one, lerr := quarantine.List(ctx, id)
 			if lerr != nil {
 				err = lerr
 				break
@@ -107,7 +115,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return fail(stderr, "quarantine replay", err, "")
 	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, store, events, *timeout, log)
+	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, *timeout, log)
 	if err != nil && results == nil {
 		return fail(stderr, "quarantine replay", err, dsn)
 	}
@@ -125,13 +133,4 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitFailure
 	}
 	return exitOK
-}
-
-func quarantineTable(o *options) (schema, table string) {
-	outboxSchema, _, _ := replication.SplitTable(o.relay.Replication.Table)
-	if o.relay.QuarantineTable == "" {
-		return outboxSchema, "outbox_quarantine"
-	}
-	schema, table, _ = replication.SplitTable(o.relay.QuarantineTable)
-	return schema, table
 }
