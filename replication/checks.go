@@ -53,10 +53,6 @@ func Dial(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// Conn exposes the connection to the migrate command, which applies the
-// schema on the same session that then creates the slot.
-func (a *Admin) Conn() *pgx.Conn { return a.conn }
-
 // Close closes the connection.
 func (a *Admin) Close(ctx context.Context) error { return a.conn.Close(ctx) }
 

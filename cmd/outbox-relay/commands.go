@@ -188,7 +188,12 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	defer admin.Close(context.Background())
 	if !*slotOnly {
-		if err := migrations.Apply(ctx, admin.Conn(), names); err != nil {
+		conn, err := replication.Dial(ctx, o.relay.Replication)
+		if err != nil {
+			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		}
+		defer conn.Close(context.Background())
+		if err := migrations.Apply(ctx, conn, names); err != nil {
 			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
 		}
 		if err := admin.CheckColumns(ctx); err != nil {
