@@ -59,7 +59,13 @@ type slotReading struct {
 // atomic rather than under the relay's mutex.
 type ackClock struct{ ns atomic.Int64 }
 
-func (c *ackClock) note(t time.Time) { c.ns.Store(t.UnixNano()) }
+// note records an ack; a nil clock (outcomes built without a relay, as in
+// tests) records nothing.
+func (c *ackClock) note(t time.Time) {
+	if c != nil {
+		c.ns.Store(t.UnixNano())
+	}
+}
 
 func (c *ackClock) get() time.Time {
 	if ns := c.ns.Load(); ns != 0 {
@@ -108,7 +114,7 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	case err != nil:
 		reading.err = replication.RedactError(err.Error(), r.cfg.Replication.DSN)
 	case !exists:
-		reading.err = "slot " + r.cfg.Replication.Slot + " does not exist: run `outbox-relay migrate`"
+		reading.err = (&slotMissingError{slot: r.cfg.Replication.Slot}).Error()
 	}
 	r.mu.Lock()
 	r.status.slot = reading
