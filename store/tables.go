@@ -1,8 +1,6 @@
 package store
 
 import (
-	"fmt"
-
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -26,9 +24,9 @@ func (t Table) String() string { return t.Schema + "." + t.Name }
 // ParseTable splits "schema.table" (schema defaults to public), and names
 // flag in the error.
 func ParseTable(flag, name string) (Table, error) {
-	schema, table, err := replication.SplitTable(name)
+	schema, table, err := replication.SplitTableFlag(flag, name)
 	if err != nil {
-		return Table{}, fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events", flag, name)
+		return Table{}, err
 	}
 	for _, part := range []string{schema, table} {
 		if err := replication.ValidateIdentifier(flag, part); err != nil {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 	"time"
 
@@ -30,24 +30,26 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitUsage
 	}
 	sub := args[0]
-	o := &options{}
-	fs := newFlagSet("outbox-relay quarantine "+sub, o, stderr)
-	asJSON := fs.Bool("json", false, "list: print JSON instead of a table")
-	all := fs.Bool("all", false, "replay: every quarantined event")
-	timeout := fs.Duration("replay-timeout", time.Minute, "replay: how long to wait for Kafka's acknowledgements")
-	if err := parse(fs, o, args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return fail(stderr, "quarantine", err, o.relay.Replication.DSN)
+	command := "quarantine " + sub
+	maxArgs := 0
+	if sub == "replay" {
+		maxArgs = math.MaxInt
+	}
+	o, ids, code := setup(command, args[1:], maxArgs, stderr)
+	if o == nil {
+		return code
 	}
 	dsn := o.relay.Replication.DSN
-	if err := o.relay.Replication.Validate(); err != nil {
-		return fail(stderr, "quarantine", err, dsn)
+	if err := validateQuarantine(o, sub, ids); err != nil {
+		return usageError(stderr, command, err, dsn)
+	}
+	log, err := newLogger(o.logLevel, stderr)
+	if err != nil {
+		return usageError(stderr, command, err, "")
 	}
 	table, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
 	if err != nil {
-		return fail(stderr, "quarantine", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
 	access := store.ForList
 	if sub == "replay" {
@@ -55,16 +57,16 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	}
 	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication, table, access)
 	if err != nil {
-		return fail(stderr, "quarantine", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
 	defer quarantine.Close()
 
 	if sub == "list" {
 		events, err := quarantine.List(ctx, "")
 		if err != nil {
-			return fail(stderr, "quarantine", err, dsn)
+			return failure(stderr, command, err, dsn)
 		}
-		if *asJSON {
+		if o.asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
 			enc.Encode(events)
@@ -85,12 +87,8 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitOK
 	}
 
-	ids := fs.Args()
-	if *all == (len(ids) > 0) {
-		return fail(stderr, "quarantine replay", errors.New("give event ids, or --all"), "")
-	}
 	var events []relay.Quarantined
-	if *all {
+	if o.replayAll {
 		events, err = quarantine.List(ctx, "")
 	} else {
 		for _, id := range ids {
@@ -100,24 +98,17 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 				break
 			}
 			if len(one) == 0 {
-				return fail(stderr, "quarantine replay", fmt.Errorf("event %s is not quarantined", id), "")
+				return failure(stderr, command, fmt.Errorf("event %s is not quarantined (see outbox-relay quarantine list)", id), "")
 			}
 			events = append(events, one...)
 		}
 	}
 	if err != nil {
-		return fail(stderr, "quarantine replay", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
-	if len(o.relay.Publisher.Brokers) == 0 {
-		return fail(stderr, "quarantine replay", errors.New("--kafka-brokers is required"), "")
-	}
-	log, err := newLogger(o.logLevel, stderr)
-	if err != nil {
-		return fail(stderr, "quarantine replay", err, "")
-	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, *timeout, log)
+	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
-		return fail(stderr, "quarantine replay", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
 	failed := 0
 	for _, r := range results {
@@ -133,4 +124,25 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitFailure
 	}
 	return exitOK
+}
+
+// validateQuarantine checks a quarantine subcommand's flags and arguments
+// before anything is touched.
+func validateQuarantine(o *options, sub string, ids []string) error {
+	if err := o.relay.Replication.Validate(); err != nil {
+		return err
+	}
+	if err := validateQuarantineTable(o); err != nil {
+		return err
+	}
+	if sub != "replay" {
+		return nil
+	}
+	if o.replayAll == (len(ids) > 0) {
+		return errors.New("give event ids, or --all")
+	}
+	if len(o.relay.Publisher.Brokers) == 0 {
+		return errors.New("--kafka-brokers is required")
+	}
+	return o.relay.Publisher.Validate()
 }
