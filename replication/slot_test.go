@@ -122,3 +122,24 @@ func TestCheckColumnsNamesWrongTypes(t *testing.T) {
 		t.Fatalf("a missing payload column: %v", err)
 	}
 }
+
+// Issue 11.1: the warning on creating a slot reported every row of the
+// table as "not published", misleading when an older slot had published
+// them. ExistingRows gives the count with the newest row's creation time,
+// and still counts a custom table without created_at.
+func TestExistingRowsGivesTheNewestRow(t *testing.T) {
+	db, cfg := testDatabase(t)
+	db.Exec(t, `CREATE TABLE outbox_events (event_id uuid PRIMARY KEY, created_at timestamptz NOT NULL)`)
+	db.Exec(t, `INSERT INTO outbox_events VALUES (gen_random_uuid(), '2026-01-01 10:00:00+00'), (gen_random_uuid(), '2026-02-01 10:00:00+00')`)
+	admin := connect(t, cfg)
+	rows, err := admin.ExistingRows(context.Background())
+	want := time.Date(2026, 2, 1, 10, 0, 0, 0, time.UTC)
+	if err != nil || rows.Count != 2 || !rows.NewestCreated.Equal(want) {
+		t.Fatalf("ExistingRows: %+v, %v; want 2 rows, the newest created %v", rows, err, want)
+	}
+	db.Exec(t, `ALTER TABLE outbox_events DROP COLUMN created_at`)
+	rows, err = admin.ExistingRows(context.Background())
+	if err != nil || rows.Count != 2 || !rows.NewestCreated.IsZero() {
+		t.Fatalf("ExistingRows without created_at: %+v, %v; want 2 rows and no time", rows, err)
+	}
+}
