@@ -28,8 +28,14 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
+	written := e.currentLSN()
 	harness.WaitFor(t, 30*time.Second, "the first event in Kafka", func() bool {
 		return len(e.consumeAll(time.Second)) == 1
+	})
+	// Once the slot passed it, the relay knows the commit time to name in
+	// the reconcile advice.
+	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
+		return e.lsnAtLeast(e.confirmedFlush(), written)
 	})
 	ready := func() bool {
 		resp, err := http.Get("http://" + admin + "/readyz")
@@ -83,8 +89,8 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 		t.Fatalf("relay exited %d (%v), want 1:\n%s", code, err, p.Output())
 	}
 	out := p.Output()
-	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since") {
-		t.Errorf("the exit does not name the slot and the way back:\n%s", out)
+	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20") {
+		t.Errorf("the exit does not name the slot, the way back and the last confirmed commit time:\n%s", out)
 	}
 	if strings.Contains(out, "created the replication slot") {
 		t.Errorf("the relay created a new slot:\n%s", out)
