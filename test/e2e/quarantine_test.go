@@ -59,9 +59,15 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if code, err := list.Wait(time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine list exited %d (%v): %s", code, err, list.Output())
 	}
+	// The JSON keys are snake_case, like /slot's.
 	var listed []struct {
-		EventID, Topic, ErrorClass, ErrorMessage, Payload, Headers string
-		Attempts                                                   int
+		EventID      string `json:"event_id"`
+		Topic        string `json:"topic"`
+		ErrorClass   string `json:"error_class"`
+		ErrorMessage string `json:"error_message"`
+		Payload      string `json:"payload"`
+		Headers      string `json:"headers"`
+		Attempts     int    `json:"attempts"`
 	}
 	out := list.Output()
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil {
