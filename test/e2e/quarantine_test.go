@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +32,7 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
 	e.migrate()
 	e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	ctx := context.Background()
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 1}`}}); err != nil {
 		t.Fatal(err)
@@ -48,11 +46,11 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 3}`}}); err != nil {
 		t.Fatal(err)
 	}
-	afterAll := e.currentLSN()
+	afterAll := e.db.CurrentLSN(t)
 	ids, _ = e.Committed()
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
-		return e.lsnAtLeast(e.confirmedFlush(), afterAll)
+		return harness.LSNAtMost(afterAll, e.confirmedFlush())
 	})
 
 	list := harness.StartProcess(t, e.bin, append([]string{"quarantine", "list", "--json"}, e.args("")[1:]...), nil)
@@ -109,13 +107,13 @@ func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay("--kafka-retry-backoff-max", "50ms")
-	if err := e.writeEvents(e.connect(), 3, 2, 2); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 3, 2, 2); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeAll(time.Minute)
 	fault := e.kafka.FailProduce(15, kerr.NotLeaderForPartition.Code)
 	defer fault.Remove()
-	if err := e.writeEvents(e.connect(), 10, 2, 4); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 10, 2, 4); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeAll(2 * time.Minute)
@@ -132,9 +130,8 @@ func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
-	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	e.startRelay("--admin-addr", admin, "--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
-	conn := e.connect()
+	admin := e.startRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms").AdminURL(t)
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 5, 2, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -161,15 +158,7 @@ func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
 	})
 }
 
-var runsLine = regexp.MustCompile(`(?m)^outbox_relay_retention_runs_total (\S+)$`)
-
 func retentionRuns(t *testing.T, admin string) float64 {
 	t.Helper()
-	body := httpGet(t, "http://"+admin+"/metrics")
-	m := runsLine.FindStringSubmatch(body)
-	if m == nil {
-		t.Fatalf("no outbox_relay_retention_runs_total in /metrics")
-	}
-	v, _ := strconv.ParseFloat(m[1], 64)
-	return v
+	return harness.Metric(t, admin, "outbox_relay_retention_runs_total")
 }
