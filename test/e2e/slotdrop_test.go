@@ -23,19 +23,19 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 	e.migrate()
 	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	p := e.startRelay("--admin-addr", admin)
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	ctx := context.Background()
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	written := e.currentLSN()
+	written := e.db.CurrentLSN(t)
 	harness.WaitFor(t, 30*time.Second, "the first event in Kafka", func() bool {
 		return len(e.consumeAll(time.Second)) == 1
 	})
 	// Once the slot passed it, the relay knows the commit time to name in
 	// the reconcile advice.
 	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
-		return e.lsnAtLeast(e.confirmedFlush(), written)
+		return harness.LSNAtMost(written, e.confirmedFlush())
 	})
 	ready := func() bool {
 		resp, err := http.Get("http://" + admin + "/readyz")
