@@ -16,11 +16,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Config is one comparison.
@@ -28,9 +28,9 @@ type Config struct {
 	Postgres replication.Config
 	Kafka    publisher.Config
 
-	// QuarantineSchema and QuarantineTable name the quarantine table; rows
-	// held there are reported as quarantined, not missing.
-	QuarantineSchema, QuarantineTable string
+	// Quarantine is the quarantine table; rows held there are reported as
+	// quarantined, not missing. A zero Table means none.
+	Quarantine store.Table
 
 	// Since and Until bound the rows compared by created_at: [Since, Until).
 	Since, Until time.Time
@@ -259,6 +259,3 @@ func reportProgress(cfg Config, c *counters, started time.Time) (stop func()) {
 		<-finished
 	}
 }
-
-// quoted returns a schema-qualified, quoted table name.
-func quoted(schema, table string) string { return pgx.Identifier{schema, table}.Sanitize() }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Outcome of one missing event during republish.
@@ -27,7 +28,7 @@ const (
 // outcome goroutine; the event's index in the missing list rides in Txn.
 type republisher struct {
 	missing    sortedIDs
-	quarantine *relay.QuarantineStore // nil: permanent errors fail the event
+	quarantine *store.Quarantine // nil: permanent errors fail the event
 	log        zerolog.Logger
 
 	mu       sync.Mutex
@@ -81,13 +82,13 @@ func (r *republisher) fail(i int, msg string) {
 func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress *counters, log zerolog.Logger) error {
 	r := &republisher{missing: rep.Missing, log: log, state: make([]uint8, len(rep.Missing)),
 		errs: map[int]string{}, acks: progress}
-	if cfg.Republish.Quarantine && cfg.QuarantineTable != "" {
-		store, err := relay.OpenQuarantine(ctx, cfg.Postgres, cfg.QuarantineSchema, cfg.QuarantineTable)
+	if cfg.Republish.Quarantine && cfg.Quarantine.Name != "" {
+		q, err := store.OpenQuarantine(ctx, cfg.Postgres, cfg.Quarantine, store.ForRelay)
 		if err != nil {
 			return err
 		}
-		defer store.Close()
-		r.quarantine = store
+		defer q.Close()
+		r.quarantine = q
 	}
 	waiting := publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}
 	pubCfg := cfg.Kafka
@@ -201,8 +202,8 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 // build checks the row's required values as `run` does, then builds its
 // record.
 func build(pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
-	if err := relay.CheckRequired(ev); err != nil {
-		return nil, err
+	if perr := publisher.CheckRow(ev); perr != nil {
+		return nil, perr
 	}
 	return pub.Build(ev)
 }

@@ -9,8 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // lookupBatch is how many ids one `= ANY($1)` lookup carries.
@@ -18,7 +21,7 @@ const lookupBatch = 5000
 
 // table reads the outbox and quarantine tables on one connection.
 type table struct {
-	admin      *replication.Admin
+	conn       *pgx.Conn
 	cfg        Config
 	outbox     string // quoted
 	quarantine string // quoted; empty when the table does not exist
@@ -26,27 +29,27 @@ type table struct {
 }
 
 func openTable(ctx context.Context, cfg Config) (*table, error) {
-	schema, name, err := replication.SplitTable(cfg.Postgres.Table)
+	outbox, err := store.ParseTable("--table", cfg.Postgres.Table)
 	if err != nil {
 		return nil, err
 	}
-	admin, err := replication.Connect(ctx, cfg.Postgres)
+	conn, err := replication.Dial(ctx, cfg.Postgres)
 	if err != nil {
 		return nil, err
 	}
-	t := &table{admin: admin, cfg: cfg, outbox: quoted(schema, name)}
-	err = admin.Conn().QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted()}
+	err = conn.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = 'event_id' AND NOT attisdropped`, t.outbox).Scan(&t.idType)
 	if err != nil {
-		admin.Close(context.Background())
+		conn.Close(context.Background())
 		return nil, fmt.Errorf("%w: look up %s.event_id: %v (check --table, and that `outbox-relay migrate` ran)",
 			replication.ErrPrecondition, t.outbox, err)
 	}
-	if cfg.QuarantineTable != "" {
-		q := quoted(cfg.QuarantineSchema, cfg.QuarantineTable)
+	if cfg.Quarantine.Name != "" {
+		q := cfg.Quarantine.Quoted()
 		var exists bool
-		if err := admin.Conn().QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", q).Scan(&exists); err != nil {
-			admin.Close(context.Background())
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", q).Scan(&exists); err != nil {
+			conn.Close(context.Background())
 			return nil, fmt.Errorf("look up quarantine table: %w", err)
 		}
 		if exists {
@@ -56,7 +59,7 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 	return t, nil
 }
 
-func (t *table) close() { t.admin.Close(context.Background()) }
+func (t *table) close() { t.conn.Close(context.Background()) }
 
 const inWindow = " WHERE created_at >= $1 AND created_at < $2"
 
@@ -66,7 +69,7 @@ func (t *table) topics(ctx context.Context) ([]string, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	rows, err := t.admin.Conn().Query(ctx, "SELECT aggregate_type, event_type, count(*) FROM "+t.outbox+inWindow+" GROUP BY 1, 2",
+	rows, err := t.conn.Query(ctx, "SELECT aggregate_type, event_type, count(*) FROM "+t.outbox+inWindow+" GROUP BY 1, 2",
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the window's topics: %w", err)
@@ -98,7 +101,7 @@ func (t *table) topics(ctx context.Context) ([]string, int64, error) {
 // not uuids (a text column) are only counted. expected sizes the set up
 // front (the count taken just before), sparing the copies of growing it.
 func (t *table) windowIDs(ctx context.Context, expected int64, done *atomic.Int64) (*rowSet, int64, error) {
-	rows, err := t.admin.Conn().Query(ctx, "SELECT event_id::text FROM "+t.outbox+inWindow, t.cfg.Since, t.cfg.Until)
+	rows, err := t.conn.Query(ctx, "SELECT event_id::text FROM "+t.outbox+inWindow, t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the window's rows: %w", err)
 	}
@@ -124,7 +127,7 @@ func (t *table) windowIDs(ctx context.Context, expected int64, done *atomic.Int6
 // oldestRow is the created_at of the table's oldest row, zero when empty.
 func (t *table) oldestRow(ctx context.Context) (time.Time, error) {
 	var oldest *time.Time
-	if err := t.admin.Conn().QueryRow(ctx, "SELECT min(created_at) FROM "+t.outbox).Scan(&oldest); err != nil {
+	if err := t.conn.QueryRow(ctx, "SELECT min(created_at) FROM "+t.outbox).Scan(&oldest); err != nil {
 		return time.Time{}, fmt.Errorf("read the oldest row: %w", err)
 	}
 	if oldest == nil {
@@ -142,7 +145,7 @@ func (t *table) present(ctx context.Context, tableName, idType string, ids []Eve
 		for _, id := range ids[start:min(start+lookupBatch, len(ids))] {
 			text = append(text, id.String())
 		}
-		rows, err := t.admin.Conn().Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE event_id = ANY($1::text[]::%s[])", tableName, idType), text)
+		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE event_id = ANY($1::text[]::%s[])", tableName, idType), text)
 		if err != nil {
 			return nil, fmt.Errorf("look up event ids in %s: %w", tableName, err)
 		}
@@ -218,7 +221,7 @@ const outboxColumns = `event_id::text, aggregate_type, aggregate_id, event_type,
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
-	rows, err := t.admin.Conn().Query(ctx, "SELECT "+outboxColumns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
+	rows, err := t.conn.Query(ctx, "SELECT "+outboxColumns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read the window's rows: %w", err)

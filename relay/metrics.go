@@ -1,10 +1,8 @@
 package relay
 
 import (
-	"context"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,7 +12,8 @@ import (
 )
 
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
-// registered on the registry it is given.
+// registered on the registry it is given. The relay only writes them: what
+// the relay reports about itself (Status) it keeps on its own.
 type Metrics struct {
 	EventsPublished   *prometheus.CounterVec
 	BytesPublished    *prometheus.CounterVec
@@ -43,10 +42,8 @@ type Metrics struct {
 	State              *prometheus.GaugeVec
 	SlotWALStatus      *prometheus.GaugeVec
 
-	mu               sync.Mutex
-	perTopic         map[string]topicCounters
-	lastAckNs        atomic.Int64
-	quarantinedCount atomic.Int64
+	mu       sync.Mutex
+	perTopic map[string]topicCounters
 }
 
 type topicCounters struct{ events, bytes prometheus.Counter }
@@ -170,7 +167,6 @@ func (m *Metrics) acked(d publisher.Delivery) {
 	if !d.CommitTime.IsZero() {
 		m.CommitToAck.Observe(now.Sub(d.CommitTime).Seconds())
 	}
-	m.lastAckNs.Store(now.UnixNano())
 }
 
 func (m *Metrics) failed(err *publisher.Error) {
@@ -178,23 +174,4 @@ func (m *Metrics) failed(err *publisher.Error) {
 	if err.Partition >= 0 {
 		m.OrderBreaks.WithLabelValues(err.Topic, strconv.Itoa(int(err.Partition))).Inc()
 	}
-}
-
-func (m *Metrics) lastAck() time.Time {
-	if ns := m.lastAckNs.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
-func (m *Metrics) quarantined() int64 { return m.quarantinedCount.Load() }
-
-// refreshQuarantined re-reads the quarantine table's size.
-func (m *Metrics) refreshQuarantined(ctx context.Context, q *QuarantineStore) {
-	n, err := q.Count(ctx)
-	if err != nil {
-		return
-	}
-	m.quarantinedCount.Store(n)
-	m.Quarantined.Set(float64(n))
 }

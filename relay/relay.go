@@ -78,16 +78,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// quarantineTable returns the quarantine table's schema and name.
-func (c Config) quarantineTable() (schema, table string) {
-	outboxSchema, _, _ := replication.SplitTable(c.Replication.Table)
-	if c.QuarantineTable == "" {
-		return outboxSchema, "outbox_quarantine"
-	}
-	s, t, _ := replication.SplitTable(c.QuarantineTable)
-	return s, t
-}
-
 // Validate checks the configuration and names the field at fault.
 func (c Config) Validate() error {
 	if err := c.Replication.Validate(); err != nil {
@@ -108,10 +98,8 @@ func (c Config) Validate() error {
 	if c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt {
 		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
 	}
-	if c.QuarantineTable != "" {
-		if _, _, err := replication.SplitTable(c.QuarantineTable); err != nil {
-			return fmt.Errorf("--quarantine-table: %w", err)
-		}
+	if _, err := c.quarantineTable(); err != nil {
+		return err
 	}
 	return c.Retention.validate()
 }
@@ -122,6 +110,8 @@ type Relay struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	hooks   Hooks
+
+	lastAck ackClock
 
 	mu     sync.Mutex
 	status Status
@@ -153,7 +143,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
 	var perr *publisher.Error
-	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
+	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) || errors.Is(err, replication.ErrSlotMissing) ||
 		errors.Is(err, publisher.ErrAuth) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
 }
 

@@ -10,13 +10,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // ReplayResult is the outcome of replaying one quarantined event.
 type ReplayResult struct {
-	EventID string
-	Topic   string
-	Err     error // nil: acknowledged by Kafka and removed from quarantine
+	EventID string `json:"event_id"`
+	Topic   string `json:"topic"`
+	Err     error  `json:"-"` // nil: acknowledged by Kafka and removed from quarantine
 }
 
 // replayOutcomes collects the producer's answer for each replayed event,
@@ -44,9 +45,10 @@ func (o *replayOutcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 
 // Replay publishes quarantined events again, with their original event_id,
 // key and headers, and removes each from quarantine only after Kafka
-// acknowledged it. An event that fails again stays quarantined. A replayed
-// event lands after any later events of its aggregate.
-func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
+// acknowledged it. An event that fails again, or fails the read loop's row
+// checks, stays quarantined. A replayed event lands after any later events
+// of its aggregate.
+func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
 	out := &replayOutcomes{errs: map[uint64]error{}, topics: map[uint64]string{}}
 	waiting := publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}
 	pub, err := publisher.New(cfg, out, waiting, log)
@@ -56,8 +58,12 @@ func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, e
 	results := make([]ReplayResult, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
-		ev := events[i].Event()
+		ev := eventOfQuarantined(&events[i])
 		ev.Txn = uint64(i)
+		if perr := publisher.CheckRow(ev); perr != nil {
+			results[i].Err = perr
+			continue
+		}
 		rec, err := pub.Build(ev)
 		var limit *publisher.BatchLimitError
 		if errors.As(err, &limit) {
@@ -110,7 +116,7 @@ func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, e
 			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
 			continue
 		}
-		r.Err = store.Remove(ctx, r.EventID)
+		r.Err = quarantine.Remove(ctx, r.EventID)
 	}
 	return results, closeErr
 }

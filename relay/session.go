@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // session is one life of the stream: check, open the slot, publish and
@@ -26,15 +27,14 @@ func (r *Relay) session(ctx context.Context) (err error) {
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.MaxInFlightEvents, Bytes: r.cfg.MaxInFlightBytes})
 	outcomes := newOutcomes(tracker, r.metrics, r.log)
+	outcomes.lastAck = &r.lastAck
 	if r.cfg.OnPermanentError == OnPermanentQuarantine {
-		schema, table := r.cfg.quarantineTable()
-		store, err := OpenQuarantine(ctx, r.cfg.Replication, schema, table)
+		quarantine, err := r.openQuarantine(ctx, store.ForRelay)
 		if err != nil {
 			return err
 		}
-		defer store.Close()
-		outcomes.quarantine = store
-		r.metrics.refreshQuarantined(ctx, store)
+		defer quarantine.Close()
+		outcomes.quarantine = quarantine
 	}
 	pubCfg := r.cfg.Publisher
 	r.mu.Lock()
@@ -93,53 +93,12 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 	if err != nil {
 		return 0, 0, err
 	}
-	slot, exists, err := admin.Slot(ctx)
+	slot, err := admin.PrepareSlot(ctx, r.slotPolicy())
 	if err != nil {
 		return 0, 0, err
 	}
-	if exists && slot.Lost() && r.cfg.RecreateLostSlot {
-		r.log.Error().
-			Msg("slot was invalidated and --recreate-lost-slot is set: dropping and recreating it; events committed while it was lost are NOT delivered: run the reconcile_command the next line names")
-		if err := admin.DropSlot(ctx); err != nil {
-			return 0, 0, err
-		}
-		exists = false
-	}
-	if !exists {
-		at, err := admin.CreateSlot(ctx)
-		if err != nil {
-			return 0, 0, err
-		}
-		ev := r.log.Info()
-		if rows, err := admin.CountRows(ctx); err != nil {
-			// The relay's role need not read the table; the slot exists
-			// either way, so say what could not be checked and go on.
-			ev = r.log.Warn().AnErr("count_error", err)
-		} else if rows > 0 {
-			ev = r.log.Warn().Int64("rows_not_published", rows)
-		}
-		if cmd := reconcileCommand(ctx, admin, r.cfg.Replication.Table); cmd != "" {
-			ev = ev.Str("reconcile_command", cmd)
-		}
-		ev.Str("lsn", at.String()).
-			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
-		return at, senderTimeout, nil
-	}
-	if err := admin.CheckSlot(ctx, slot); err != nil {
-		return 0, 0, err
-	}
-	if slot.Active {
-		// Another process streams it. Say so before connecting to Kafka, so a
-		// standby does not open a producer on every poll; START_REPLICATION
-		// remains the real lock.
-		pid := 0
-		if slot.ActivePID != nil {
-			pid = *slot.ActivePID
-		}
-		return 0, 0, fmt.Errorf("%w: replication slot %q is active for PID %d", replication.ErrSlotBusy, slot.Name, pid)
-	}
-	start, err = slot.Confirmed()
-	return start, senderTimeout, err
+	r.logSlotCreated(ctx, admin, slot)
+	return slot.LSN, senderTimeout, nil
 }
 
 // idleConfirmDelay is how soon a moved position is reported once nothing is
@@ -326,7 +285,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 
 // build checks the row's required values, then builds its record.
 func (s *streamer) build(ev *publisher.Event) (*publisher.Record, error) {
-	if err := CheckRequired(ev); err != nil {
+	if err := publisher.CheckRow(ev); err != nil {
 		return nil, err
 	}
 	return s.pub.Build(ev)
@@ -419,7 +378,8 @@ type outcomes struct {
 	tracker    *lsn.Tracker
 	metrics    *Metrics
 	log        zerolog.Logger
-	quarantine *QuarantineStore // nil when permanent errors halt the relay
+	quarantine *store.Quarantine // nil when permanent errors halt the relay
+	lastAck    *ackClock
 	failed     chan struct{}
 	first      atomic.Pointer[publisher.Error]
 }
@@ -431,6 +391,7 @@ func newOutcomes(t *lsn.Tracker, m *Metrics, log zerolog.Logger) *outcomes {
 func (o *outcomes) Acked(d publisher.Delivery) {
 	o.tracker.Ack(lsn.TxnID(d.Txn), d.Bytes)
 	o.metrics.acked(d)
+	o.lastAck.note(time.Now())
 }
 
 func (o *outcomes) Retrying() { o.metrics.Retries.Inc() }
@@ -463,13 +424,9 @@ func (o *outcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 
 // quarantineEvent stores an event Kafka will never accept, loudly.
 func (o *outcomes) quarantineEvent(ctx context.Context, q Quarantined, perr *publisher.Error) error {
-	if q.Payload == "" {
-		q.Payload = "null"
-	}
 	if err := o.quarantine.Put(ctx, q); err != nil {
 		return err
 	}
-	o.metrics.refreshQuarantined(ctx, o.quarantine)
 	o.log.Error().Str("event_id", q.EventID).Str("topic", q.Topic).Str("class", string(perr.Class)).Err(perr.Err).
 		Str("advice", perr.Advice()).
 		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -44,11 +45,27 @@ func (c Config) ValidateNames() error {
 	if _, _, err := SplitTable(c.Table); err != nil {
 		return err
 	}
-	if !slotName.MatchString(c.Slot) {
-		return fmt.Errorf("--slot %q: slot names are 1 to 63 lower-case letters, digits or underscores", c.Slot)
+	if err := ValidateSlotName(c.Slot); err != nil {
+		return err
 	}
-	if c.Publication == "" || len(c.Publication) > 63 {
-		return fmt.Errorf("--publication %q: must be 1 to 63 characters", c.Publication)
+	return ValidateIdentifier("--publication", c.Publication)
+}
+
+// ValidateSlotName checks a slot name the way PostgreSQL does, so a name
+// can never carry SQL into a printed script.
+func ValidateSlotName(name string) error {
+	if !slotName.MatchString(name) {
+		return fmt.Errorf("--slot %q: slot names are 1 to 63 lower-case letters, digits or underscores", name)
+	}
+	return nil
+}
+
+// ValidateIdentifier checks a name that is quoted into SQL: 1 to 63 bytes
+// (PostgreSQL would silently truncate a longer one) and no NUL byte, which
+// no identifier can hold.
+func ValidateIdentifier(flag, name string) error {
+	if name == "" || len(name) > 63 || strings.ContainsRune(name, 0) {
+		return fmt.Errorf("%s %q: must be 1 to 63 bytes with no NUL byte", flag, name)
 	}
 	return nil
 }
@@ -126,6 +143,6 @@ func RedactError(msg, dsn string) string {
 	return kvPassword.ReplaceAllString(msg, "${1}xxxxx")
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

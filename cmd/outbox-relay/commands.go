@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // version is stamped at build time with -ldflags "-X main.version=...";
@@ -165,9 +166,6 @@ func failure(stderr io.Writer, command string, err error, dsn string) int {
 // Kafka, so a setting that can never work exits 2 at once instead of
 // failing every session.
 func validateRun(c relay.Config) error {
-	if err := validateQuarantineTable(c.QuarantineTable); err != nil {
-		return err
-	}
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -238,16 +236,18 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usageError(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
-	qSchema, qTable := quarantineTable(o)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: qSchema + "." + qTable}
+		Quarantine: o.relay.QuarantineTable}
 	if o.printSQL {
 		script, err := migrations.SQL(names)
 		if err != nil {
 			return usageError(stderr, "migrate", err, "")
 		}
-		fmt.Fprint(stdout, script)
-		fmt.Fprintf(stdout, "-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", o.relay.Replication.Slot)
+		slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
+		if err != nil {
+			return usageError(stderr, "migrate", err, "")
+		}
+		fmt.Fprint(stdout, script+slotSQL)
 		return exitOK
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
@@ -264,7 +264,15 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	defer admin.Close(context.Background())
 	if !o.slotOnly {
-		if err := migrations.Apply(ctx, admin.Conn(), names); err != nil {
+		conn, err := replication.Dial(ctx, o.relay.Replication)
+		if err != nil {
+			return failure(stderr, "migrate", err, dsn)
+		}
+		defer conn.Close(context.Background())
+		if err := migrations.Apply(ctx, conn, names); err != nil {
+			return failure(stderr, "migrate", err, dsn)
+		}
+		if err := admin.CheckColumns(ctx); err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
 		log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication).Msg("schema is up to date")
@@ -301,15 +309,12 @@ func validateNames(o *options) error {
 	if err := o.relay.Replication.ValidateNames(); err != nil {
 		return err
 	}
-	return validateQuarantineTable(o.relay.QuarantineTable)
+	return validateQuarantineTable(o)
 }
 
 // validateQuarantineTable checks --quarantine-table; empty is the default.
-func validateQuarantineTable(name string) error {
-	if name == "" {
-		return nil
-	}
-	_, _, err := replication.SplitTableFlag("--quarantine-table", name)
+func validateQuarantineTable(o *options) error {
+	_, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
 	return err
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 const quarantineUsage = `usage:
@@ -46,15 +47,22 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return usageError(stderr, command, err, "")
 	}
-	schema, table := quarantineTable(o)
-	store, err := relay.OpenQuarantine(ctx, o.relay.Replication, schema, table)
+	table, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}
-	defer store.Close()
+	access := store.ForList
+	if sub == "replay" {
+		access = store.ForReplay
+	}
+	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication, table, access)
+	if err != nil {
+		return failure(stderr, command, err, dsn)
+	}
+	defer quarantine.Close()
 
 	if sub == "list" {
-		events, err := store.List(ctx, "")
+		events, err := quarantine.List(ctx, "")
 		if err != nil {
 			return failure(stderr, command, err, dsn)
 		}
@@ -81,10 +89,10 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 
 	var events []relay.Quarantined
 	if o.replayAll {
-		events, err = store.List(ctx, "")
+		events, err = quarantine.List(ctx, "")
 	} else {
 		for _, id := range ids {
-			one, lerr := store.List(ctx, id)
+			one, lerr := quarantine.List(ctx, id)
 			if lerr != nil {
 				err = lerr
 				break
@@ -98,7 +106,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, store, events, o.replayTimeout, log)
+	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
 	}
@@ -124,7 +132,7 @@ func validateQuarantine(o *options, sub string, ids []string) error {
 	if err := o.relay.Replication.Validate(); err != nil {
 		return err
 	}
-	if err := validateQuarantineTable(o.relay.QuarantineTable); err != nil {
+	if err := validateQuarantineTable(o); err != nil {
 		return err
 	}
 	if sub != "replay" {
@@ -137,13 +145,4 @@ func validateQuarantine(o *options, sub string, ids []string) error {
 		return errors.New("--kafka-brokers is required")
 	}
 	return o.relay.Publisher.Validate()
-}
-
-func quarantineTable(o *options) (schema, table string) {
-	outboxSchema, _, _ := replication.SplitTable(o.relay.Replication.Table)
-	if o.relay.QuarantineTable == "" {
-		return outboxSchema, "outbox_quarantine"
-	}
-	schema, table, _ = replication.SplitTable(o.relay.QuarantineTable)
-	return schema, table
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/reconcile"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // defaultSettle is how long before now a window ends by default: rows
@@ -122,11 +123,12 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	return exitOK
 }
 
-// reconcileConfig is the comparison's configuration from the shared flags.
+// reconcileConfig is the comparison's configuration from the shared flags,
+// which validateRun has checked.
 func reconcileConfig(o *options) reconcile.Config {
-	schema, table := quarantineTable(o)
+	quarantine, _ := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
 	return reconcile.Config{Postgres: o.relay.Replication, Kafka: o.relay.Publisher,
-		QuarantineSchema: schema, QuarantineTable: table, Margin: 5 * time.Minute, Stall: time.Minute}
+		Quarantine: quarantine, Margin: 5 * time.Minute, Stall: time.Minute}
 }
 
 // parseWindow reads --since and --until.

@@ -222,7 +222,7 @@ func TestExampleConfig(t *testing.T) {
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
 
 	// The standard collectors the dashboard and the alerts use exist.
-	families := scrape(t, p.admin())
+	families := harness.Scrape(t, p.AdminURL(t))
 	for name := range referencedSeries(t) {
 		if !strings.HasPrefix(name, "outbox_relay_") && name != "up" && families[name] == nil {
 			t.Errorf("the dashboard or the alerts use %s, which /metrics does not have", name)

@@ -41,7 +41,7 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 	garbled := func(what, text string) {
 		t.Helper()
 		if strings.Contains(text, "xxxxx") {
-			t.Errorf("%s masks text instead of describing the server:\n%s", what, lastLines(text, 20))
+			t.Errorf("%s masks text instead of describing the server:\n%s", what, harness.LastLines(text, 20))
 		}
 	}
 
@@ -50,11 +50,11 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 		p := e.start(e.argsAs(e.db.DSNFor(role, "app"), "run"), sock.env(0)...)
 		p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 		if want := fmt.Sprintf(`"postgres":%q`, described(cluster.Port())); !strings.Contains(p.Output(), want) {
-			t.Errorf("the starting line does not show %s:\n%s", want, lastLines(p.Output(), 10))
+			t.Errorf("the starting line does not show %s:\n%s", want, harness.LastLines(p.Output(), 10))
 		}
-		base := p.admin()
+		base := p.AdminURL(t)
 		for _, path := range []string{"/slot", "/readyz"} {
-			_, body := get(t, base+path)
+			_, body := harness.HTTPGet(t, base+path)
 			garbled(path, body)
 		}
 		if err := p.Signal(syscall.SIGTERM); err != nil {
@@ -77,7 +77,7 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 		}
 		out := p.Output()
 		if !strings.Contains(out, "password authentication failed for user") || !strings.Contains(out, role) {
-			t.Errorf("run's error is not readable:\n%s", lastLines(out, 10))
+			t.Errorf("run's error is not readable:\n%s", harness.LastLines(out, 10))
 		}
 		garbled("run's output", out)
 		for _, cmd := range []string{"status", "migrate"} {
@@ -92,11 +92,11 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 	t.Run("unreachable server, password a", func(t *testing.T) {
 		sock := listenNotify(t)
 		p := e.start(e.argsAs(kv(deadPort, "a"), "run"), sock.env(0)...)
-		base := p.admin()
+		base := p.AdminURL(t)
 		var body string
 		var code int
 		harness.WaitFor(t, time.Minute, "/readyz naming the unreachable server", func() bool {
-			code, body = get(t, base+"/readyz")
+			code, body = harness.HTTPGet(t, base+"/readyz")
 			return code == http.StatusServiceUnavailable && strings.Contains(body, fmt.Sprint(deadPort))
 		})
 		garbled("/readyz", body)
@@ -104,7 +104,7 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 			return strings.Contains(sock.lines(), fmt.Sprint(deadPort))
 		})
 		garbled("STATUS=", sock.lines())
-		_, slot := get(t, base+"/slot")
+		_, slot := harness.HTTPGet(t, base+"/slot")
 		garbled("/slot", slot)
 		p.Kill()
 		garbled("the relay's output", p.Output())

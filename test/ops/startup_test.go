@@ -32,7 +32,7 @@ func TestDeployRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 			p := harness.StartProcess(t, bin, append(base, tc.flags...), sock.env(0))
 			code, err := p.Wait(30 * time.Second)
 			if err != nil || code != 2 {
-				t.Fatalf("exit %d (%v), want 2 at start-up:\n%s", code, err, lastLines(p.Output(), 10))
+				t.Fatalf("exit %d (%v), want 2 at start-up:\n%s", code, err, harness.LastLines(p.Output(), 10))
 			}
 			if !strings.Contains(p.Output(), tc.named) {
 				t.Errorf("the error does not name %s:\n%s", tc.named, p.Output())
