@@ -6,11 +6,7 @@ import "github.com/outbox-relay/outbox-relay/publisher"
 // way the read loop stores it, for other commands that publish outbox rows
 // (reconcile --republish).
 func QuarantinedEvent(ev *publisher.Event, perr *publisher.Error) Quarantined {
-	q := fromEvent(ev, perr)
-	if q.Payload == "" {
-		q.Payload = "null"
-	}
-	return q
+	return fromEvent(ev, perr)
 }
 
 // QuarantinedRecord describes an event whose record Kafka rejected, the way
