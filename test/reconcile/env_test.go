@@ -54,35 +54,24 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-// pg are the connection flags every command takes; kafka those of the
-// commands that reach Kafka.
-func (e *env) pg() []string { return []string{"--pg-dsn", e.db.DSN(), "--slot", e.slot} }
-
-func (e *env) kafkaArgs() []string { return []string{"--kafka-brokers", e.kafka.BrokerList()} }
-
-// command is a command line: the command, then the connection flags it
-// takes, then extra.
+// command is a command line: the command, the database, slot and (but
+// for migrate) Kafka, then extra.
 func (e *env) command(name string, extra ...string) []string {
-	args := append([]string{name}, e.pg()...)
-	if name != "migrate" {
-		args = append(args, e.kafkaArgs()...)
+	flags := harness.RelayFlags{DSN: e.db.DSN(), Slot: e.slot, Brokers: e.kafka.Brokers()}
+	if name != "migrate" && name != "run" {
+		extra = append([]string{"--kafka-brokers", e.kafka.BrokerList()}, extra...)
 	}
-	return append(args, extra...)
+	return flags.Args(name, extra...)
 }
 
 func (e *env) migrate(extra ...string) {
 	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, e.command("migrate", extra...), nil)
-	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
-		e.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
-	}
+	harness.Migrate(e.t, e.bin, e.command("migrate", extra...))
 }
 
 func (e *env) startRelay(extra ...string) *harness.Process {
 	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, e.command("run", append([]string{"--admin-addr", ""}, extra...)...), nil)
-	p.WaitForOutput(e.t, `"message":"streaming"`, time.Minute)
-	return p
+	return harness.StartStreaming(e.t, e.bin, e.command("run", extra...))
 }
 
 func (e *env) stopRelay(p *harness.Process) {
@@ -147,15 +136,9 @@ type report struct {
 // report.
 func (e *env) reconcile(args ...string) (int, report) {
 	e.t.Helper()
-	all := e.command("reconcile", append([]string{"--json"}, args...)...)
-	p := harness.StartProcess(e.t, e.bin, all, []string{"OUTBOX_RELAY_LOG_LEVEL=warn"})
 	started := time.Now()
-	code, err := p.Wait(2 * time.Minute)
+	code, out := harness.RunCommand(e.t, e.bin, e.command("reconcile", append([]string{"--json"}, args...)...), "OUTBOX_RELAY_LOG_LEVEL=warn")
 	e.t.Logf("reconcile %v: exit %d in %s", args, code, time.Since(started))
-	if err != nil {
-		e.t.Fatalf("reconcile %v: %v\n%s", args, err, p.Output())
-	}
-	out := p.Output()
 	var rep report
 	start := strings.Index(out, "{\n")
 	if start < 0 {
