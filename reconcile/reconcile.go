@@ -185,9 +185,14 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Records older than the oldest row (plus the margin) may belong to
+	// rows retention deleted, so only younger ones can be phantoms; an
+	// empty table vouches for no record at all.
 	phantomSince := cfg.Since
-	if later := oldest.Add(cfg.Margin); !oldest.IsZero() && later.After(phantomSince) {
-		// Records older than this may belong to rows retention deleted.
+	switch later := oldest.Add(cfg.Margin); {
+	case oldest.IsZero():
+		phantomSince = cfg.Until
+	case later.After(phantomSince):
 		phantomSince = later
 	}
 
