@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -174,7 +175,7 @@ func (r *Relay) slotPolicy() replication.SlotPolicy {
 func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, slot replication.SlotStart) {
 	if slot.RecreatedLost {
 		r.log.Error().Str("lsn", slot.LSN.String()).
-			Msg("slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (`outbox-relay reconcile` finds them)")
+			Msg("slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (the reconcile_command of the next line finds them)")
 	}
 	if !slot.Created {
 		return
@@ -193,11 +194,19 @@ func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, sl
 		ev = r.log.Warn().Int64("rows_in_table", rows.Count)
 		if !rows.NewestCreated.IsZero() {
 			ev = ev.Time("newest_row_created_at", rows.NewestCreated).
-				Str("newest_row_age", time.Since(rows.NewestCreated).Round(time.Second).String())
+				Str("newest_row_age", time.Since(rows.NewestCreated).Round(time.Second).String()).
+				Str("reconcile_command", reconcileCommand(rows.OldestCreated, time.Now()))
 		}
 	}
 	ev.Str("lsn", slot.LSN.String()).
 		Msg("created the replication slot; rows committed before it existed are not published by it (rows_in_table counts every row, including any an earlier slot published; run `outbox-relay migrate` at deploy time so the slot exists before services write)")
+}
+
+// reconcileCommand is the command that finds, among the rows committed
+// before the slot existed, those no earlier slot published.
+func reconcileCommand(oldest, created time.Time) string {
+	return fmt.Sprintf("outbox-relay reconcile --since %s --until %s (with run's connection flags; add --republish to send what it finds)",
+		oldest.UTC().Truncate(time.Second).Format(time.RFC3339), created.UTC().Add(time.Second).Truncate(time.Second).Format(time.RFC3339))
 }
 
 // noteWALStatus logs when the slot's WAL starts or stops being at risk.

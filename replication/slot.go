@@ -110,9 +110,9 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 // those rows committed before the slot and are not in it.
 type TableRows struct {
 	Count int64
-	// NewestCreated is the newest row's created_at; zero when the table is
-	// empty or has no created_at column.
-	NewestCreated time.Time
+	// NewestCreated and OldestCreated are the newest and oldest rows'
+	// created_at; zero when the table is empty or has no created_at column.
+	NewestCreated, OldestCreated time.Time
 }
 
 // ExistingRows reads how many rows the outbox table holds and how new the
@@ -126,8 +126,8 @@ func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
 	}
 	qualified := pgx.Identifier{schema, table}.Sanitize()
 	var rows TableRows
-	var newest *time.Time
-	err = a.conn.QueryRow(ctx, "SELECT count(*), max(created_at) FROM "+qualified).Scan(&rows.Count, &newest)
+	var newest, oldest *time.Time
+	err = a.conn.QueryRow(ctx, "SELECT count(*), max(created_at), min(created_at) FROM "+qualified).Scan(&rows.Count, &newest, &oldest)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // no created_at column: custom table
 		err = a.conn.QueryRow(ctx, "SELECT count(*) FROM "+qualified).Scan(&rows.Count)
@@ -137,6 +137,9 @@ func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
 	}
 	if newest != nil {
 		rows.NewestCreated = *newest
+	}
+	if oldest != nil {
+		rows.OldestCreated = *oldest
 	}
 	return rows, nil
 }

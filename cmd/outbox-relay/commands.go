@@ -35,6 +35,8 @@ commands:
   status    print the slot's state from PostgreSQL (needs no running relay)
   quarantine list | replay <event_id>... | replay --all
             show or re-publish events Kafka refused
+  reconcile --since DURATION|RFC3339 [--until ...] [--republish] [--json]
+            find outbox rows missing from Kafka, and republish them
   version   print the version
 
 Run 'outbox-relay <command> -h' for a command's flags. Every flag can also be
@@ -42,7 +44,7 @@ set as OUTBOX_RELAY_<FLAG> (upper case, '-' as '_') or in a --config YAML file.
 
 Exit codes, the same for every command: 0 success, 1 failure (PostgreSQL or
 Kafka unreachable or refusing, a precondition not met), 2 bad flags or
-configuration.
+configuration; reconcile adds 3: events missing from Kafka.
 `
 
 // Exit codes, one contract for every command.
@@ -50,6 +52,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1 // the command ran and failed; fix the environment, not the flags
 	exitUsage   = 2 // bad flags or configuration, found before anything was touched
+	exitMissing = 3 // reconcile: events missing from Kafka and not republished
 )
 
 // versionString is the stamped version, else what the Go toolchain
@@ -98,6 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"run": runCommand, "migrate": migrateCommand, "status": statusCommand, "quarantine": quarantineCommand,
+		"reconcile": reconcileCommand,
 	}
 	switch args[0] {
 	case "version", "--version", "-version":
@@ -180,6 +184,9 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := validateRun(o.relay); err != nil {
 		return usageError(stderr, "run", err, o.relay.Replication.DSN)
 	}
+	if err := o.reconcile.validatePeriodic(); err != nil {
+		return usageError(stderr, "run", err, "")
+	}
 
 	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
@@ -187,6 +194,12 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	notifier := newSystemdNotifier(log)
 	r := relay.New(o.relay, log, metrics, relay.Hooks{Streaming: notifier.ready, Alive: notifier.alive})
 	notifier.watch(ctx, r.Status, o.relay)
+	periodicCtx, stopPeriodic := context.WithCancel(ctx)
+	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
+	defer func() {
+		stopPeriodic()
+		periodicDone()
+	}()
 
 	if o.adminAddr != "" {
 		ln, err := net.Listen("tcp", o.adminAddr)

@@ -31,6 +31,8 @@ type options struct {
 	asJSON        bool
 	replayAll     bool
 	replayTimeout time.Duration
+	// reconcile, and run's periodic check
+	reconcile reconcileOptions
 }
 
 // envName is the environment variable that sets a flag.
@@ -46,7 +48,7 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, runFlags, logFlags}
+		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, periodicReconcileFlags, logFlags}
 	case "migrate":
 		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, logFlags}
 	case "status":
@@ -55,13 +57,15 @@ func commandFlags(command string) []flagGroup {
 		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
 		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
+	case "reconcile":
+		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
 	}
 	return nil
 }
 
 // allCommands are the commands with flags; a --config file may hold the
 // flags of any of them, so one file serves every command.
-var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "quarantine replay"}
+var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "quarantine replay", "reconcile"}
 
 // newFlagSet declares a command's flags. Every flag can also come from
 // OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
@@ -115,18 +119,24 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 func runFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
-	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}")
 	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses")
 	fs.Int64Var(&c.MaxInFlightBytes, "max-in-flight-bytes", c.MaxInFlightBytes, "record bytes sent and not yet acknowledged before reading pauses")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often a moved confirmed position is reported to PostgreSQL")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight acks")
-	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
 	fs.DurationVar(&c.Retention.After, "retention", 0, "delete published outbox rows older than this, e.g. 168h (0: never)")
 	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "keep rows this much younger than the confirmed position's commit time; longer than your longest transaction")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
+}
+
+// publishFlags shape and route records, for every command that publishes
+// outbox rows (run, reconcile --republish).
+func publishFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}")
+	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
 }
 
 func migrateFlags(fs *flag.FlagSet, o *options) {

@@ -35,17 +35,20 @@ func getSlot(t *testing.T, base string) slotDoc {
 	return doc
 }
 
-// metricNames lists the outbox_relay_* series relay/metrics.go declares,
-// so a series added there is checked here without editing this test.
+// metricNames lists the outbox_relay_* series relay/metrics.go and
+// reconcile/metrics.go declare, so a series added there is checked here
+// without editing this test.
 func metricNames(t *testing.T) []string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "relay", "metrics.go"))
-	if err != nil {
-		t.Fatalf("read relay/metrics.go: %v", err)
-	}
 	var names []string
-	for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
-		names = append(names, m[1])
+	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("reconcile", "metrics.go")} {
+		src, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatalf("read %s: %v", file, err)
+		}
+		for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+			names = append(names, m[1])
+		}
 	}
 	if len(names) < 10 {
 		t.Fatalf("found only %d metric names in relay/metrics.go: %v", len(names), names)
