@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,7 +156,7 @@ func (m *Metrics) setWALStatus(status string) {
 }
 
 func (m *Metrics) acked(d publisher.Delivery) {
-	now := time.Now()
+	now := d.At
 	m.mu.Lock()
 	c, ok := m.perTopic[d.Topic]
 	if !ok {
@@ -175,9 +174,6 @@ func (m *Metrics) acked(d publisher.Delivery) {
 
 func (m *Metrics) failed(err *publisher.Error) {
 	m.PublishErrors.WithLabelValues(string(err.Class)).Inc()
-	if err.Partition >= 0 {
-		m.OrderBreaks.WithLabelValues(err.Topic, strconv.Itoa(int(err.Partition))).Inc()
-	}
 }
 
 func (m *Metrics) lastAck() time.Time {
