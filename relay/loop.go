@@ -50,7 +50,8 @@ type streamer struct {
 	keepaliveEvery time.Duration
 	retries        int64 // the sink's retries already counted
 	timer          timer
-	failure        error // the first outcome that ends the session
+	failure        error     // the first outcome that ends the session
+	finishBy       time.Time // set when a stop came inside a transaction
 }
 
 func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
@@ -65,7 +66,7 @@ func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *qua
 // ends.
 func (s *streamer) run(ctx context.Context) error {
 	for {
-		if err := ctx.Err(); err != nil {
+		if err := s.stopRequested(ctx); err != nil {
 			return err
 		}
 		if err := s.takeOutcomes(); err != nil {
@@ -100,6 +101,25 @@ func (s *streamer) run(ctx context.Context) error {
 	}
 }
 
+// stopRequested returns ctx's error once the session should stop. When ctx
+// ends inside a transaction, the loop first reads on to its commit, for at
+// most ShutdownTimeout: the events of it already sent can then be
+// confirmed, and a clean stop leaves nothing to re-deliver.
+func (s *streamer) stopRequested(ctx context.Context) error {
+	err := ctx.Err()
+	if err == nil || !s.inTxn {
+		return err
+	}
+	now := s.clock.Now()
+	if s.finishBy.IsZero() {
+		s.finishBy = now.Add(s.relay.cfg.ShutdownTimeout)
+		s.relay.log.Info().Msg("stopping: reading on to the end of the open transaction so what was sent of it can be confirmed")
+	} else if now.After(s.finishBy) {
+		return err
+	}
+	return nil
+}
+
 // duties are what the loop owes on every turn, however it waits: report
 // status when due, and tell the watchdog it is alive.
 func (s *streamer) duties() error {
@@ -128,6 +148,10 @@ func (s *streamer) wait(ctx context.Context, rec *publisher.Record, ready <-chan
 	s.timer.Reset(max(s.nextWake().Sub(s.clock.Now()), 0))
 	// Stopped again on the way out, so an armed timer means a wait is on.
 	defer s.timer.Stop()
+	var stop <-chan struct{}
+	if s.finishBy.IsZero() {
+		stop = ctx.Done() // once finishing a transaction, stop was seen
+	}
 	select {
 	case in <- rec:
 		sent = true
@@ -140,10 +164,12 @@ func (s *streamer) wait(ctx context.Context, rec *publisher.Record, ready <-chan
 		s.stored(res)
 	case <-ready:
 	case <-s.timer.C():
-	case <-ctx.Done():
-		return false, ctx.Err()
+	case <-stop:
 	}
-	return sent, s.failure
+	if s.failure != nil {
+		return sent, s.failure
+	}
+	return sent, s.stopRequested(ctx)
 }
 
 // takeOutcomes handles every outcome and quarantine result already there,

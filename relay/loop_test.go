@@ -366,3 +366,25 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// A stop that comes inside a transaction reads on to its commit, so the
+// events of it already sent are confirmed and not sent again next time.
+func TestLoopFinishesOpenTransactionOnShutdown(t *testing.T) {
+	rig := startLoop(t, rigOptions{})
+	rig.source.begin(t)
+	rig.source.row(t, "e1", "order")
+	r1 := rig.sink.sent(t)
+	rig.cancel()
+	rig.source.row(t, "e2", "order")
+	r2 := rig.sink.sent(t)
+	rig.source.commit(t, 2000)
+	rig.waiting(t) // draining
+	rig.sink.ack(r1)
+	rig.sink.ack(r2)
+	if err := rig.end(t); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if st := rig.source.nextStatus(t); st.flushed != 2000 {
+		t.Fatalf("last status flushed %v, want the open transaction's end 2000", st.flushed)
+	}
+}
