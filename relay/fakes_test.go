@@ -124,6 +124,7 @@ type fakeSource struct {
 	statuses chan status
 	receives atomic.Int64
 	closed   chan bool // true: closed gracefully
+	restarts chan lsn.LSN
 	msg      replication.Message
 }
 
@@ -139,7 +140,7 @@ type status struct {
 
 func newFakeSource(c *fakeClock) *fakeSource {
 	return &fakeSource{clock: c, steps: make(chan sourceStep), deadline: make(chan time.Time, 1024),
-		statuses: make(chan status, 1024), closed: make(chan bool, 1)}
+		statuses: make(chan status, 1024), closed: make(chan bool, 1), restarts: make(chan lsn.LSN, 16)}
 }
 
 func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
@@ -160,6 +161,11 @@ func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
 
 func (s *fakeSource) SendStatus(written, flushed lsn.LSN) error {
 	s.statuses <- status{written, flushed, s.clock.Now()}
+	return nil
+}
+
+func (s *fakeSource) Restart(_ context.Context, from lsn.LSN) error {
+	s.restarts <- from
 	return nil
 }
 
@@ -342,18 +348,23 @@ func (q *fakeQuarantine) Put(ctx context.Context, e Quarantined) error {
 
 // loopRig is a read loop over fakes, running in its own goroutine.
 type loopRig struct {
-	relay    *Relay
-	clock    *fakeClock
-	source   *fakeSource
-	sink     *fakeSink
-	tracker  *lsn.Tracker
-	streamer *streamer
-	cancel   context.CancelFunc
-	done     chan error
-	alive    atomic.Int64
+	relay     *Relay
+	clock     *fakeClock
+	source    *fakeSource
+	sink      *fakeSink
+	tracker   *lsn.Tracker
+	streamer  *streamer
+	cancel    context.CancelFunc
+	done      chan error
+	sinks     chan *fakeSink // sinks made after a Kafka failure
+	kafkaDown atomic.Bool    // new sinks cannot be made
+	alive     atomic.Int64
 }
 
 type rigOptions struct {
+	// recover: Kafka failures make a new sink (sent on loopRig.sinks)
+	// instead of ending the session.
+	recover    bool
 	events     int
 	bytes      int64
 	quarantine *fakeQuarantine // nil: halt on permanent errors
@@ -377,7 +388,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	cfg.StatusInterval, cfg.StatusMaxInterval = rigStatusInterval, rigKeepalive
 	cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = o.events, o.bytes
 	cfg.ShutdownTimeout = 30 * time.Second
-	rig := &loopRig{clock: newFakeClock(), done: make(chan error, 1)}
+	rig := &loopRig{clock: newFakeClock(), done: make(chan error, 1), sinks: make(chan *fakeSink, 4)}
 	rig.relay = New(cfg, zerolog.Nop(), nil, Hooks{Alive: func() { rig.alive.Add(1) }})
 	rig.source, rig.sink = newFakeSource(rig.clock), newFakeSink(rig.clock)
 	rig.tracker = lsn.NewTracker(rigStart, lsn.Limits{Events: o.events, Bytes: o.bytes})
@@ -390,6 +401,16 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 		q = newQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, nil, o.events+2)
 	}
 	rig.streamer = newStreamer(rig.relay, rig.clock, rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
+	if o.recover {
+		rig.streamer.newSink = func() (sink, error) {
+			if rig.kafkaDown.Load() {
+				return nil, errors.New("connect to kafka brokers: connection refused")
+			}
+			k := newFakeSink(rig.clock)
+			rig.sinks <- k
+			return k, nil
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.cancel = cancel
 	go func() { rig.done <- rig.streamer.runToEnd(ctx) }()
@@ -448,6 +469,13 @@ func (r *loopRig) untilEnd(t *testing.T) error {
 func (r *loopRig) shutDown(t *testing.T) {
 	t.Helper()
 	r.cancel()
+	r.nudge(t)
+}
+
+// nudge lets a pending read return, unless the loop is waiting in its own
+// select, so it notices what changed.
+func (r *loopRig) nudge(t *testing.T) {
+	t.Helper()
 	deadline := time.After(patience)
 	for {
 		if _, ok := r.clock.armedUntil(); ok {

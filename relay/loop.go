@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -52,6 +53,11 @@ type streamer struct {
 	timer          timer
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
+
+	// newSink makes a sink to replace one Kafka failed; nil: a Kafka
+	// failure ends the session.
+	newSink func() (sink, error)
+	closing sync.WaitGroup // abandoned sinks being closed
 }
 
 func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
@@ -454,4 +460,5 @@ func (s *streamer) close(graceful bool) {
 	if s.quarantine != nil {
 		s.quarantine.stop()
 	}
+	s.closing.Wait()
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/eapache/go-resiliency/breaker"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -387,4 +388,102 @@ func TestLoopFinishesOpenTransactionOnShutdown(t *testing.T) {
 	if st := rig.source.nextStatus(t); st.flushed != 2000 {
 		t.Fatalf("last status flushed %v, want the open transaction's end 2000", st.flushed)
 	}
+}
+
+// During a Kafka outage the replication connection stays: status updates
+// go on, nothing more is read, the oldest unpublished event's age grows,
+// and once a producer connects again the loop streams again from the
+// confirmed position on the same connection. It pins the issue where the
+// session ended and the relay sat in "connecting" with the age at 0.
+func TestLoopKeepsReplicationThroughKafkaOutage(t *testing.T) {
+	rig := startLoop(t, rigOptions{recover: true})
+	r1 := rig.txn(t, 2000, "e1")[0]
+	rig.sink.ack(r1)
+	r2 := rig.txn(t, 3000, "e2")[0]
+	rig.kafkaDown.Store(true)
+	rig.sink.fail(r2, publisher.ClassRetriable, breaker.ErrBreakerOpen)
+	rig.nudge(t) // the turn that takes the failure
+	rig.waiting(t)
+	reads := rig.source.receives.Load()
+	outage := rig.clock.Now()
+	for rig.clock.Now().Before(outage.Add(20 * time.Second)) {
+		rig.clock.advanceTo(rig.waiting(t))
+	}
+	if got := rig.source.receives.Load(); got != reads {
+		t.Fatalf("read the stream %d times while Kafka was down", got-reads)
+	}
+	keepalives := 0
+	for len(rig.source.statuses) > 0 {
+		st := <-rig.source.statuses
+		if st.flushed != 2000 {
+			t.Fatalf("status during the outage flushed %v, want 2000", st.flushed)
+		}
+		keepalives++
+	}
+	if keepalives < 2 {
+		t.Fatalf("%d status updates in 20 s of outage, want one per keepalive interval", keepalives)
+	}
+	// The gauge is set with each status update, every keepalive interval.
+	if age := gaugeValue(rig.relay.metrics.OldestUnpublished); age < rigKeepalive.Seconds() {
+		t.Fatalf("oldest_unpublished_event_age_seconds = %v after 20 s of outage, want it to grow", age)
+	}
+	select {
+	case err := <-rig.done:
+		t.Fatalf("the session ended during the outage: %v", err)
+	default:
+	}
+
+	rig.kafkaDown.Store(false)
+	var fresh *fakeSink
+	giveUp := time.After(patience)
+	for fresh == nil {
+		if due, waiting := rig.clock.armedUntil(); waiting {
+			rig.clock.advanceTo(due)
+		}
+		select {
+		case fresh = <-rig.sinks:
+		case <-rig.clock.armed:
+		case <-giveUp:
+			t.Fatal("no new sink after Kafka came back")
+		}
+	}
+	for restarted := false; !restarted; {
+		if due, waiting := rig.clock.armedUntil(); waiting {
+			rig.clock.advanceTo(due) // the loop polls for the new sink
+		}
+		select {
+		case from := <-rig.source.restarts:
+			if from != 2000 {
+				t.Fatalf("re-streamed from %v, want the confirmed 2000", from)
+			}
+			restarted = true
+		case <-rig.clock.armed:
+		case <-giveUp:
+			t.Fatal("the stream was not restarted")
+		}
+	}
+	rig.sink = fresh
+	again := rig.txn(t, 3000, "e2")[0]
+	if again.EventID() != "e2" {
+		t.Fatalf("re-sent %s, want e2", again.EventID())
+	}
+	rig.sink.ack(again)
+	rig.turn(t)
+	for {
+		st := rig.source.nextStatus(t)
+		if st.flushed == 3000 {
+			break
+		}
+		if st.flushed != 2000 {
+			t.Fatalf("flushed %v, want 2000 then 3000", st.flushed)
+		}
+	}
+}
+
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetGauge().GetValue()
 }

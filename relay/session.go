@@ -58,6 +58,13 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	}
 
 	s := newStreamer(r, wallClock{}, stream, pub, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s.newSink = func() (sink, error) {
+		p, err := publisher.New(pubCfg, r.log)
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).
 		Str("status_every", s.keepaliveEvery.String()).Msg("streaming")
@@ -70,12 +77,23 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // runToEnd runs the loop, then ends the session: a drain when ctx ended
 // it, an abandon otherwise.
 func (s *streamer) runToEnd(ctx context.Context) error {
-	err := s.run(ctx)
-	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
-		return s.drain()
+	for {
+		err := s.run(ctx)
+		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+			return s.drain()
+		}
+		if s.kafkaRecoverable(err) {
+			err = s.recoverKafka(ctx, err)
+			if err == nil {
+				continue
+			}
+			if ctx.Err() != nil {
+				return s.drain()
+			}
+		}
+		s.close(false)
+		return err
 	}
-	s.close(false)
-	return err
 }
 
 // prepare checks the server and the slot and returns where to start.
