@@ -124,7 +124,6 @@ type fakeSource struct {
 	statuses chan status
 	receives atomic.Int64
 	closed   chan bool // true: closed gracefully
-	restarts chan lsn.LSN
 	msg      replication.Message
 }
 
@@ -140,7 +139,7 @@ type status struct {
 
 func newFakeSource(c *fakeClock) *fakeSource {
 	return &fakeSource{clock: c, steps: make(chan sourceStep), deadline: make(chan time.Time, 1024),
-		statuses: make(chan status, 1024), closed: make(chan bool, 1), restarts: make(chan lsn.LSN, 16)}
+		statuses: make(chan status, 1024), closed: make(chan bool, 1)}
 }
 
 func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
@@ -161,11 +160,6 @@ func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
 
 func (s *fakeSource) SendStatus(written, flushed lsn.LSN) error {
 	s.statuses <- status{written, flushed, s.clock.Now()}
-	return nil
-}
-
-func (s *fakeSource) Restart(_ context.Context, from lsn.LSN) error {
-	s.restarts <- from
 	return nil
 }
 
@@ -362,8 +356,8 @@ type loopRig struct {
 }
 
 type rigOptions struct {
-	// recover: Kafka failures make a new sink (sent on loopRig.sinks)
-	// instead of ending the session.
+	// recover: after a Kafka failure the loop waits, replication kept,
+	// until a new sink can be made (each is sent on loopRig.sinks).
 	recover    bool
 	events     int
 	bytes      int64

@@ -54,8 +54,8 @@ type streamer struct {
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
 
-	// newSink makes a sink to replace one Kafka failed; nil: a Kafka
-	// failure ends the session.
+	// newSink makes a sink, to learn when Kafka is back after a failure;
+	// nil: a Kafka failure ends the session at once.
 	newSink func() (sink, error)
 	closing sync.WaitGroup // abandoned sinks being closed
 }
@@ -422,6 +422,10 @@ func (s *streamer) drain() error {
 	log := s.relay.log
 	s.relay.setState(StateDraining, nil)
 	deadline := s.clock.Now().Add(s.relay.cfg.ShutdownTimeout)
+	if !s.finishBy.IsZero() {
+		// Reading on to a commit already used part of the same timeout.
+		deadline = s.finishBy
+	}
 	for s.tracker.Stats().InFlightEvents > 0 && s.clock.Now().Before(deadline) && s.failure == nil {
 		if _, err := s.wait(context.Background(), nil, nil); err != nil {
 			break

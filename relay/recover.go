@@ -6,27 +6,31 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 )
 
 // kafkaRecoverable reports whether a session-ending error is Kafka's alone
-// and a new producer may fix it, so the replication connection can stay.
+// and a new producer may fix it, so the replication connection can stay
+// up while Kafka is away.
 func (s *streamer) kafkaRecoverable(err error) bool {
 	var perr *publisher.Error
 	return s.newSink != nil && errors.As(err, &perr) && perr.Class != publisher.ClassPermanent &&
 		!errors.Is(err, publisher.ErrAuth)
 }
 
-// recoverKafka replaces a failed sink while the replication connection
-// stays up: it keeps reporting status (so wal_sender_timeout never fires)
-// and the watchdog fed, backs off, makes a new sink, and then streams again
-// from the confirmed position on the same connection. Meanwhile nothing is
-// read, and the age of the oldest unpublished event keeps growing, so an
-// outage shows in the metrics instead of as a relay stuck connecting.
-func (s *streamer) recoverKafka(ctx context.Context, cause error) error {
+// waitForKafka keeps the replication connection through a Kafka outage:
+// it abandons the failed sink, keeps reporting status (so
+// wal_sender_timeout never fires) and feeding the watchdog without reading
+// WAL, and tries a new producer with backoff until one connects. The
+// unacknowledged events stay in flight meanwhile, so the age of the oldest
+// unpublished event keeps growing and the outage shows in the metrics,
+// instead of as a relay stuck connecting with nothing in flight.
+//
+// The caller then ends the session and re-streams from the confirmed
+// position. It cannot do that on the same connection: PostgreSQL 15's
+// walsender ends a second START_REPLICATION on a connection at once.
+func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 	log := s.relay.log
-	s.relay.metrics.Restarts.Inc()
 	old := s.sink
 	s.closing.Add(1)
 	go func() {
@@ -39,7 +43,7 @@ func (s *streamer) recoverKafka(ctx context.Context, cause error) error {
 	for attempt := 1; ; attempt++ {
 		wait := backoff.Delay(s.relay.cfg.BackoffMin, s.relay.cfg.BackoffMax, attempt)
 		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).
-			Msg("kafka failed; keeping the replication connection and reconnecting the producer (events after the confirmed position are sent again)")
+			Msg("kafka failed; keeping the replication connection until a producer connects again")
 		if err := s.pause(ctx, s.clock.Now().Add(wait), nil); err != nil {
 			return err
 		}
@@ -61,8 +65,8 @@ func (s *streamer) recoverKafka(ctx context.Context, cause error) error {
 				return false
 			}
 		}); err != nil {
-			// Closed once it is made; nothing waits for it.
 			go func() {
+				// Closed once made; nothing waits for it.
 				if m := <-result; m.err == nil {
 					m.sink.Close(time.Second)
 				}
@@ -73,24 +77,15 @@ func (s *streamer) recoverKafka(ctx context.Context, cause error) error {
 			cause = m.err
 			continue
 		}
-		s.sink = m.sink
-		break
+		// Only a sign of life: the next session makes its own producer.
+		s.closing.Add(1)
+		go func() {
+			defer s.closing.Done()
+			m.sink.Close(time.Second)
+		}()
+		log.Info().Msg("kafka is reachable again; re-streaming from the confirmed position")
+		return nil
 	}
-
-	if err := s.statusIfDue(true); err != nil {
-		return err
-	}
-	from := s.flushedSent
-	if err := s.source.Restart(ctx, from); err != nil {
-		return err
-	}
-	limits := lsn.Limits{Events: s.relay.cfg.MaxInFlightEvents, Bytes: s.relay.cfg.MaxInFlightBytes}
-	s.tracker = lsn.NewTracker(from, limits)
-	s.tracker.UseClock(s.clock.Now)
-	s.inTxn, s.received, s.retries = false, from, 0
-	s.relay.setStreaming(s.tracker)
-	log.Info().Str("start_lsn", from.String()).Msg("kafka is back; streaming again on the same replication connection")
-	return nil
 }
 
 // pause keeps the loop's duties without reading or sending: until the given

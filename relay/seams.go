@@ -18,8 +18,6 @@ type source interface {
 	Receive(deadline time.Time) (*replication.Message, error)
 	// SendStatus tells the server what was read and what may be released.
 	SendStatus(written, flushed lsn.LSN) error
-	// Restart streams again from a position on the same connection.
-	Restart(ctx context.Context, from lsn.LSN) error
 	// Close ends the stream so that the last status sent is read.
 	Close(ctx context.Context) error
 }

@@ -75,25 +75,28 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 }
 
 // runToEnd runs the loop, then ends the session: a drain when ctx ended
-// it, an abandon otherwise.
+// it; after a Kafka failure, a wait for Kafka with the replication
+// connection kept; an abandon otherwise.
 func (s *streamer) runToEnd(ctx context.Context) error {
-	for {
-		err := s.run(ctx)
-		if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+	err := s.run(ctx)
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		return s.drain()
+	}
+	if s.kafkaRecoverable(err) {
+		werr := s.waitForKafka(ctx, err)
+		if ctx.Err() != nil {
 			return s.drain()
 		}
-		if s.kafkaRecoverable(err) {
-			err = s.recoverKafka(ctx, err)
-			if err == nil {
-				continue
-			}
-			if ctx.Err() != nil {
-				return s.drain()
-			}
+		if werr == nil {
+			// Kafka is back: end the stream cleanly, and the next session
+			// re-streams from the confirmed position.
+			s.close(s.statusIfDue(true) == nil)
+			return err
 		}
-		s.close(false)
-		return err
+		err = werr
 	}
+	s.close(false)
+	return err
 }
 
 // prepare checks the server and the slot and returns where to start.

@@ -182,22 +182,6 @@ func (s *Stream) Close(ctx context.Context) error {
 	return err
 }
 
-// Restart ends the copy stream and streams the slot again from a
-// position, on the same connection: the walsender stays, and what was
-// received after that position is sent again. The relay uses it to
-// re-stream after Kafka failed without dropping its replication
-// connection.
-func (s *Stream) Restart(ctx context.Context, from lsn.LSN) error {
-	if err := s.endCopy(ctx); err != nil {
-		return err
-	}
-	if err := s.conn.Conn().SetDeadline(time.Time{}); err != nil {
-		return fmt.Errorf("restart replication: %w", err)
-	}
-	s.deadline = time.Time{}
-	return s.Start(ctx, from)
-}
-
 // endCopy sends CopyDone and reads what the server still sends until it
 // is ready for a query, within ctx's deadline (5 s without one).
 func (s *Stream) endCopy(ctx context.Context) error {
