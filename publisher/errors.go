@@ -101,7 +101,7 @@ type LocalSizeError struct {
 }
 
 func (e *LocalSizeError) Error() string {
-	return fmt.Sprintf("record is %d bytes, over the limit of %d checked before sending (topic max.message.bytes %d, producer --kafka-max-message-bytes %d)",
+	return fmt.Sprintf("record too large: %d bytes, over the limit of %d the relay checks before sending, so no broker saw it (topic max.message.bytes %d, producer --kafka-max-message-bytes %d)",
 		e.Size, e.Limit, e.TopicMax, e.ProducerMax)
 }
 

@@ -410,25 +410,12 @@ func TestLocalSizeCheckIsNotABrokerError(t *testing.T) {
 // the cache instead of waiting TopicWait each (issue: four events to a
 // missing topic delayed an unrelated event by 42 s).
 func TestMissingTopicLookedUpOnceInBackground(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "outbox.order"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
-	cfg := DefaultConfig()
-	cfg.Brokers = cluster.ListenAddrs()
-	cfg.TopicTemplate = "outbox.{aggregate_type}"
-	cfg.TopicWait = 500 * time.Millisecond
-	p, err := New(cfg, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close(5 * time.Second)
+	cfg, p := kfakePublisher(t, 500*time.Millisecond)
 
 	missing := sampleEvent()
 	missing.AggregateType = []byte("nosuch")
 	start := time.Now()
-	_, err = p.Build(missing)
+	_, err := p.Build(missing)
 	var pending *TopicPendingError
 	if !errors.As(err, &pending) || pending.Topic != "outbox.nosuch" {
 		t.Fatalf("first Build for a new topic: %v, want a pending lookup", err)
@@ -464,18 +451,7 @@ func TestMissingTopicLookedUpOnceInBackground(t *testing.T) {
 // Sends go through Input and every outcome comes back on Outcomes, with
 // the event's transaction; nothing calls back into the caller.
 func TestOutcomesComeBackOverTheChannel(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "outbox.order"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
-	cfg := DefaultConfig()
-	cfg.Brokers = cluster.ListenAddrs()
-	cfg.TopicTemplate = "outbox.{aggregate_type}"
-	p, err := New(cfg, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p := kfakePublisher(t, DefaultConfig().TopicWait)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 50
@@ -514,4 +490,25 @@ func TestOutcomesComeBackOverTheChannel(t *testing.T) {
 	if _, open := <-p.Outcomes(); open {
 		t.Fatal("Outcomes still open after Close")
 	}
+}
+
+// kfakePublisher is a publisher on an in-process kfake cluster (auto-create
+// off) holding the topic outbox.order, closed when the test ends.
+func kfakePublisher(t *testing.T, topicWait time.Duration) (Config, *Publisher) {
+	t.Helper()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "outbox.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cfg := DefaultConfig()
+	cfg.Brokers = cluster.ListenAddrs()
+	cfg.TopicTemplate = "outbox.{aggregate_type}"
+	cfg.TopicWait = topicWait
+	p, err := New(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(5 * time.Second) })
+	return cfg, p
 }
