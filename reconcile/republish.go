@@ -90,12 +90,12 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		defer q.Close()
 		r.quarantine = q
 	}
-	waiting := publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}
 	pubCfg := cfg.Kafka
-	pub, err := publisher.New(pubCfg, r, waiting, log)
+	pub, err := publisher.New(pubCfg, log)
 	if err != nil {
 		return err
 	}
+	pub.Dispatch(r)
 	closeTimeout := 5 * time.Second
 	defer func() {
 		if pub != nil {
@@ -119,7 +119,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			return nil // the table returned the row twice (a text id without a key)
 		}
 		ev.Txn = uint64(i)
-		rec, err := build(pub, ev)
+		rec, err := build(ctx, pub, ev)
 		var limit *publisher.BatchLimitError
 		if errors.As(err, &limit) {
 			// The topic takes smaller batches: flush what is in flight and
@@ -130,10 +130,11 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 				return cerr
 			}
 			pubCfg.MaxMessageBytes = limit.MaxMessageBytes
-			if pub, err = publisher.New(pubCfg, r, waiting, log); err != nil {
+			if pub, err = publisher.New(pubCfg, log); err != nil {
 				return err
 			}
-			rec, err = build(pub, ev)
+			pub.Dispatch(r)
+			rec, err = build(ctx, pub, ev)
 		}
 		var perr *publisher.Error
 		switch {
@@ -201,9 +202,9 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 
 // build checks the row's required values as `run` does, then builds its
 // record.
-func build(pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
+func build(ctx context.Context, pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
 	if perr := publisher.CheckRow(ev); perr != nil {
 		return nil, perr
 	}
-	return pub.Build(ev)
+	return pub.BuildWait(ctx, ev)
 }

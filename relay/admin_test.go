@@ -77,10 +77,9 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 	tracker := lsn.NewTracker(1, lsn.Limits{Events: 10, Bytes: 1 << 20})
 	txn := tracker.Open(time.Now())
 	tracker.Add(txn, 10)
-	o := newOutcomes(tracker, r.metrics, r.log)
-	o.lastAck = &r.lastAck
+	s := &streamer{relay: r, tracker: tracker}
 	before := time.Now()
-	o.Acked(publisher.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t"})
+	s.outcome(publisher.Outcome{Delivery: publisher.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
 	if last := r.Status().LastAck; last == nil || last.Before(before) {
 		t.Fatalf("last ack %v after an ack at %v", last, before)
 	}

@@ -1,9 +1,7 @@
 package relay
 
 import (
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -154,7 +152,7 @@ func (m *Metrics) setWALStatus(status string) {
 }
 
 func (m *Metrics) acked(d publisher.Delivery) {
-	now := time.Now()
+	now := d.At
 	m.mu.Lock()
 	c, ok := m.perTopic[d.Topic]
 	if !ok {
@@ -171,7 +169,4 @@ func (m *Metrics) acked(d publisher.Delivery) {
 
 func (m *Metrics) failed(err *publisher.Error) {
 	m.PublishErrors.WithLabelValues(string(err.Class)).Inc()
-	if err.Partition >= 0 {
-		m.OrderBreaks.WithLabelValues(err.Topic, strconv.Itoa(int(err.Partition))).Inc()
-	}
 }

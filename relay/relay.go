@@ -9,12 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -143,8 +143,9 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
 	var perr *publisher.Error
-	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) || errors.Is(err, replication.ErrSlotMissing) ||
-		errors.Is(err, publisher.ErrAuth) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
+	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
+		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, publisher.ErrAuth) ||
+		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal
@@ -179,7 +180,7 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 	standby := false
 	for {
 		started := time.Now()
-		err := r.session(ctx)
+		streamed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
 			return nil
@@ -202,24 +203,27 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			attempt = 0
 		}
 		attempt++
-		wait := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
+		wait := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
 		if errors.Is(err, replication.ErrSlotBusy) {
 			// A standby: poll often enough to take over within seconds.
-			wait = backoff(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
+			wait = backoff.Delay(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
 			ev := r.log.Debug()
 			if !standby {
 				ev = r.log.Info() // once per wait, not every poll
 			}
 			standby = true
 			r.setState(StateWaitingForSlot, err)
-			ev.Err(err).Dur("retry_in", wait).
+			ev.Err(err).Str("retry_in", wait.String()).
 				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
 		} else {
 			standby = false
 			r.setState(StateBackingOff, err)
 			r.metrics.Restarts.Inc()
-			r.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).
-				Msg("stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)")
+			msg := "could not start streaming; retrying"
+			if streamed {
+				msg = "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
+			}
+			r.log.Warn().Err(err).Str("retry_in", wait.String()).Int("attempt", attempt).Msg(msg)
 		}
 		select {
 		case <-ctx.Done():
@@ -228,13 +232,4 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
-}
-
-// backoff is capped exponential backoff with full jitter on the upper half.
-func backoff(lo, hi time.Duration, attempt int) time.Duration {
-	d := lo << min(attempt-1, 16)
-	if d <= 0 || d > hi {
-		d = hi
-	}
-	return d/2 + rand.N(d/2+1)
 }
