@@ -187,14 +187,10 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 }
 
 func saramaConfig(cfg Config) (*sarama.Config, error) {
-	sc := sarama.NewConfig()
-	version, err := sarama.ParseKafkaVersion(cfg.KafkaVersion)
+	sc, err := ClientConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafka version %q: %w", cfg.KafkaVersion, err)
+		return nil, err
 	}
-	sc.Version = version
-	sc.ClientID = cfg.ClientID
-	sc.MetricRegistry = newDiscardMetrics()
 	codec, err := compressionCodec(cfg.Compression)
 	if err != nil {
 		return nil, err
@@ -218,9 +214,6 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true
-	if err := cfg.Security.apply(sc); err != nil {
-		return nil, err
-	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka producer configuration: %w", err)
 	}
