@@ -47,6 +47,8 @@ type Metrics struct {
 	perTopic         map[string]topicCounters
 	lastAckNs        atomic.Int64
 	quarantinedCount atomic.Int64
+
+	progress *progressMetrics
 }
 
 type topicCounters struct{ events, bytes prometheus.Counter }
@@ -111,6 +113,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
+	m.progress = newProgressMetrics(reg)
 	m.setState(StateStarting)
 	m.setWALStatus("")
 	// Every error class exists from the start, at 0, so rate() and

@@ -120,7 +120,8 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		}
 		ev.Str("lsn", at.String()).
 			Msg("created the replication slot; rows committed before it existed are not published (run `outbox-relay migrate` at deploy time so the slot exists before services write)")
-		return at, senderTimeout, nil
+		start, err = r.resume(ctx, at) // progress: resume where Kafka is
+		return start, senderTimeout, err
 	}
 	if err := admin.CheckSlot(ctx, slot); err != nil {
 		return 0, 0, err
@@ -135,7 +136,10 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		}
 		return 0, 0, fmt.Errorf("%w: replication slot %q is active for PID %d", replication.ErrSlotBusy, slot.Name, pid)
 	}
-	start, err = slot.Confirmed()
+	if start, err = slot.Confirmed(); err != nil {
+		return 0, 0, err
+	}
+	start, err = r.resume(ctx, start) // progress: resume where Kafka is
 	return start, senderTimeout, err
 }
 
@@ -385,6 +389,8 @@ func (s *streamer) statusIfDue(force bool) error {
 	} else {
 		s.relay.noteProgress(s.received, time.Time{})
 	}
+	// progress: stats.Confirmed is tracker-confirmed (acked), never ahead of Kafka.
+	s.relay.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
 	return nil
 }
 

@@ -35,6 +35,8 @@ type Status struct {
 	LastConfirmedCommit   *time.Time `json:"last_confirmed_commit_time"`
 	LastAck               *time.Time `json:"last_ack_time"`
 	QuarantinedEvents     int64      `json:"quarantined_events"`
+	// Progress is the position kept in Kafka and where the last start began.
+	Progress *ProgressStatus `json:"progress,omitempty"`
 
 	tracker             *lsn.Tracker
 	received            lsn.LSN
@@ -106,6 +108,7 @@ func (r *Relay) Status() Status {
 		s.LastAck = &last
 	}
 	s.QuarantinedEvents = r.metrics.quarantined()
+	s.Progress = r.progressStatus()
 	return s
 }
 

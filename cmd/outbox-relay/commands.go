@@ -115,6 +115,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return fail(stderr, "run", err, o.relay.Replication.DSN)
 	}
 
+	o.relay.Progress.RelayVersion = version
 	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
@@ -232,8 +233,16 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
 		return exitFailure
 	}
+	report := statusReport{SlotInfo: info}
+	if len(o.relay.Publisher.Brokers) > 0 {
+		report.Progress, err = progressReport(ctx, o.relay, info)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
+			return exitFailure
+		}
+	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	enc.Encode(info)
+	enc.Encode(report)
 	return exitOK
 }
