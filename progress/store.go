@@ -29,11 +29,21 @@ type Store struct {
 	producer sarama.SyncProducer
 }
 
-// Open connects to Kafka with sc (see publisher.ClientConfig: it must not
-// let metadata lookups create topics, or a broker with auto-creation would
-// make the topic with its default settings) and makes sure the topic
-// exists, creating it compacted with one partition when it does not.
+// Open connects to Kafka with sc (see publisher.ClientConfig) and makes
+// sure the topic exists, creating it compacted with one partition when it
+// does not. Metadata lookups never create topics here: a broker with
+// auto-creation would make it with its default partitions and policy.
 func Open(ctx context.Context, brokers []string, sc *sarama.Config, topic string) (*Store, error) {
+	return open(ctx, brokers, sc, topic, true)
+}
+
+// OpenExisting is Open for readers that must change nothing: a missing
+// topic is ErrTopic.
+func OpenExisting(ctx context.Context, brokers []string, sc *sarama.Config, topic string) (*Store, error) {
+	return open(ctx, brokers, sc, topic, false)
+}
+
+func open(ctx context.Context, brokers []string, sc *sarama.Config, topic string, create bool) (*Store, error) {
 	if topic == "" {
 		return nil, fmt.Errorf("%w: --progress-topic is empty", ErrTopic)
 	}
@@ -56,7 +66,7 @@ func Open(ctx context.Context, brokers []string, sc *sarama.Config, topic string
 		client.Close()
 		return nil, fmt.Errorf("progress: create kafka admin client: %w", err)
 	}
-	if err := s.ensureTopic(ctx); err != nil {
+	if err := s.ensureTopic(ctx, create); err != nil {
 		s.admin.Close()
 		return nil, err
 	}
@@ -81,7 +91,7 @@ func (s *Store) Close() error {
 
 // ensureTopic creates the topic when it is missing. A missing topic the
 // brokers refuse to create is ErrTopic, with the command that creates it.
-func (s *Store) ensureTopic(ctx context.Context) error {
+func (s *Store) ensureTopic(ctx context.Context, create bool) error {
 	meta, err := s.admin.DescribeTopics([]string{s.topic})
 	if err != nil {
 		return fmt.Errorf("progress: describe topic %s: %w", s.topic, err)
@@ -93,6 +103,9 @@ func (s *Store) ensureTopic(ctx context.Context) error {
 				ErrTopic, s.topic, meta[0].Err, s.aclCommand())
 		}
 		return fmt.Errorf("progress: describe topic %s: %w", s.topic, meta[0].Err)
+	}
+	if !exists && !create {
+		return fmt.Errorf("%w: %s does not exist (a relay creates it on its first run)", ErrTopic, s.topic)
 	}
 	if !exists {
 		if err := s.createTopic(); err != nil {
