@@ -283,6 +283,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 		t.Fatalf("relay stop: exit %d, %v", code, err)
 	}
 	pg.Stop(t)
+	t.Cleanup(func() { pg.Start(t) }) // so the world's cleanup can drop its slot
 
 	backup.StartNew(t)
 	r := w.on(backup)
@@ -350,16 +351,21 @@ func TestDrillProgressPromotion(t *testing.T) {
 	}
 	oldLSN, oldTLI := storedProgress(t, w.brokers, w.slot)
 	pg.Stop(t)
+	t.Cleanup(func() { pg.Start(t) }) // so the world's cleanup can drop its slot
 
 	standby.Start(t)
 	standby.Promote(t)
 	n := w.on(standby)
 	n.migrate() // PostgreSQL 15 has no failover slots
 	nconn := n.connect()
-	if err := n.writeTxns(nconn, rng, 30, 10, 100); err != nil {
-		t.Fatal(err)
+	// Write past the old record's LSN: taken at face value, the record
+	// would then make the relay skip these events instead of stopping.
+	for !lsnLE(oldLSN, n.currentLSN()) {
+		if err := n.writeTxns(nconn, rng, 50, 10, 100); err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Logf("old primary's progress %s on timeline %d; new primary at %s", oldLSN, oldTLI, n.currentLSN())
+	t.Logf("old primary's progress %s on timeline %d; new primary at %s with %d events", oldLSN, oldTLI, n.currentLSN(), n.CommittedCount())
 	newRelay := n.startRelay("--status-interval", "300ms")
 	if err := n.writeTxns(nconn, rng, 10, 10, 100); err != nil {
 		t.Fatal(err)
