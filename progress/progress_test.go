@@ -10,12 +10,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // TestRecordFormat pins the record's JSON, which the exactly-once mode and
@@ -221,18 +220,7 @@ func TestLatestReadCommitted(t *testing.T) {
 // and give the command that creates the topic.
 func TestOpenRefusedCreate(t *testing.T) {
 	c, brokers := startKfake(t)
-	c.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		create := req.(*kmsg.CreateTopicsRequest)
-		resp := create.ResponseKind().(*kmsg.CreateTopicsResponse)
-		for _, topic := range create.Topics {
-			rt := kmsg.NewCreateTopicsResponseTopic()
-			rt.Topic = topic.Topic
-			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
+	harness.RefuseCreateTopics(c)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sc := sarama.NewConfig()

@@ -3,14 +3,14 @@ package drills
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -117,7 +117,8 @@ func TestDrillProgressRestartCaughtUp(t *testing.T) {
 			rng := newRand(t)
 			pg := harness.StartPostgres(t, noCheckpoints)
 			w, _ := newKfakeWorld(t, pg)
-			relay := w.startRelay("--status-interval", "300ms")
+			admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+			relay := w.startRelay("--status-interval", "300ms", "--admin-addr", admin)
 			conn := w.connect()
 			events := sized(3000, 30000)
 			if err := w.writeTxns(conn, rng, events/10, 10, 200); err != nil {
@@ -135,6 +136,31 @@ func TestDrillProgressRestartCaughtUp(t *testing.T) {
 			t.Logf("slot confirmed_flush_lsn %s before the %s restart, %s after", before, mode, after)
 			if !strings.Contains(relay.Output(), `"start_source":"progress"`) {
 				t.Errorf("the restart did not start from the progress record:\n%s", tail(relay.Output(), 20))
+			}
+			var slot struct {
+				Relay struct {
+					Progress struct {
+						LSN         string `json:"lsn"`
+						StartSource string `json:"last_start_source"`
+					} `json:"progress"`
+				} `json:"relay"`
+			}
+			getJSON(t, "http://"+admin+"/slot", &slot)
+			if p := slot.Relay.Progress; p.StartSource != "progress" || !lsnLE(before, p.LSN) {
+				t.Errorf("/slot shows progress %+v; want the last start from progress, at or past %s", p, before)
+			}
+			status := harness.StartProcess(t, w.bin, append(w.args("status"), "--kafka-brokers", strings.Join(w.brokers, ",")), nil)
+			if code, err := status.Wait(time.Minute); err != nil || code != 0 {
+				t.Fatalf("status exited %d (%v):\n%s", code, err, status.Output())
+			}
+			var st struct {
+				Progress struct {
+					LSN    string `json:"lsn"`
+					Source string `json:"next_start_source"`
+				} `json:"progress"`
+			}
+			if err := json.Unmarshal([]byte(status.Output()), &st); err != nil || !lsnLE(before, st.Progress.LSN) || st.Progress.Source == "" {
+				t.Errorf("status shows progress %+v (%v); want it at or past %s:\n%s", st.Progress, err, before, status.Output())
 			}
 
 			conn2, err := pgx.Connect(context.Background(), w.db.DSN())
@@ -255,6 +281,20 @@ func reconcileLedger(t *testing.T, w *world) {
 	}
 }
 
+// retirePrimary lets the relay deliver and record everything, stops it
+// (SIGTERM) and then the world's cluster, which comes back only for the
+// world's cleanup to drop its slot.
+func (w *world) retirePrimary(relay *harness.Process) {
+	w.t.Helper()
+	w.waitSettled(3 * time.Minute)
+	w.waitProgressAt(w.confirmedFlush())
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		w.t.Fatalf("relay stop: exit %d, %v", code, err)
+	}
+	w.pg.Stop(w.t)
+	w.t.Cleanup(func() { w.pg.Start(w.t) })
+}
+
 // TestDrillProgressRestoredBackup restores a base backup taken before the
 // relay published anything (same system identifier, WAL that ends before
 // the stored progress). The relay must refuse to start from a record that
@@ -271,13 +311,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 	if err := w.writeTxns(conn, rng, 200, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	w.waitSettled(3 * time.Minute)
-	w.waitProgressAt(w.confirmedFlush())
-	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
-		t.Fatalf("relay stop: exit %d, %v", code, err)
-	}
-	pg.Stop(t)
-	t.Cleanup(func() { pg.Start(t) }) // so the world's cleanup can drop its slot
+	w.retirePrimary(relay)
 
 	backup.StartNew(t)
 	r := w.on(backup)
@@ -338,14 +372,8 @@ func TestDrillProgressPromotion(t *testing.T) {
 	if err := w.writeTxns(conn, rng, 500, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	w.waitSettled(3 * time.Minute)
-	w.waitProgressAt(w.confirmedFlush())
-	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
-		t.Fatalf("relay stop: exit %d, %v", code, err)
-	}
+	w.retirePrimary(relay)
 	oldLSN, oldTLI := storedProgress(t, w.brokers, w.slot)
-	pg.Stop(t)
-	t.Cleanup(func() { pg.Start(t) }) // so the world's cleanup can drop its slot
 
 	standby.Start(t)
 	standby.Promote(t)
@@ -384,19 +412,7 @@ func TestDrillProgressTopicNotCreatable(t *testing.T) {
 	k := startKfake(t, harness.KfakeOptions{DisableAutoCreate: true}, w.topics())
 	w.brokers = k.Brokers()
 	w.migrate()
-	c := k.Cluster()
-	c.ControlKey(int16(kmsg.CreateTopics), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		create := req.(*kmsg.CreateTopicsRequest)
-		resp := create.ResponseKind().(*kmsg.CreateTopicsResponse)
-		for _, topic := range create.Topics {
-			rt := kmsg.NewCreateTopicsResponseTopic()
-			rt.Topic = topic.Topic
-			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp, nil, true
-	})
+	harness.RefuseCreateTopics(k.Cluster())
 	p := w.startRelayNoWait()
 	code, err := p.Wait(2 * time.Minute)
 	if err != nil || code != 1 {
@@ -405,6 +421,19 @@ func TestDrillProgressTopicNotCreatable(t *testing.T) {
 	want := "kafka-topics.sh --bootstrap-server " + k.BrokerList() + " --create --topic " + progressTopic + " --partitions 1 --replication-factor 1 --config cleanup.policy=compact"
 	if !strings.Contains(p.Output(), want) {
 		t.Fatalf("the error does not give the command %q:\n%s", want, tail(p.Output(), 5))
+	}
+}
+
+// getJSON decodes the JSON document at url into v.
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }
 

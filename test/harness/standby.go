@@ -35,38 +35,15 @@ func (p *Postgres) BaseBackup(t testing.TB, standby bool) *Postgres {
 }
 
 func (p *Postgres) baseBackup(standby bool) (_ *Postgres, err error) {
-	dir, err := makeOwnedTempDir(pgDirPrefix)
+	c, err := newClusterDir(p.bin, p.runAs)
 	if err != nil {
 		return nil, err
 	}
-	c := &Postgres{
-		bin:     p.bin,
-		dir:     dir,
-		dataDir: filepath.Join(dir, "data"),
-		sockDir: filepath.Join(dir, "sock"),
-		logFile: filepath.Join(dir, "postgres.log"),
-		runAs:   p.runAs,
-	}
-	c.unregister = registerCleanup(c.close)
 	defer func() {
 		if err != nil {
 			c.close()
 		}
 	}()
-	c.dataDirReal = c.dataDir
-	if real, err := filepath.EvalSymlinks(dir); err == nil {
-		c.dataDirReal = filepath.Join(real, "data")
-	}
-	if err := os.Mkdir(c.sockDir, 0o700); err != nil {
-		return nil, fmt.Errorf("create socket dir: %w", err)
-	}
-	if c.runAs != nil {
-		for _, d := range []string{dir, c.sockDir} {
-			if err := os.Chown(d, c.runAs.uid, c.runAs.gid); err != nil {
-				return nil, fmt.Errorf("chown %s: %w", d, err)
-			}
-		}
-	}
 	args := []string{"-D", c.dataDir, "-h", "127.0.0.1", "-p", strconv.Itoa(p.Port()), "-U", "postgres",
 		"-X", "stream", "-c", "fast", "--no-sync"}
 	if standby {
