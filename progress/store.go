@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +15,9 @@ import (
 // create, or that cannot be used. Retrying cannot fix it: the operator must
 // create the topic or grant the right.
 var ErrTopic = errors.New("progress topic unusable")
+
+// segmentBytes is the progress topic's segment size: about 70,000 records.
+const segmentBytes = 10 << 20
 
 // partition is the one partition progress lives on: one ordered log, so the
 // last record of a key is the newest.
@@ -119,7 +123,9 @@ func (s *Store) createTopic() error {
 	detail := &sarama.TopicDetail{
 		NumPartitions:     1,
 		ReplicationFactor: s.replicationFactor(),
-		ConfigEntries:     map[string]*string{"cleanup.policy": ptr("compact")},
+		// Small segments let compaction drop old records soon, so the read
+		// at each start stays short: the active segment is never compacted.
+		ConfigEntries: map[string]*string{"cleanup.policy": ptr("compact"), "segment.bytes": ptr(strconv.Itoa(segmentBytes))},
 	}
 	err := s.admin.CreateTopic(s.topic, detail, false)
 	if err == nil || errors.Is(err, sarama.ErrTopicAlreadyExists) {
@@ -138,8 +144,8 @@ func (s *Store) replicationFactor() int16 {
 // CreateCommand is the kafka-topics.sh command an operator runs to create
 // the topic the way the relay would.
 func (s *Store) CreateCommand() string {
-	return fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --create --topic %s --partitions 1 --replication-factor %d --config cleanup.policy=compact",
-		strings.Join(s.brokers, ","), s.topic, s.replicationFactor())
+	return fmt.Sprintf("kafka-topics.sh --bootstrap-server %s --create --topic %s --partitions 1 --replication-factor %d --config cleanup.policy=compact --config segment.bytes=%d",
+		strings.Join(s.brokers, ","), s.topic, s.replicationFactor(), segmentBytes)
 }
 
 func (s *Store) aclCommand() string {
