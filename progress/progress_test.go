@@ -10,8 +10,10 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -288,4 +290,81 @@ func partitionEnd(t *testing.T, brokers []string, topic string) int64 {
 	}
 	o, _ := ends.Lookup(topic, 0)
 	return o.Offset
+}
+
+// BenchmarkOffer is the read loop's whole cost of progress per status
+// update: it must stay far below the per-event cost of publishing.
+func BenchmarkOffer(b *testing.B) {
+	w := &Writer{wake: make(chan struct{}, 1)}
+	key := Key("outbox_relay", "7312345678901234567")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		w.Offer(key, Record{LSN: lsn.LSN(i), Timeline: 1})
+	}
+}
+
+// BenchmarkWrite is one progress write acknowledged by an in-process
+// broker: the writer does this at most once per --status-interval.
+func BenchmarkWrite(b *testing.B) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	s, err := Open(context.Background(), c.ListenAddrs(), sc, "progress")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	key := Key("outbox_relay", "7312345678901234567")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := s.Write(key, Record{LSN: lsn.LSN(i), Timeline: 1, CommitTime: time.Now(), RelayVersion: "dev"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestWriterRetriesAFailedWrite: a write Kafka refuses stays pending and is
+// written at the next interval, without a new offer.
+func TestWriterRetriesAFailedWrite(t *testing.T) {
+	c, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	failed := make(chan struct{})
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		produce := req.(*kmsg.ProduceRequest)
+		resp := produce.ResponseKind().(*kmsg.ProduceResponse)
+		for _, topic := range produce.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = topic.Topic
+			for _, p := range topic.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		close(failed) // the control is dropped after this one request
+		return resp, nil, true
+	})
+	key := Key("s", "111")
+	written := make(chan Record, 10)
+	w := s.NewWriter(50*time.Millisecond, zerolog.Nop(), func(r Record) { written <- r })
+	defer w.Close(10 * time.Second)
+	w.Offer(key, Record{LSN: 1, Timeline: 1})
+	<-failed
+	select {
+	case r := <-written:
+		if r.LSN != 1 {
+			t.Fatalf("after the failure the writer wrote %+v, want the pending record (1)", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing written after a failed write")
+	}
+	if r, ok := latest(t, s, key); !ok || r.LSN != 1 {
+		t.Fatalf("latest = %+v, %v", r, ok)
+	}
 }
