@@ -19,6 +19,10 @@ var ErrTopic = errors.New("progress topic unusable")
 // segmentBytes is the progress topic's segment size: about 70,000 records.
 const segmentBytes = 10 << 20
 
+// ErrConnect marks a failure to connect to the brokers; the error also
+// wraps sarama's, for the caller to explain (credentials, certificates).
+var ErrConnect = errors.New("progress: cannot connect to kafka")
+
 // partition is the one partition progress lives on: one ordered log, so the
 // last record of a key is the newest.
 const partition = 0
@@ -63,7 +67,7 @@ func open(ctx context.Context, brokers []string, sc *sarama.Config, topic string
 	conf.Producer.Transaction.ID = ""
 	client, err := sarama.NewClient(brokers, &conf)
 	if err != nil {
-		return nil, fmt.Errorf("progress: connect to kafka brokers %v: %w", brokers, err)
+		return nil, fmt.Errorf("%w: %w", ErrConnect, err)
 	}
 	s := &Store{topic: topic, brokers: brokers, client: client}
 	if s.admin, err = sarama.NewClusterAdminFromClient(client); err != nil {

@@ -161,10 +161,7 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 	}
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+		return nil, ConnectError(cfg.Brokers, err)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {

@@ -154,7 +154,11 @@ func openProgress(ctx context.Context, cfg Config,
 	if err != nil {
 		return nil, err
 	}
-	return open(ctx, cfg.Publisher.Brokers, sc, cfg.Progress.Topic)
+	store, err := open(ctx, cfg.Publisher.Brokers, sc, cfg.Progress.Topic)
+	if errors.Is(err, progress.ErrConnect) {
+		return nil, publisher.ConnectError(cfg.Publisher.Brokers, err)
+	}
+	return store, err
 }
 
 // progressWritten is told by the writer about each record Kafka stored.
