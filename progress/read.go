@@ -19,8 +19,8 @@ import (
 // transaction still open never counts. found is false when no record for
 // key exists. ctx bounds the whole read.
 //
-// It fetches directly instead of using sarama's partition consumer, which
-// hides control records: with transactions the last offset before the end
+// It sends its own read requests instead of using sarama's partition
+// consumer, which hides control records: with transactions the last offset before the end
 // is a commit marker, and a consumer waiting to see it would never return.
 func (s *Store) Latest(ctx context.Context, key []byte) (rec Record, found bool, err error) {
 	var value []byte
@@ -34,7 +34,7 @@ func (s *Store) Latest(ctx context.Context, key []byte) (rec Record, found bool,
 		if err := ctx.Err(); err != nil {
 			return Record{}, false, fmt.Errorf("read progress from %s: gave up at offset %d of %d: %w", s.topic, next, end, err)
 		}
-		block, err := s.fetch(next)
+		block, err := s.readAt(next)
 		if err != nil {
 			return Record{}, false, err
 		}
@@ -96,42 +96,42 @@ func (s *Store) Latest(ctx context.Context, key []byte) (rec Record, found bool,
 	return rec, true, nil
 }
 
-// fetch asks the partition's leader for data from offset, read_committed.
-func (s *Store) fetch(offset int64) (*sarama.FetchResponseBlock, error) {
+// readAt asks the partition's leader for data from offset, read_committed.
+func (s *Store) readAt(offset int64) (*sarama.FetchResponseBlock, error) {
 	leader, err := s.client.Leader(s.topic, partition)
 	if err != nil {
 		return nil, fmt.Errorf("read progress from %s: %w", s.topic, err)
 	}
 	req := &sarama.FetchRequest{
-		Version:     fetchVersion(s.client.Config().Version),
+		Version:     readVersion(s.client.Config().Version),
 		MaxWaitTime: int32((100 * time.Millisecond).Milliseconds()),
 		MinBytes:    1,
-		MaxBytes:    fetchBytes,
+		MaxBytes:    readBytes,
 		Isolation:   sarama.ReadCommitted,
 	}
-	req.AddBlock(s.topic, partition, offset, fetchBytes, -1)
+	req.AddBlock(s.topic, partition, offset, readBytes, -1)
 	resp, err := leader.Fetch(req)
 	if err != nil {
-		return nil, fmt.Errorf("read progress from %s: fetch at offset %d: %w", s.topic, offset, err)
+		return nil, fmt.Errorf("read progress from %s at offset %d: %w", s.topic, offset, err)
 	}
 	block := resp.GetBlock(s.topic, partition)
 	if block == nil {
-		return nil, fmt.Errorf("read progress from %s: fetch at offset %d: %w", s.topic, offset, sarama.ErrIncompleteResponse)
+		return nil, fmt.Errorf("read progress from %s at offset %d: %w", s.topic, offset, sarama.ErrIncompleteResponse)
 	}
 	if !errors.Is(block.Err, sarama.ErrNoError) {
-		return nil, fmt.Errorf("read progress from %s: fetch at offset %d: %w", s.topic, offset, block.Err)
+		return nil, fmt.Errorf("read progress from %s at offset %d: %w", s.topic, offset, block.Err)
 	}
 	return block, nil
 }
 
-// fetchBytes bounds one fetch; progress records are about 150 bytes, so
+// readBytes bounds one read request; progress records are about 150 bytes, so
 // this holds thousands while never asking for much memory.
-const fetchBytes = 1 << 20
+const readBytes = 1 << 20
 
-// fetchVersion is the newest fetch version the configured protocol version
-// offers among those that carry the isolation level and the last stable
-// offset (4 and later; Kafka 4 dropped 0 to 3).
-func fetchVersion(v sarama.KafkaVersion) int16 {
+// readVersion is the newest version of Kafka's read request that the
+// configured protocol version offers among those that carry the isolation
+// level and the last stable offset (4 and later; Kafka 4 dropped 0 to 3).
+func readVersion(v sarama.KafkaVersion) int16 {
 	switch {
 	case v.IsAtLeast(sarama.V2_3_0_0):
 		return 11

@@ -38,11 +38,11 @@ func storedProgress(t testing.TB, brokers []string, slot string) (lsn string, ti
 	defer cancel()
 	var next int64
 	for next < end {
-		fetches := cl.PollFetches(ctx)
+		polled := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			t.Fatalf("read the progress topic: reached offset %d of %d", next, end)
 		}
-		fetches.EachRecord(func(r *kgo.Record) {
+		polled.EachRecord(func(r *kgo.Record) {
 			next = r.Offset + 1
 			if !strings.HasPrefix(string(r.Key), slot+"@") {
 				return
@@ -122,7 +122,7 @@ func TestDrillProgressRestartCaughtUp(t *testing.T) {
 }
 
 // TestDrillProgressRestartCaughtUpApacheKafka is the fast restart against
-// Apache Kafka: the record is read back with fetches at the last stable
+// Apache Kafka: the record is read back with read requests at the last stable
 // offset (read_committed), whose answers kfake only imitates.
 func TestDrillProgressRestartCaughtUpApacheKafka(t *testing.T) {
 	pg := harness.StartPostgres(t, noCheckpoints)
