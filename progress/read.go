@@ -20,8 +20,9 @@ import (
 // key exists. ctx bounds the whole read.
 //
 // It sends its own read requests instead of using sarama's partition
-// consumer, which hides control records: with transactions the last offset before the end
-// is a commit marker, and a consumer waiting to see it would never return.
+// consumer, which hides control records: with transactions the last offset
+// before the end is a commit marker, and a consumer waiting to see it would
+// never return.
 func (s *Store) Latest(ctx context.Context, key []byte) (rec Record, found bool, err error) {
 	var value []byte
 	end := int64(-1)
