@@ -368,3 +368,39 @@ func TestWriterRetriesAFailedWrite(t *testing.T) {
 		t.Fatalf("latest = %+v, %v", r, ok)
 	}
 }
+
+// TestLatestReadsPastOneRequest: more records than one read request returns
+// (12,000 of about 200 bytes against a 1 MiB bound, in several batches),
+// so the read must continue from where each answer ended.
+func TestLatestReadsPastOneRequest(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("progress"),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(64<<10),
+		kgo.ProducerBatchCompression(kgo.NoCompression())) // uncompressed, so the bytes really exceed one read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const n = 12000
+	records := make([]*kgo.Record, 0, n)
+	for i := 1; i <= n; i++ {
+		key := Key("s", "other")
+		if i%1000 == 0 {
+			key = Key("s", "111")
+		}
+		records = append(records, &kgo.Record{Key: key, Value: Record{LSN: lsn.LSN(i), Timeline: 1, RelayVersion: strings.Repeat("v", 100)}.Marshal(), Partition: 0})
+	}
+	if err := cl.ProduceSync(context.Background(), records...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if end := partitionEnd(t, brokers, "progress"); end != n {
+		t.Fatalf("%d records on the topic, want %d", end, n)
+	}
+	if r, ok := latest(t, s, Key("s", "111")); !ok || r.LSN != n {
+		t.Fatalf("latest = %+v, %v; want LSN %d", r, ok, n)
+	}
+	if r, ok := latest(t, s, Key("s", "other")); !ok || r.LSN != n-1 {
+		t.Fatalf("latest of the other key = %+v, %v; want LSN %d", r, ok, n-1)
+	}
+}
