@@ -130,21 +130,26 @@ func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN) (lsn.LSN, error) 
 	return d.Start, nil
 }
 
-// progressStore opens the store and its writer on first use.
+// progressStore opens the store and its writer on first use. Only the
+// session loop calls it, one session at a time; the lock is not held while
+// Kafka answers, so /slot never waits on a slow broker.
 func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
 	p := &r.progress
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.store != nil {
-		return p.store, nil
+	store := p.store
+	p.mu.Unlock()
+	if store != nil {
+		return store, nil
 	}
 	store, err := openProgress(ctx, r.cfg, progress.Open)
 	if err != nil {
 		return nil, err
 	}
-	p.store = store
+	writer := store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+	p.mu.Lock()
+	p.store, p.writer = store, writer
 	p.report.Topic = store.Topic()
-	p.writer = store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+	p.mu.Unlock()
 	return store, nil
 }
 
