@@ -166,6 +166,16 @@ func TestLatestLastRecordOfKeyWins(t *testing.T) {
 	if _, ok := latest(t, s, Key("s", "333")); ok {
 		t.Fatal("a third cluster's key matched")
 	}
+	// A newer relay's record is not guessed at: the caller must decide.
+	if _, _, err := s.producer.SendMessage(&sarama.ProducerMessage{Topic: "progress", Partition: 0,
+		Key: sarama.ByteEncoder(mine), Value: sarama.StringEncoder(`{"version":2,"lsn":"0/600","timeline":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := s.Latest(ctx, mine); !errors.Is(err, ErrBadRecord) || !errors.Is(err, ErrUnknownVersion) {
+		t.Fatalf("a version 2 record: want ErrBadRecord and ErrUnknownVersion, got %v", err)
+	}
 }
 
 // TestLatestReadCommitted writes progress in Kafka transactions, as the

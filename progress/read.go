@@ -92,7 +92,7 @@ func (s *Store) Latest(ctx context.Context, key []byte) (rec Record, found bool,
 	}
 	rec, err = Unmarshal(value)
 	if err != nil {
-		return Record{}, false, fmt.Errorf("read progress for %s from %s: %w", key, s.topic, err)
+		return Record{}, false, fmt.Errorf("%w: %s on %s: %w", ErrBadRecord, key, s.topic, err)
 	}
 	return rec, true, nil
 }

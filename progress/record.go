@@ -41,6 +41,11 @@ type Record struct {
 	RelayVersion string
 }
 
+// ErrBadRecord marks a stored record that cannot be used: it does not
+// decode, or a newer relay wrote it (ErrUnknownVersion). Guessing would
+// risk skipping events, so the operator decides (--reset-progress).
+var ErrBadRecord = errors.New("unusable progress record")
+
 // ErrUnknownVersion marks a record written in a format this relay does
 // not know, by a newer relay.
 var ErrUnknownVersion = errors.New("unknown progress record version")

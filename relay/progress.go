@@ -78,13 +78,18 @@ func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN) (lsn.LSN, error) 
 	}
 	p := &r.progress
 	key := progress.Key(r.cfg.Replication.Slot, sys.ID)
-	rec, found, err := store.Latest(ctx, key)
-	if err != nil {
-		return 0, err
-	}
 	p.mu.Lock()
 	reset := r.cfg.Progress.Reset && !p.resetDone
 	p.mu.Unlock()
+	rec, found, err := store.Latest(ctx, key)
+	if reset && errors.Is(err, progress.ErrBadRecord) {
+		// The reset overwrites it below; it need not decode.
+		r.log.Warn().Err(err).Msg("--reset-progress: ignoring a progress record that cannot be used")
+		rec, found, err = progress.Record{}, false, nil
+	}
+	if err != nil {
+		return 0, err
+	}
 	var stored *progress.Record
 	if found {
 		stored = &rec
@@ -294,5 +299,5 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 
 // isProgressFatal reports the progress errors retrying cannot fix.
 func isProgressFatal(err error) bool {
-	return errors.Is(err, ErrProgressAhead) || errors.Is(err, progress.ErrTopic) || errors.Is(err, progress.ErrUnknownVersion)
+	return errors.Is(err, ErrProgressAhead) || errors.Is(err, progress.ErrTopic) || errors.Is(err, progress.ErrBadRecord)
 }
