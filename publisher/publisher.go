@@ -195,10 +195,7 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	}
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+		return nil, ConnectError(cfg.Brokers, err)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
@@ -222,14 +219,10 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 const outcomeBuffer = 1024
 
 func saramaConfig(cfg Config) (*sarama.Config, error) {
-	sc := sarama.NewConfig()
-	version, err := sarama.ParseKafkaVersion(cfg.KafkaVersion)
+	sc, err := ClientConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafka version %q: %w", cfg.KafkaVersion, err)
+		return nil, err
 	}
-	sc.Version = version
-	sc.ClientID = cfg.ClientID
-	sc.MetricRegistry = newDiscardMetrics()
 	codec, err := compressionCodec(cfg.Compression)
 	if err != nil {
 		return nil, err
@@ -251,9 +244,6 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true
-	if err := cfg.Security.apply(sc); err != nil {
-		return nil, err
-	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka producer configuration: %w", err)
 	}

@@ -408,6 +408,9 @@ func (s *streamer) statusIfDue(force bool) error {
 	} else {
 		s.relay.noteProgress(s.received, time.Time{})
 	}
+	// The tracker confirms only what Kafka acknowledged, so the stored
+	// progress can lag Kafka but never lead it.
+	s.relay.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
 	return nil
 }
 

@@ -42,6 +42,8 @@ type Metrics struct {
 
 	mu       sync.Mutex
 	perTopic map[string]topicCounters
+
+	progress *progressMetrics
 }
 
 type topicCounters struct{ events, bytes prometheus.Counter }
@@ -106,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
+	m.progress = newProgressMetrics(reg)
 	m.setState(StateStarting)
 	m.setWALStatus("")
 	// Every error class exists from the start, at 0, so rate() and

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -55,6 +56,9 @@ type Config struct {
 	QuarantineTable string
 
 	Retention Retention
+
+	// Progress is where the relay keeps its own progress in Kafka.
+	Progress ProgressOptions
 }
 
 // DefaultConfig returns the defaults the relay ships with.
@@ -75,6 +79,7 @@ func DefaultConfig() Config {
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  OnPermanentQuarantine,
 		Retention:         DefaultRetention(),
+		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 	}
 }
 
@@ -118,6 +123,8 @@ type Relay struct {
 	// batchLimit survives sessions: once a topic is known to take smaller
 	// batches, every later producer is built with that limit.
 	batchLimit int
+
+	progress progressState
 }
 
 // Hooks let the process around the relay react to its progress (systemd
@@ -145,7 +152,8 @@ func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, publisher.ErrAuth) ||
-		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
+		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
+		isProgressFatal(err)
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal
@@ -159,6 +167,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopBackground()
 		background.Wait()
 	}()
+	defer r.closeProgress() // after the last session: writes its last position
 	if r.cfg.Retention.After > 0 {
 		background.Add(1)
 		go func() {

@@ -115,5 +115,6 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		return 0, 0, err
 	}
 	r.logSlotCreated(ctx, admin, slot)
-	return slot.LSN, senderTimeout, nil
+	start, err = r.resume(ctx, slot.LSN) // where Kafka already holds everything, if later than the slot
+	return start, senderTimeout, err
 }

@@ -37,6 +37,8 @@ type Status struct {
 	LastConfirmedCommit   *time.Time `json:"last_confirmed_commit_time"`
 	LastAck               *time.Time `json:"last_ack_time"`
 	QuarantinedEvents     int64      `json:"quarantined_events"`
+	// Progress is the position kept in Kafka and where the last start began.
+	Progress *ProgressStatus `json:"progress,omitempty"`
 
 	tracker             *lsn.Tracker
 	received            lsn.LSN
@@ -167,6 +169,7 @@ func (r *Relay) Status() Status {
 	if last := r.lastAck.get(); !last.IsZero() {
 		s.LastAck = &last
 	}
+	s.Progress = r.progressStatus()
 	return s
 }
 

@@ -188,6 +188,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return usageError(stderr, "run", err, "")
 	}
 
+	o.relay.Progress.RelayVersion = version
 	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
@@ -332,8 +333,16 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}
+	report := statusReport{SlotInfo: info}
+	if len(o.relay.Publisher.Brokers) > 0 {
+		report.Progress, err = progressReport(ctx, o.relay, info)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
+			return exitFailure
+		}
+	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	enc.Encode(info)
+	enc.Encode(report)
 	return exitOK
 }

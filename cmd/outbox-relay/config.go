@@ -128,6 +128,8 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
+	fs.StringVar(&c.Progress.Topic, "progress-topic", c.Progress.Topic, "compacted Kafka topic where the relay keeps how far Kafka holds every event (one record per slot and cluster); created when missing")
+	fs.BoolVar(&c.Progress.Reset, "reset-progress", false, "ignore the stored progress record once, at the first start of this process, and start from the slot (after restoring a backup)")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
 }
 

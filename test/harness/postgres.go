@@ -139,6 +139,36 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 			return nil, fmt.Errorf("running as root needs the postgres user: %w", err)
 		}
 	}
+	p, err := newClusterDir(bin, runAs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if out, err := p.pgRun("initdb", "-D", p.dataDir, "--auth=trust", "-U", "postgres",
+		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	if err := p.writeHBA(opts.PasswordAuth); err != nil {
+		return nil, err
+	}
+	if err := p.appendConf(p.settings(opts)); err != nil {
+		return nil, err
+	}
+	if err := p.startFresh(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// newClusterDir makes the directories of a cluster that has no data yet,
+// owned by runAs, and registers the cluster for cleanup before anything can
+// start, so that a failure half-way, a panic or an interrupt still stops
+// the server and removes the files.
+func newClusterDir(bin string, runAs *osUser) (_ *Postgres, err error) {
 	// t.TempDir() lives under a 0700 root-owned parent the postgres user
 	// cannot enter, so the cluster gets its own directory under TMPDIR.
 	dir, err := makeOwnedTempDir(pgDirPrefix)
@@ -153,8 +183,6 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 		logFile: filepath.Join(dir, "postgres.log"),
 		runAs:   runAs,
 	}
-	// Registered before anything can start so that a failure half-way, a
-	// panic or an interrupt still stops the server and removes the files.
 	p.unregister = registerCleanup(p.close)
 	defer func() {
 		if err != nil {
@@ -174,19 +202,6 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 				return nil, fmt.Errorf("chown %s: %w", d, err)
 			}
 		}
-	}
-	if out, err := p.pgRun("initdb", "-D", p.dataDir, "--auth=trust", "-U", "postgres",
-		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
-		return nil, fmt.Errorf("initdb: %w: %s", err, out)
-	}
-	if err := p.writeHBA(opts.PasswordAuth); err != nil {
-		return nil, err
-	}
-	if err := p.appendConf(p.settings(opts)); err != nil {
-		return nil, err
-	}
-	if err := p.startFresh(); err != nil {
-		return nil, err
 	}
 	return p, nil
 }

@@ -41,7 +41,7 @@ func getSlot(t *testing.T, base string) slotDoc {
 func metricNames(t *testing.T) []string {
 	t.Helper()
 	var names []string
-	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("reconcile", "metrics.go")} {
+	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("reconcile", "metrics.go"), filepath.Join("relay", "progress_metrics.go")} {
 		src, err := os.ReadFile(filepath.Join("..", "..", file))
 		if err != nil {
 			t.Fatalf("read %s: %v", file, err)
