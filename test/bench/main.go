@@ -55,6 +55,7 @@ type options struct {
 	steadyFor     time.Duration
 	steadyWarm    time.Duration
 	steadyWriters int
+	floorLingers  []time.Duration
 	quick         bool
 }
 
@@ -85,6 +86,16 @@ func parseOptions(args []string) (*options, error) {
 	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
 	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
 	fs.IntVar(&o.steadyWriters, "steady-writers", 0, "writer connections of the steady-rate part (default: enough for the rate, at least 2)")
+	fs.Func("steady-floor-lingers", "comma-separated lingers of the steady-rate producer floors, e.g. 0,2ms (default: the relay's, or --linger)", func(v string) error {
+		for _, s := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(s))
+			if err != nil || d < 0 {
+				return fmt.Errorf("%q is not a linger", s)
+			}
+			o.floorLingers = append(o.floorLingers, d)
+		}
+		return nil
+	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
 	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")

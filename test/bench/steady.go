@@ -123,9 +123,11 @@ func (b *bench) steady(ctx context.Context) (*SteadyResult, error) {
 			}
 			for _, br := range b.brokers {
 				if !b.o.skip["floor"] {
-					for _, client := range []string{"sarama", "franz-go"} {
-						if err := add(b.steadyFloor(ctx, br, client, rate, pad)); err != nil {
-							return res, err
+					for _, linger := range b.floorLingers() {
+						for _, client := range []string{"sarama", "franz-go"} {
+							if err := add(b.steadyFloor(ctx, br, client, rate, linger, pad)); err != nil {
+								return res, err
+							}
 						}
 					}
 				}
@@ -545,13 +547,21 @@ func waitSent(ctx context.Context, conn *pgx.Conn, pid int, end lsn.LSN) error {
 	}
 }
 
-// steadyFloor runs a bare producer (sarama with the relay's settings, or
-// franz-go) in its own process at rate with the relay's linger.
-func (b *bench) steadyFloor(ctx context.Context, br *broker, client string, rate, pad int) (SteadyRun, error) {
-	linger := publisher.DefaultConfig().Linger
-	if b.o.linger >= 0 {
-		linger = b.o.linger
+// floorLingers are the lingers of the steady-rate floors: those asked for,
+// else --linger, else the relay's default.
+func (b *bench) floorLingers() []time.Duration {
+	switch {
+	case len(b.o.floorLingers) > 0:
+		return b.o.floorLingers
+	case b.o.linger >= 0:
+		return []time.Duration{b.o.linger}
 	}
+	return []time.Duration{publisher.DefaultConfig().Linger}
+}
+
+// steadyFloor runs a bare producer (sarama with the relay's settings, or
+// franz-go) in its own process at rate and linger.
+func (b *bench) steadyFloor(ctx context.Context, br *broker, client string, rate int, linger time.Duration, pad int) (SteadyRun, error) {
 	run := SteadyRun{Rate: rate, Reader: "floor-" + client + "/" + br.name, Linger: linger.String(), RateHeld: true}
 	topic := fmt.Sprintf("bench.steadyfloor.%s.%s.%d.%d", br.name, client, rate, time.Now().UnixNano())
 	if err := br.createTopic(topic, b.o.partitions); err != nil {
