@@ -397,21 +397,12 @@ func (b *bench) steadyRelay(ctx context.Context, dsn string, br *broker, vi int,
 		return run, err
 	}
 	defer cons.stop()
-	conn, err := pgx.Connect(ctx, dsn)
+	db, err := b.openSteadyDB(ctx, dsn, slot, &run)
 	if err != nil {
 		return run, err
 	}
-	defer conn.Close(context.Background())
-	ws, err := walsenderPID(ctx, conn, slot)
-	if err != nil {
-		return run, err
-	}
-	run.Writers = b.steadyWriters(rate)
-	pool, err := openWriters(ctx, dsn, run.Writers)
-	if err != nil {
-		return run, err
-	}
-	defer pool.close()
+	defer db.close()
+	pool := db.pool
 
 	warm, err := pool.write(ctx, rate, b.o.steadyWarm, b.o.aggregates, pad)
 	if err != nil {
@@ -426,14 +417,12 @@ func (b *bench) steadyRelay(ctx context.Context, dsn string, br *broker, vi int,
 	if err != nil {
 		return run, err
 	}
-	pids := spanPIDs{reader: p.cmd.Process.Pid, walsender: ws, backends: pool.pids, br: br}
+	pids := spanPIDs{reader: p.cmd.Process.Pid, walsender: db.walsender, backends: pool.pids, br: br}
 	sp := startSpan(pids)
-	w, err := pool.write(ctx, rate, b.o.steadyFor, b.o.aggregates, pad)
+	w, err := b.measuredWrite(ctx, pool, rate, pad, &run)
 	if err != nil {
 		return run, err
 	}
-	run.Events, run.WriterLateP99Ms, run.RateHeld = w.n, w.lateP99Ms, w.held(rate, b.o.steadyFor)
-	run.AchievedRate = float64(w.n) / w.elapsed.Seconds()
 	if !cons.await(warm.n+w.n, 2*time.Minute) {
 		return run, fmt.Errorf("the consumer read %d of %d events within 2 minutes; relay log tail:\n%s", cons.count(), warm.n+w.n, p.logTail())
 	}
@@ -484,32 +473,20 @@ func (b *bench) steadyRecvLogical(ctx context.Context, dsn string, rate, pad, re
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 		_ = cmd.Wait()
 	}()
-	conn, err := pgx.Connect(ctx, dsn)
+	db, err := b.openSteadyDB(ctx, dsn, slot, &run)
 	if err != nil {
 		return run, err
 	}
-	defer conn.Close(context.Background())
-	ws, err := walsenderPID(ctx, conn, slot)
-	if err != nil {
+	defer db.close()
+	conn, ws := db.conn, db.walsender
+	if _, err := db.pool.write(ctx, rate, b.o.steadyWarm, b.o.aggregates, pad); err != nil {
 		return run, err
 	}
-	run.Writers = b.steadyWriters(rate)
-	pool, err := openWriters(ctx, dsn, run.Writers)
-	if err != nil {
-		return run, err
-	}
-	defer pool.close()
-	if _, err := pool.write(ctx, rate, b.o.steadyWarm, b.o.aggregates, pad); err != nil {
-		return run, err
-	}
-	pids := spanPIDs{reader: cmd.Process.Pid, walsender: ws, backends: pool.pids}
+	pids := spanPIDs{reader: cmd.Process.Pid, walsender: ws, backends: db.pool.pids}
 	sp := startSpan(pids)
-	w, err := pool.write(ctx, rate, b.o.steadyFor, b.o.aggregates, pad)
-	if err != nil {
+	if _, err := b.measuredWrite(ctx, db.pool, rate, pad, &run); err != nil {
 		return run, err
 	}
-	run.Events, run.WriterLateP99Ms, run.RateHeld = w.n, w.lateP99Ms, w.held(rate, b.o.steadyFor)
-	run.AchievedRate = float64(w.n) / w.elapsed.Seconds()
 	// Everything written has been sent once the walsender's sent_lsn
 	// passes the WAL position after the last commit.
 	var endText string
@@ -525,6 +502,52 @@ func (b *bench) steadyRecvLogical(ctx context.Context, dsn string, rate, pad, re
 	}
 	sp.finish(pids, &run)
 	return run, nil
+}
+
+// steadyDB is the database side of one measurement: a connection to watch
+// the slot, the slot's walsender and the writers.
+type steadyDB struct {
+	conn      *pgx.Conn
+	walsender int
+	pool      *writerPool
+}
+
+// openSteadyDB waits for the slot's walsender and opens the writers run
+// needs for its rate.
+func (b *bench) openSteadyDB(ctx context.Context, dsn, slot string, run *SteadyRun) (*steadyDB, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	ws, err := walsenderPID(ctx, conn, slot)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	run.Writers = b.steadyWriters(run.Rate)
+	pool, err := openWriters(ctx, dsn, run.Writers)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return &steadyDB{conn: conn, walsender: ws, pool: pool}, nil
+}
+
+func (d *steadyDB) close() {
+	d.pool.close()
+	d.conn.Close(context.Background())
+}
+
+// measuredWrite writes at rate for the measured span and fills run's writer
+// columns.
+func (b *bench) measuredWrite(ctx context.Context, pool *writerPool, rate, pad int, run *SteadyRun) (written, error) {
+	w, err := pool.write(ctx, rate, b.o.steadyFor, b.o.aggregates, pad)
+	if err != nil {
+		return w, err
+	}
+	run.Events, run.WriterLateP99Ms, run.RateHeld = w.n, w.lateP99Ms, w.held(rate, b.o.steadyFor)
+	run.AchievedRate = float64(w.n) / w.elapsed.Seconds()
+	return w, nil
 }
 
 // waitSent polls until the walsender pid has sent WAL up to end.
