@@ -57,6 +57,7 @@ type options struct {
 	steadyWriters int
 	floorLingers  []time.Duration
 	quick         bool
+	reconcileRows int
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -82,6 +83,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.DurationVar(&o.latencyFor, "latency-duration", 15*time.Second, "how long each live-latency rate runs")
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
+	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
 	fs.StringVar(&o.steadyRates, "steady-rates", "500,2000,5000", "commit rates per second of the steady-rate part")
 	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
 	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
@@ -96,8 +98,8 @@ func parseOptions(args []string) (*options, error) {
 		}
 		return nil
 	})
-	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs")
+	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -140,9 +142,15 @@ func parseOptions(args []string) (*options, error) {
 		if !set["steady-duration"] {
 			o.steadyFor = 6 * time.Second
 		}
+		if !set["reconcile-rows"] {
+			o.reconcileRows = 100_000
+		}
 		if !set["skip"] {
 			*skip = "bigtxn"
 		}
+	}
+	if o.reconcileRows < plantedEvery {
+		return nil, fmt.Errorf("--reconcile-rows %d: at least %d", o.reconcileRows, plantedEvery)
 	}
 	if o.rows < 1000 {
 		return nil, fmt.Errorf("--rows %d: at least 1000", o.rows)
@@ -163,10 +171,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs":
+		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor or allocs", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs or reconcile", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
@@ -288,12 +296,12 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -347,6 +355,15 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Steady = sr
 		if err != nil {
 			return fmt.Errorf("steady rate: %w", err)
+		}
+	}
+	if !b.o.skip["reconcile"] {
+		for _, br := range b.brokers {
+			rr, err := b.reconcileWindow(ctx, br)
+			if err != nil {
+				return fmt.Errorf("reconcile, %s: %w", br.name, err)
+			}
+			b.res.Reconcile = append(b.res.Reconcile, rr)
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()
