@@ -145,11 +145,13 @@ type DrainRun struct {
 }
 
 // label is the reader with its variant, for tables and logs.
-func (r *DrainRun) label() string {
-	if r.Variant == "" {
-		return r.Reader
+func (r *DrainRun) label() string { return readerLabel(r.Reader, r.Variant) }
+
+func readerLabel(reader, variant string) string {
+	if variant == "" {
+		return reader
 	}
-	return r.Reader + " [" + r.Variant + "]"
+	return reader + " [" + variant + "]"
 }
 
 // walsenderWatch samples the CPU time of a slot's walsender.

@@ -68,12 +68,7 @@ type SteadyRun struct {
 	MachineBusyPercent float64 `json:"machine_busy_percent"`
 }
 
-func (r *SteadyRun) label() string {
-	if r.Variant == "" {
-		return r.Reader
-	}
-	return r.Reader + " [" + r.Variant + "]"
-}
+func (r *SteadyRun) label() string { return readerLabel(r.Reader, r.Variant) }
 
 // SteadyResult is the steady-rate part.
 type SteadyResult struct {
