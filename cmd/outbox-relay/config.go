@@ -48,11 +48,13 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, periodicReconcileFlags, logFlags}
+		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, progressFlags, periodicReconcileFlags, logFlags}
 	case "migrate":
 		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, logFlags}
 	case "status":
-		return []flagGroup{postgresFlags}
+		// Kafka is optional here: with --kafka-brokers, status adds the
+		// progress kept in Kafka.
+		return []flagGroup{postgresFlags, kafkaFlags, progressFlags}
 	case "quarantine list":
 		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
@@ -128,9 +130,15 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
-	fs.StringVar(&c.Progress.Topic, "progress-topic", c.Progress.Topic, "compacted Kafka topic where the relay keeps how far Kafka holds every event (one record per slot and cluster); created when missing")
 	fs.BoolVar(&c.Progress.Reset, "reset-progress", false, "ignore the stored progress record once, at the first start of this process, and start from the slot (after restoring a backup)")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
+}
+
+// progressFlags say where the relay keeps its progress in Kafka: run
+// writes it, status reads it.
+func progressFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.StringVar(&c.Progress.Topic, "progress-topic", c.Progress.Topic, "compacted Kafka topic where the relay keeps how far Kafka holds every event (one record per slot and cluster); created when missing")
 }
 
 // publishFlags shape and route records, for every command that publishes
