@@ -211,9 +211,10 @@ type TxnPublisher struct {
 	failures []failure
 	changed  chan struct{} // signalled after each outcome
 
-	armed chan time.Time // deadline of a newly begun transaction, for the timer goroutine
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	armed     chan time.Time // deadline of a newly begun transaction, for the timer goroutine
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 
 	committed, aborted, split, poisoned atomic.Uint64
 	statsMu                             sync.Mutex
@@ -431,6 +432,11 @@ func (t *TxnPublisher) Stats() TxnStats {
 func (t *TxnPublisher) Close(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	alreadyClosed := true
+	t.closeOnce.Do(func() { alreadyClosed = false })
+	if alreadyClosed {
+		return nil
+	}
 	close(t.stop)
 	var first error
 	if err := t.acquire(ctx); err != nil {
@@ -730,7 +736,7 @@ func (t *TxnPublisher) waitFor(ctx context.Context, wake <-chan struct{}, done f
 		case <-wake:
 		case <-poll:
 		case <-duty.C:
-			if err := t.doWaiting(); err != nil {
+			if err := t.doWaiting(ctx); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -755,7 +761,7 @@ func (t *TxnPublisher) whileWaiting(ctx context.Context, call func() error) erro
 		case err := <-done:
 			return err
 		case <-duty.C:
-			if err := t.doWaiting(); err != nil {
+			if err := t.doWaiting(ctx); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -779,7 +785,7 @@ func (t *TxnPublisher) sendWaiting(ctx context.Context, msg *sarama.ProducerMess
 		case t.pub.producer.Input() <- msg:
 			return nil
 		case <-duty.C:
-			if err := t.doWaiting(); err != nil {
+			if err := t.doWaiting(ctx); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -795,8 +801,13 @@ func (t *TxnPublisher) waitingInterval() time.Duration {
 	return time.Second
 }
 
-func (t *TxnPublisher) doWaiting() error {
-	if t.pub.waiting.Do == nil {
+// onTimer marks the context of the timer goroutine's commits: the caller's
+// Waiting duty (status updates on its replication connection) belongs to
+// the caller's goroutine and must not run on the timer's.
+type onTimer struct{}
+
+func (t *TxnPublisher) doWaiting(ctx context.Context) error {
+	if t.pub.waiting.Do == nil || ctx.Value(onTimer{}) != nil {
 		return nil
 	}
 	return t.pub.waiting.Do()
@@ -832,7 +843,7 @@ func (t *TxnPublisher) commitOnTime() {
 			if t.complete == len(t.batch) {
 				// Failures are reported through the handler and returned
 				// by the read loop's next call.
-				_ = t.commit(context.Background())
+				_ = t.commit(context.WithValue(context.Background(), onTimer{}, true))
 			} else {
 				t.due = true
 			}
