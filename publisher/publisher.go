@@ -159,17 +159,9 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 			return backoff(retries, maxRetries)
 		}
 	}
-	client, err := sarama.NewClient(cfg.Brokers, sc)
+	client, admin, err := connect(cfg, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
-	}
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		client.Close()
-		return nil, fmt.Errorf("create kafka admin client: %w", err)
+		return nil, err
 	}
 	producer, err := sarama.NewAsyncProducerFromClient(client)
 	if err != nil {

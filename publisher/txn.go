@@ -114,24 +114,12 @@ func DefaultTxnConfig() TxnConfig {
 
 func (c TxnConfig) withDefaults() TxnConfig {
 	d := DefaultTxnConfig()
-	if c.Interval <= 0 {
-		c.Interval = d.Interval
-	}
-	if c.BatchEvents <= 0 {
-		c.BatchEvents = d.BatchEvents
-	}
-	if c.BatchBytes <= 0 {
-		c.BatchBytes = d.BatchBytes
-	}
-	if c.MaxEvents <= 0 {
-		c.MaxEvents = d.MaxEvents
-	}
-	if c.MaxBytes <= 0 {
-		c.MaxBytes = d.MaxBytes
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = d.Timeout
-	}
+	orDefault(&c.Interval, d.Interval)
+	orDefault(&c.BatchEvents, d.BatchEvents)
+	orDefault(&c.BatchBytes, d.BatchBytes)
+	orDefault(&c.MaxEvents, d.MaxEvents)
+	orDefault(&c.MaxBytes, d.MaxBytes)
+	orDefault(&c.Timeout, d.Timeout)
 	if c.MaxAge <= 0 {
 		c.MaxAge = min(d.MaxAge, c.Timeout/3)
 	}
@@ -139,6 +127,13 @@ func (c TxnConfig) withDefaults() TxnConfig {
 		c.Poison = NewPoisonMemory(0)
 	}
 	return c
+}
+
+// orDefault sets a zero or negative setting to its default.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // TxnStats are the sink's counters, for metrics and the admin endpoint.
@@ -261,17 +256,9 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, waiting Waiting, log ze
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka transactional producer configuration: %w", err)
 	}
-	client, err := sarama.NewClient(cfg.Brokers, sc)
+	client, admin, err := connect(cfg, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
-	}
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		client.Close()
-		return nil, fmt.Errorf("create kafka admin client: %w", err)
+		return nil, err
 	}
 	// Creating the producer runs InitProducerID, which fences older
 	// producers with this transactional id and aborts their open
@@ -300,6 +287,23 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, waiting Waiting, log ze
 	log.Info().Str("transactional_id", tcfg.TransactionalID).Dur("transaction_interval", tcfg.Interval).
 		Msg("exactly-once producer initialised; older producers with this transactional id are fenced")
 	return t, nil
+}
+
+// connect opens the client and admin client a producer shares.
+func connect(cfg Config, sc *sarama.Config) (sarama.Client, sarama.ClusterAdmin, error) {
+	client, err := sarama.NewClient(cfg.Brokers, sc)
+	if err != nil {
+		if authFailure(err) {
+			return nil, nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
+		}
+		return nil, nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+	}
+	admin, err := sarama.NewClusterAdminFromClient(client)
+	if err != nil {
+		client.Close()
+		return nil, nil, fmt.Errorf("create kafka admin client: %w", err)
+	}
+	return client, admin, nil
 }
 
 // retriesWithin is how many retries the producer's backoff (doubling from

@@ -143,20 +143,7 @@ func stream(ctx context.Context, s *TxnPublisher, txns []sourceTxn) (quarantined
 // wanted event id arrived and fails on a duplicate or an unwanted one.
 func consumeExactlyOnce(t *testing.T, brokers []string, topic string, want []string) []harness.Record {
 	t.Helper()
-	records := harness.ConsumeEventIDs(t, brokers, "^"+topic+"$", want, 20*time.Second)
-	wanted := map[string]bool{}
-	for _, id := range want {
-		wanted[id] = true
-	}
-	for id, n := range harness.Duplicates(records) {
-		t.Errorf("event %s visible %d times to read_committed", id, n)
-	}
-	for _, r := range records {
-		if !wanted[r.EventID()] {
-			t.Errorf("unexpected event %s visible to read_committed at %s/%d@%d", r.EventID(), r.Topic, r.Partition, r.Offset)
-		}
-	}
-	return records
+	return harness.ConsumeExactlyOnce(t, brokers, "^"+topic+"$", want, 20*time.Second)
 }
 
 // deliver streams txns like the relay's restart loop: after a failure it

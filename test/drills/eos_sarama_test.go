@@ -153,19 +153,7 @@ func ids(prefix string, from, n int) []string {
 // fails on duplicates and on anything else.
 func checkCommitted(t *testing.T, brokers []string, topic string, want []string) {
 	t.Helper()
-	records := harness.ConsumeEventIDs(t, brokers, "^"+topic+"$", want, 60*time.Second)
-	wanted := map[string]bool{}
-	for _, id := range want {
-		wanted[id] = true
-	}
-	for id, n := range harness.Duplicates(records) {
-		t.Errorf("%s visible %d times", id, n)
-	}
-	for _, r := range records {
-		if !wanted[r.EventID()] {
-			t.Errorf("%s visible to read_committed at %s/%d@%d, but it was never committed", r.EventID(), r.Topic, r.Partition, r.Offset)
-		}
-	}
+	harness.ConsumeExactlyOnce(t, brokers, "^"+topic+"$", want, 60*time.Second)
 }
 
 // readUncommitted reads topic with read_uncommitted until every id in want

@@ -241,28 +241,7 @@ func (k *Kfake) FailProduceAfterAppend(times int) *ProduceFault {
 // itself before closing, so a test may also never call it.
 // HeldProduces reports how many requests are parked.
 func (k *Kfake) HoldProduce() (release func()) {
-	ch := make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(ch) }) }
-	k.mu.Lock()
-	k.releases = append(k.releases, release)
-	k.mu.Unlock()
-	k.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		select {
-		case <-ch:
-			k.c.DropControl()
-			return nil, nil, false
-		default:
-		}
-		k.held.Add(1)
-		// SleepControl, unlike blocking here, lets kfake keep serving
-		// other connections while this request waits.
-		k.c.SleepControl(func() { <-ch })
-		k.held.Add(-1)
-		// Not handled: kfake now processes the request normally.
-		return nil, nil, false
-	})
-	return release
+	return k.HoldRequests(kmsg.Produce)
 }
 
 // HeldProduces is the number of produce requests HoldProduce is parking.

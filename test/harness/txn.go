@@ -176,3 +176,24 @@ func StableOffsets(t testing.TB, brokers []string, topic string) map[int32]int64
 	listed.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
 	return out
 }
+
+// ConsumeExactlyOnce is ConsumeEventIDs with read_committed, then fails
+// the test for every wanted event seen more than once and every event seen
+// that was not wanted: what an exactly-once producer must leave visible.
+func ConsumeExactlyOnce(t testing.TB, brokers []string, topicRegex string, want []string, timeout time.Duration) []Record {
+	t.Helper()
+	records := ConsumeEventIDs(t, brokers, topicRegex, want, timeout)
+	wanted := make(map[string]bool, len(want))
+	for _, id := range want {
+		wanted[id] = true
+	}
+	for id, n := range Duplicates(records) {
+		t.Errorf("event %s visible %d times to read_committed", id, n)
+	}
+	for _, r := range records {
+		if !wanted[r.EventID()] {
+			t.Errorf("event %s visible to read_committed at %s, but it was never committed", r.EventID(), r.pos())
+		}
+	}
+	return records
+}
