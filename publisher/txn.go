@@ -174,7 +174,11 @@ type failure struct {
 // from either the read loop or the timer goroutine.
 //
 // After any failure the sink is spent: every later call returns the error,
-// and the caller closes it and re-streams with a new one.
+// and the caller closes it and re-streams with a new one. It must re-stream
+// from the progress record read back from Kafka with read_committed, not
+// from what this sink reported: when a commit's answer is lost, the
+// transaction may have committed although the sink reports its records
+// failed, and only the progress record, committed with them, tells.
 type TxnPublisher struct {
 	pub     *Publisher
 	cfg     TxnConfig
@@ -197,8 +201,7 @@ type TxnPublisher struct {
 	due      bool       // Interval passed mid source transaction: commit at its end
 	splitOne bool       // the current source transaction was already counted as split
 	broken   error
-	progress sarama.ProducerMessage
-	timer    *time.Timer // the caller's waiting timer
+	progress bool // the progress record was sent in the open transaction
 
 	// Outcomes of the open transaction, from the drain goroutine.
 	mu       sync.Mutex
@@ -464,12 +467,14 @@ func (t *TxnPublisher) Close(timeout time.Duration) error {
 	go func() { closed <- t.pub.producer.Close() }()
 	select {
 	case <-closed:
+		t.wg.Wait()
 	case <-ctx.Done():
+		// A broker that never answers must not hang shutdown; the
+		// producer's goroutines and ours end when it finally closes.
 		if first == nil {
 			first = fmt.Errorf("close exactly-once producer: gave up after %s", timeout)
 		}
 	}
-	t.wg.Wait()
 	t.pub.admin.Close()
 	return first
 }
@@ -509,10 +514,11 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 		if err != nil {
 			return t.abort(ctx, fmt.Errorf("build progress record: %w", err), false)
 		}
-		t.progress = sarama.ProducerMessage{Topic: rec.Topic, Key: sarama.ByteEncoder(rec.Key), Value: sarama.ByteEncoder(rec.Value)}
-		if err := t.sendWaiting(ctx, &t.progress); err != nil {
+		msg := &sarama.ProducerMessage{Topic: rec.Topic, Key: sarama.ByteEncoder(rec.Key), Value: sarama.ByteEncoder(rec.Value)}
+		if err := t.sendWaiting(ctx, msg); err != nil {
 			return t.fail(ctx, fmt.Errorf("send progress record: %w", err))
 		}
+		t.progress = true
 		sent++
 	}
 	if t.firstFailure() != nil {
@@ -556,7 +562,7 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 func (t *TxnPublisher) abort(ctx context.Context, cause error, isolated bool) error {
 	abortErr := t.whileWaiting(ctx, t.pub.producer.AbortTxn)
 	sent := len(t.batch)
-	if t.progress.Topic != "" {
+	if t.progress {
 		sent++
 	}
 	if err := t.awaitOutcomes(ctx, sent); err != nil {
@@ -624,7 +630,7 @@ func (t *TxnPublisher) reset() {
 	}
 	t.open, t.due, t.last = false, false, nil
 	t.batch, t.bytes, t.complete = t.batch[:0], 0, 0
-	t.progress = sarama.ProducerMessage{}
+	t.progress = false
 }
 
 // spent marks the sink unusable and returns err.

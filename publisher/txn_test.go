@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -500,5 +502,87 @@ func TestTxnFaultsAbortOrRetryWithoutDuplicates(t *testing.T) {
 			}
 			consumeExactlyOnce(t, k.Brokers(), topic, eventIDs(txns))
 		})
+	}
+}
+
+// While a commit waits on the coordinator, the read loop blocked in it
+// keeps doing its Waiting duty (its replication status updates); the
+// timer goroutine's commits never do it, since the duty belongs to the read
+// loop's connection.
+func TestTxnWaitingDutyOnlyOnTheCallersGoroutine(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = 30 * time.Millisecond
+	var duty atomic.Int64
+	s, err := NewTxn(w.cfg, w.tcfg, &outcomeLog{}, Waiting{Interval: 10 * time.Millisecond, Do: func() error { duty.Add(1); return nil }}, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(10 * time.Second)
+	ctx := context.Background()
+
+	// The timer commits an idle batch while EndTxn is held.
+	release := k.HoldRequests(kmsg.EndTxn)
+	if _, err := stream(ctx, s, makeTxns("duty", 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 10*time.Second, "the timer's commit to reach the coordinator", func() bool { return k.HeldRequests() == 1 })
+	if harness.Poll(200*time.Millisecond, func() bool { return duty.Load() > 0 }) {
+		t.Fatal("the timer goroutine did the read loop's Waiting duty")
+	}
+	release()
+	if err := s.Commit(ctx); err != nil { // waits for the timer's commit to finish
+		t.Fatal(err)
+	}
+
+	// The read loop's own commit, held: it keeps doing its duty.
+	release = k.HoldRequests(kmsg.EndTxn)
+	defer release()
+	txns := makeTxns("duty2", 1, 1, 1)
+	if _, err := stream(ctx, s, txns); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Commit(ctx) }()
+	harness.WaitFor(t, 10*time.Second, "the read loop's commit to reach the coordinator", func() bool { return k.HeldRequests() == 1 })
+	before := duty.Load()
+	harness.WaitFor(t, 10*time.Second, "Waiting duty while blocked in the commit", func() bool { return duty.Load() >= before+3 })
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPoisonMemory(t *testing.T) {
+	rec := func(id string) *Record { return &Record{eventID: []byte(id)} }
+	invalid := fmt.Errorf("produce: %w", sarama.ErrInvalidRecord)
+	m := NewPoisonMemory(3)
+
+	// Several records refused together: suspects, nobody named yet.
+	if n := m.learn([]failure{{rec("a"), invalid}, {rec("b"), invalid}, {rec("c"), sarama.ErrTransactionNotReady}}, false); n != 0 {
+		t.Fatalf("named %d poison events from an ambiguous refusal", n)
+	}
+	if !m.suspect([]byte("a")) || !m.suspect([]byte("b")) || m.suspect([]byte("c")) {
+		t.Fatal("want a and b suspect, c (not a permanent error) not")
+	}
+	// The suspect sent alone and refused is the poison.
+	if n := m.learn([]failure{{rec("a"), invalid}}, true); n != 1 || m.refused([]byte("a")) == nil || m.suspect([]byte("a")) {
+		t.Fatal("a, refused alone, must be refused from now on and no longer a suspect")
+	}
+	// A committed suspect is innocent.
+	m.committed([]*Record{rec("b")})
+	if m.suspect([]byte("b")) {
+		t.Fatal("b committed, still a suspect")
+	}
+	// The progress record's failure names no event.
+	if n := m.learn([]failure{{nil, invalid}}, false); n != 0 {
+		t.Fatal("a failed progress record named an event")
+	}
+	// The memory is bounded; the oldest go first.
+	for _, id := range []string{"d", "e", "f"} {
+		m.learn([]failure{{rec(id), invalid}}, false)
+	}
+	if m.refused([]byte("a")) != nil || m.refused([]byte("f")) == nil {
+		t.Fatal("the limit must forget the oldest refusal first")
 	}
 }
