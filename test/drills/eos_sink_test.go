@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -125,6 +126,11 @@ func TestEOSSink(t *testing.T) {
 				t.Logf("%s: %d events in %d Kafka transactions", b.name, len(sent), st.Committed)
 			})
 
+			t.Run("poison", func(t *testing.T) {
+				skipSaramaTxnErrorRace(t)
+				eosPoisonDrill(t, b)
+			})
+
 			t.Run("fenced", func(t *testing.T) {
 				skipSaramaTxnErrorRace(t)
 				topic, progress := "eos_sink_fence", "eos_sink_fence_progress"
@@ -168,5 +174,146 @@ func TestEOSSink(t *testing.T) {
 				checkCommitted(t, b.brokers, topic, append(before, after...))
 			})
 		})
+	}
+}
+
+// eosEvent is one outbox event of eosStream's shape with a payload of
+// size bytes.
+func eosEvent(topic, id string, txn int, size int) *publisher.Event {
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = 'p'
+	}
+	payload[0], payload[size-1] = '"', '"'
+	return &publisher.Event{
+		EventID: []byte(id), AggregateType: []byte(topic), AggregateID: []byte("agg-" + strconv.Itoa(txn%5)),
+		EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: payload,
+		OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(txn),
+	}
+}
+
+// setTopicConfig alters one config of a topic through the admin API.
+func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
+	t.Helper()
+	adm := kadm.NewClient(harness.NewKgoClient(t, brokers))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: name, Value: &value}}, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatalf("set %s=%s on %s: %v", name, value, topic, err)
+	}
+}
+
+// A poison event inside a multi-event source transaction, refused by the
+// broker itself: the topic's max.message.bytes was lowered after the
+// relay checked it, so the pre-send size check let the record through. The
+// Kafka transaction aborts; the re-stream learns the new limit (the
+// producer restarts with smaller batches, as the relay does on a
+// BatchLimitError), the size check now rejects the poison once, and every
+// other event commits exactly once.
+func eosPoisonDrill(t *testing.T, b eosBroker) {
+	topic := "eos_sink_poison"
+	b.createTopic(t, topic, 1)
+	var txns [][]*publisher.Event
+	for i := range 4 {
+		var evs []*publisher.Event
+		for j := range 3 {
+			size := 100
+			if i == 2 && j == 1 {
+				size = 200000
+			}
+			evs = append(evs, eosEvent(topic, fmt.Sprintf("%s-%d-%d", topic, i, j), i+1, size))
+		}
+		txns = append(txns, evs)
+	}
+	poison := string(txns[2][1].EventID)
+	maxBytes := 500000
+
+	ctx := context.Background()
+	var quarantined []string
+	var committed lsn.LSN
+	lowered := false
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatal("still failing after 5 attempts")
+		}
+		cfg := publisher.DefaultConfig()
+		cfg.Brokers = b.brokers
+		cfg.TopicTemplate = "{aggregate_type}"
+		cfg.MaxMessageBytes = maxBytes
+		cfg.Compression = "none" // the broker checks compressed sizes
+		tcfg := publisher.DefaultTxnConfig()
+		tcfg.TransactionalID = "eos-sink-poison-" + b.name
+		tcfg.Interval = time.Hour
+		out := newEOSOutcomes()
+		s, err := publisher.NewTxn(cfg, tcfg, out, publisher.Waiting{Interval: 100 * time.Millisecond, Do: func() error { return nil }}, zerolog.Nop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = func() error {
+			for i, evs := range txns {
+				end := lsn.LSN(100 * (i + 1))
+				if end <= committed {
+					continue
+				}
+				for _, ev := range evs {
+					r, err := s.Build(ev)
+					var perr *publisher.Error
+					if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent {
+						quarantined = append(quarantined, string(ev.EventID))
+						continue
+					}
+					if err != nil {
+						return err
+					}
+					if err := s.Send(ctx, r); err != nil {
+						return err
+					}
+				}
+				if err := s.EndTxn(ctx, lsn.TxnID(i+1), end, time.Now()); err != nil {
+					return err
+				}
+				if !lowered {
+					// The relay has checked the topic; now an operator
+					// lowers its limit below the coming poison event.
+					if err := s.Commit(ctx); err != nil {
+						return err
+					}
+					setTopicConfig(t, b.brokers, topic, "max.message.bytes", "100000")
+					lowered = true
+				}
+			}
+			return s.Commit(ctx)
+		}()
+		if last := s.Stats().LastCommitted; last > committed {
+			committed = last
+		}
+		s.Close(10 * time.Second)
+		var limit *publisher.BatchLimitError
+		switch {
+		case err == nil && len(out.failed) == 0:
+			if len(quarantined) != 1 || quarantined[0] != poison {
+				t.Fatalf("quarantined %v, want just %s once", quarantined, poison)
+			}
+			var want []string
+			for _, evs := range txns {
+				for _, ev := range evs {
+					if string(ev.EventID) != poison {
+						want = append(want, string(ev.EventID))
+					}
+				}
+			}
+			checkCommitted(t, b.brokers, topic, want)
+			t.Logf("%s: done after %d attempts", b.name, attempt+1)
+			return
+		case errors.As(err, &limit):
+			maxBytes = limit.MaxMessageBytes
+		case err != nil && !errors.Is(err, publisher.ErrTxnAborted):
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+		t.Logf("%s attempt %d: %v (%d failed)", b.name, attempt, err, len(out.failed))
 	}
 }
