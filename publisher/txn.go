@@ -334,13 +334,10 @@ func (t *TxnPublisher) Build(ev *Event) (*Record, error) {
 // none is open. It blocks while the producer is full or a commit is under
 // way, doing the caller's Waiting duty.
 func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
-	if err := t.acquire(ctx); err != nil {
+	if err := t.enter(ctx); err != nil {
 		return err
 	}
 	defer t.release()
-	if t.broken != nil {
-		return t.broken
-	}
 	if !t.open {
 		if err := t.begin(); err != nil {
 			return err
@@ -387,13 +384,10 @@ func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
 // sent has ended. The Kafka transaction may commit here, and only at such a
 // boundary (save for a split oversize source transaction).
 func (t *TxnPublisher) EndTxn(ctx context.Context, txn lsn.TxnID, end lsn.LSN, commitTime time.Time) error {
-	if err := t.acquire(ctx); err != nil {
+	if err := t.enter(ctx); err != nil {
 		return err
 	}
 	defer t.release()
-	if t.broken != nil {
-		return t.broken
-	}
 	if !t.open {
 		return nil // the source transaction had no records: nothing to commit
 	}
@@ -409,14 +403,24 @@ func (t *TxnPublisher) EndTxn(ctx context.Context, txn lsn.TxnID, end lsn.LSN, c
 // its in-flight limits are full, since acks wait for the commit; in the
 // middle of a source transaction that splits it, which is counted.
 func (t *TxnPublisher) Commit(ctx context.Context) error {
-	if err := t.acquire(ctx); err != nil {
+	if err := t.enter(ctx); err != nil {
 		return err
 	}
 	defer t.release()
+	return t.commit(ctx)
+}
+
+// enter takes the turn for one of the caller's calls, unless the sink is
+// spent; the caller releases it.
+func (t *TxnPublisher) enter(ctx context.Context) error {
+	if err := t.acquire(ctx); err != nil {
+		return err
+	}
 	if t.broken != nil {
+		t.release()
 		return t.broken
 	}
-	return t.commit(ctx)
+	return nil
 }
 
 // Stats returns the sink's counters.

@@ -172,36 +172,9 @@ func (k *Kfake) CutProduce(times int) *ProduceFault {
 // with KeepControl, rather than times functions, lets Remove take effect at
 // once.
 func (k *Kfake) controlProduce(times int, answer func(*kmsg.ProduceRequest) (kmsg.Response, error)) *ProduceFault {
-	var hits atomic.Int64
-	var removed atomic.Bool
-	f := &ProduceFault{
-		hits:   func() int { return int(hits.Load()) },
-		remove: func() { removed.Store(true) },
-	}
-	if times == 0 {
-		return f
-	}
-	k.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		req := kreq.(*kmsg.ProduceRequest)
-		if removed.Load() {
-			k.c.DropControl()
-			return nil, nil, false
-		}
-		if req.Acks == 0 {
-			return nil, nil, false
-		}
-		n := hits.Add(1)
-		if times < 0 || n < int64(times) {
-			k.c.KeepControl()
-		} else {
-			// KeepControl is sticky once called; only DropControl
-			// removes the function after this last answer.
-			k.c.DropControl()
-		}
-		resp, err := answer(req)
-		return resp, err, true
+	return k.controlRequests(kmsg.Produce, times, func(req kmsg.Request) (kmsg.Response, error) {
+		return answer(req.(*kmsg.ProduceRequest))
 	})
-	return f
 }
 
 // FailProduceAfterAppend appends the next times produce requests (times <

@@ -128,7 +128,10 @@ func (k *Kfake) RefuseRecordsWith(marker []byte, errCode int16) *ProduceFault {
 	return &ProduceFault{hits: func() int { return int(hits.Load()) }, remove: func() { removed.Store(true) }}
 }
 
-// controlRequests is controlProduce for any request kind.
+// controlRequests installs one ControlKey function that answers requests
+// of kind key with answer until it has answered times of them. One
+// function with KeepControl, rather than times functions, lets Remove take
+// effect at once. acks=0 produce requests pass untouched.
 func (k *Kfake) controlRequests(key kmsg.Key, times int, answer func(kmsg.Request) (kmsg.Response, error)) *ProduceFault {
 	var hits atomic.Int64
 	var removed atomic.Bool
@@ -144,10 +147,15 @@ func (k *Kfake) controlRequests(key kmsg.Key, times int, answer func(kmsg.Reques
 			k.c.DropControl()
 			return nil, nil, false
 		}
+		if produce, ok := req.(*kmsg.ProduceRequest); ok && produce.Acks == 0 {
+			return nil, nil, false // no response is expected, so none can fail
+		}
 		n := hits.Add(1)
 		if times < 0 || n < int64(times) {
 			k.c.KeepControl()
 		} else {
+			// KeepControl is sticky once called; only DropControl
+			// removes the function after this last answer.
 			k.c.DropControl()
 		}
 		resp, err := answer(req)
