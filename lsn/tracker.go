@@ -87,6 +87,14 @@ func NewTracker(start LSN, limits Limits) *Tracker {
 	}
 }
 
+// UseClock makes the tracker read time from now, e.g. a test's fake clock.
+// Call it before the tracker is used.
+func (t *Tracker) UseClock(now func() time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.now = now
+}
+
 // Open registers a transaction that has begun arriving. It must be called in
 // WAL order; the transaction cannot be confirmed before Close.
 func (t *Tracker) Open(commitTime time.Time) TxnID {

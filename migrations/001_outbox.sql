@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     created_at     timestamptz NOT NULL DEFAULT now(),
     -- Reject at insert time what Kafka could never carry, so the writing
     -- service sees the error instead of the relay.
-    CONSTRAINT {{table_name}}_headers_shape CHECK (
+    CONSTRAINT {{headers_check}} CHECK (
         headers IS NULL OR (
             jsonb_typeof(headers) = 'object'
             AND NOT headers ?| ARRAY['event_id', 'event_type', 'aggregate_type', 'aggregate_id', 'schema_version', 'occurred_at']
@@ -22,14 +22,14 @@ CREATE TABLE IF NOT EXISTS {{table}} (
 );
 
 -- Retention deletes by age.
-CREATE INDEX IF NOT EXISTS {{table_name}}_created_at_idx ON {{table}} (created_at);
+CREATE INDEX IF NOT EXISTS {{created_at_index}} ON {{table}} (created_at);
 
 -- Publish inserts only: the relay never needs updates, and cleanup deletes
 -- must not reach it.
-DO $$
+DO $migrate$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{publication_literal}}) THEN
         CREATE PUBLICATION {{publication}} FOR TABLE {{table}} WITH (publish = 'insert');
     END IF;
 END
-$$;
+$migrate$;

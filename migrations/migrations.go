@@ -14,6 +14,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 //go:embed *.sql
@@ -25,34 +28,59 @@ type Names struct {
 	Table       string
 	Publication string
 	// Quarantine is the schema-qualified quarantine table; empty means
-	// outbox_quarantine in the outbox table's schema.
+	// the default (see store.QuarantineTable).
 	Quarantine string
 }
 
-// QuarantineTable returns the quarantine table's schema and name.
-func (n Names) QuarantineTable() (schema, table string) {
-	if n.Quarantine == "" {
-		return n.Schema, "outbox_quarantine"
+// QuarantineTable returns the quarantine table.
+func (n Names) QuarantineTable() (store.Table, error) {
+	return store.QuarantineTable(store.Table{Schema: n.Schema, Name: n.Table}.String(), n.Quarantine)
+}
+
+// dollarTag quotes the migrations' DO blocks.
+const dollarTag = "$migrate$"
+
+// validate refuses a name no PostgreSQL identifier can be, before it goes
+// near SQL; quoting then makes any other name safe.
+func (n Names) validate() error {
+	for _, name := range []struct{ flag, value string }{
+		{"--table (schema)", n.Schema}, {"--table", n.Table}, {"--publication", n.Publication},
+	} {
+		if err := replication.ValidateIdentifier(name.flag, name.value); err != nil {
+			return err
+		}
+		if strings.Contains(name.value, dollarTag) {
+			// The names go into a block quoted with this tag.
+			return fmt.Errorf("%s %q: must not contain %s", name.flag, name.value, dollarTag)
+		}
 	}
-	if i := strings.IndexByte(n.Quarantine, '.'); i >= 0 {
-		return n.Quarantine[:i], n.Quarantine[i+1:]
-	}
-	return n.Schema, n.Quarantine
+	return nil
 }
 
 // SQL returns the migrations for these names, in order, as one script.
+// Every name is validated and quoted, so no name can change the script.
 func SQL(n Names) (string, error) {
+	if err := n.validate(); err != nil {
+		return "", err
+	}
+	quarantine, err := n.QuarantineTable()
+	if err != nil {
+		return "", err
+	}
 	entries, err := fs.Glob(files, "*.sql")
 	if err != nil {
 		return "", fmt.Errorf("list migrations: %w", err)
 	}
 	sort.Strings(entries)
-	qSchema, qTable := n.QuarantineTable()
+	table := store.Table{Schema: n.Schema, Name: n.Table}
 	r := strings.NewReplacer(
-		"{{quarantine}}", ident(qSchema)+"."+ident(qTable),
-		"{{table}}", ident(n.Schema)+"."+ident(n.Table),
-		"{{table_name}}", strings.Trim(ident(n.Table), `"`),
-		"{{publication}}", ident(n.Publication),
+		"{{quarantine}}", quarantine.Quoted(),
+		"{{table}}", table.Quoted(),
+		// Named after the table, and quoted whole: a name with a space or
+		// a quote must not break the DDL.
+		"{{headers_check}}", pgx.Identifier{n.Table + "_headers_shape"}.Sanitize(),
+		"{{created_at_index}}", pgx.Identifier{n.Table + "_created_at_idx"}.Sanitize(),
+		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
 		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
 	)
 	var b strings.Builder
@@ -64,6 +92,15 @@ func SQL(n Names) (string, error) {
 		fmt.Fprintf(&b, "-- %s\n%s\n", name, r.Replace(string(body)))
 	}
 	return b.String(), nil
+}
+
+// SlotSQL returns the statement that creates the replication slot, for
+// scripts run by hand; the slot name is validated first.
+func SlotSQL(slot string) (string, error) {
+	if err := replication.ValidateSlotName(slot); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", slot), nil
 }
 
 // Apply runs the migrations in one transaction. A transaction-scoped advisory
@@ -89,5 +126,3 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) error {
 	}
 	return nil
 }
-
-func ident(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }

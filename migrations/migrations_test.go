@@ -1,9 +1,16 @@
 package migrations
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
+
+func TestMain(m *testing.M) { harness.Main(m) }
 
 func TestSQLQuotesNames(t *testing.T) {
 	sql, err := SQL(Names{Schema: "sales", Table: `odd"name`, Publication: "pub'x"})
@@ -12,6 +19,8 @@ func TestSQLQuotesNames(t *testing.T) {
 	}
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "sales"."odd""name"`,
+		`CONSTRAINT "odd""name_headers_shape" CHECK`,
+		`CREATE INDEX IF NOT EXISTS "odd""name_created_at_idx" ON "sales"."odd""name"`,
 		`pubname = 'pub''x'`,
 		`CREATE PUBLICATION "pub'x" FOR TABLE "sales"."odd""name" WITH (publish = 'insert')`,
 		`CREATE TABLE IF NOT EXISTS "sales"."outbox_quarantine"`,
@@ -25,18 +34,66 @@ func TestSQLQuotesNames(t *testing.T) {
 	}
 }
 
-func TestQuarantineTableName(t *testing.T) {
-	for _, c := range []struct {
-		names         Names
-		schema, table string
-	}{
-		{Names{Schema: "app"}, "app", "outbox_quarantine"},
-		{Names{Schema: "app", Quarantine: "ops.refused"}, "ops", "refused"},
-		{Names{Schema: "app", Quarantine: "refused"}, "app", "refused"},
+// Names that quoting alone cannot make safe are refused by SQL itself, not
+// only by the command that calls it: --print-sql once printed whatever it
+// was given.
+func TestSQLRefusesBadNames(t *testing.T) {
+	for _, n := range []Names{
+		{Schema: "public", Table: "", Publication: "p"},
+		{Schema: "public", Table: strings.Repeat("t", 64), Publication: "p"},
+		{Schema: "public", Table: "a\x00b", Publication: "p"},
+		{Schema: "public", Table: "t", Publication: "x$migrate$; DROP TABLE t; --"},
+		{Schema: "public", Table: "t", Publication: "p", Quarantine: "a.b.c"},
 	} {
-		s, tb := c.names.QuarantineTable()
-		if s != c.schema || tb != c.table {
-			t.Errorf("%+v: %s.%s, want %s.%s", c.names, s, tb, c.schema, c.table)
+		if sql, err := SQL(n); err == nil {
+			t.Errorf("%+v: accepted:\n%s", n, sql)
 		}
+	}
+	for _, slot := range []string{"x'); select pg_drop_replication_slot('other'); --", "", "Upper", strings.Repeat("s", 64)} {
+		if sql, err := SlotSQL(slot); err == nil {
+			t.Errorf("slot %q: accepted:\n%s", slot, sql)
+		}
+	}
+	if sql, err := SlotSQL("outbox_relay"); err != nil || !strings.Contains(sql, "pg_create_logical_replication_slot('outbox_relay', 'pgoutput')") {
+		t.Errorf("a good slot name: %v\n%s", err, sql)
+	}
+}
+
+// The SQL for odd names runs on a real server, twice (it must be
+// idempotent), and creates exactly the objects named.
+func TestSQLAppliesWithOddNames(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	names := Names{Schema: `my schema`, Table: `out"box events`, Publication: `pub 'one'`, Quarantine: `my schema.refused "events"`}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA "my schema"`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := Apply(ctx, conn, names); err != nil {
+			t.Fatalf("apply %d: %v", i+1, err)
+		}
+	}
+	for _, c := range []struct{ what, query string }{
+		{"outbox table", `SELECT count(*) FROM pg_tables WHERE schemaname = 'my schema' AND tablename = 'out"box events'`},
+		{"quarantine table", `SELECT count(*) FROM pg_tables WHERE schemaname = 'my schema' AND tablename = 'refused "events"'`},
+		{"headers check", `SELECT count(*) FROM pg_constraint WHERE conname = 'out"box events_headers_shape'`},
+		{"created_at index", `SELECT count(*) FROM pg_indexes WHERE indexname = 'out"box events_created_at_idx'`},
+		{"publication", `SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pub ''one''' AND tablename = 'out"box events'`},
+	} {
+		if n := db.QueryInt64(t, c.query); n != 1 {
+			t.Errorf("%s: %d found, want 1", c.what, n)
+		}
+	}
+	// The check constraint works under its quoted name.
+	_, err = conn.Exec(ctx, `INSERT INTO "my schema"."out""box events" (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+		VALUES (gen_random_uuid(), 'a', '1', 'e', '{}', '{"event_id": "x"}')`)
+	if err == nil || !strings.Contains(err.Error(), "headers_shape") {
+		t.Errorf("a reserved header name was accepted: %v", err)
 	}
 }

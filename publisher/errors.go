@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/IBM/sarama"
+	"github.com/eapache/go-resiliency/breaker"
 )
 
 // Class says what a failed record needs.
@@ -45,7 +46,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // Advice tells the operator what to do about the error.
 func (e *Error) Advice() string {
 	switch {
-	case errors.Is(e.Err, sarama.ErrMessageSizeTooLarge):
+	case errors.Is(e.Err, sarama.ErrMessageSizeTooLarge), isLocalSize(e.Err):
 		return "raise the topic's max.message.bytes (and --kafka-max-message-bytes), or shrink the event"
 	case errors.Is(e.Err, sarama.ErrUnknownTopicOrPartition):
 		return "create the topic, enable auto.create.topics.enable on the brokers, or fix --topic"
@@ -57,6 +58,11 @@ func (e *Error) Advice() string {
 		return "fix the row or the topic; the relay will not skip the event"
 	}
 	return "the relay re-streams from its confirmed position"
+}
+
+func isLocalSize(err error) bool {
+	var lsErr *LocalSizeError
+	return errors.As(err, &lsErr)
 }
 
 // errInvalidTopicName marks a topic name that Kafka would refuse.
@@ -82,8 +88,46 @@ func Classify(err error) Class {
 		// sarama's own Producer.MaxMessageBytes check, made before sending.
 		return ClassPermanent
 	}
-	if errors.Is(err, errInvalidTopicName) {
+	if errors.Is(err, errInvalidTopicName) || isLocalSize(err) {
 		return ClassPermanent
 	}
 	return ClassRetriable
+}
+
+// LocalSizeError is a record the publisher refused before sending it: it is
+// larger than the topic or the producer accepts. No broker saw it.
+type LocalSizeError struct {
+	Size, Limit, TopicMax, ProducerMax int
+}
+
+func (e *LocalSizeError) Error() string {
+	return fmt.Sprintf("record too large: %d bytes, over the limit of %d the relay checks before sending, so no broker saw it (topic max.message.bytes %d, producer --kafka-max-message-bytes %d)",
+		e.Size, e.Limit, e.TopicMax, e.ProducerMax)
+}
+
+// OrderMayBreak reports whether re-delivering the failed record may put it
+// after later records of the same partition: only when it failed once it
+// could have been in a produce request, for sarama keeps appending later
+// batches of a partition after one failed. A record that never reached a
+// partition, or whose failure came from finding a broker (no broker
+// reachable, the circuit breaker open) was never sent, and the session ends
+// before later records get further than it did.
+func (e *Error) OrderMayBreak() bool {
+	if e.Partition < 0 {
+		return false
+	}
+	for _, before := range notSent {
+		if errors.Is(e.Err, before) {
+			return false
+		}
+	}
+	return !isLocalSize(e.Err)
+}
+
+// notSent are failures sarama reports while it looks for the partition's
+// leader, before the record is put in a produce request. Broker answers
+// such as NOT_LEADER_OR_FOLLOWER are not among them: sarama retries those,
+// and when it gives up, later records may already be appended.
+var notSent = []error{
+	breaker.ErrBreakerOpen, sarama.ErrOutOfBrokers, sarama.ErrNotConnected, sarama.ErrClosedClient,
 }

@@ -12,13 +12,16 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
 // Config says how to reach Kafka and how to shape records.
@@ -72,7 +75,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// Delivery is the outcome of one record, handed to the Handler.
+// Delivery is what the producer reports of one record.
 type Delivery struct {
 	Txn        uint64
 	CommitTime time.Time
@@ -80,13 +83,15 @@ type Delivery struct {
 	Topic      string
 	Partition  int32
 	Offset     int64
+	// At is when the producer reported the outcome, so latency is measured
+	// to the ack and not to when the caller got round to reading it.
+	At time.Time
 }
 
-// Handler receives outcomes. The publisher calls it from one goroutine, in
-// the order the producer reports them.
-type Handler interface {
-	Acked(d Delivery)
-	Failed(d Delivery, err *Error)
+// Outcome is one record's result: acknowledged when Err is nil.
+type Outcome struct {
+	Delivery
+	Err *Error
 }
 
 // ErrAuth marks a Kafka authentication or certificate failure. Retrying in
@@ -102,15 +107,14 @@ func authFailure(err error) bool {
 		errors.As(err, &unknownCA) || errors.As(err, &hostErr)
 }
 
-// RetryObserver may be implemented by a Handler that wants to count the
-// producer's retries (each is a backoff before a record is sent again).
-type RetryObserver interface {
-	Retrying()
-}
-
-// Publisher owns one sarama producer and the goroutine that drains its
-// outcomes. It is built for one stream session: after a failure the caller
-// closes it and makes a new one.
+// Publisher owns one sarama producer and the goroutines that feed it and
+// drain its outcomes. It is built for one stream session: after a failure
+// the caller closes it and makes a new one.
+//
+// Nothing in it calls back into its caller. Records go in through Input,
+// results come out of Outcomes, and a topic it has not met yet is looked up
+// in the background while Build answers *TopicPendingError, so the caller's
+// own loop is never blocked by Kafka.
 type Publisher struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -118,13 +122,18 @@ type Publisher struct {
 	client   sarama.Client
 	admin    sarama.ClusterAdmin
 	producer sarama.AsyncProducer
-	handler  Handler
-	waiting  Waiting
 
-	known map[string]*topicInfo // read and written only by the sending goroutine
-	wait  *time.Timer           // Send's timer, used only by the sending goroutine
+	// Read and written only by the goroutine that calls Build.
+	known   map[string]*topicInfo
+	missing map[string]missingTopic
+	lookups map[string]*lookup
 
-	outcomes sync.WaitGroup
+	input    chan *Record
+	outcomes chan Outcome
+	retries  atomic.Int64
+	quit     chan struct{} // closed by Close: outcomes are no longer wanted
+	closing  sync.Once
+	workers  sync.WaitGroup
 }
 
 // topicInfo is what the publisher learned of a topic on first use.
@@ -133,17 +142,39 @@ type topicInfo struct {
 	maxBytes int // the topic's max.message.bytes
 }
 
-// Waiting is what the caller must keep doing while the publisher blocks it
-// (a full producer, a topic lookup): Do is called every Interval, and an
-// error from it ends the wait. The relay keeps its replication connection's
-// status updates going this way, so wal_sender_timeout never fires.
-type Waiting struct {
-	Interval time.Duration
-	Do       func() error
+// missingTopic remembers that a topic was not there, so each event for it
+// does not wait out TopicWait again.
+type missingTopic struct {
+	err   *Error
+	until time.Time
+}
+
+// missingTopicExpiry is how long a topic found missing stays missing before
+// it is looked up again: long enough that a stream of events for it costs
+// one TopicWait per minute, short enough that a topic created by hand is
+// noticed soon.
+const missingTopicExpiry = time.Minute
+
+// lookup is one topic discovery running in the background.
+type lookup struct {
+	done  chan struct{}
+	topic *topicInfo // set before done is closed
+	err   error
+}
+
+// TopicPendingError says Build cannot build the record yet: its topic is
+// being looked up. Retry Build with the same event after Done is closed.
+type TopicPendingError struct {
+	Topic string
+	Done  <-chan struct{}
+}
+
+func (e *TopicPendingError) Error() string {
+	return "looking up topic " + e.Topic
 }
 
 // New connects to Kafka and starts the producer.
-func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Publisher, error) {
+func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	topics, err := parseTopicTemplate(cfg.TopicTemplate)
 	if err != nil {
 		return nil, err
@@ -152,12 +183,15 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 	if err != nil {
 		return nil, err
 	}
-	if observer, ok := handler.(RetryObserver); ok {
-		backoff := sc.Producer.Retry.BackoffFunc
-		sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
-			observer.Retrying()
-			return backoff(retries, maxRetries)
-		}
+	p := &Publisher{
+		cfg: cfg, log: log, topics: topics,
+		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+		input: make(chan *Record), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
+	}
+	backoff := sc.Producer.Retry.BackoffFunc
+	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
+		p.retries.Add(1)
+		return backoff(retries, maxRetries)
 	}
 	client, admin, err := connect(cfg, sc)
 	if err != nil {
@@ -168,25 +202,22 @@ func New(cfg Config, handler Handler, waiting Waiting, log zerolog.Logger) (*Pub
 		admin.Close()
 		return nil, fmt.Errorf("create kafka producer: %w", err)
 	}
-	p := &Publisher{
-		cfg: cfg, log: log, topics: topics,
-		client: client, admin: admin, producer: producer, handler: handler, waiting: waiting,
-		known: make(map[string]*topicInfo),
-	}
-	p.outcomes.Add(1)
+	p.client, p.admin, p.producer = client, admin, producer
+	p.workers.Add(2)
+	go p.forward()
 	go p.drainOutcomes()
 	return p, nil
 }
 
+// outcomeBuffer lets the producer report a burst of acks while the caller
+// is busy reading WAL, without stalling sarama's own goroutines.
+const outcomeBuffer = 1024
+
 func saramaConfig(cfg Config) (*sarama.Config, error) {
-	sc := sarama.NewConfig()
-	version, err := sarama.ParseKafkaVersion(cfg.KafkaVersion)
+	sc, err := ClientConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafka version %q: %w", cfg.KafkaVersion, err)
+		return nil, err
 	}
-	sc.Version = version
-	sc.ClientID = cfg.ClientID
-	sc.MetricRegistry = newDiscardMetrics()
 	codec, err := compressionCodec(cfg.Compression)
 	if err != nil {
 		return nil, err
@@ -200,9 +231,7 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Retry.Max = max(cfg.RetryMax, 1)
 	backoffMax := cfg.RetryBackoffMax
 	sc.Producer.Retry.BackoffFunc = func(retries, _ int) time.Duration {
-		d := 100 * time.Millisecond << min(retries, 6)
-		d = min(d, backoffMax)
-		return d/2 + rand.N(d/2+1)
+		return backoff.Delay(100*time.Millisecond, backoffMax, retries+1)
 	}
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
@@ -210,9 +239,6 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
 	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true
-	if err := cfg.Security.apply(sc); err != nil {
-		return nil, err
-	}
 	if err := sc.Validate(); err != nil {
 		return nil, fmt.Errorf("kafka producer configuration: %w", err)
 	}
@@ -236,9 +262,11 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 }
 
 // Build turns an event into a record. It fails with a permanent *Error when
-// Kafka could never accept the record (bad topic name, too large, malformed
-// headers), and with a *BatchLimitError when the topic needs a producer with
-// smaller batches. It must be called from one goroutine.
+// Kafka could never accept the record (bad topic name, missing topic, too
+// large, malformed headers), with a *BatchLimitError when the topic needs a
+// producer with smaller batches, and with a *TopicPendingError while the
+// event's topic is being looked up. It never blocks, and must be called from
+// one goroutine.
 func (p *Publisher) Build(ev *Event) (*Record, error) {
 	topic, err := p.topic(ev)
 	if err != nil {
@@ -250,42 +278,87 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 	}
 	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.MaxMessageBytes); r.size > limit {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1,
-			Err: fmt.Errorf("%w: record is %d bytes, the limit is %d (topic max.message.bytes %d, producer %d)",
-				sarama.ErrMessageSizeTooLarge, r.size, limit, topic.maxBytes, p.cfg.MaxMessageBytes)}
+			Err: &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: p.cfg.MaxMessageBytes}}
 	}
 	return r, nil
 }
 
-// Send hands a built record to the producer. While the producer's input is
-// full it blocks, doing the caller's Waiting duty. Send is called from one
-// goroutine, which lets it reuse one timer: while catching up the input is
-// often full, and a new ticker per blocked send was a third of the relay's
-// allocations.
+// BuildWait is Build for callers without a loop of their own: it waits,
+// until ctx ends, for the event's topic to be looked up.
+func (p *Publisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
+	for {
+		r, err := p.Build(ev)
+		var pending *TopicPendingError
+		if !errors.As(err, &pending) {
+			return r, err
+		}
+		select {
+		case <-pending.Done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Input takes built records to send. A send on it blocks while the
+// producer is full, so select on it alongside the caller's other duties.
+func (p *Publisher) Input() chan<- *Record { return p.input }
+
+// Send hands a record to the producer, waiting while it is full, until ctx
+// ends. It is Input for callers without a loop of their own.
 func (p *Publisher) Send(ctx context.Context, r *Record) error {
 	select {
-	case p.producer.Input() <- &r.msg:
+	case p.input <- r:
 		return nil
-	default:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if p.wait == nil {
-		p.wait = time.NewTimer(p.waiting.Interval)
-	} else {
-		p.wait.Reset(p.waiting.Interval)
-	}
-	for {
-		select {
-		case p.producer.Input() <- &r.msg:
-			p.wait.Stop()
-			return nil
-		case <-p.wait.C:
-			if err := p.waiting.Do(); err != nil {
-				return err
+}
+
+// Outcomes delivers every sent record's ack or failure, in the order the
+// producer reports them. It is closed once Close has drained the producer.
+func (p *Publisher) Outcomes() <-chan Outcome { return p.outcomes }
+
+// Handler takes outcomes for callers without a loop of their own.
+type Handler interface {
+	Acked(d Delivery)
+	Failed(d Delivery, err *Error)
+}
+
+// Dispatch hands every outcome to h on a goroutine of its own, until
+// Outcomes is closed; the returned channel is closed after the last one.
+func (p *Publisher) Dispatch(h Handler) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for out := range p.outcomes {
+			if out.Err != nil {
+				h.Failed(out.Delivery, out.Err)
+			} else {
+				h.Acked(out.Delivery)
 			}
-			p.wait.Reset(p.waiting.Interval)
-		case <-ctx.Done():
-			p.wait.Stop()
-			return ctx.Err()
 		}
+	}()
+	return done
+}
+
+// Retries is how many times the producer has backed off to retry a record
+// since it was created.
+func (p *Publisher) Retries() int64 { return p.retries.Load() }
+
+// EndTxn is told where each source transaction ends. Records are sent and
+// acknowledged one by one, so there is nothing to do at a boundary.
+func (p *Publisher) EndTxn(lsn.TxnID, lsn.LSN, time.Time) {}
+
+// forward feeds Input to the producer: sarama's input channel carries its
+// own message type, and keeping it out of the caller's hands lets another
+// sink stand in for this one.
+func (p *Publisher) forward() {
+	defer p.workers.Done()
+	defer p.producer.AsyncClose()
+	in := p.producer.Input()
+	for r := range p.input {
+		in <- &r.msg
 	}
 }
 
@@ -296,43 +369,53 @@ func (p *Publisher) topic(ev *Event) (*topicInfo, error) {
 	if t, ok := p.known[string(name)]; ok {
 		return t, nil
 	}
-	t, err := p.awaitDiscovery(string(name))
-	if err != nil {
-		var perm *Error
-		if errors.As(err, &perm) {
-			perm.EventID = string(ev.EventID)
-		}
-		return nil, err
-	}
-	p.known[t.name] = t
-	return t, nil
+	return p.lookUp(string(name), string(ev.EventID))
 }
 
-// awaitDiscovery runs discover on its own goroutine, doing the caller's
-// Waiting duty meanwhile: a slow or unreachable broker can make a topic
-// lookup take as long as sarama's metadata retries.
-func (p *Publisher) awaitDiscovery(name string) (*topicInfo, error) {
-	type result struct {
-		topic *topicInfo
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		t, err := p.discover(name)
-		done <- result{t, err}
-	}()
-	tick := time.NewTicker(p.waiting.Interval)
-	defer tick.Stop()
-	for {
-		select {
-		case r := <-done:
-			return r.topic, r.err
-		case <-tick.C:
-			if err := p.waiting.Do(); err != nil {
-				return nil, err
-			}
+// lookUp answers from a finished or cached lookup of a topic met for the
+// first time, or starts one in the background: a slow or unreachable broker
+// can make a lookup take as long as sarama's metadata retries, and a topic
+// that is not created takes TopicWait.
+func (p *Publisher) lookUp(name, eventID string) (*topicInfo, error) {
+	if m, ok := p.missing[name]; ok {
+		if time.Now().Before(m.until) {
+			perm := *m.err
+			perm.EventID = eventID
+			return nil, &perm
 		}
+		delete(p.missing, name)
 	}
+	l, ok := p.lookups[name]
+	if !ok {
+		l = &lookup{done: make(chan struct{})}
+		p.lookups[name] = l
+		p.workers.Add(1)
+		go func() {
+			defer p.workers.Done()
+			l.topic, l.err = p.discover(name)
+			close(l.done)
+		}()
+	}
+	select {
+	case <-l.done:
+	default:
+		return nil, &TopicPendingError{Topic: name, Done: l.done}
+	}
+	delete(p.lookups, name)
+	if l.err != nil {
+		var perm *Error
+		if errors.As(l.err, &perm) {
+			if errors.Is(perm.Err, sarama.ErrUnknownTopicOrPartition) {
+				p.missing[name] = missingTopic{err: perm, until: time.Now().Add(missingTopicExpiry)}
+			}
+			copied := *perm
+			copied.EventID = eventID
+			return nil, &copied
+		}
+		return nil, l.err
+	}
+	p.known[name] = l.topic
+	return l.topic, nil
 }
 
 // discover checks that a topic exists and learns its max.message.bytes, so
@@ -358,7 +441,12 @@ func (p *Publisher) discover(name string) (*topicInfo, error) {
 			return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1,
 				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
 		}
-		time.Sleep(200 * time.Millisecond) // the broker is creating the topic; poll its metadata
+		// The broker may be creating the topic: poll its metadata.
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-p.quit:
+			return nil, errors.New("look up topic " + name + ": publisher closed")
+		}
 	}
 
 	t := &topicInfo{name: name, maxBytes: p.cfg.MaxMessageBytes + recordBatchOverhead}
@@ -395,34 +483,41 @@ func (e *BatchLimitError) Error() string {
 	return fmt.Sprintf("topic %s accepts batches of at most %d bytes; restarting the producer with that limit", e.Topic, e.MaxMessageBytes)
 }
 
-// drainOutcomes reports each ack and failure to the handler until the
-// producer closes both channels.
+// drainOutcomes passes each ack and failure to Outcomes until the producer
+// closes both channels. Once Close is called they are dropped: nobody
+// needs them, and what they concern is re-delivered anyway.
 func (p *Publisher) drainOutcomes() {
-	defer p.outcomes.Done()
+	defer p.workers.Done()
+	defer close(p.outcomes)
 	successes, failures := p.producer.Successes(), p.producer.Errors()
 	for successes != nil || failures != nil {
+		var o Outcome
 		select {
 		case msg, ok := <-successes:
 			if !ok {
 				successes = nil
 				continue
 			}
-			p.handler.Acked(delivery(msg))
+			o.Delivery = delivery(msg)
 		case perr, ok := <-failures:
 			if !ok {
 				failures = nil
 				continue
 			}
-			d := delivery(perr.Msg)
+			o.Delivery = delivery(perr.Msg)
 			r := perr.Msg.Metadata.(*Record)
 			var local sarama.ConfigurationError
 			if errors.As(perr.Err, &local) {
-				d.Partition = -1 // refused by sarama before it chose a partition
+				o.Partition = -1 // refused by sarama before it chose a partition
 			}
-			p.handler.Failed(d, &Error{
+			o.Err = &Error{
 				Class: Classify(perr.Err), EventID: string(r.eventID),
-				Topic: d.Topic, Partition: d.Partition, Err: perr.Err, Record: r,
-			})
+				Topic: o.Topic, Partition: o.Partition, Err: perr.Err, Record: r,
+			}
+		}
+		select {
+		case p.outcomes <- o:
+		case <-p.quit:
 		}
 	}
 }
@@ -431,26 +526,33 @@ func delivery(msg *sarama.ProducerMessage) Delivery {
 	r := msg.Metadata.(*Record)
 	return Delivery{
 		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size,
-		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, At: time.Now(),
 	}
 }
 
-// Close flushes what is in flight for at most timeout, then shuts the
-// producer down. Outcomes that arrive meanwhile still reach the handler.
+// Close stops taking records, flushes what is in flight for at most
+// timeout, then shuts the producer down. Outcomes not yet reported when
+// Close is called are dropped, so read what you wait for first: nothing
+// needs to read Outcomes for Close to return. It must not be called while
+// a send on Input may still happen.
 func (p *Publisher) Close(timeout time.Duration) error {
-	p.producer.AsyncClose()
+	p.closing.Do(func() {
+		close(p.quit)
+		close(p.input)
+	})
 	drained := make(chan struct{})
 	go func() {
-		p.outcomes.Wait()
+		p.workers.Wait()
 		close(drained)
 	}()
 	var err error
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
 	select {
 	case <-drained:
-	case <-time.After(timeout):
+	case <-timer.C:
 		// A broker that never answers must not hang shutdown. What is still
-		// in flight was never confirmed, so it is re-delivered later; a late
-		// outcome may still reach the handler.
+		// in flight was never confirmed, so it is re-delivered later.
 		err = fmt.Errorf("close kafka producer: gave up after %s with records in flight", timeout)
 	}
 	p.admin.Close()

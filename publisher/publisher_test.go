@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/eapache/go-resiliency/breaker"
 	metrics "github.com/rcrowley/go-metrics"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // Golden vectors from Kafka's UtilsTest.testMurmur2: placement must match the
@@ -345,4 +349,166 @@ func TestSaramaConfig(t *testing.T) {
 	if sc.Producer.Compression != sarama.CompressionLZ4 {
 		t.Errorf("compression %v, want lz4 by default", sc.Producer.Compression)
 	}
+}
+
+// An order break is counted only when the failed record may have been in a
+// produce request while later records of its partition were appended. A
+// broker outage seen as "circuit breaker is open" or "run out of available
+// brokers" fails records before that (issue: 16 false order breaks after a
+// 12 s outage).
+func TestOrderMayBreak(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		partition int32
+		err       error
+		want      bool
+	}{
+		{"never reached a partition", -1, sarama.ErrOutOfOrderSequenceNumber, false},
+		{"circuit breaker open", 0, breaker.ErrBreakerOpen, false},
+		{"out of brokers", 3, sarama.ErrOutOfBrokers, false},
+		{"not connected", 3, sarama.ErrNotConnected, false},
+		{"local size check", 0, &LocalSizeError{Size: 10, Limit: 5}, false},
+		{"out of order sequence", 1, sarama.ErrOutOfOrderSequenceNumber, true},
+		{"retries exhausted on a broker answer", 2, sarama.ErrNotLeaderForPartition, true},
+		{"request timed out", 0, sarama.ErrRequestTimedOut, true},
+		{"wrapped breaker", 0, fmt.Errorf("produce: %w", breaker.ErrBreakerOpen), false},
+	} {
+		e := &Error{Class: Classify(c.err), Topic: "t", Partition: c.partition, Err: c.err}
+		if got := e.OrderMayBreak(); got != c.want {
+			t.Errorf("%s: OrderMayBreak = %t, want %t", c.name, got, c.want)
+		}
+	}
+}
+
+// A record refused by the publisher's own size check says so; it must not
+// read as the broker's "Message was too large".
+func TestLocalSizeCheckIsNotABrokerError(t *testing.T) {
+	topics, err := parseTopicTemplate("outbox.{aggregate_type}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Publisher{cfg: Config{MaxMessageBytes: 1000}, topics: topics,
+		known: map[string]*topicInfo{"outbox.order": {name: "outbox.order", maxBytes: 300}}}
+	ev := sampleEvent()
+	ev.Payload = []byte(`"` + strings.Repeat("x", 400) + `"`)
+	_, err = p.Build(ev)
+	var perr *Error
+	if !errors.As(err, &perr) || perr.Class != ClassPermanent || perr.Partition != -1 {
+		t.Fatalf("Build: %v, want a permanent error before any partition", err)
+	}
+	msg := perr.Error()
+	if strings.Contains(msg, "kafka server") || !strings.Contains(msg, "before sending") {
+		t.Fatalf("error %q reads as a broker's answer", msg)
+	}
+	if !strings.Contains(perr.Advice(), "max.message.bytes") || Classify(perr.Err) != ClassPermanent {
+		t.Fatalf("advice %q / class %s", perr.Advice(), Classify(perr.Err))
+	}
+}
+
+// A missing topic (auto-create off) is looked up in the background, once:
+// Build never blocks, and later events for the same topic fail at once from
+// the cache instead of waiting TopicWait each (issue: four events to a
+// missing topic delayed an unrelated event by 42 s).
+func TestMissingTopicLookedUpOnceInBackground(t *testing.T) {
+	cfg, p := kfakePublisher(t, 500*time.Millisecond)
+
+	missing := sampleEvent()
+	missing.AggregateType = []byte("nosuch")
+	start := time.Now()
+	_, err := p.Build(missing)
+	var pending *TopicPendingError
+	if !errors.As(err, &pending) || pending.Topic != "outbox.nosuch" {
+		t.Fatalf("first Build for a new topic: %v, want a pending lookup", err)
+	}
+	if d := time.Since(start); d > cfg.TopicWait/2 {
+		t.Fatalf("Build blocked %v on a topic lookup", d)
+	}
+	select {
+	case <-pending.Done:
+	case <-time.After(10 * cfg.TopicWait):
+		t.Fatal("lookup did not finish")
+	}
+	for i := range 4 {
+		missing.EventID = []byte(fmt.Sprintf("event-%d", i))
+		before := time.Now()
+		_, err := p.Build(missing)
+		var perr *Error
+		if !errors.As(err, &perr) || !errors.Is(err, sarama.ErrUnknownTopicOrPartition) || perr.EventID != string(missing.EventID) {
+			t.Fatalf("Build %d for a missing topic: %v, want a permanent unknown-topic error for its own event", i, err)
+		}
+		if d := time.Since(before); d > cfg.TopicWait/2 {
+			t.Fatalf("Build %d for a topic known missing took %v", i, d)
+		}
+	}
+	if _, err := p.BuildWait(context.Background(), sampleEvent()); err != nil {
+		t.Fatalf("an event for an existing topic: %v", err)
+	}
+	if d := time.Since(start); d > 3*cfg.TopicWait {
+		t.Fatalf("five events, four to a missing topic, took %v; want about one TopicWait (%v)", d, cfg.TopicWait)
+	}
+}
+
+// Sends go through Input and every outcome comes back on Outcomes, with
+// the event's transaction; nothing calls back into the caller.
+func TestOutcomesComeBackOverTheChannel(t *testing.T) {
+	_, p := kfakePublisher(t, DefaultConfig().TopicWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 50
+	for i := range n {
+		ev := sampleEvent()
+		ev.EventID = []byte(fmt.Sprintf("e-%d", i))
+		ev.Txn = uint64(i)
+		r, err := p.BuildWait(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p.Input() <- r:
+		case <-ctx.Done():
+			t.Fatal("producer did not take the record")
+		}
+	}
+	seen := map[uint64]bool{}
+	for len(seen) < n {
+		select {
+		case o := <-p.Outcomes():
+			if o.Err != nil {
+				t.Fatalf("outcome error: %v", o.Err)
+			}
+			if o.Partition < 0 || o.At.IsZero() || seen[o.Txn] {
+				t.Fatalf("outcome %+v: want a partition, a time and each txn once", o.Delivery)
+			}
+			seen[o.Txn] = true
+		case <-ctx.Done():
+			t.Fatalf("%d of %d outcomes", len(seen), n)
+		}
+	}
+	if err := p.Close(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, open := <-p.Outcomes(); open {
+		t.Fatal("Outcomes still open after Close")
+	}
+}
+
+// kfakePublisher is a publisher on an in-process kfake cluster (auto-create
+// off) holding the topic outbox.order, closed when the test ends.
+func kfakePublisher(t *testing.T, topicWait time.Duration) (Config, *Publisher) {
+	t.Helper()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "outbox.order"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	cfg := DefaultConfig()
+	cfg.Brokers = cluster.ListenAddrs()
+	cfg.TopicTemplate = "outbox.{aggregate_type}"
+	cfg.TopicWait = topicWait
+	p, err := New(cfg, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(5 * time.Second) })
+	return cfg, p
 }

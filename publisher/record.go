@@ -117,6 +117,14 @@ type bytesEncoder struct{ b []byte }
 func (e *bytesEncoder) Encode() ([]byte, error) { return e.b, nil }
 func (e *bytesEncoder) Length() int             { return len(e.b) }
 
+// BuildRecord builds an event's record for a topic already resolved,
+// without the topic and size checks that Publisher.Build makes: for sinks
+// and tests that resolve topics their own way.
+func BuildRecord(ev *Event, topic string) (*Record, error) { return build(ev, topic) }
+
+// Txn is the transaction the record's event belongs to, as the event said.
+func (r *Record) Txn() uint64 { return r.txn }
+
 // build fills a Record from an event and its resolved topic.
 func build(ev *Event, topic string) (*Record, error) {
 	n := len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) +
@@ -163,11 +171,14 @@ func build(ev *Event, topic string) (*Record, error) {
 	}
 
 	r.msg = sarama.ProducerMessage{
-		Topic:    topic,
-		Key:      &r.key,
-		Value:    &r.value,
-		Headers:  headers,
-		Metadata: r,
+		Topic: topic,
+		// -1 until sarama picks the partition, so a record refused before
+		// that is not taken for one that reached partition 0.
+		Partition: -1,
+		Key:       &r.key,
+		Value:     &r.value,
+		Headers:   headers,
+		Metadata:  r,
 	}
 	r.size = r.msg.ByteSize(2)
 	return r, nil

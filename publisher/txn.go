@@ -167,11 +167,13 @@ type failure struct {
 	err    error
 }
 
-// TxnPublisher is the exactly-once sink. Build, Send, EndTxn, Commit and
-// Close are called from the caller's read loop; a timer goroutine commits
-// batches that reach Interval while the loop is idle, and a drain goroutine
-// collects the producer's outcomes. Handler calls are serialised but may come
-// from either the read loop or the timer goroutine.
+// TxnPublisher is the exactly-once engine, for callers that drive it
+// themselves: Build, Send, EndTxn, Commit and Close block until Kafka
+// answered; a timer goroutine commits batches that reach Interval while the
+// caller is idle, and a drain goroutine collects the producer's outcomes.
+// Handler calls are serialised but may come from either the caller's
+// goroutine or the timer goroutine. TxnSink puts it behind channels for a
+// read loop that must never block on Kafka.
 //
 // After any failure the sink is spent: every later call returns the error,
 // and the caller closes it and re-streams with a new one. It must re-stream
@@ -185,10 +187,9 @@ type TxnPublisher struct {
 	handler Handler
 	log     zerolog.Logger
 
-	// turn is held by whoever drives the Kafka transaction (the read loop
+	// turn is held by whoever drives the Kafka transaction (the caller
 	// in Send or EndTxn, or the timer goroutine committing); it is a
-	// channel rather than a mutex so waiting for it can keep the caller's
-	// Waiting duty.
+	// channel rather than a mutex so waiting for it can end with ctx.
 	turn chan struct{}
 
 	// Guarded by turn.
@@ -223,7 +224,7 @@ type TxnPublisher struct {
 // NewTxn connects to Kafka, initialises the transactional producer (which
 // fences any older producer with the same transactional id) and starts the
 // sink's goroutines.
-func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, waiting Waiting, log zerolog.Logger) (*TxnPublisher, error) {
+func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, log zerolog.Logger) (*TxnPublisher, error) {
 	if tcfg.TransactionalID == "" {
 		return nil, errors.New("exactly-once delivery needs a transactional id: set --transactional-id or let the relay derive it from the slot")
 	}
@@ -275,8 +276,9 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, waiting Waiting, log ze
 	t := &TxnPublisher{
 		pub: &Publisher{
 			cfg: cfg, log: log, topics: topics,
-			client: client, admin: admin, producer: producer, waiting: waiting,
-			known: make(map[string]*topicInfo),
+			client: client, admin: admin, producer: producer,
+			known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+			quit: make(chan struct{}),
 		},
 		cfg: tcfg, handler: handler, log: log,
 		turn:    make(chan struct{}, 1),
@@ -296,10 +298,7 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, waiting Waiting, log ze
 func connect(cfg Config, sc *sarama.Config) (sarama.Client, sarama.ClusterAdmin, error) {
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, nil, fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+		return nil, nil, ConnectError(cfg.Brokers, err)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
@@ -330,9 +329,26 @@ func (t *TxnPublisher) Build(ev *Event) (*Record, error) {
 	return t.pub.Build(ev)
 }
 
+// BuildWait is Build for callers without a loop of their own: it waits,
+// until ctx ends, for the event's topic to be looked up.
+func (t *TxnPublisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
+	for {
+		r, err := t.Build(ev)
+		var pending *TopicPendingError
+		if !errors.As(err, &pending) {
+			return r, err
+		}
+		select {
+		case <-pending.Done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // Send adds a built record to the open Kafka transaction, beginning one if
 // none is open. It blocks while the producer is full or a commit is under
-// way, doing the caller's Waiting duty.
+// way.
 func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
 	if err := t.enter(ctx); err != nil {
 		return err
@@ -361,7 +377,7 @@ func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
 	}
 	t.batch = append(t.batch, r)
 	t.bytes += r.size
-	if err := t.pub.Send(ctx, r); err != nil {
+	if err := t.sendWaiting(ctx, &r.msg); err != nil {
 		// The record may or may not be in the producer now; the
 		// transaction cannot be trusted either way.
 		return t.fail(ctx, fmt.Errorf("send record: %w", err))
@@ -449,6 +465,7 @@ func (t *TxnPublisher) Close(timeout time.Duration) error {
 		return nil
 	}
 	close(t.stop)
+	close(t.pub.quit)
 	var first error
 	if err := t.acquire(ctx); err != nil {
 		first = fmt.Errorf("close exactly-once producer: %w", err)
@@ -712,119 +729,52 @@ func (t *TxnPublisher) awaitOutcomes(ctx context.Context, n int) error {
 	})
 }
 
-// acquire takes the turn, keeping the caller's Waiting duty meanwhile.
+// acquire takes the turn, or gives up when ctx ends.
 func (t *TxnPublisher) acquire(ctx context.Context) error {
 	select {
 	case t.turn <- struct{}{}:
 		return nil
-	default:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	return t.waitFor(ctx, nil, func() bool {
-		select {
-		case t.turn <- struct{}{}:
-			return true
-		default:
-			return false
-		}
-	})
 }
 
 func (t *TxnPublisher) release() { <-t.turn }
 
-// waitFor polls done whenever wake fires, or every millisecond when wake
-// is nil, doing the caller's Waiting duty every Waiting.Interval.
+// waitFor waits until done reports true, looking whenever wake fires.
 func (t *TxnPublisher) waitFor(ctx context.Context, wake <-chan struct{}, done func() bool) error {
-	if done() {
-		return nil
-	}
-	duty := time.NewTicker(t.waitingInterval())
-	defer duty.Stop()
-	var poll <-chan time.Time
-	if wake == nil {
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		poll = tick.C
-	}
-	for {
+	for !done() {
 		select {
 		case <-wake:
-		case <-poll:
-		case <-duty.C:
-			if err := t.doWaiting(ctx); err != nil {
-				return err
-			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if done() {
-			return nil
-		}
 	}
+	return nil
 }
 
-// whileWaiting runs a blocking producer call on its own goroutine, keeping
-// the caller's Waiting duty meanwhile. A call the caller gives up on keeps
-// running; the sink is spent then anyway.
+// whileWaiting runs a blocking producer call on its own goroutine so the
+// caller can give up when ctx ends. A call given up on keeps running; the
+// sink is spent then anyway.
 func (t *TxnPublisher) whileWaiting(ctx context.Context, call func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- call() }()
-	duty := time.NewTicker(t.waitingInterval())
-	defer duty.Stop()
-	for {
-		select {
-		case err := <-done:
-			return err
-		case <-duty.C:
-			if err := t.doWaiting(ctx); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-// sendWaiting hands a message to the producer, keeping the caller's
-// Waiting duty while the producer is full.
+// sendWaiting hands a message to the producer, waiting while it is full.
 func (t *TxnPublisher) sendWaiting(ctx context.Context, msg *sarama.ProducerMessage) error {
 	select {
 	case t.pub.producer.Input() <- msg:
 		return nil
-	default:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	duty := time.NewTicker(t.waitingInterval())
-	defer duty.Stop()
-	for {
-		select {
-		case t.pub.producer.Input() <- msg:
-			return nil
-		case <-duty.C:
-			if err := t.doWaiting(ctx); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (t *TxnPublisher) waitingInterval() time.Duration {
-	if t.pub.waiting.Interval > 0 {
-		return t.pub.waiting.Interval
-	}
-	return time.Second
-}
-
-// onTimer marks the context of the timer goroutine's commits: the caller's
-// Waiting duty (status updates on its replication connection) belongs to
-// the caller's goroutine and must not run on the timer's.
-type onTimer struct{}
-
-func (t *TxnPublisher) doWaiting(ctx context.Context) error {
-	if t.pub.waiting.Do == nil || ctx.Value(onTimer{}) != nil {
-		return nil
-	}
-	return t.pub.waiting.Do()
 }
 
 // commitOnTime commits a Kafka transaction that reached Interval while the
@@ -856,8 +806,8 @@ func (t *TxnPublisher) commitOnTime() {
 		if t.open && t.broken == nil && t.began.Add(t.cfg.Interval).Equal(deadline) {
 			if t.complete == len(t.batch) {
 				// Failures are reported through the handler and returned
-				// by the read loop's next call.
-				_ = t.commit(context.WithValue(context.Background(), onTimer{}, true))
+				// by the caller's next call.
+				_ = t.commit(context.Background())
 			} else {
 				t.due = true
 			}

@@ -55,7 +55,6 @@ func benchConfig(brokers []string) Config {
 	return cfg
 }
 
-var noWaiting = Waiting{Interval: time.Second, Do: func() error { return nil }}
 
 // BenchmarkCatchUp drains a backlog of b.N events (source transactions of
 // three) through the at-least-once publisher and through the exactly-once
@@ -76,12 +75,13 @@ func BenchmarkCatchUp(b *testing.B) {
 			var send func(i int) error
 			var finish func() error
 			if mode == "at-least-once" {
-				p, err := New(benchConfig(k.Brokers()), acks, noWaiting, zerolog.Nop())
+				p, err := New(benchConfig(k.Brokers()), zerolog.Nop())
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer p.Close(10 * time.Second)
-				if _, err := p.Build(evs[0]); err != nil { // topic discovery, outside the measurement
+				p.Dispatch(acks)
+				if _, err := p.BuildWait(ctx, evs[0]); err != nil { // topic discovery, outside the measurement
 					b.Fatal(err)
 				}
 				send = func(i int) error {
@@ -100,16 +100,16 @@ func BenchmarkCatchUp(b *testing.B) {
 					b.Fatal(err)
 				}
 				tcfg.Interval = interval
-				s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, noWaiting, zerolog.Nop())
+				s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, zerolog.Nop())
 				if err != nil {
 					b.Fatal(err)
 				}
 				defer func() { b.ReportMetric(float64(s.Stats().Committed), "txns"); s.Close(10 * time.Second) }()
-				if _, err := s.Build(evs[0]); err != nil { // topic discovery, outside the measurement
+				if _, err := s.BuildWait(ctx, evs[0]); err != nil { // topic discovery, outside the measurement
 					b.Fatal(err)
 				}
 				send = func(i int) error {
-					r, err := s.Build(evs[i])
+					r, err := s.BuildWait(ctx, evs[i])
 					if err != nil {
 						return err
 					}
@@ -165,7 +165,7 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 			tcfg.TransactionalID = "latency"
 			tcfg.Interval = interval
 			acks := &ackCounter{}
-			s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, noWaiting, zerolog.Nop())
+			s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, zerolog.Nop())
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -203,7 +203,7 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 						AggregateID: []byte("agg-" + strconv.Itoa(i%100)), EventType: []byte("Happened"),
 						SchemaVersion: []byte("1"), Payload: v[:], OccurredAt: []byte("2026-12-01 03:00:00+00"),
 					}
-					r, err := s.Build(ev)
+					r, err := s.BuildWait(ctx, ev)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +107,7 @@ func newTxnWorld(t *testing.T, brokers []string) *txnWorld {
 
 func (w *txnWorld) sink(h Handler) *TxnPublisher {
 	w.t.Helper()
-	s, err := NewTxn(w.cfg, w.tcfg, h, Waiting{Interval: 50 * time.Millisecond, Do: func() error { return nil }}, zerolog.Nop())
+	s, err := NewTxn(w.cfg, w.tcfg, h, zerolog.Nop())
 	if err != nil {
 		w.t.Fatalf("new exactly-once sink: %v", err)
 	}
@@ -121,7 +120,7 @@ func (w *txnWorld) sink(h Handler) *TxnPublisher {
 func stream(ctx context.Context, s *TxnPublisher, txns []sourceTxn) (quarantined []string, err error) {
 	for _, st := range txns {
 		for _, ev := range st.events {
-			r, err := s.Build(ev)
+			r, err := s.BuildWait(ctx, ev)
 			if err != nil {
 				var perr *Error
 				if errors.As(err, &perr) && perr.Class == ClassPermanent {
@@ -502,57 +501,6 @@ func TestTxnFaultsAbortOrRetryWithoutDuplicates(t *testing.T) {
 			}
 			consumeExactlyOnce(t, k.Brokers(), topic, eventIDs(txns))
 		})
-	}
-}
-
-// While a commit waits on the coordinator, the read loop blocked in it
-// keeps doing its Waiting duty (its replication status updates); the
-// timer goroutine's commits never do it, since the duty belongs to the read
-// loop's connection.
-func TestTxnWaitingDutyOnlyOnTheCallersGoroutine(t *testing.T) {
-	k := harness.StartKfake(t)
-	w := newTxnWorld(t, k.Brokers())
-	w.tcfg.Interval = 30 * time.Millisecond
-	var duty atomic.Int64
-	s, err := NewTxn(w.cfg, w.tcfg, &outcomeLog{}, Waiting{Interval: 10 * time.Millisecond, Do: func() error { duty.Add(1); return nil }}, zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(10 * time.Second)
-	ctx := context.Background()
-
-	// The timer commits an idle batch while EndTxn is held.
-	release := k.HoldRequests(kmsg.EndTxn)
-	if _, err := stream(ctx, s, makeTxns("duty", 1, 1, 1)); err != nil {
-		t.Fatal(err)
-	}
-	harness.WaitFor(t, 10*time.Second, "the timer's commit to reach the coordinator", func() bool { return k.HeldRequests() == 1 })
-	// Build's first topic lookup may have done the duty, rightly: it ran
-	// on the caller's goroutine.
-	baseline := duty.Load()
-	if harness.Poll(200*time.Millisecond, func() bool { return duty.Load() > baseline }) {
-		t.Fatal("the timer goroutine did the read loop's Waiting duty")
-	}
-	release()
-	if err := s.Commit(ctx); err != nil { // waits for the timer's commit to finish
-		t.Fatal(err)
-	}
-
-	// The read loop's own commit, held: it keeps doing its duty.
-	release = k.HoldRequests(kmsg.EndTxn)
-	defer release()
-	txns := makeTxns("duty2", 1, 1, 1)
-	if _, err := stream(ctx, s, txns); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Commit(ctx) }()
-	harness.WaitFor(t, 10*time.Second, "the read loop's commit to reach the coordinator", func() bool { return k.HeldRequests() == 1 })
-	before := duty.Load()
-	harness.WaitFor(t, 10*time.Second, "Waiting duty while blocked in the commit", func() bool { return duty.Load() >= before+3 })
-	release()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -12,12 +12,32 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-// SlotReport is the /slot document: the server's view of the slot beside
-// the relay's own.
+// SlotReport is the /slot document: the server's view of the slot, as the
+// slot poller last read it, beside the relay's own.
 type SlotReport struct {
 	Slot      *replication.SlotInfo `json:"slot"`
 	SlotError string                `json:"slot_error,omitempty"`
-	Relay     *Status               `json:"relay,omitempty"`
+	// SlotReadAt is when the slot was read, and SlotAgeSeconds how long
+	// ago; both are absent before the first reading.
+	SlotReadAt     *time.Time `json:"slot_read_at,omitempty"`
+	SlotAgeSeconds *float64   `json:"slot_reading_age_seconds,omitempty"`
+	Relay          *Status    `json:"relay,omitempty"`
+}
+
+// slotReport builds /slot from the poller's cached reading: a request
+// never opens a PostgreSQL connection, so scraping it cannot exhaust the
+// server's connections or hang on a dead one.
+func (r *Relay) slotReport(now time.Time) SlotReport {
+	status := r.Status()
+	reading := r.slotReading()
+	report := SlotReport{Relay: &status, Slot: reading.info, SlotError: reading.err}
+	if reading.at.IsZero() {
+		report.SlotError = "the slot has not been read yet; the relay reads it every few seconds"
+		return report
+	}
+	at, age := reading.at, now.Sub(reading.at).Seconds()
+	report.SlotReadAt, report.SlotAgeSeconds = &at, &age
+	return report
 }
 
 // ReadSlot reads the slot's state from PostgreSQL on a short-lived
@@ -59,16 +79,8 @@ func (r *Relay) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
 		}
 		w.Write([]byte("ready\n"))
 	})
-	mux.HandleFunc("GET /slot", func(w http.ResponseWriter, req *http.Request) {
-		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-		defer cancel()
-		status := r.Status()
-		report := SlotReport{Relay: &status}
-		info, err := ReadSlot(ctx, r.cfg.Replication)
-		if err != nil {
-			report.SlotError = replication.RedactError(err.Error(), r.cfg.Replication.DSN)
-		}
-		report.Slot = info
+	mux.HandleFunc("GET /slot", func(w http.ResponseWriter, _ *http.Request) {
+		report := r.slotReport(time.Now())
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -2,13 +2,15 @@ package relay
 
 // BenchmarkDecodeAndBuild measures the relay's own per-event work on the hot
 // path: pgoutput decoding (replication.Stream.Receive) and record building
-// (streamer.build, i.e. the NOT NULL checks and publisher.Publisher.Build),
+// (streamer.build, i.e. the NOT NULL checks and the sink's Build, here
+// publisher.Publisher.Build),
 // with allocations. It runs only with -bench:
 //
 //	go test -run '^$' -bench DecodeAndBuild -benchmem ./relay/
 //
-// The replication decoder is unexported, so hand-built pgoutput messages
-// reach it the only exported way: a fake walsender on 127.0.0.1 that answers
+// The replication decoder is unexported and the loop's source seam hands
+// out messages already decoded, so hand-built pgoutput messages reach the
+// decoder the only exported way: a fake walsender on 127.0.0.1 that answers
 // the startup and START_REPLICATION handshake and then streams pre-encoded
 // XLogData messages. Its writes reuse one buffer and do not allocate, so the
 // allocations reported are the reader's. Socket I/O is included in ns/op.
@@ -70,7 +72,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			}
 			// streamer.build is the read loop's build step: the NOT NULL
 			// checks, then Publisher.Build.
-			st := &streamer{pub: pub}
+			st := &streamer{sink: pub}
 			row := benchRow(b, payload, bc.headers)
 			var ev publisher.Event
 			var txn lsn.TxnID
@@ -80,7 +82,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			event := func(r *replication.Row) { ev = eventOf(r, txn, commitTime) }
 			// The topic lookup happens once per topic, before the timer.
 			event(&row)
-			if _, err := st.build(&ev); err != nil {
+			if _, err := pub.BuildWait(context.Background(), &ev); err != nil {
 				b.Fatal(err)
 			}
 			var sink *publisher.Record
@@ -120,11 +122,6 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 	}
 }
 
-type nopHandler struct{}
-
-func (nopHandler) Acked(publisher.Delivery)                    {}
-func (nopHandler) Failed(publisher.Delivery, *publisher.Error) {}
-
 // benchPublisher returns a publisher connected to an in-process kfake
 // cluster holding the benchmark's topic.
 func benchPublisher(b *testing.B) *publisher.Publisher {
@@ -137,7 +134,7 @@ func benchPublisher(b *testing.B) *publisher.Publisher {
 	cfg := publisher.DefaultConfig()
 	cfg.Brokers = c.ListenAddrs()
 	cfg.TopicTemplate = "bench"
-	pub, err := publisher.New(cfg, nopHandler{}, publisher.Waiting{Interval: time.Second, Do: func() error { return nil }}, zerolog.Nop())
+	pub, err := publisher.New(cfg, zerolog.Nop())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,11 +1,7 @@
 package relay
 
 import (
-	"context"
-	"strconv"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -14,7 +10,8 @@ import (
 )
 
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
-// registered on the registry it is given.
+// registered on the registry it is given. The relay only writes them: what
+// the relay reports about itself (Status) it keeps on its own.
 type Metrics struct {
 	EventsPublished   *prometheus.CounterVec
 	BytesPublished    *prometheus.CounterVec
@@ -43,10 +40,10 @@ type Metrics struct {
 	State              *prometheus.GaugeVec
 	SlotWALStatus      *prometheus.GaugeVec
 
-	mu               sync.Mutex
-	perTopic         map[string]topicCounters
-	lastAckNs        atomic.Int64
-	quarantinedCount atomic.Int64
+	mu       sync.Mutex
+	perTopic map[string]topicCounters
+
+	progress *progressMetrics
 }
 
 type topicCounters struct{ events, bytes prometheus.Counter }
@@ -111,6 +108,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
+	m.progress = newProgressMetrics(reg)
 	m.setState(StateStarting)
 	m.setWALStatus("")
 	// Every error class exists from the start, at 0, so rate() and
@@ -157,7 +155,7 @@ func (m *Metrics) setWALStatus(status string) {
 }
 
 func (m *Metrics) acked(d publisher.Delivery) {
-	now := time.Now()
+	now := d.At
 	m.mu.Lock()
 	c, ok := m.perTopic[d.Topic]
 	if !ok {
@@ -170,31 +168,8 @@ func (m *Metrics) acked(d publisher.Delivery) {
 	if !d.CommitTime.IsZero() {
 		m.CommitToAck.Observe(now.Sub(d.CommitTime).Seconds())
 	}
-	m.lastAckNs.Store(now.UnixNano())
 }
 
 func (m *Metrics) failed(err *publisher.Error) {
 	m.PublishErrors.WithLabelValues(string(err.Class)).Inc()
-	if err.Partition >= 0 {
-		m.OrderBreaks.WithLabelValues(err.Topic, strconv.Itoa(int(err.Partition))).Inc()
-	}
-}
-
-func (m *Metrics) lastAck() time.Time {
-	if ns := m.lastAckNs.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
-func (m *Metrics) quarantined() int64 { return m.quarantinedCount.Load() }
-
-// refreshQuarantined re-reads the quarantine table's size.
-func (m *Metrics) refreshQuarantined(ctx context.Context, q *QuarantineStore) {
-	n, err := q.Count(ctx)
-	if err != nil {
-		return
-	}
-	m.quarantinedCount.Store(n)
-	m.Quarantined.Set(float64(n))
 }

@@ -9,12 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -55,6 +56,9 @@ type Config struct {
 	QuarantineTable string
 
 	Retention Retention
+
+	// Progress is where the relay keeps its own progress in Kafka.
+	Progress ProgressOptions
 }
 
 // DefaultConfig returns the defaults the relay ships with.
@@ -75,17 +79,8 @@ func DefaultConfig() Config {
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  OnPermanentQuarantine,
 		Retention:         DefaultRetention(),
+		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 	}
-}
-
-// quarantineTable returns the quarantine table's schema and name.
-func (c Config) quarantineTable() (schema, table string) {
-	outboxSchema, _, _ := replication.SplitTable(c.Replication.Table)
-	if c.QuarantineTable == "" {
-		return outboxSchema, "outbox_quarantine"
-	}
-	s, t, _ := replication.SplitTable(c.QuarantineTable)
-	return s, t
 }
 
 // Validate checks the configuration and names the field at fault.
@@ -108,10 +103,8 @@ func (c Config) Validate() error {
 	if c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt {
 		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
 	}
-	if c.QuarantineTable != "" {
-		if _, _, err := replication.SplitTable(c.QuarantineTable); err != nil {
-			return fmt.Errorf("--quarantine-table: %w", err)
-		}
+	if _, err := c.quarantineTable(); err != nil {
+		return err
 	}
 	return c.Retention.validate()
 }
@@ -123,11 +116,15 @@ type Relay struct {
 	metrics *Metrics
 	hooks   Hooks
 
+	lastAck ackClock
+
 	mu     sync.Mutex
 	status Status
 	// batchLimit survives sessions: once a topic is known to take smaller
 	// batches, every later producer is built with that limit.
 	batchLimit int
+
+	progress progressState
 }
 
 // Hooks let the process around the relay react to its progress (systemd
@@ -154,7 +151,9 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, publisher.ErrAuth) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent
+		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, publisher.ErrAuth) ||
+		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
+		isProgressFatal(err)
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal
@@ -168,6 +167,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopBackground()
 		background.Wait()
 	}()
+	defer r.closeProgress() // after the last session: writes its last position
 	if r.cfg.Retention.After > 0 {
 		background.Add(1)
 		go func() {
@@ -189,7 +189,7 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 	standby := false
 	for {
 		started := time.Now()
-		err := r.session(ctx)
+		streamed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
 			return nil
@@ -212,24 +212,27 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			attempt = 0
 		}
 		attempt++
-		wait := backoff(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
+		wait := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
 		if errors.Is(err, replication.ErrSlotBusy) {
 			// A standby: poll often enough to take over within seconds.
-			wait = backoff(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
+			wait = backoff.Delay(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
 			ev := r.log.Debug()
 			if !standby {
 				ev = r.log.Info() // once per wait, not every poll
 			}
 			standby = true
 			r.setState(StateWaitingForSlot, err)
-			ev.Err(err).Dur("retry_in", wait).
+			ev.Err(err).Str("retry_in", wait.String()).
 				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
 		} else {
 			standby = false
 			r.setState(StateBackingOff, err)
 			r.metrics.Restarts.Inc()
-			r.log.Warn().Err(err).Dur("retry_in", wait).Int("attempt", attempt).
-				Msg("stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)")
+			msg := "could not start streaming; retrying"
+			if streamed {
+				msg = "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
+			}
+			r.log.Warn().Err(err).Str("retry_in", wait.String()).Int("attempt", attempt).Msg(msg)
 		}
 		select {
 		case <-ctx.Done():
@@ -238,13 +241,4 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
-}
-
-// backoff is capped exponential backoff with full jitter on the upper half.
-func backoff(lo, hi time.Duration, attempt int) time.Duration {
-	d := lo << min(attempt-1, 16)
-	if d <= 0 || d > hi {
-		d = hi
-	}
-	return d/2 + rand.N(d/2+1)
 }

@@ -10,13 +10,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // ReplayResult is the outcome of replaying one quarantined event.
 type ReplayResult struct {
-	EventID string
-	Topic   string
-	Err     error // nil: acknowledged by Kafka and removed from quarantine
+	EventID string `json:"event_id"`
+	Topic   string `json:"topic"`
+	Err     error  `json:"-"` // nil: acknowledged by Kafka and removed from quarantine
 }
 
 // replayOutcomes collects the producer's answer for each replayed event,
@@ -26,6 +27,16 @@ type replayOutcomes struct {
 	errs    map[uint64]error
 	topics  map[uint64]string
 	pending sync.WaitGroup
+}
+
+// collect takes a publisher's outcomes until it is closed.
+func (o *replayOutcomes) collect(pub *publisher.Publisher, done *sync.WaitGroup) {
+	done.Add(1)
+	dispatched := pub.Dispatch(o)
+	go func() {
+		<-dispatched
+		done.Done()
+	}()
 }
 
 func (o *replayOutcomes) Acked(d publisher.Delivery) {
@@ -42,35 +53,60 @@ func (o *replayOutcomes) Failed(d publisher.Delivery, err *publisher.Error) {
 	o.pending.Done()
 }
 
+// await waits, at most timeout, for the outcome of every event sent.
+func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		o.pending.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	case <-ctx.Done():
+	}
+}
+
 // Replay publishes quarantined events again, with their original event_id,
 // key and headers, and removes each from quarantine only after Kafka
-// acknowledged it. An event that fails again stays quarantined. A replayed
-// event lands after any later events of its aggregate.
-func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
+// acknowledged it. An event that fails again, or fails the read loop's row
+// checks, stays quarantined. A replayed event lands after any later events
+// of its aggregate.
+func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
 	out := &replayOutcomes{errs: map[uint64]error{}, topics: map[uint64]string{}}
-	waiting := publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}
-	pub, err := publisher.New(cfg, out, waiting, log)
+	// The collectors end when their publisher's Outcomes closes; a broker
+	// that never answers Close may keep one waiting, which must not hold
+	// up the replay's answer.
+	var collecting sync.WaitGroup
+	pub, err := publisher.New(cfg, log)
 	if err != nil {
 		return nil, err
 	}
+	out.collect(pub, &collecting)
 	results := make([]ReplayResult, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
-		ev := events[i].Event()
+		ev := eventOfQuarantined(&events[i])
 		ev.Txn = uint64(i)
-		rec, err := pub.Build(ev)
+		if perr := publisher.CheckRow(ev); perr != nil {
+			results[i].Err = perr
+			continue
+		}
+		rec, err := pub.BuildWait(ctx, ev)
 		var limit *publisher.BatchLimitError
 		if errors.As(err, &limit) {
 			// The topic takes smaller batches: flush what is in flight and
 			// go on with a producer built for them.
+			out.await(ctx, timeout)
 			if cerr := pub.Close(timeout); cerr != nil {
 				return nil, cerr
 			}
 			cfg.MaxMessageBytes = limit.MaxMessageBytes
-			if pub, err = publisher.New(cfg, out, waiting, log); err != nil {
+			if pub, err = publisher.New(cfg, log); err != nil {
 				return nil, err
 			}
-			rec, err = pub.Build(ev)
+			out.collect(pub, &collecting)
+			rec, err = pub.BuildWait(ctx, ev)
 		}
 		if err != nil {
 			results[i].Err = err
@@ -83,16 +119,7 @@ func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, e
 			results[i].Err = err
 		}
 	}
-	done := make(chan struct{})
-	go func() {
-		out.pending.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-	case <-ctx.Done():
-	}
+	out.await(ctx, timeout)
 	closeErr := pub.Close(5 * time.Second)
 
 	out.mu.Lock()
@@ -110,7 +137,7 @@ func Replay(ctx context.Context, cfg publisher.Config, store *QuarantineStore, e
 			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
 			continue
 		}
-		r.Err = store.Remove(ctx, r.EventID)
+		r.Err = quarantine.Remove(ctx, r.EventID)
 	}
 	return results, closeErr
 }

@@ -3,12 +3,10 @@ package relay
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Retention configures the optional cleanup of published outbox rows.
@@ -90,36 +88,21 @@ func (r *Relay) retain(ctx context.Context) {
 }
 
 // deleteBefore deletes (or, in a dry run, counts) rows created before
-// cutoff, a batch per transaction.
+// cutoff, a batch per transaction, on a connection of its own for the run.
 func (r *Relay) deleteBefore(ctx context.Context, cutoff time.Time) (int64, error) {
-	admin, err := replication.Connect(ctx, r.cfg.Replication)
+	outbox, err := store.ParseTable("--table", r.cfg.Replication.Table)
 	if err != nil {
 		return 0, err
 	}
-	defer admin.Close(context.Background())
-	schema, table, err := replication.SplitTable(r.cfg.Replication.Table)
+	conn, err := replication.Dial(ctx, r.cfg.Replication)
 	if err != nil {
 		return 0, err
 	}
-	qualified := pgx.Identifier{schema, table}.Sanitize()
-	conn := admin.Conn()
+	defer conn.Close(context.Background())
 	if r.cfg.Retention.DryRun {
-		var n int64
-		err := conn.QueryRow(ctx, "SELECT count(*) FROM "+qualified+" WHERE created_at < $1", cutoff).Scan(&n)
-		return n, err
+		return store.CountCreatedBefore(ctx, conn, outbox, cutoff)
 	}
-	var total int64
-	for ctx.Err() == nil {
-		tag, err := conn.Exec(ctx, fmt.Sprintf(`DELETE FROM %s WHERE event_id IN (
-			SELECT event_id FROM %s WHERE created_at < $1 LIMIT %d)`, qualified, qualified, r.cfg.Retention.Batch), cutoff)
-		if err != nil {
-			return total, fmt.Errorf("delete published rows: %w", err)
-		}
-		total += tag.RowsAffected()
-		r.metrics.RetentionDeleted.Add(float64(tag.RowsAffected()))
-		if tag.RowsAffected() < int64(r.cfg.Retention.Batch) {
-			break
-		}
-	}
-	return total, nil
+	return store.DeleteCreatedBefore(ctx, conn, outbox, cutoff, r.cfg.Retention.Batch, func(n int64) {
+		r.metrics.RetentionDeleted.Add(float64(n))
+	})
 }

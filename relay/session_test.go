@@ -8,51 +8,50 @@ import (
 )
 
 // The read loop's wake-up decides how long a confirmable position can sit
-// unreported: these cases pin each reason to wake.
+// unreported: these cases pin each reason to wake, exactly, on a fake clock.
 func TestNextWake(t *testing.T) {
 	const keepalive, statusInterval = 10 * time.Second, 3 * time.Second
 	relay := &Relay{cfg: Config{StatusInterval: statusInterval}}
-	newStreamer := func(lastStatus time.Time) (*streamer, *lsn.Tracker) {
+	newStreamer := func(sinceStatus time.Duration) (*streamer, *lsn.Tracker, *fakeClock) {
+		clk := newFakeClock()
 		tr := lsn.NewTracker(100, lsn.Limits{Events: 10, Bytes: 1 << 20})
-		return &streamer{relay: relay, tracker: tr, lastStatus: lastStatus, flushedSent: 100, keepaliveEvery: keepalive}, tr
+		tr.UseClock(clk.Now)
+		last := clk.Now().Add(-sinceStatus)
+		return &streamer{relay: relay, clock: clk, tracker: tr, lastStatus: last, flushedSent: 100, keepaliveEvery: keepalive}, tr, clk
 	}
-	near := func(t *testing.T, got, want time.Time) {
+	exactly := func(t *testing.T, got, want time.Time) {
 		t.Helper()
-		// nextWake reads the clock itself; a test machine's pause is allowed
-		// for, the heartbeat (3 s) or a keepalive (10 s) is not.
-		if d := got.Sub(want); d < -400*time.Millisecond || d > 400*time.Millisecond {
-			t.Fatalf("wake at %v, want about %v (off by %v)", got.Format(time.StampMilli), want.Format(time.StampMilli), d)
+		if !got.Equal(want) {
+			t.Fatalf("wake at %v, want %v (off by %v)", got.Format(time.StampMilli), want.Format(time.StampMilli), got.Sub(want))
 		}
 	}
 
 	t.Run("nothing to report: the heartbeat", func(t *testing.T) {
-		s, _ := newStreamer(time.Now())
-		near(t, s.nextWake(), time.Now().Add(statusInterval))
+		s, _, clk := newStreamer(0)
+		exactly(t, s.nextWake(), clk.Now().Add(statusInterval))
 	})
 	t.Run("nothing to report, keepalive due first", func(t *testing.T) {
-		last := time.Now().Add(-9 * time.Second)
-		s, _ := newStreamer(last)
-		near(t, s.nextWake(), last.Add(keepalive))
+		s, _, clk := newStreamer(9 * time.Second)
+		exactly(t, s.nextWake(), clk.Now().Add(time.Second))
 	})
 	t.Run("acks pending: look again soon", func(t *testing.T) {
-		s, tr := newStreamer(time.Now())
-		id := tr.Open(time.Now())
+		s, tr, clk := newStreamer(0)
+		id := tr.Open(clk.Now())
 		tr.Add(id, 10)
-		near(t, s.nextWake(), time.Now().Add(idleConfirmDelay))
+		exactly(t, s.nextWake(), clk.Now().Add(idleConfirmDelay))
 	})
 	t.Run("idle with a moved position: due shortly after the last update", func(t *testing.T) {
 		// The last update went out 50 ms ago, then the last ack came: the
 		// moved position must go out 50 ms from now, not a status interval
 		// or a keepalive later.
-		last := time.Now().Add(-50 * time.Millisecond)
-		s, tr := newStreamer(last)
-		id := tr.Open(time.Now())
+		s, tr, clk := newStreamer(50 * time.Millisecond)
+		id := tr.Open(clk.Now())
 		tr.Add(id, 10)
 		tr.Close(id, 200)
 		tr.Ack(id, 10)
 		if !tr.Idle() || tr.Confirmed() != 200 {
 			t.Fatalf("tracker: idle %t, confirmed %v; want idle at 200", tr.Idle(), tr.Confirmed())
 		}
-		near(t, s.nextWake(), last.Add(idleConfirmDelay))
+		exactly(t, s.nextWake(), clk.Now().Add(50*time.Millisecond))
 	})
 }

@@ -2,19 +2,23 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // PollSlot keeps the slot's gauges current until ctx ends: every `every`
 // it reads the slot from PostgreSQL and sets outbox_relay_slot_active,
-// _slot_retained_wal_bytes, _slot_lag_bytes and _slot_wal_status, and it
-// refreshes the in-flight gauges from the relay's own state. It logs once
-// when the slot's wal_status becomes unreserved or lost (the server is
-// about to remove, or removed, WAL the slot needs), and once when it
-// recovers. It works whether this instance streams or is a standby, on a
-// connection of its own.
+// _slot_retained_wal_bytes, _slot_lag_bytes and _slot_wal_status, keeps the
+// reading for /slot, counts the quarantine table for
+// outbox_relay_quarantined_events (so a replay by another process shows
+// too), and refreshes the in-flight gauges from the relay's own state. It
+// logs once when the slot's wal_status becomes unreserved or lost (the
+// server is about to remove, or removed, WAL the slot needs), and once when
+// it recovers. It works whether this instance streams or is a standby, on
+// connections of its own.
 func (r *Relay) PollSlot(ctx context.Context, every time.Duration) {
 	p := &slotPoller{relay: r}
 	defer p.close()
@@ -33,16 +37,29 @@ func (r *Relay) PollSlot(ctx context.Context, every time.Duration) {
 
 // slotPoller is PollSlot's state between polls.
 type slotPoller struct {
-	relay    *Relay
-	admin    *replication.Admin
-	walState string // the wal_status last logged about
-	failing  bool   // the last read failed, and that was logged
+	relay      *Relay
+	admin      *replication.Admin
+	quarantine *store.Quarantine // nil until opened, or when events are never quarantined
+	walState   string            // the wal_status last logged about
+	failing    bool              // the last read failed, and that was logged
 }
 
 func (p *slotPoller) close() {
+	p.closeSlot()
+	p.closeQuarantine()
+}
+
+func (p *slotPoller) closeSlot() {
 	if p.admin != nil {
 		p.admin.Close(context.Background())
 		p.admin = nil
+	}
+}
+
+func (p *slotPoller) closeQuarantine() {
+	if p.quarantine != nil {
+		p.quarantine.Close()
+		p.quarantine = nil
 	}
 }
 
@@ -55,10 +72,12 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 
 	ctx, cancel := context.WithTimeout(ctx, max(every, 10*time.Second))
 	defer cancel()
+	p.countQuarantined(ctx)
 	info, exists, err := p.read(ctx)
 	if ctx.Err() != nil && err != nil {
 		return // shutting down, or the read took too long; try again later
 	}
+	r.noteSlotReading(info, exists, err, time.Now())
 	if err != nil || !exists {
 		// Nobody can stream from a slot that cannot be read or is gone.
 		m.SlotActive.Set(0)
@@ -109,9 +128,85 @@ func (p *slotPoller) read(ctx context.Context) (*replication.SlotInfo, bool, err
 	}
 	info, exists, err := p.admin.Slot(ctx)
 	if err != nil {
-		p.close()
+		p.closeSlot()
 	}
 	return info, exists, err
+}
+
+// countQuarantined sets the quarantined gauge and status from the table.
+// The session reports its own failure to open the table; here a failure
+// only leaves the last count in place.
+func (p *slotPoller) countQuarantined(ctx context.Context) {
+	r := p.relay
+	if r.cfg.OnPermanentError != OnPermanentQuarantine {
+		return
+	}
+	if p.quarantine == nil {
+		q, err := r.openQuarantine(ctx, store.ForList)
+		if err != nil {
+			r.log.Debug().Str("error", replication.RedactError(err.Error(), r.cfg.Replication.DSN)).Msg("cannot count quarantined events")
+			return
+		}
+		p.quarantine = q
+	}
+	n, err := p.quarantine.Count(ctx)
+	if err != nil {
+		p.closeQuarantine()
+		return
+	}
+	r.metrics.Quarantined.Set(float64(n))
+	r.noteQuarantined(n)
+}
+
+// slotPolicy is what a session may do about the slot: once this relay
+// has streamed from it, it must still exist.
+func (r *Relay) slotPolicy() replication.SlotPolicy {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return replication.SlotPolicy{
+		RecreateLost:        r.cfg.RecreateLostSlot,
+		MustExist:           r.status.streamed,
+		LastConfirmedCommit: r.status.confirmedCommitTime,
+	}
+}
+
+// logSlotCreated says what creating or recreating the slot means for the
+// rows already in the table.
+func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, slot replication.SlotStart) {
+	if slot.RecreatedLost {
+		r.log.Error().Str("lsn", slot.LSN.String()).
+			Msg("slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (the reconcile_command of the next line finds them)")
+	}
+	if !slot.Created {
+		return
+	}
+	ev := r.log.Info()
+	rows, err := admin.ExistingRows(ctx)
+	switch {
+	case err != nil:
+		// The relay's role need not read the table; the slot exists
+		// either way, so say what could not be checked and go on.
+		ev = r.log.Warn().AnErr("count_error", err)
+	case rows.Count > 0:
+		// Rows an earlier slot published are in the count too, so the
+		// count alone proves nothing was missed or lost; the newest row's
+		// age says how likely it is that something was.
+		ev = r.log.Warn().Int64("rows_in_table", rows.Count)
+		if !rows.NewestCreated.IsZero() {
+			ev = ev.Time("newest_row_created_at", rows.NewestCreated).
+				Str("newest_row_age", time.Since(rows.NewestCreated).Round(time.Second).String()).
+				Str("reconcile_command", reconcileCommand(rows.OldestCreated, time.Now()))
+		}
+	}
+	ev.Str("lsn", slot.LSN.String()).
+		Msg("created the replication slot; rows committed before it existed are not published by it (rows_in_table counts every row, including any an earlier slot published; run `outbox-relay migrate` at deploy time so the slot exists before services write)")
+}
+
+// reconcileCommand is the command that finds, among the rows committed
+// before the slot existed, those no earlier slot published.
+func reconcileCommand(oldest, created time.Time) string {
+	return fmt.Sprintf("outbox-relay reconcile --since %s --until %s (with run's connection flags; add --republish to send what it finds)",
+		oldest.UTC().Truncate(time.Second).Format(time.RFC3339), created.UTC().Add(time.Second).Truncate(time.Second).Format(time.RFC3339))
 }
 
 // noteWALStatus logs when the slot's WAL starts or stops being at risk.

@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // State names what the relay is doing.
@@ -35,10 +37,43 @@ type Status struct {
 	LastConfirmedCommit   *time.Time `json:"last_confirmed_commit_time"`
 	LastAck               *time.Time `json:"last_ack_time"`
 	QuarantinedEvents     int64      `json:"quarantined_events"`
+	// Progress is the position kept in Kafka and where the last start began.
+	Progress *ProgressStatus `json:"progress,omitempty"`
 
 	tracker             *lsn.Tracker
 	received            lsn.LSN
 	confirmedCommitTime time.Time // survives sessions, for retention
+	// streamed is set once a session of this process streamed: from then
+	// on a missing slot means lost events, not a first start.
+	streamed bool
+	slot     slotReading
+}
+
+// slotReading is the slot poller's last reading, served by /slot.
+type slotReading struct {
+	info *replication.SlotInfo
+	err  string // redacted; "" when the read worked
+	at   time.Time
+}
+
+// ackClock is when Kafka last acknowledged an event of this process. The
+// producer's acknowledgement goroutine writes it on every ack, so it is an
+// atomic rather than under the relay's mutex.
+type ackClock struct{ ns atomic.Int64 }
+
+// note records an ack; a nil clock (outcomes built without a relay, as in
+// tests) records nothing.
+func (c *ackClock) note(t time.Time) {
+	if c != nil {
+		c.ns.Store(t.UnixNano())
+	}
+}
+
+func (c *ackClock) get() time.Time {
+	if ns := c.ns.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
 }
 
 func (r *Relay) setState(state State, err error) {
@@ -60,6 +95,7 @@ func (r *Relay) setState(state State, err error) {
 func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.mu.Lock()
 	r.status.tracker = t
+	r.status.streamed = true
 	r.mu.Unlock()
 	r.setState(StateStreaming, nil)
 }
@@ -71,6 +107,34 @@ func (r *Relay) noteProgress(received lsn.LSN, confirmedCommit time.Time) {
 		r.status.confirmedCommitTime = confirmedCommit
 	}
 	r.mu.Unlock()
+}
+
+// noteSlotReading keeps the poller's reading of the slot for /slot.
+func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err error, at time.Time) {
+	reading := slotReading{info: info, at: at}
+	switch {
+	case err != nil:
+		reading.err = replication.RedactError(err.Error(), r.cfg.Replication.DSN)
+	case !exists:
+		reading.err = (&slotMissingError{slot: r.cfg.Replication.Slot}).Error()
+	}
+	r.mu.Lock()
+	r.status.slot = reading
+	r.mu.Unlock()
+}
+
+// noteQuarantined keeps the poller's count of quarantined events.
+func (r *Relay) noteQuarantined(n int64) {
+	r.mu.Lock()
+	r.status.QuarantinedEvents = n
+	r.mu.Unlock()
+}
+
+// slotReading returns the poller's last reading of the slot.
+func (r *Relay) slotReading() slotReading {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.slot
 }
 
 // confirmedCommitTime is the commit time of the newest transaction whose
@@ -102,10 +166,10 @@ func (r *Relay) Status() Status {
 			s.LastConfirmedCommit = &t
 		}
 	}
-	if last := r.metrics.lastAck(); !last.IsZero() {
+	if last := r.lastAck.get(); !last.IsZero() {
 		s.LastAck = &last
 	}
-	s.QuarantinedEvents = r.metrics.quarantined()
+	s.Progress = r.progressStatus()
 	return s
 }
 

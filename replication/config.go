@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -33,22 +34,51 @@ func (c Config) Validate() error {
 		return errors.New("--pg-dsn is required: a libpq URL or key=value string for the database that holds the outbox table")
 	}
 	if _, err := pgconn.ParseConfig(c.DSN); err != nil {
-		return fmt.Errorf("--pg-dsn does not parse: %w", errors.New(RedactError(err.Error(), c.DSN)))
+		return fmt.Errorf("--pg-dsn does not parse: %s (fix the connection string; see libpq's connection string formats)", parseProblem(err))
 	}
+	return c.ValidateNames()
+}
+
+// ValidateNames checks the table, slot and publication names alone, for
+// paths that need no connection, such as printing the migration SQL.
+func (c Config) ValidateNames() error {
 	if _, _, err := SplitTable(c.Table); err != nil {
 		return err
 	}
-	if !slotName.MatchString(c.Slot) {
-		return fmt.Errorf("--slot %q: slot names are 1 to 63 lower-case letters, digits or underscores", c.Slot)
+	if err := ValidateSlotName(c.Slot); err != nil {
+		return err
 	}
-	if c.Publication == "" || len(c.Publication) > 63 {
-		return fmt.Errorf("--publication %q: must be 1 to 63 characters", c.Publication)
+	return ValidateIdentifier("--publication", c.Publication)
+}
+
+// ValidateSlotName checks a slot name the way PostgreSQL does, so a name
+// can never carry SQL into a printed script.
+func ValidateSlotName(name string) error {
+	if !slotName.MatchString(name) {
+		return fmt.Errorf("--slot %q: slot names are 1 to 63 lower-case letters, digits or underscores", name)
 	}
 	return nil
 }
 
-// SplitTable splits "schema.table" (schema defaults to public).
+// ValidateIdentifier checks a name that is quoted into SQL: 1 to 63 bytes
+// (PostgreSQL would silently truncate a longer one) and no NUL byte, which
+// no identifier can hold.
+func ValidateIdentifier(flag, name string) error {
+	if name == "" || len(name) > 63 || strings.ContainsRune(name, 0) {
+		return fmt.Errorf("%s %q: must be 1 to 63 bytes with no NUL byte", flag, name)
+	}
+	return nil
+}
+
+// SplitTable splits the --table value "schema.table" (schema defaults to
+// public).
 func SplitTable(t string) (schema, table string, err error) {
+	return SplitTableFlag("--table", t)
+}
+
+// SplitTableFlag is SplitTable for a value that came from another flag, so
+// the error names the flag the operator has to fix.
+func SplitTableFlag(flagName, t string) (schema, table string, err error) {
 	parts := strings.Split(t, ".")
 	switch {
 	case len(parts) == 1 && parts[0] != "":
@@ -56,38 +86,63 @@ func SplitTable(t string) (schema, table string, err error) {
 	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
 		return parts[0], parts[1], nil
 	}
-	return "", "", fmt.Errorf("--table %q: want schema.table, e.g. public.outbox_events", t)
+	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events", flagName, t)
 }
 
-// Describe says which server a DSN points at without its password or any
-// other secret: host, port, user and database only.
+// unparseable stands in for a connection string that does not parse: such a
+// string has no reliable field boundaries, so no part of it is shown.
+const unparseable = "(a connection string that does not parse)"
+
+// Describe says which server a DSN points at, built from the parsed fields
+// (host, port, user and database) so no secret can be part of it.
 func Describe(dsn string) string {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
-		return "(unparseable dsn)"
+		return unparseable
 	}
 	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
 }
 
-var urlPassword = regexp.MustCompile(`(://[^:/@]*:)[^@]*@`)
-var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(\\'|[^'])*'|\S+)`)
+// Redact returns a DSN in a form fit to print: the same as Describe.
+func Redact(dsn string) string { return Describe(dsn) }
 
-// Redact removes passwords from a DSN so it can be printed.
-func Redact(dsn string) string {
-	dsn = urlPassword.ReplaceAllString(dsn, "${1}xxxxx@")
-	return kvPassword.ReplaceAllString(dsn, "${1}xxxxx")
-}
-
-// RedactError removes the DSN's password from an error text; pgconn's
-// parse errors can quote the DSN.
-func RedactError(msg, dsn string) string {
-	if cfg, err := pgconn.ParseConfig(dsn); err == nil && cfg.Password != "" {
-		msg = strings.ReplaceAll(msg, cfg.Password, "xxxxx")
+// parseProblem is why pgconn refused a connection string, without the
+// string: pgconn quotes it with a best-effort mask that can miss a password
+// in malformed input.
+func parseProblem(err error) string {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return "invalid connection string"
 	}
-	msg = strings.ReplaceAll(msg, dsn, Redact(dsn))
-	return Redact(msg)
+	bare := *pe
+	bare.ConnString = ""
+	return strings.TrimPrefix(bare.Error(), "cannot parse ``: ")
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+var (
+	// quotedConnString is pgconn's parse error quoting the connection
+	// string; the text up to the last "`: " is the quote.
+	quotedConnString = regexp.MustCompile("cannot parse `.*`: ")
+	// URL user info and key=value passwords are masked by their syntax, a
+	// safety net for a DSN quoted in a form other than the one configured.
+	urlPassword = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+	kvPassword  = regexp.MustCompile(`(\bpassword\s*=\s*)('(\\'|[^'])*'|\S+)`)
+)
+
+// RedactError makes an error text fit to print. The DSN, where quoted, is
+// replaced by Describe's form, a DSN pgconn could not parse is dropped, and
+// anything still shaped like a password field is masked. The password's
+// value is never searched for: that garbles words that happen to contain it
+// and so gives it away.
+func RedactError(msg, dsn string) string {
+	if dsn != "" {
+		msg = strings.ReplaceAll(msg, dsn, Describe(dsn))
+	}
+	msg = quotedConnString.ReplaceAllLiteralString(msg, "cannot parse "+unparseable+": ")
+	msg = urlPassword.ReplaceAllString(msg, "${1}xxxxx@")
+	return kvPassword.ReplaceAllString(msg, "${1}xxxxx")
+}
+
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }

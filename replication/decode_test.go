@@ -2,6 +2,8 @@ package replication
 
 import (
 	"encoding/binary"
+	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,29 +130,93 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
+// FuzzDecode builds a valid Begin, Relation, Insert, Commit sequence from
+// the fuzzer's values, with the outbox columns in a fuzzed order among
+// columns the relay ignores, and some values NULL or unchanged-TOAST. Every
+// value must come back in its field, and the transaction's XID and LSNs
+// must too. Every strict prefix of the insert must then fail to decode:
+// a cut message may never yield a row. Finally, arbitrary bytes after the
+// relation must not panic the decoder.
 func FuzzDecode(f *testing.F) {
-	f.Add(relationMsg(1, "public", "outbox_events", outboxCols...))
-	f.Add(insertMsg(1, "id", "a", "b", "c", "1", "{}", "\x00null", "t", "t"))
-	f.Add([]byte(wire{}.u8('B').u64(1).u64(2).u32(3)))
-	f.Add([]byte(wire{}.u8('C').u8(0).u64(1).u64(2).u64(3)))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	// The values of TestDecodeTransaction and TestDecodeRelationChangeMapsByName.
+	f.Add(uint64(0), uint32(1<<FieldHeaders), uint32(777), uint64(0x1000), uint64(0x1030), int64(123456789),
+		"id-1", "order", "o-1", "Placed", "1", `{"a": 1}`, "", "2026-01-01 00:00:00+00",
+		[]byte(wire{}.u8('B').u64(1).u64(2).u32(3)))
+	f.Add(uint64(42), uint32(1<<FieldSchemaVersion), uint32(1), uint64(1), uint64(2), int64(0),
+		"id", "type", "agg", "evt", "", "{}", `{"tenant": "t1"}`, "",
+		[]byte(wire{}.u8('C').u8(0).u64(1).u64(2).u64(3)))
+	f.Add(uint64(7), uint32(0), uint32(0xffffffff), uint64(1)<<63, uint64(1)<<63+8, int64(-1),
+		"", "", "", "", "", "", "", "", insertMsg(1, "id", "a", "b", "c", "1", "{}", "\x00null", "t", "t"))
+	f.Fuzz(func(t *testing.T, order uint64, absent uint32, xid uint32, commitLSN, endLSN uint64, micros int64,
+		eventID, aggType, aggID, eventType, schemaVersion, payload, headers, occurredAt string, junk []byte) {
+		values := [numFields]string{eventID, aggType, aggID, eventType, schemaVersion, payload, headers, occurredAt}
 		d := newDecoder("public", "outbox_events")
 		var m Message
-		// Seed the relation so inserts reach the tuple decoder.
-		if err := d.decode(relationMsg(1, "public", "outbox_events", outboxCols...), &m); err != nil {
-			t.Fatal(err)
+
+		// Keep the commit time where time.UnixMicro cannot overflow.
+		micros %= 1 << 60
+		begin := wire{}.u8('B').u64(commitLSN).u64(uint64(micros)).u32(xid)
+		if err := d.decode(begin, &m); err != nil || m.Kind != KindBegin || m.XID != xid || uint64(m.CommitLSN) != commitLSN ||
+			m.CommitTime.UnixMicro() != pgEpoch+micros {
+			t.Fatalf("begin: %v %+v", err, m)
 		}
-		if err := d.decode(data, &m); err != nil {
-			return
+
+		cols := shuffledColumns(order)
+		if err := d.decode(relationMsg(1, "public", "outbox_events", cols...), &m); err != nil {
+			t.Fatalf("relation %q: %v", cols, err)
 		}
-		if m.Kind == KindRow {
-			for _, v := range m.Row.Values {
-				if len(v) > len(data) {
-					t.Fatalf("value longer than the message")
-				}
+		ins := wire{}.u8('I').u32(1).u8('N').u16(uint16(len(cols)))
+		for _, c := range cols {
+			f, ok := columnNames[c]
+			switch {
+			case !ok:
+				ins = ins.text("ignored " + c)
+			case absent&(1<<f) == 0:
+				ins = ins.text(values[f])
+			case absent&(1<<(f+numFields)) == 0:
+				ins = ins.u8('n')
+			default:
+				ins = ins.u8('u')
 			}
 		}
+		if err := d.decode(ins, &m); err != nil || m.Kind != KindRow {
+			t.Fatalf("insert %q: %v, kind %v", ins, err, m.Kind)
+		}
+		for f := range numFields {
+			got := m.Row.Values[f]
+			if absent&(1<<f) != 0 {
+				if got != nil {
+					t.Fatalf("field %d was NULL, decoded as %q", f, got)
+				}
+				continue
+			}
+			if got == nil || string(got) != values[f] {
+				t.Fatalf("field %d = %q, encoded %q (columns %q)", f, got, values[f], cols)
+			}
+		}
+		for n := range len(ins) {
+			if err := d.decode(ins[:n], &m); err == nil {
+				t.Fatalf("insert cut to %d of %d bytes decoded as a %v: %q", n, len(ins), m.Kind, m.Row.Values)
+			}
+		}
+
+		commit := wire{}.u8('C').u8(0).u64(commitLSN).u64(endLSN).u64(uint64(micros))
+		if err := d.decode(commit, &m); err != nil || m.Kind != KindCommit || uint64(m.CommitLSN) != commitLSN || uint64(m.EndLSN) != endLSN {
+			t.Fatalf("commit: %v %+v", err, m)
+		}
+
+		// Anything may follow; it must only never panic.
+		_ = d.decode(junk, &m)
 	})
+}
+
+// shuffledColumns is the outbox table's columns plus two the relay
+// ignores, in an order chosen by seed.
+func shuffledColumns(seed uint64) []string {
+	cols := append(slices.Clone(outboxCols), "region", "extra_first")
+	rng := mrand.New(mrand.NewPCG(seed, 0))
+	rng.Shuffle(len(cols), func(i, j int) { cols[i], cols[j] = cols[j], cols[i] })
+	return cols
 }
 
 func TestRedact(t *testing.T) {

@@ -165,8 +165,35 @@ func (s *Stream) SendStatus(written, flushed lsn.LSN) error {
 	return nil
 }
 
-// Close ends the stream. The server keeps the slot at the last flush
-// position it was sent.
+// Close ends the stream and the connection. While ctx has time left it
+// first ends the copy stream the way the protocol asks (CopyDone, then
+// reading until the server's ReadyForQuery), so the server has read the
+// last status update before the socket closes: closing at once could
+// reset the connection with that update unread, and the slot would stay
+// behind what was confirmed. With ctx already done it only closes.
 func (s *Stream) Close(ctx context.Context) error {
-	return s.conn.Close(ctx)
+	var err error
+	if ctx.Err() == nil {
+		err = s.endCopy(ctx)
+	}
+	if cerr := s.conn.Close(ctx); cerr != nil && err == nil && ctx.Err() == nil {
+		err = fmt.Errorf("close replication connection: %w", cerr)
+	}
+	return err
+}
+
+// endCopy sends CopyDone and reads what the server still sends until it
+// is ready for a query, within ctx's deadline (5 s without one).
+func (s *Stream) endCopy(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(5 * time.Second)
+	}
+	if err := s.conn.Conn().SetDeadline(deadline); err != nil {
+		return fmt.Errorf("end replication stream: %w", err)
+	}
+	if _, err := pglogrepl.SendStandbyCopyDone(ctx, s.conn); err != nil {
+		return fmt.Errorf("end replication stream: %w", err)
+	}
+	return nil
 }

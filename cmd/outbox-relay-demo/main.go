@@ -52,7 +52,7 @@ func run(ctx context.Context) error {
 	say("starting a private PostgreSQL with wal_level=logical")
 	pg, stopPG, err := harness.StartPostgresMain(harness.PGOptions{})
 	if err != nil {
-		return fmt.Errorf("start postgres: %w", err)
+		return fmt.Errorf("start postgres: %w (the demo runs its own PostgreSQL server: install the server binaries, Debian package postgresql, or point %s at their directory)", err, harness.PGBinEnv)
 	}
 	defer stopPG()
 	dsn := pg.DSN("postgres")

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -19,10 +20,12 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// version is stamped at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is stamped at build time with -ldflags "-X main.version=...";
+// versionString falls back to what the Go toolchain recorded.
+var version string
 
 const usage = `usage: outbox-relay <command> [flags]
 
@@ -32,18 +35,63 @@ commands:
   status    print the slot's state from PostgreSQL (needs no running relay)
   quarantine list | replay <event_id>... | replay --all
             show or re-publish events Kafka refused
+  reconcile --since DURATION|RFC3339 [--until ...] [--republish] [--json]
+            find outbox rows missing from Kafka, and republish them
   version   print the version
 
 Run 'outbox-relay <command> -h' for a command's flags. Every flag can also be
 set as OUTBOX_RELAY_<FLAG> (upper case, '-' as '_') or in a --config YAML file.
+
+Exit codes, the same for every command: 0 success, 1 failure (PostgreSQL or
+Kafka unreachable or refusing, a precondition not met), 2 bad flags or
+configuration; reconcile adds 3: events missing from Kafka.
 `
 
-// Exit codes.
+// Exit codes, one contract for every command.
 const (
 	exitOK      = 0
-	exitFailure = 1 // the relay stopped on an error it cannot retry
-	exitUsage   = 2 // bad flags or configuration
+	exitFailure = 1 // the command ran and failed; fix the environment, not the flags
+	exitUsage   = 2 // bad flags or configuration, found before anything was touched
+	exitMissing = 3 // reconcile: events missing from Kafka and not republished
 )
+
+// versionString is the stamped version, else what the Go toolchain
+// recorded in the binary.
+func versionString() string {
+	info, _ := debug.ReadBuildInfo()
+	return versionFrom(version, info)
+}
+
+// versionFrom picks the stamped version, else the module version (go
+// install module@version), else the VCS revision of a build from a
+// checkout, else "dev".
+func versionFrom(stamped string, info *debug.BuildInfo) string {
+	if stamped != "" {
+		return stamped
+	}
+	if info == nil {
+		return "dev"
+	}
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var revision, modified string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if revision == "" {
+		return "dev"
+	}
+	if modified == "true" {
+		revision += "-dirty"
+	}
+	return "dev-" + revision
+}
 
 // run dispatches a command and maps its outcome to an exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -53,10 +101,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"run": runCommand, "migrate": migrateCommand, "status": statusCommand, "quarantine": quarantineCommand,
+		"reconcile": reconcileCommand,
 	}
 	switch args[0] {
 	case "version", "--version", "-version":
-		fmt.Fprintf(stdout, "outbox-relay %s\n", version)
+		fmt.Fprintf(stdout, "outbox-relay %s\n", versionString())
 		return exitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
@@ -70,19 +119,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cmd(ctx, args[1:], stdout, stderr)
 }
 
-// setup parses a command's flags; on failure it prints one line and returns
-// the exit code to use.
-func setup(name string, args []string, stderr io.Writer) (*options, *flag.FlagSet, int) {
+// setup parses a command's flags and returns its positional arguments,
+// refusing more than maxArgs of them; on failure it prints one line and
+// returns nil options and the exit code to use.
+func setup(command string, args []string, maxArgs int, stderr io.Writer) (*options, []string, int) {
 	o := &options{}
-	fs := newFlagSet("outbox-relay "+name, o, stderr)
-	if err := parse(fs, o, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, nil, exitOK
-		}
-		fmt.Fprintf(stderr, "outbox-relay %s: %s\n", name, replication.RedactError(err.Error(), o.relay.Replication.DSN))
-		return nil, nil, exitUsage
+	fs := newFlagSet(command, o, stderr)
+	positional, err := parse(fs, o, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil, nil, exitOK
 	}
-	return o, fs, -1
+	if err == nil && len(positional) > maxArgs {
+		err = fmt.Errorf("unexpected argument %q (see outbox-relay %s -h)", positional[maxArgs], command)
+	}
+	if err != nil {
+		return nil, nil, usageError(stderr, command, err, o.relay.Replication.DSN)
+	}
+	return o, positional, -1
 }
 
 func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
@@ -97,42 +150,70 @@ func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger(), nil
 }
 
-func fail(stderr io.Writer, name string, err error, dsn string) int {
-	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", name, replication.RedactError(err.Error(), dsn))
+// usageError reports bad flags or configuration.
+func usageError(stderr io.Writer, command string, err error, dsn string) int {
+	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, replication.RedactError(err.Error(), dsn))
 	return exitUsage
 }
 
+// failure reports a command that ran and failed.
+func failure(stderr io.Writer, command string, err error, dsn string) int {
+	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, replication.RedactError(err.Error(), dsn))
+	return exitFailure
+}
+
+// validateRun checks everything run needs before it touches PostgreSQL or
+// Kafka, so a setting that can never work exits 2 at once instead of
+// failing every session.
+func validateRun(c relay.Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	return c.Publisher.Validate()
+}
+
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
-	o, _, code := setup("run", args, stderr)
+	o, _, code := setup("run", args, 0, stderr)
 	if o == nil {
 		return code
 	}
 	log, err := newLogger(o.logLevel, stderr)
 	if err != nil {
-		return fail(stderr, "run", err, "")
+		return usageError(stderr, "run", err, "")
 	}
-	if err := o.relay.Validate(); err != nil {
-		return fail(stderr, "run", err, o.relay.Replication.DSN)
+	if err := validateRun(o.relay); err != nil {
+		return usageError(stderr, "run", err, o.relay.Replication.DSN)
+	}
+	if err := o.reconcile.validatePeriodic(); err != nil {
+		return usageError(stderr, "run", err, "")
 	}
 
+	o.relay.Progress.RelayVersion = version
 	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
 	notifier := newSystemdNotifier(log)
 	r := relay.New(o.relay, log, metrics, relay.Hooks{Streaming: notifier.ready, Alive: notifier.alive})
 	notifier.watch(ctx, r.Status, o.relay)
+	periodicCtx, stopPeriodic := context.WithCancel(ctx)
+	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
+	defer func() {
+		stopPeriodic()
+		periodicDone()
+	}()
 
 	if o.adminAddr != "" {
 		ln, err := net.Listen("tcp", o.adminAddr)
 		if err != nil {
-			return fail(stderr, "run", fmt.Errorf("--admin-addr %s: %w (choose a free address, or empty to disable)", o.adminAddr, err), "")
+			notifier.stopping()
+			return usageError(stderr, "run", fmt.Errorf("--admin-addr %s: %w (choose a free address, or empty to disable)", o.adminAddr, err), "")
 		}
 		srv := &http.Server{Handler: r.AdminHandler(registry), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
 		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
 	}
-	log.Info().Str("version", version).Str("postgres", replication.Describe(o.relay.Replication.DSN)).
+	log.Info().Str("version", versionString()).Str("postgres", replication.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.relay.Publisher.Brokers).Str("table", o.relay.Replication.Table).
 		Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
@@ -146,94 +227,122 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 }
 
 func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o := &options{}
-	fs := newFlagSet("outbox-relay migrate", o, stderr)
-	printSQL := fs.Bool("print-sql", false, "print the SQL (without the slot) and exit, for teams that run their own migration tool")
-	skipSlot := fs.Bool("skip-slot", false, "do not create the replication slot (create it later with the relay's role)")
-	slotOnly := fs.Bool("slot-only", false, "only create the replication slot (run as the relay's REPLICATION role)")
-	if err := parse(fs, o, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+	o, _, code := setup("migrate", args, 0, stderr)
+	if o == nil {
+		return code
 	}
-	schema, table, err := replication.SplitTable(o.relay.Replication.Table)
-	if err != nil {
-		return fail(stderr, "migrate", err, "")
+	// Names are checked on every path, --print-sql included: they end up
+	// in SQL text.
+	if err := validateNames(o); err != nil {
+		return usageError(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
-	qSchema, qTable := quarantineTable(o)
+	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: qSchema + "." + qTable}
-	if *printSQL {
+		Quarantine: o.relay.QuarantineTable}
+	if o.printSQL {
 		script, err := migrations.SQL(names)
 		if err != nil {
-			return fail(stderr, "migrate", err, "")
+			return usageError(stderr, "migrate", err, "")
 		}
-		fmt.Fprint(stdout, script)
-		fmt.Fprintf(stdout, "-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", o.relay.Replication.Slot)
+		slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
+		if err != nil {
+			return usageError(stderr, "migrate", err, "")
+		}
+		fmt.Fprint(stdout, script+slotSQL)
 		return exitOK
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
-		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		return usageError(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
 	log, err := newLogger(o.logLevel, stderr)
 	if err != nil {
-		return fail(stderr, "migrate", err, "")
+		return usageError(stderr, "migrate", err, "")
 	}
+	dsn := o.relay.Replication.DSN
 	admin, err := replication.Connect(ctx, o.relay.Replication)
 	if err != nil {
-		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		return failure(stderr, "migrate", err, dsn)
 	}
 	defer admin.Close(context.Background())
-	if !*slotOnly {
-		if err := migrations.Apply(ctx, admin.Conn(), names); err != nil {
-			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+	if !o.slotOnly {
+		conn, err := replication.Dial(ctx, o.relay.Replication)
+		if err != nil {
+			return failure(stderr, "migrate", err, dsn)
+		}
+		defer conn.Close(context.Background())
+		if err := migrations.Apply(ctx, conn, names); err != nil {
+			return failure(stderr, "migrate", err, dsn)
+		}
+		if err := admin.CheckColumns(ctx); err != nil {
+			return failure(stderr, "migrate", err, dsn)
 		}
 		log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication).Msg("schema is up to date")
 	}
-	if *skipSlot {
+	if o.skipSlot {
 		return exitOK
 	}
 	if err := admin.Check(ctx); err != nil {
-		return fail(stderr, "migrate", fmt.Errorf("before creating the slot: %w", err), o.relay.Replication.DSN)
+		return failure(stderr, "migrate", fmt.Errorf("before creating the slot: %w", err), dsn)
 	}
 	info, exists, err := admin.Slot(ctx)
 	if err != nil {
-		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		return failure(stderr, "migrate", err, dsn)
 	}
 	if exists {
 		if err := admin.CheckSlot(ctx, info); err != nil {
-			return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+			return failure(stderr, "migrate", err, dsn)
 		}
 		log.Info().Str("slot", info.Name).Msg("replication slot exists")
 		return exitOK
 	}
 	at, err := admin.CreateSlot(ctx)
 	if err != nil {
-		return fail(stderr, "migrate", err, o.relay.Replication.DSN)
+		return failure(stderr, "migrate", err, dsn)
 	}
 	log.Info().Str("slot", o.relay.Replication.Slot).Str("lsn", at.String()).
 		Msg("created the replication slot; every event committed from now on will be published")
 	return exitOK
 }
 
+// validateNames checks the names migrate writes into SQL; --print-sql
+// needs no DSN.
+func validateNames(o *options) error {
+	if err := o.relay.Replication.ValidateNames(); err != nil {
+		return err
+	}
+	return validateQuarantineTable(o)
+}
+
+// validateQuarantineTable checks --quarantine-table; empty is the default.
+func validateQuarantineTable(o *options) error {
+	_, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
+	return err
+}
+
 func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o, _, code := setup("status", args, stderr)
+	o, _, code := setup("status", args, 0, stderr)
 	if o == nil {
 		return code
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
-		return fail(stderr, "status", err, o.relay.Replication.DSN)
+		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	info, err := relay.ReadSlot(ctx, o.relay.Replication)
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
-		return exitFailure
+		return failure(stderr, "status", err, o.relay.Replication.DSN)
+	}
+	report := statusReport{SlotInfo: info}
+	if len(o.relay.Publisher.Brokers) > 0 {
+		report.Progress, err = progressReport(ctx, o.relay, info)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
+			return exitFailure
+		}
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	enc.Encode(info)
+	enc.Encode(report)
 	return exitOK
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -23,6 +24,15 @@ type options struct {
 
 	saslPasswordFile string
 	saslPassword     string
+
+	// migrate
+	printSQL, skipSlot, slotOnly bool
+	// quarantine
+	asJSON        bool
+	replayAll     bool
+	replayTimeout time.Duration
+	// reconcile, and run's periodic check
+	reconcile reconcileOptions
 }
 
 // envName is the environment variable that sets a flag.
@@ -30,125 +40,345 @@ func envName(flagName string) string {
 	return "OUTBOX_RELAY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// newFlagSet declares the flags shared by the commands. Every flag can also
-// come from OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
-func newFlagSet(name string, o *options, stderr io.Writer) *flag.FlagSet {
-	*o = options{relay: relay.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info"}
-	c := &o.relay
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+// flagGroup declares a set of related flags into fs, bound to o.
+type flagGroup func(fs *flag.FlagSet, o *options)
+
+// commandFlags lists the flag groups of a command, so each command's help
+// shows only what applies to it.
+func commandFlags(command string) []flagGroup {
+	switch command {
+	case "run":
+		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, periodicReconcileFlags, logFlags}
+	case "migrate":
+		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, logFlags}
+	case "status":
+		return []flagGroup{postgresFlags}
+	case "quarantine list":
+		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
+	case "quarantine replay":
+		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
+	case "reconcile":
+		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
+	}
+	return nil
+}
+
+// allCommands are the commands with flags; a --config file may hold the
+// flags of any of them, so one file serves every command.
+var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "quarantine replay", "reconcile"}
+
+// newFlagSet declares a command's flags. Every flag can also come from
+// OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
+func newFlagSet(command string, o *options, stderr io.Writer) *flag.FlagSet {
+	*o = options{relay: relay.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info", replayTimeout: time.Minute}
+	fs := flag.NewFlagSet("outbox-relay "+command, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.configFile, "config", "", "YAML file of flag values (keys are flag names); flags and env win over it")
+	for _, group := range commandFlags(command) {
+		group(fs, o)
+	}
+	return fs
+}
+
+func postgresFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay
 	fs.StringVar(&c.Replication.DSN, "pg-dsn", "", "PostgreSQL connection string, libpq URL or key=value (required)")
-	fs.StringVar(&o.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers, host:port (required)")
 	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table")
 	fs.StringVar(&c.Replication.Publication, "publication", c.Replication.Publication, "publication that carries the outbox table's inserts")
 	fs.StringVar(&c.Replication.Slot, "slot", c.Replication.Slot, "logical replication slot name")
-	fs.BoolVar(&c.Replication.SlotFailover, "slot-failover", false, "create the slot as a failover slot (PostgreSQL 17+)")
-	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
-	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}")
-	fs.StringVar(&c.Publisher.Compression, "compression", c.Publisher.Compression, "record compression: none, gzip, snappy, lz4, zstd")
-	fs.StringVar(&c.Publisher.KafkaVersion, "kafka-version", c.Publisher.KafkaVersion, "Kafka protocol version to speak (0.11 or newer)")
-	fs.IntVar(&c.Publisher.MaxMessageBytes, "kafka-max-message-bytes", c.Publisher.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
-	fs.IntVar(&c.Publisher.RetryMax, "kafka-retry-max", c.Publisher.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot")
-	fs.DurationVar(&c.Publisher.RetryBackoffMax, "kafka-retry-backoff-max", c.Publisher.RetryBackoffMax, "cap of the producer's exponential retry backoff")
-	fs.DurationVar(&c.Publisher.Linger, "kafka-linger", c.Publisher.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
-	fs.BoolVar(&c.Publisher.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
-	fs.StringVar(&c.Publisher.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")
-	fs.StringVar(&c.Publisher.Security.Cert, "kafka-tls-cert", "", "client certificate PEM file, for mutual TLS")
-	fs.StringVar(&c.Publisher.Security.Key, "kafka-tls-key", "", "client key PEM file, for mutual TLS")
-	fs.StringVar(&c.Publisher.Security.ServerName, "kafka-tls-server-name", "", "name to verify in the brokers' certificates (default: the broker host)")
-	fs.BoolVar(&c.Publisher.Security.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "DANGEROUS: accept any broker certificate")
-	fs.StringVar(&c.Publisher.Security.SASLMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
-	fs.StringVar(&c.Publisher.Security.SASLUser, "kafka-sasl-user", "", "SASL user name")
+}
+
+func slotCreationFlags(fs *flag.FlagSet, o *options) {
+	fs.BoolVar(&o.relay.Replication.SlotFailover, "slot-failover", false, "create the slot as a failover slot (PostgreSQL 17+)")
+}
+
+func quarantineTableFlag(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.relay.QuarantineTable, "quarantine-table", "", "schema-qualified quarantine table (default: outbox_quarantine in the outbox table's schema)")
+}
+
+func kafkaFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay.Publisher
+	fs.StringVar(&o.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers, host:port (required)")
+	fs.StringVar(&c.Compression, "compression", c.Compression, "record compression: none, gzip, snappy, lz4, zstd")
+	fs.StringVar(&c.KafkaVersion, "kafka-version", c.KafkaVersion, "Kafka protocol version to speak (0.11 or newer)")
+	fs.IntVar(&c.MaxMessageBytes, "kafka-max-message-bytes", c.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
+	fs.IntVar(&c.RetryMax, "kafka-retry-max", c.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot")
+	fs.DurationVar(&c.RetryBackoffMax, "kafka-retry-backoff-max", c.RetryBackoffMax, "cap of the producer's exponential retry backoff")
+	fs.DurationVar(&c.Linger, "kafka-linger", c.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
+	fs.BoolVar(&c.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
+	fs.StringVar(&c.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")
+	fs.StringVar(&c.Security.Cert, "kafka-tls-cert", "", "client certificate PEM file, for mutual TLS")
+	fs.StringVar(&c.Security.Key, "kafka-tls-key", "", "client key PEM file, for mutual TLS")
+	fs.StringVar(&c.Security.ServerName, "kafka-tls-server-name", "", "name to verify in the brokers' certificates (default: the broker host)")
+	fs.BoolVar(&c.Security.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "DANGEROUS: accept any broker certificate")
+	fs.StringVar(&c.Security.SASLMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+	fs.StringVar(&c.Security.SASLUser, "kafka-sasl-user", "", "SASL user name")
 	fs.StringVar(&o.saslPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (or set OUTBOX_RELAY_KAFKA_SASL_PASSWORD)")
+}
+
+func runFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
 	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses")
 	fs.Int64Var(&c.MaxInFlightBytes, "max-in-flight-bytes", c.MaxInFlightBytes, "record bytes sent and not yet acknowledged before reading pauses")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often a moved confirmed position is reported to PostgreSQL")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight acks")
-	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
-	fs.StringVar(&c.QuarantineTable, "quarantine-table", "", "schema-qualified quarantine table (default: outbox_quarantine in the outbox table's schema)")
 	fs.DurationVar(&c.Retention.After, "retention", 0, "delete published outbox rows older than this, e.g. 168h (0: never)")
 	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "keep rows this much younger than the confirmed position's commit time; longer than your longest transaction")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
+	fs.StringVar(&c.Progress.Topic, "progress-topic", c.Progress.Topic, "compacted Kafka topic where the relay keeps how far Kafka holds every event (one record per slot and cluster); created when missing")
+	fs.BoolVar(&c.Progress.Reset, "reset-progress", false, "ignore the stored progress record once, at the first start of this process, and start from the slot (after restoring a backup)")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
+}
+
+// publishFlags shape and route records, for every command that publishes
+// outbox rows (run, reconcile --republish).
+func publishFlags(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}")
+	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
+}
+
+func migrateFlags(fs *flag.FlagSet, o *options) {
+	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL (without the slot) and exit, for teams that run their own migration tool")
+	fs.BoolVar(&o.skipSlot, "skip-slot", false, "do not create the replication slot (create it later with the relay's role)")
+	fs.BoolVar(&o.slotOnly, "slot-only", false, "only create the replication slot (run as the relay's REPLICATION role)")
+}
+
+func listFlags(fs *flag.FlagSet, o *options) {
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+}
+
+func replayFlags(fs *flag.FlagSet, o *options) {
+	fs.BoolVar(&o.replayAll, "all", false, "replay every quarantined event")
+	fs.DurationVar(&o.replayTimeout, "replay-timeout", o.replayTimeout, "how long to wait for Kafka's acknowledgements")
+}
+
+func logFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "log level: debug, info, warn, error")
-	return fs
 }
 
 // parse reads flags, then fills every flag not given on the command line
 // from the environment, then from the --config file: flags win over env, and
-// env wins over the file.
-func parse(fs *flag.FlagSet, o *options, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		return err
+// env wins over the file. Flags may come before, between or after the
+// positional arguments, which it returns; "--" ends the flags.
+func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
+	positional, err := parseInterleaved(fs, args)
+	if err != nil {
+		return nil, err
 	}
 	explicit := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
 
 	fromEnv := map[string]bool{}
-	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if explicit[f.Name] || err != nil {
 			return
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
-				err = fmt.Errorf("environment variable %s: %w", envName(f.Name), serr)
+				err = fmt.Errorf("environment variable %s: %q is not %s", envName(f.Name), v, wantedFormat(f))
 			}
 			fromEnv[f.Name] = true
 		}
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if o.configFile != "" {
-		values, ferr := readConfigFile(o.configFile)
-		if ferr != nil {
-			return ferr
-		}
-		for key, v := range values {
-			if fs.Lookup(key) == nil {
-				return fmt.Errorf("config file %s: unknown key %q (keys are flag names, e.g. pg-dsn)", o.configFile, key)
-			}
-			if explicit[key] || fromEnv[key] || key == "config" {
-				continue
-			}
-			if serr := fs.Set(key, v); serr != nil {
-				return fmt.Errorf("config file %s: key %s: %w", o.configFile, key, serr)
-			}
+		if err := applyConfigFile(fs, o.configFile, func(name string) bool {
+			return explicit[name] || fromEnv[name] || name == "config"
+		}); err != nil {
+			return nil, err
 		}
 	}
-	return o.finish()
+	return positional, o.finish()
 }
 
-// readConfigFile reads a flat YAML map of flag names to values, expanding
-// ${VAR} references so secrets can stay in the environment.
-func readConfigFile(path string) (map[string]string, error) {
+// parseInterleaved is fs.Parse that goes on past positional arguments.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// listFlagNames are the flags whose value may be a YAML list.
+var listFlagNames = map[string]bool{"kafka-brokers": true}
+
+// applyConfigFile sets the flags of fs from a flat YAML map of flag names to
+// values, skipping the flags skip says are already set. Keys that are flags
+// of another command are ignored, so one file serves every command.
+func applyConfigFile(fs *flag.FlagSet, path string, skip func(name string) bool) error {
+	values, err := readConfigFile(path)
+	if err != nil {
+		return err
+	}
+	known := knownFlagNames()
+	for _, kv := range values {
+		if !known[kv.key] {
+			return fmt.Errorf("config file %s: unknown key %q (keys are flag names, e.g. pg-dsn)", path, kv.key)
+		}
+		f := fs.Lookup(kv.key)
+		if f == nil || skip(kv.key) {
+			continue
+		}
+		value, err := kv.text(listFlagNames[kv.key])
+		if err == nil {
+			if serr := fs.Set(kv.key, value); serr != nil {
+				err = fmt.Errorf("%q is not %s", value, wantedFormat(f))
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("config file %s: key %s: %w", path, kv.key, err)
+		}
+	}
+	return nil
+}
+
+// knownFlagNames are the flags of every command.
+func knownFlagNames() map[string]bool {
+	known := map[string]bool{}
+	for _, command := range allCommands {
+		newFlagSet(command, &options{}, io.Discard).VisitAll(func(f *flag.Flag) { known[f.Name] = true })
+	}
+	return known
+}
+
+// wantedFormat says what a flag's value must look like.
+func wantedFormat(f *flag.Flag) string {
+	getter, ok := f.Value.(flag.Getter)
+	if !ok {
+		return "a valid value"
+	}
+	switch getter.Get().(type) {
+	case bool:
+		return "a boolean: use true or false"
+	case time.Duration:
+		return "a duration: a number with a unit, e.g. 500ms, 90s, 15m or 168h (units ms, s, m, h; no d)"
+	case int, int64:
+		return "a whole number"
+	}
+	return "a valid value"
+}
+
+// configValue is one key of the config file with its YAML node.
+type configValue struct {
+	key  string
+	node *yaml.Node
+}
+
+// text is the value as a flag would take it: a scalar, or for a list flag
+// a list of scalars joined with commas; ${VAR} expanded.
+func (v configValue) text(list bool) (string, error) {
+	switch v.node.Kind {
+	case yaml.ScalarNode:
+		return expandEnv(v.node.Value)
+	case yaml.SequenceNode:
+		if !list {
+			return "", errors.New("a list is not allowed here; give one value")
+		}
+		parts := make([]string, len(v.node.Content))
+		for i, item := range v.node.Content {
+			if item.Kind != yaml.ScalarNode {
+				return "", fmt.Errorf("item %d of the list is not a single value; want host:port", i+1)
+			}
+			s, err := expandEnv(item.Value)
+			if err != nil {
+				return "", err
+			}
+			parts[i] = s
+		}
+		return strings.Join(parts, ","), nil
+	case yaml.MappingNode:
+		if list {
+			return "", errors.New("a mapping is not allowed here; want a list, or one comma-separated string")
+		}
+		return "", errors.New("a mapping is not allowed here; give one value")
+	}
+	return "", errors.New("unsupported YAML value (anchors and aliases are not supported); give one value")
+}
+
+// readConfigFile reads a flat YAML map of flag names to values, in file
+// order. Null values are left out: they set nothing.
+func readConfigFile(path string) ([]configValue, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config file: %w", err)
 	}
-	var doc map[string]any
-	if err := yaml.Unmarshal([]byte(os.ExpandEnv(string(raw))), &doc); err != nil {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
-	out := make(map[string]string, len(doc))
-	for k, v := range doc {
-		switch v := v.(type) {
-		case []any:
-			parts := make([]string, len(v))
-			for i, p := range v {
-				parts[i] = fmt.Sprint(p)
-			}
-			out[k] = strings.Join(parts, ",")
-		case nil:
-		default:
-			out[k] = fmt.Sprint(v)
+	if len(doc.Content) == 0 {
+		return nil, nil
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("config file %s: want a map of flag names to values, e.g. pg-dsn: postgres://...", path)
+	}
+	out := make([]configValue, 0, len(top.Content)/2)
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		key, value := top.Content[i], top.Content[i+1]
+		if key.Kind != yaml.ScalarNode {
+			return nil, fmt.Errorf("config file %s: line %d: keys are flag names, e.g. pg-dsn", path, key.Line)
 		}
+		if value.Kind == yaml.ScalarNode && value.Tag == "!!null" {
+			continue
+		}
+		out = append(out, configValue{key: key.Value, node: value})
 	}
 	return out, nil
+}
+
+// expandEnv replaces ${VAR} by the environment variable VAR and $$ by $.
+// Any other $ stays as it is, so a password such as pa$word1 is kept whole.
+// An unset VAR is an error: an empty secret would fail later and less
+// clearly.
+func expandEnv(s string) (string, error) {
+	if !strings.Contains(s, "$") {
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '{':
+			end := strings.IndexByte(s[i+2:], '}')
+			if end < 0 {
+				return "", errors.New("unclosed ${: write ${VAR}, or $$ for a literal $")
+			}
+			name := s[i+2 : i+2+end]
+			v, ok := os.LookupEnv(name)
+			if !ok {
+				return "", fmt.Errorf("environment variable %s (from ${%s}) is not set; set it, or write $$ for a literal $", name, name)
+			}
+			b.WriteString(v)
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String(), nil
 }
 
 // finish derives what the flags imply: broker list and secrets.

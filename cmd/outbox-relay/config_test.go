@@ -26,7 +26,7 @@ table: ${OUTBOX_TEST_SCHEMA}.events
 
 	o := &options{}
 	fs := newFlagSet("run", o, &bytes.Buffer{})
-	if err := parse(fs, o, []string{"--config", file, "--topic", "from.flag"}); err != nil {
+	if _, err := parse(fs, o, []string{"--config", file, "--topic", "from.flag"}); err != nil {
 		t.Fatal(err)
 	}
 	c := o.relay
@@ -52,7 +52,7 @@ func TestConfigFileUnknownKeyIsNamed(t *testing.T) {
 	os.WriteFile(file, []byte("pg_dsn: x\n"), 0o600)
 	o := &options{}
 	fs := newFlagSet("run", o, &bytes.Buffer{})
-	err := parse(fs, o, []string{"--config", file})
+	_, err := parse(fs, o, []string{"--config", file})
 	if err == nil || !strings.Contains(err.Error(), `unknown key "pg_dsn"`) {
 		t.Fatalf("err = %v", err)
 	}
@@ -61,7 +61,7 @@ func TestConfigFileUnknownKeyIsNamed(t *testing.T) {
 func TestSASLPasswordFromEnvAndFile(t *testing.T) {
 	t.Setenv("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "from-env")
 	o := &options{}
-	if err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err != nil {
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err != nil {
 		t.Fatal(err)
 	}
 	if o.relay.Publisher.Security.SASLPassword != "from-env" {
@@ -70,7 +70,7 @@ func TestSASLPasswordFromEnvAndFile(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "pw")
 	os.WriteFile(file, []byte("from-file\n"), 0o600)
 	o = &options{}
-	if err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--kafka-sasl-password-file", file}); err != nil {
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--kafka-sasl-password-file", file}); err != nil {
 		t.Fatal(err)
 	}
 	if o.relay.Publisher.Security.SASLPassword != "from-file" {

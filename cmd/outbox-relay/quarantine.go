@@ -4,14 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"math"
 	"text/tabwriter"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 const quarantineUsage = `usage:
@@ -29,34 +30,43 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitUsage
 	}
 	sub := args[0]
-	o := &options{}
-	fs := newFlagSet("outbox-relay quarantine "+sub, o, stderr)
-	asJSON := fs.Bool("json", false, "list: print JSON instead of a table")
-	all := fs.Bool("all", false, "replay: every quarantined event")
-	timeout := fs.Duration("replay-timeout", time.Minute, "replay: how long to wait for Kafka's acknowledgements")
-	if err := parse(fs, o, args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return fail(stderr, "quarantine", err, o.relay.Replication.DSN)
+	command := "quarantine " + sub
+	maxArgs := 0
+	if sub == "replay" {
+		maxArgs = math.MaxInt
+	}
+	o, ids, code := setup(command, args[1:], maxArgs, stderr)
+	if o == nil {
+		return code
 	}
 	dsn := o.relay.Replication.DSN
-	if err := o.relay.Replication.Validate(); err != nil {
-		return fail(stderr, "quarantine", err, dsn)
+	if err := validateQuarantine(o, sub, ids); err != nil {
+		return usageError(stderr, command, err, dsn)
 	}
-	schema, table := quarantineTable(o)
-	store, err := relay.OpenQuarantine(ctx, o.relay.Replication, schema, table)
+	log, err := newLogger(o.logLevel, stderr)
 	if err != nil {
-		return fail(stderr, "quarantine", err, dsn)
+		return usageError(stderr, command, err, "")
 	}
-	defer store.Close()
+	table, err := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
+	if err != nil {
+		return failure(stderr, command, err, dsn)
+	}
+	access := store.ForList
+	if sub == "replay" {
+		access = store.ForReplay
+	}
+	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication, table, access)
+	if err != nil {
+		return failure(stderr, command, err, dsn)
+	}
+	defer quarantine.Close()
 
 	if sub == "list" {
-		events, err := store.List(ctx, "")
+		events, err := quarantine.List(ctx, "")
 		if err != nil {
-			return fail(stderr, "quarantine", err, dsn)
+			return failure(stderr, command, err, dsn)
 		}
-		if *asJSON {
+		if o.asJSON {
 			enc := json.NewEncoder(stdout)
 			enc.SetIndent("", "  ")
 			enc.Encode(events)
@@ -77,39 +87,28 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 		return exitOK
 	}
 
-	ids := fs.Args()
-	if *all == (len(ids) > 0) {
-		return fail(stderr, "quarantine replay", errors.New("give event ids, or --all"), "")
-	}
 	var events []relay.Quarantined
-	if *all {
-		events, err = store.List(ctx, "")
+	if o.replayAll {
+		events, err = quarantine.List(ctx, "")
 	} else {
 		for _, id := range ids {
-			one, lerr := store.List(ctx, id)
+			one, lerr := quarantine.List(ctx, id)
 			if lerr != nil {
 				err = lerr
 				break
 			}
 			if len(one) == 0 {
-				return fail(stderr, "quarantine replay", fmt.Errorf("event %s is not quarantined", id), "")
+				return failure(stderr, command, fmt.Errorf("event %s is not quarantined (see outbox-relay quarantine list)", id), "")
 			}
 			events = append(events, one...)
 		}
 	}
 	if err != nil {
-		return fail(stderr, "quarantine replay", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
-	if len(o.relay.Publisher.Brokers) == 0 {
-		return fail(stderr, "quarantine replay", errors.New("--kafka-brokers is required"), "")
-	}
-	log, err := newLogger(o.logLevel, stderr)
-	if err != nil {
-		return fail(stderr, "quarantine replay", err, "")
-	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, store, events, *timeout, log)
+	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
-		return fail(stderr, "quarantine replay", err, dsn)
+		return failure(stderr, command, err, dsn)
 	}
 	failed := 0
 	for _, r := range results {
@@ -127,11 +126,23 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	return exitOK
 }
 
-func quarantineTable(o *options) (schema, table string) {
-	outboxSchema, _, _ := replication.SplitTable(o.relay.Replication.Table)
-	if o.relay.QuarantineTable == "" {
-		return outboxSchema, "outbox_quarantine"
+// validateQuarantine checks a quarantine subcommand's flags and arguments
+// before anything is touched.
+func validateQuarantine(o *options, sub string, ids []string) error {
+	if err := o.relay.Replication.Validate(); err != nil {
+		return err
 	}
-	schema, table, _ = replication.SplitTable(o.relay.QuarantineTable)
-	return schema, table
+	if err := validateQuarantineTable(o); err != nil {
+		return err
+	}
+	if sub != "replay" {
+		return nil
+	}
+	if o.replayAll == (len(ids) > 0) {
+		return errors.New("give event ids, or --all")
+	}
+	if len(o.relay.Publisher.Brokers) == 0 {
+		return errors.New("--kafka-brokers is required")
+	}
+	return o.relay.Publisher.Validate()
 }

@@ -21,7 +21,7 @@ type floorHandler struct {
 }
 
 func (h *floorHandler) Acked(d publisher.Delivery) {
-	h.rec.Observe(time.Since(d.CommitTime).Seconds())
+	h.rec.Observe(d.At.Sub(d.CommitTime).Seconds())
 }
 
 func (h *floorHandler) Failed(_ publisher.Delivery, err *publisher.Error) {
@@ -60,11 +60,21 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 		cfg.Linger = b.o.linger
 	}
 	h := &floorHandler{rec: &recorder{}}
-	pub, err := publisher.New(cfg, h, publisher.Waiting{Interval: time.Second, Do: func() error { return ctx.Err() }}, zerolog.Nop())
+	pub, err := publisher.New(cfg, zerolog.Nop())
 	if err != nil {
 		return res, err
 	}
 	defer pub.Close(10 * time.Second)
+	go func() {
+		// Ends when Close closes Outcomes.
+		for o := range pub.Outcomes() {
+			if o.Err != nil {
+				h.Failed(o.Delivery, o.Err)
+			} else {
+				h.Acked(o.Delivery)
+			}
+		}
+	}()
 
 	pad := b.o.payload - len(payloadJSON(0, 0))
 	seq := 0
@@ -91,7 +101,7 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 				Txn:           uint64(seq),
 				CommitTime:    time.Now(),
 			}
-			r, err := pub.Build(ev)
+			r, err := pub.BuildWait(ctx, ev)
 			if err != nil {
 				return n, 0, err
 			}

@@ -51,6 +51,7 @@ type options struct {
 	logDir        string
 	latencyDump   string
 	variants      []variant
+	reconcileRows int
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -76,7 +77,8 @@ func parseOptions(args []string) (*options, error) {
 	fs.DurationVar(&o.latencyFor, "latency-duration", 15*time.Second, "how long each live-latency rate runs")
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs")
+	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs, reconcile")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -107,6 +109,9 @@ func parseOptions(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if o.reconcileRows < plantedEvery {
+		return nil, fmt.Errorf("--reconcile-rows %d: at least %d", o.reconcileRows, plantedEvery)
+	}
 	if o.rows < 1000 {
 		return nil, fmt.Errorf("--rows %d: at least 1000", o.rows)
 	}
@@ -126,10 +131,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "floor", "allocs":
+		case "ceiling", "bigtxn", "latency", "floor", "allocs", "reconcile":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor or allocs", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor, allocs or reconcile", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
@@ -222,12 +227,12 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["reconcile"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["reconcile"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -275,6 +280,15 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 		b.res.Latency = lr
+	}
+	if !b.o.skip["reconcile"] {
+		for _, br := range b.brokers {
+			rr, err := b.reconcileWindow(ctx, br)
+			if err != nil {
+				return fmt.Errorf("reconcile, %s: %w", br.name, err)
+			}
+			b.res.Reconcile = append(b.res.Reconcile, rr)
+		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()
 	return b.write()

@@ -35,10 +35,11 @@ type Results struct {
 	BigTxn      *BigTxnResult     `json:"big_transaction,omitempty"`
 	Latency     []LatencyResult   `json:"latency,omitempty"`
 	// Floor is the publisher alone at the same rates, without PostgreSQL.
-	Floor    []LatencyResult `json:"producer_floor,omitempty"`
-	Allocs   []GoBenchResult `json:"allocs,omitempty"`
-	Problems []string        `json:"problems,omitempty"`
-	Duration string          `json:"duration"`
+	Floor     []LatencyResult   `json:"producer_floor,omitempty"`
+	Allocs    []GoBenchResult   `json:"allocs,omitempty"`
+	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
+	Problems  []string          `json:"problems,omitempty"`
+	Duration  string            `json:"duration"`
 }
 
 // TargetRow is one measured value against its target from the issue.
@@ -364,6 +365,7 @@ func (r *Results) markdown() string {
 			w("| %s | %.0f | %.0f | %.0f |\n", a.Name, a.NsPerOp, a.BytesPerOp, a.AllocsPerOp)
 		}
 	}
+	r.reconcileMarkdown(w)
 	return b.String()
 }
 

@@ -171,7 +171,7 @@ func checkAgainstTable(t *testing.T, w *world, records []harness.Record) {
 			}
 			h := r.Headers
 			if h["event_type"] != x.eventType || h["aggregate_type"] != x.aggType || h["aggregate_id"] != x.aggID ||
-				h["schema_version"] != x.version || !sameInstant(h["occurred_at"], x.occurred) {
+				h["schema_version"] != x.version || !harness.SameInstant(h["occurred_at"], x.occurred) {
 				problems = append(problems, fmt.Sprintf("standard headers %v", h))
 			}
 			if h["tenant"] != x.tenant || h["traceparent"] != x.traceparent {
@@ -198,14 +198,6 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
-}
-
-// sameInstant compares RFC 3339 times that differ only in trailing zeros of
-// the fraction.
-func sameInstant(a, b string) bool {
-	ta, err1 := time.Parse(time.RFC3339Nano, a)
-	tb, err2 := time.Parse(time.RFC3339Nano, b)
-	return err1 == nil && err2 == nil && ta.Equal(tb)
 }
 
 // RequireKcatEnv names the environment variable that makes a missing kcat

@@ -131,7 +131,7 @@ func TestDrillCrashTorture(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	relay.WaitForOutput(t, msgStreaming, 2*time.Minute)
+	relay.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
 
 	if got := w.CommittedCount(); got != events {
 		t.Fatalf("writer committed %d events, want %d", got, events)

@@ -123,43 +123,34 @@ func (w *world) topics() []string {
 
 // args are the flags every relay command of the drill uses.
 func (w *world) args(cmd string, extra ...string) []string {
-	a := []string{cmd, "--pg-dsn", w.relayDSN, "--slot", w.slot}
-	if cmd == "run" {
-		a = append(a, "--kafka-brokers", strings.Join(w.brokers, ","), "--admin-addr", "",
-			"--topic", w.topicPrefix+"{aggregate_type}")
-	}
-	return append(a, extra...)
+	return harness.RelayFlags{DSN: w.relayDSN, Slot: w.slot, Brokers: w.brokers, Topic: w.topicPrefix + "{aggregate_type}"}.Args(cmd, extra...)
 }
 
 // migrate runs `outbox-relay migrate` (schema, publication and slot) on the
 // drill's database directly, never through a proxy.
 func (w *world) migrate() {
 	w.t.Helper()
-	args := []string{"migrate", "--pg-dsn", w.db.DSN(), "--slot", w.slot}
-	p := harness.StartProcess(w.t, w.bin, args, nil)
-	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
-		w.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
-	}
+	harness.Migrate(w.t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate"))
 }
 
 // startRelay starts `outbox-relay run` and waits until it streams.
 func (w *world) startRelay(extra ...string) *harness.Process {
 	w.t.Helper()
-	p := w.startRelayNoWait(extra...)
-	p.WaitForOutput(w.t, msgStreaming, 2*time.Minute)
-	return p
+	return harness.StartStreaming(w.t, w.bin, w.args("run", extra...), logLevelInfo)
 }
 
 func (w *world) startRelayNoWait(extra ...string) *harness.Process {
 	w.t.Helper()
-	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{logLevelInfo})
 }
+
+// logLevelInfo keeps the relay's progress lines, which the drills wait on.
+const logLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
 
 // Log lines the drills look for in the relay's JSON output.
 const (
-	msgStreaming = `"message":"streaming"`
-	msgRestart   = "stream stopped; restarting from the slot"
-	msgOrder     = "per-aggregate order on this partition may break"
+	msgRestart = "stream stopped; restarting from the slot"
+	msgOrder   = "per-aggregate order on this partition may break"
 )
 
 // genEvents makes n events over aggregates aggregates, choosing aggregates
@@ -195,12 +186,7 @@ func (w *world) writeTxns(conn *pgx.Conn, rng *mrand.Rand, txns, perTxn, aggrega
 // connect opens a connection to the drill's database, closed at test end.
 func (w *world) connect() *pgx.Conn {
 	w.t.Helper()
-	conn, err := pgx.Connect(context.Background(), w.db.DSN())
-	if err != nil {
-		w.t.Fatalf("connect: %v", err)
-	}
-	w.t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	return w.db.Connect(w.t)
 }
 
 // consumeAll reads until every committed event is in Kafka and returns the
@@ -251,15 +237,9 @@ func checkPartitionOrder(t testing.TB, records []harness.Record, index map[strin
 	return broken
 }
 
-// currentLSN is the server's current WAL write position.
-func (w *world) currentLSN() string {
-	w.t.Helper()
-	return w.db.QueryString(w.t, "SELECT pg_current_wal_lsn()::text")
-}
-
 func (w *world) confirmedFlush() string {
 	w.t.Helper()
-	return w.pg.SlotConfirmedFlushLSN(w.t, w.db.Name(), w.slot)
+	return w.db.ConfirmedFlushLSN(w.t, w.slot)
 }
 
 // walsenderPID is the pid pg_stat_replication shows for the connection
@@ -305,31 +285,6 @@ func (w *world) waitSettled(timeout time.Duration) []harness.Record {
 
 // debugTiming (OUTBOX_RELAY_DRILL_DEBUG=1) logs how long settling takes.
 var debugTiming = os.Getenv("OUTBOX_RELAY_DRILL_DEBUG") == "1"
-
-// parseLSN reads PostgreSQL's "X/Y" LSN text.
-func parseLSN(s string) (uint64, error) {
-	hi, lo, ok := strings.Cut(s, "/")
-	if !ok {
-		return 0, fmt.Errorf("bad lsn %q", s)
-	}
-	h, err := strconv.ParseUint(hi, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("bad lsn %q: %w", s, err)
-	}
-	l, err := strconv.ParseUint(lo, 16, 32)
-	if err != nil {
-		return 0, fmt.Errorf("bad lsn %q: %w", s, err)
-	}
-	return h<<32 | l, nil
-}
-
-// lsnLE reports a <= b; an empty or unparsable LSN is never <= anything,
-// nor is anything <= it.
-func lsnLE(a, b string) bool {
-	x, err1 := parseLSN(a)
-	y, err2 := parseLSN(b)
-	return err1 == nil && err2 == nil && x <= y
-}
 
 // newRand returns a seeded generator and logs the seed; set
 // OUTBOX_RELAY_DRILL_SEED to replay a run.
@@ -395,7 +350,7 @@ func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
 	w.t.Helper()
 	ctx := context.Background()
 	w.db.Exec(w.t, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-	from := w.currentLSN()
+	from := w.db.CurrentLSN(w.t)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		w.t.Fatalf("fence: %v", err)
@@ -434,4 +389,4 @@ func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
 // notPast reports whether the slot's confirmed position has not passed the
 // commit record starting at commitLSN, i.e. that transaction is not
 // confirmed.
-func notPast(confirmed, commitLSN string) bool { return lsnLE(confirmed, commitLSN) }
+func notPast(confirmed, commitLSN string) bool { return harness.LSNAtMost(confirmed, commitLSN) }

@@ -57,7 +57,7 @@ func newEOSSink(t *testing.T, brokers []string, id, progressTopic string, h publ
 	tcfg.Progress = func(_ lsn.TxnID, end lsn.LSN, _ time.Time) (publisher.ProgressRecord, error) {
 		return publisher.ProgressRecord{Topic: progressTopic, Key: []byte(id), Value: []byte(end.String())}, nil
 	}
-	s, err := publisher.NewTxn(cfg, tcfg, h, publisher.Waiting{Interval: 100 * time.Millisecond, Do: func() error { return nil }}, zerolog.Nop())
+	s, err := publisher.NewTxn(cfg, tcfg, h, zerolog.Nop())
 	if err != nil {
 		t.Fatalf("new exactly-once sink: %v", err)
 	}
@@ -76,7 +76,7 @@ func eosStream(ctx context.Context, s *publisher.TxnPublisher, topic string, fir
 				EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: []byte(`{}`),
 				OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(i),
 			}
-			r, err := s.Build(ev)
+			r, err := s.BuildWait(ctx, ev)
 			if err != nil {
 				return sent, err
 			}
@@ -249,7 +249,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 		tcfg.TransactionalID = "eos-sink-poison-" + b.name
 		tcfg.Interval = time.Hour
 		out := newEOSOutcomes()
-		s, err := publisher.NewTxn(cfg, tcfg, out, publisher.Waiting{Interval: 100 * time.Millisecond, Do: func() error { return nil }}, zerolog.Nop())
+		s, err := publisher.NewTxn(cfg, tcfg, out, zerolog.Nop())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -260,7 +260,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 					continue
 				}
 				for _, ev := range evs {
-					r, err := s.Build(ev)
+					r, err := s.BuildWait(ctx, ev)
 					var perr *publisher.Error
 					if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent {
 						quarantined = append(quarantined, string(ev.EventID))

@@ -1,7 +1,6 @@
 package drills
 
 import (
-	"fmt"
 	mrand "math/rand/v2"
 	"sort"
 	"strings"
@@ -173,8 +172,7 @@ func sequenceDrill(t *testing.T, code int16) {
 	rng := newRand(t)
 	w, k := kfakeWorld(t, harness.KfakeOptions{})
 	conn := w.connect()
-	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	relay := w.startRelay("--admin-addr", admin)
+	relay := w.startRelay("--admin-addr", "127.0.0.1:0")
 	if err := w.writeTxns(conn, rng, 10, 5, 300); err != nil {
 		t.Fatal(err)
 	}
@@ -197,13 +195,13 @@ func sequenceDrill(t *testing.T, code int16) {
 	// The partitions the relay says may be out of order.
 	out := relay.Output()
 	flagged := map[string]bool{}
-	for _, l := range logLines(out) {
-		if strings.Contains(l.str("message"), msgOrder) {
-			if l.str("topic") == "" || l.str("partition") == "" {
+	for _, l := range harness.LogLines(out) {
+		if strings.Contains(l.Str("message"), msgOrder) {
+			if l.Str("topic") == "" || l.Str("partition") == "" {
 				t.Errorf("order warning does not name topic and partition: %v", l)
 				continue
 			}
-			flagged[l.str("topic")+"/"+l.str("partition")] = true
+			flagged[l.Str("topic")+"/"+l.Str("partition")] = true
 		}
 	}
 	if len(flagged) == 0 {
@@ -225,18 +223,14 @@ func sequenceDrill(t *testing.T, code int16) {
 	harness.CheckPerAggregateOrder(t, records, kept)
 
 	// And the counter says the same.
-	text, err := metricsText(admin)
-	if err != nil {
-		t.Fatalf("scrape %s/metrics: %v", admin, err)
-	}
-	samples := metricSamples(text, "outbox_relay_order_breaks_total")
+	families := harness.Scrape(t, relay.AdminURL(t))
 	var names []string
 	for tp := range flagged {
 		names = append(names, tp)
 		topic, p, _ := strings.Cut(tp, "/")
-		labels := fmt.Sprintf(`partition="%s",topic="%s"`, p, topic)
-		if samples[labels] < 1 {
-			t.Errorf("outbox_relay_order_breaks_total{%s} = %v, want >= 1; samples: %v", labels, samples[labels], samples)
+		if v, _ := harness.MetricValue(families, "outbox_relay_order_breaks_total", "topic", topic, "partition", p); v < 1 {
+			t.Errorf("outbox_relay_order_breaks_total{partition=%q,topic=%q} = %v, want >= 1; series: %v",
+				p, topic, v, families["outbox_relay_order_breaks_total"].GetMetric())
 		}
 	}
 	sort.Strings(names)

@@ -2,13 +2,9 @@ package drills
 
 import (
 	"context"
-	"fmt"
-	"sort"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -53,9 +49,10 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 		FROM generate_series(1, $1::int) AS i`, rows/2); err != nil {
 		t.Fatal(err)
 	}
-	w.db.Exec(t, fmt.Sprintf(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
-		SELECT gen_random_uuid(), 'bulk', 'agg-' || (i %% 1000), 'Bulk', jsonb_build_object('i', i, 'pad', repeat('p', 200))
-		FROM generate_series(1, %d) AS i`, rows))
+	ids, err := w.CommitBulk(ctx, w.connect(), "bulk", rows)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 		SELECT gen_random_uuid(), 'aborted', 'agg-' || (i % 1000), 'Aborted', jsonb_build_object('i', i, 'pad', repeat('a', 200))
 		FROM generate_series($1::int + 1, $2::int) AS i`, rows/2, rows); err != nil {
@@ -66,16 +63,12 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 	}
 	t.Logf("wrote %d committed and %d aborted rows in %v", rows, rows, time.Since(began).Round(time.Millisecond))
 
-	// Commit order within the transaction is the generate_series order.
-	ids, events := committedBulk(t, w)
 	if len(ids) != rows {
-		t.Fatalf("table holds %d bulk rows, want %d", len(ids), rows)
+		t.Fatalf("inserted %d bulk rows, want %d", len(ids), rows)
 	}
-	w.Record(ids, events)
-
 	records := w.waitSettled(10 * time.Minute)
 	delivered := time.Since(began)
-	peak, err := peakRSS(relay.Pid())
+	peak, err := harness.PeakRSS(relay.Pid())
 	if err != nil {
 		t.Fatalf("peak RSS of the relay: %v", err)
 	}
@@ -98,42 +91,4 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 	}
 	t.Logf("%d-row transaction delivered exactly once in %v, aborted one never; relay peak RSS (VmHWM) %.1f MiB",
 		rows, delivered.Round(time.Millisecond), float64(peak)/(1<<20))
-}
-
-// committedBulk reads the bulk rows back in their commit order.
-func committedBulk(t *testing.T, w *world) ([]string, []harness.OutboxEvent) {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), w.db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(context.Background(),
-		`SELECT event_id::text, aggregate_id, (payload->>'i')::int FROM outbox_events WHERE aggregate_type = 'bulk'`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type row struct {
-		id, agg string
-		i       int
-	}
-	var all []row
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.id, &r.agg, &r.i); err != nil {
-			t.Fatal(err)
-		}
-		all = append(all, r)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	sort.Slice(all, func(a, b int) bool { return all[a].i < all[b].i })
-	ids := make([]string, len(all))
-	events := make([]harness.OutboxEvent, len(all))
-	for n, r := range all {
-		ids[n] = r.id
-		events[n] = harness.OutboxEvent{AggregateType: "bulk", AggregateID: r.agg}
-	}
-	return ids, events
 }

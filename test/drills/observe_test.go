@@ -1,17 +1,11 @@
 package drills
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -73,94 +67,6 @@ func sumOffsets(m map[string]int64) int64 {
 		n += v
 	}
 	return n
-}
-
-// logLine is one JSON line of the relay's log, loosely typed.
-type logLine map[string]any
-
-// logLines parses the relay's JSON log lines; other lines are skipped.
-func logLines(out string) []logLine {
-	var lines []logLine
-	sc := bufio.NewScanner(strings.NewReader(out))
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		b := sc.Bytes()
-		if len(b) == 0 || b[0] != '{' {
-			continue
-		}
-		var l logLine
-		if json.Unmarshal(b, &l) == nil {
-			lines = append(lines, l)
-		}
-	}
-	return lines
-}
-
-func (l logLine) str(key string) string {
-	switch v := l[key].(type) {
-	case string:
-		return v
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64)
-	case nil:
-		return ""
-	default:
-		return fmt.Sprint(v)
-	}
-}
-
-// metricsText fetches the relay's /metrics page.
-func metricsText(addr string) (string, error) {
-	cl := http.Client{Timeout: 5 * time.Second}
-	resp, err := cl.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
-	return string(b), nil
-}
-
-// metricSamples returns every sample of a metric family, keyed by its label
-// set as written, e.g. `partition="3",topic="t"`.
-func metricSamples(text, name string) map[string]float64 {
-	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(?:\{([^}]*)\})?\s+(\S+)$`)
-	out := map[string]float64{}
-	for _, m := range re.FindAllStringSubmatch(text, -1) {
-		v, err := strconv.ParseFloat(m[2], 64)
-		if err == nil {
-			out[m[1]] = v
-		}
-	}
-	return out
-}
-
-// peakRSS reads a process's high-water resident set size from /proc.
-func peakRSS(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				break
-			}
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				return 0, err
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, errors.New("no VmHWM line")
 }
 
 // requireKafka is harness.RequireApacheKafka with the drill's topics
@@ -296,11 +202,11 @@ func onPartitions(records []harness.Record) map[string]string {
 func restartReasons(out string) []string {
 	seen := map[string]bool{}
 	var reasons []string
-	for _, l := range logLines(out) {
-		if !strings.Contains(l.str("message"), msgRestart) {
+	for _, l := range harness.LogLines(out) {
+		if !strings.Contains(l.Str("message"), msgRestart) {
 			continue
 		}
-		r := l.str("error")
+		r := l.Str("error")
 		if len(r) > 160 {
 			r = r[:160] + "..."
 		}

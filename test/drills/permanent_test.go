@@ -80,9 +80,9 @@ func rejectionDrill(t *testing.T, w *world, bad harness.OutboxEvent, topic strin
 		t.Errorf("relay exited 0 after a permanently rejected event; want non-zero")
 	}
 	var failure string
-	for _, l := range logLines(out) {
-		if l.str("level") == "error" && strings.Contains(l.str("message"), badID) {
-			failure = l.str("message")
+	for _, l := range harness.LogLines(out) {
+		if l.Str("level") == "error" && strings.Contains(l.Str("message"), badID) {
+			failure = l.Str("message")
 		}
 	}
 	if failure == "" {

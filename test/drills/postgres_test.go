@@ -57,11 +57,11 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	}
 	t.Logf("PostgreSQL crashed with %d events committed, %d records in Kafka (writer stopped on: %v)",
 		w.CommittedCount(), sumOffsets(m), werr)
-	streams := strings.Count(relay.Output(), msgStreaming)
+	streams := strings.Count(relay.Output(), harness.LogStreaming)
 	pg.Start(t)
 	restarted := time.Now()
 	harness.WaitFor(t, 2*time.Minute, "the relay streams again", func() bool {
-		return relay.Exited() || strings.Count(relay.Output(), msgStreaming) > streams
+		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
 	})
 	if relay.Exited() {
 		t.Fatalf("relay exited after the PostgreSQL crash instead of reconnecting:\n%s", relay.Output())
@@ -125,12 +125,12 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 			m, err := off.read(w.topics())
 			return err == nil && sumOffsets(m) >= last+500
 		})
-		streams := strings.Count(relay.Output(), msgStreaming)
+		streams := strings.Count(relay.Output(), harness.LogStreaming)
 		open := proxy.Connections()
 		proxy.CutAll()
 		cut := time.Now()
 		harness.WaitFor(t, 2*time.Minute, "the relay streams again after the cut", func() bool {
-			return relay.Exited() || strings.Count(relay.Output(), msgStreaming) > streams
+			return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
 		})
 		if relay.Exited() {
 			t.Fatalf("relay exited after a connection cut:\n%s", relay.Output())
@@ -251,11 +251,11 @@ func TestDrillSlotInvalidated(t *testing.T) {
 
 // lastLogMessage is the message of the last JSON log line in out.
 func lastLogMessage(out string) string {
-	lines := logLines(out)
+	lines := harness.LogLines(out)
 	if len(lines) == 0 {
 		return ""
 	}
-	return lines[len(lines)-1].str("message")
+	return lines[len(lines)-1].Str("message")
 }
 
 // TestDrillIdleConfirmAfterBurst: the outbox goes idle right after a
@@ -295,11 +295,11 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 		}
 		harness.WaitFor(t, time.Minute, "the burst reaches the broker", func() bool { return k.HeldProduces() > 0 })
 		w.db.Exec(t, "INSERT INTO other (v) SELECT repeat('o', 500) FROM generate_series(1, 200)")
-		tail := w.currentLSN()
+		tail := w.db.CurrentLSN(w.t)
 		// The relay reports having read the tail (its write position)
 		// while the burst is still unacknowledged.
 		harness.WaitFor(t, time.Minute, "the relay reads past the tail", func() bool {
-			return lsnLE(tail, w.db.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
+			return harness.LSNAtMost(tail, w.db.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
 				JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, w.slot))
 		})
 		release()
@@ -307,10 +307,10 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 		released := time.Now()
 		quiet := true
 		confirmed := harness.Poll(within, func() bool {
-			quiet = quiet && w.currentLSN() == tail
-			return lsnLE(tail, w.confirmedFlush())
+			quiet = quiet && w.db.CurrentLSN(w.t) == tail
+			return harness.LSNAtMost(tail, w.confirmedFlush())
 		})
-		quiet = quiet && w.currentLSN() == tail
+		quiet = quiet && w.db.CurrentLSN(w.t) == tail
 		switch {
 		case !quiet:
 			t.Logf("attempt %d inconclusive: the server wrote WAL past %s meanwhile", attempt, tail)

@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -67,44 +65,28 @@ func newEnv(t *testing.T) *env {
 
 // args are the flags every command of the test uses.
 func (e *env) args(cmd string, extra ...string) []string {
-	a := []string{cmd, "--pg-dsn", e.db.DSN(), "--slot", e.slot}
-	if cmd == "run" {
-		a = append(a, "--kafka-brokers", e.kafka.BrokerList(), "--admin-addr", "127.0.0.1:0")
-	}
-	return append(a, extra...)
+	return harness.RelayFlags{DSN: e.db.DSN(), Slot: e.slot, Brokers: e.kafka.Brokers(), AdminAddr: "127.0.0.1:0"}.Args(cmd, extra...)
 }
 
 // migrate runs `outbox-relay migrate` and fails the test unless it exits 0.
 func (e *env) migrate(extra ...string) {
 	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, e.args("migrate", extra...), nil)
-	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
-		e.t.Fatalf("migrate exited %d (%v):\n%s", code, err, p.Output())
-	}
+	harness.Migrate(e.t, e.bin, e.args("migrate", extra...))
 }
 
 // startRelay starts `outbox-relay run` and waits until it streams.
 func (e *env) startRelay(extra ...string) *harness.Process {
 	e.t.Helper()
-	p := e.startRelayNoWait(extra...)
-	p.WaitForOutput(e.t, `"message":"streaming"`, time.Minute)
-	return p
+	return harness.StartStreaming(e.t, e.bin, e.args("run", extra...), logLevelInfo)
 }
 
 func (e *env) startRelayNoWait(extra ...string) *harness.Process {
 	e.t.Helper()
-	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{logLevelInfo})
 }
 
-func (e *env) connect() *pgx.Conn {
-	e.t.Helper()
-	conn, err := pgx.Connect(context.Background(), e.db.DSN())
-	if err != nil {
-		e.t.Fatalf("connect: %v", err)
-	}
-	e.t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
+// logLevelInfo keeps the relay's progress lines, which the tests wait on.
+const logLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
 
 // writeEvents commits txns transactions of perTxn events each, spread over
 // aggregates aggregates, from one connection so commit order is the order
@@ -144,24 +126,9 @@ func (e *env) consumeAll(timeout time.Duration) []harness.Record {
 	return records
 }
 
-// currentLSN is the server's current WAL position.
-func (e *env) currentLSN() string {
-	e.t.Helper()
-	return e.db.QueryString(e.t, "SELECT pg_current_wal_lsn()::text")
-}
-
-// lsnAtLeast reports whether a >= b, comparing in the server.
-func (e *env) lsnAtLeast(a, b string) bool {
-	e.t.Helper()
-	if a == "" || b == "" {
-		return false
-	}
-	return e.db.QueryString(e.t, "SELECT ($1::pg_lsn >= $2::pg_lsn)::text", a, b) == "true"
-}
-
 func (e *env) confirmedFlush() string {
 	e.t.Helper()
-	return cluster.SlotConfirmedFlushLSN(e.t, e.db.Name(), e.slot)
+	return e.db.ConfirmedFlushLSN(e.t, e.slot)
 }
 
 // outputHas reports whether the process output contains every part.
@@ -172,19 +139,4 @@ func outputHas(out string, parts ...string) bool {
 		}
 	}
 	return true
-}
-
-// httpGet fetches a URL from the relay's admin endpoint.
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return string(body)
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +32,7 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
 	e.migrate()
 	e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	ctx := context.Background()
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 1}`}}); err != nil {
 		t.Fatal(err)
@@ -48,20 +46,26 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 3}`}}); err != nil {
 		t.Fatal(err)
 	}
-	afterAll := e.currentLSN()
+	afterAll := e.db.CurrentLSN(t)
 	ids, _ = e.Committed()
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
-		return e.lsnAtLeast(e.confirmedFlush(), afterAll)
+		return harness.LSNAtMost(afterAll, e.confirmedFlush())
 	})
 
 	list := harness.StartProcess(t, e.bin, append([]string{"quarantine", "list", "--json"}, e.args("")[1:]...), nil)
 	if code, err := list.Wait(time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine list exited %d (%v): %s", code, err, list.Output())
 	}
+	// The JSON keys are snake_case, like /slot's.
 	var listed []struct {
-		EventID, Topic, ErrorClass, ErrorMessage, Payload, Headers string
-		Attempts                                                   int
+		EventID      string `json:"event_id"`
+		Topic        string `json:"topic"`
+		ErrorClass   string `json:"error_class"`
+		ErrorMessage string `json:"error_message"`
+		Payload      string `json:"payload"`
+		Headers      string `json:"headers"`
+		Attempts     int    `json:"attempts"`
 	}
 	out := list.Output()
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil {
@@ -103,13 +107,13 @@ func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay("--kafka-retry-backoff-max", "50ms")
-	if err := e.writeEvents(e.connect(), 3, 2, 2); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 3, 2, 2); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeAll(time.Minute)
 	fault := e.kafka.FailProduce(15, kerr.NotLeaderForPartition.Code)
 	defer fault.Remove()
-	if err := e.writeEvents(e.connect(), 10, 2, 4); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 10, 2, 4); err != nil {
 		t.Fatal(err)
 	}
 	e.consumeAll(2 * time.Minute)
@@ -126,9 +130,8 @@ func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
-	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	e.startRelay("--admin-addr", admin, "--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
-	conn := e.connect()
+	admin := e.startRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms").AdminURL(t)
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 5, 2, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -155,15 +158,7 @@ func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
 	})
 }
 
-var runsLine = regexp.MustCompile(`(?m)^outbox_relay_retention_runs_total (\S+)$`)
-
 func retentionRuns(t *testing.T, admin string) float64 {
 	t.Helper()
-	body := httpGet(t, "http://"+admin+"/metrics")
-	m := runsLine.FindStringSubmatch(body)
-	if m == nil {
-		t.Fatalf("no outbox_relay_retention_runs_total in /metrics")
-	}
-	v, _ := strconv.ParseFloat(m[1], 64)
-	return v
+	return harness.Metric(t, admin, "outbox_relay_retention_runs_total")
 }

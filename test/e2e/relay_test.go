@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +18,7 @@ func TestEventsCommittedBeforeFirstRunArrive(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.migrate() // idempotent
-	if err := e.writeEvents(e.connect(), 20, 5, 7); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 20, 5, 7); err != nil {
 		t.Fatal(err)
 	}
 	e.startRelay()
@@ -33,7 +32,7 @@ func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay()
-	if err := e.writeEvents(e.connect(), 1000, 10, 300); err != nil {
+	if err := e.writeEvents(e.db.Connect(t), 1000, 10, 300); err != nil {
 		t.Fatal(err)
 	}
 	records := e.consumeAll(2 * time.Minute)
@@ -42,7 +41,7 @@ func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 	}
 
 	// The expected record of each event comes from the table itself.
-	rows, err := e.connect().Query(context.Background(), `
+	rows, err := e.db.Connect(t).Query(context.Background(), `
 		SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
 		       COALESCE(headers::text, ''), to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 		FROM outbox_events`)
@@ -79,7 +78,7 @@ func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 		}
 		h := r.Headers
 		if h["event_type"] != w.eventType || h["aggregate_type"] != w.aggType || h["aggregate_id"] != w.aggID ||
-			h["schema_version"] != w.version || !sameInstant(h["occurred_at"], w.occurred) {
+			h["schema_version"] != w.version || !harness.SameInstant(h["occurred_at"], w.occurred) {
 			t.Errorf("event %s headers %v, want %+v", r.EventID(), h, w)
 		}
 		if w.headers != "" {
@@ -96,21 +95,13 @@ func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 	}
 }
 
-// sameInstant compares RFC 3339 times that differ only in trailing zeros of
-// the fraction.
-func sameInstant(a, b string) bool {
-	ta, err1 := time.Parse(time.RFC3339Nano, a)
-	tb, err2 := time.Parse(time.RFC3339Nano, b)
-	return err1 == nil && err2 == nil && ta.Equal(tb)
-}
-
 // Without streaming the server sends only committed transactions: a rolled
 // back one must never reach Kafka.
 func TestRolledBackTransactionsAreNotPublished(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	ctx := context.Background()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -142,7 +133,7 @@ func TestKilledRelayRedeliversEverything(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	relay := e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	written := make(chan error, 1)
 	go func() { written <- e.writeEvents(conn, 500, 10, 100) }()
 	// Kill it once it has confirmed part of the stream and more is coming.
@@ -167,7 +158,7 @@ func TestConfirmedFlushNeverPassesUnackedEvent(t *testing.T) {
 	e.migrate()
 	e.db.Exec(t, "CREATE TABLE other (id serial primary key, v text)")
 	relay := e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -175,11 +166,11 @@ func TestConfirmedFlushNeverPassesUnackedEvent(t *testing.T) {
 
 	release := e.kafka.HoldProduce()
 	defer release()
-	beforeHeld := e.currentLSN()
+	beforeHeld := e.db.CurrentLSN(t)
 	harness.WaitFor(t, 30*time.Second, "slot confirms the first event", func() bool {
-		return e.lsnAtLeast(e.confirmedFlush(), beforeHeld)
+		return harness.LSNAtMost(beforeHeld, e.confirmedFlush())
 	})
-	beforeHeld = e.currentLSN()
+	beforeHeld = e.db.CurrentLSN(t)
 	// Same aggregate type, so the topic is known: a new topic's lookup would
 	// wait on the held broker connection too.
 	if err := e.writeEvents(conn, 1, 3, 1); err != nil {
@@ -189,19 +180,19 @@ func TestConfirmedFlushNeverPassesUnackedEvent(t *testing.T) {
 	for i := 0; i < 50; i++ {
 		e.db.Exec(t, "INSERT INTO other (v) SELECT repeat('x', 1000) FROM generate_series(1, 100)")
 	}
-	busyEnd := e.currentLSN()
+	busyEnd := e.db.CurrentLSN(t)
 	// The relay has seen the server's WAL end past the held event (its write
 	// position says so) and still must not confirm it.
 	harness.WaitFor(t, 30*time.Second, "relay reports having read past the held event", func() bool {
 		w := e.db.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
 			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, e.slot)
-		return e.lsnAtLeast(w, busyEnd)
+		return harness.LSNAtMost(busyEnd, w)
 	})
-	if c := e.confirmedFlush(); !e.lsnAtLeast(beforeHeld, c) {
+	if c := e.confirmedFlush(); !harness.LSNAtMost(c, beforeHeld) {
 		t.Fatalf("confirmed_flush_lsn %s passed the unacknowledged transaction (which starts after %s)", c, beforeHeld)
 	}
 	relay.Kill()
-	if c := e.confirmedFlush(); !e.lsnAtLeast(beforeHeld, c) {
+	if c := e.confirmedFlush(); !harness.LSNAtMost(c, beforeHeld) {
 		t.Fatalf("after kill -9 confirmed_flush_lsn %s passed the unacknowledged transaction (after %s)", c, beforeHeld)
 	}
 	release()
@@ -218,10 +209,10 @@ func TestIdleOutboxBusyDatabaseSlotAdvances(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		e.db.Exec(t, "INSERT INTO other (v) SELECT repeat('y', 500) FROM generate_series(1, 200)")
 	}
-	target := e.currentLSN()
+	target := e.db.CurrentLSN(t)
 	started := time.Now()
 	harness.WaitFor(t, 15*time.Second, "confirmed_flush_lsn passes the other tables' WAL", func() bool {
-		return e.lsnAtLeast(e.confirmedFlush(), target)
+		return harness.LSNAtMost(target, e.confirmedFlush())
 	})
 	t.Logf("slot reached %s within %v of the last write", target, time.Since(started).Round(time.Millisecond))
 }
@@ -236,11 +227,11 @@ func TestBurstTailIsConfirmedPromptly(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay("--status-interval", "30s", "--max-in-flight-events", "20")
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 49, 40, 30); err != nil {
 		t.Fatal(err)
 	}
-	beforeLast := e.currentLSN()
+	beforeLast := e.db.CurrentLSN(t)
 	if err := e.writeEvents(conn, 1, 40, 30); err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +251,7 @@ func TestAlterTableMidStream(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	e.startRelay()
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 10, 3, 4); err != nil {
 		t.Fatal(err)
 	}
@@ -281,22 +272,19 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	relay := e.startRelay()
-	rows := largeTxnRows()
-	e.db.Exec(t, fmt.Sprintf(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
-		SELECT gen_random_uuid(), 'bulk', 'agg-' || (i %% 1000), 'Bulk', jsonb_build_object('i', i, 'pad', repeat('p', 200))
-		FROM generate_series(1, %d) AS i`, rows))
-	want := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events")
-	seen := map[string]bool{}
-	harness.ConsumeUntil(t, e.kafka.Brokers(), `^outbox\.event\.bulk$`, 5*time.Minute, func(all []harness.Record) bool {
-		for _, r := range all[len(seen):] {
-			seen[r.EventID()+"@"+strconv.FormatInt(r.Offset, 10)] = true
-		}
-		return int64(len(all)) >= want
-	})
-	peak := peakRSS(t, relay.Pid())
-	t.Logf("%d rows in one transaction delivered; relay peak RSS %d MiB", want, peak>>20)
+	ids, err := e.CommitBulk(context.Background(), e.db.Connect(t), "bulk", largeTxnRows())
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.bulk$`, ids, 5*time.Minute)
+	harness.CheckNoLoss(t, records, ids)
+	peak, err := harness.PeakRSS(relay.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d rows in one transaction delivered; relay peak RSS %d MiB", len(ids), peak>>20)
 	if peak > 160<<20 {
-		t.Fatalf("relay peak RSS %d MiB for one %d-row transaction: memory is not bounded", peak>>20, want)
+		t.Fatalf("relay peak RSS %d MiB for one %d-row transaction: memory is not bounded", peak>>20, len(ids))
 	}
 }
 
@@ -305,24 +293,6 @@ func largeTxnRows() int {
 		return 2_000_000
 	}
 	return 200_000
-}
-
-// peakRSS reads a process's high-water resident set size from /proc.
-func peakRSS(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatalf("read peak rss: %v", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			f := strings.Fields(line)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmHWM in /proc/%d/status", pid)
-	return 0
 }
 
 // Preconditions an operator must fix end the relay at once with a non-zero
@@ -392,7 +362,7 @@ func TestSecondInstanceWaitsThenTakesOver(t *testing.T) {
 	first := e.startRelay()
 	standby := e.startRelayNoWait()
 	standby.WaitForOutput(t, "waiting to take over", time.Minute)
-	conn := e.connect()
+	conn := e.db.Connect(t)
 	if err := e.writeEvents(conn, 10, 2, 3); err != nil {
 		t.Fatal(err)
 	}

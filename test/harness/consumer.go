@@ -369,3 +369,12 @@ func CheckNoLoss(t testing.TB, records []Record, want []string) {
 		t.Errorf("lost %d of %d events: %s", len(missing), len(want), sampleIDs(missing, 20))
 	}
 }
+
+// SameInstant reports whether two RFC 3339 times are the same instant, so
+// header times that differ only in trailing zeros of the fraction compare
+// equal.
+func SameInstant(a, b string) bool {
+	ta, err1 := time.Parse(time.RFC3339Nano, a)
+	tb, err2 := time.Parse(time.RFC3339Nano, b)
+	return err1 == nil && err2 == nil && ta.Equal(tb)
+}

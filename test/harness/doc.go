@@ -4,20 +4,31 @@
 //
 //   - postgres.go: throwaway PostgreSQL clusters (wal_level=logical) on
 //     127.0.0.1, run as the postgres OS user when the tests run as root,
-//     with helpers for databases, SQL and replication slot state, and
+//     with helpers for databases, connections, SQL, the current WAL
+//     position, replication slot state and LSN comparison, and
 //     stop/crash/restart drills.
 //   - kfake.go: in-process Kafka clusters (franz-go's kfake) with produce
 //     fault injection (fail, fail after append, cut, hold).
 //   - consumer.go: an independent franz-go consumer, Kafka's Java key
 //     partitioning, and delivery checks (loss, duplicates, per-aggregate
-//     order).
+//     order, header times).
 //   - process.go: building the relay binary once, running it as a child
 //     process with captured output, and Main, the TestMain helper.
+//   - relay.go: the relay's command-line flags for a test (RelayFlags),
+//     running migrate and other short commands, starting run until it
+//     streams, its admin URL, peak RSS, and parsing its JSON log lines.
+//   - metrics.go: HTTP requests to the admin endpoint, and reading
+//     /metrics the way Prometheus parses it.
 //   - proxy.go: a TCP proxy to cut connections at will.
-//   - outbox.go: committing outbox events the way a service does, and a
-//     ledger of every committed event_id in commit order per aggregate.
+//   - outbox.go: committing outbox events the way a service does (or a
+//     batch job, in one large INSERT), and a ledger of every committed
+//     event_id in commit order per aggregate.
 //   - apachekafka.go: real Apache Kafka brokers (KRaft) for tests that
-//     must run against the real thing.
+//     must run against the real thing: options, the cluster type and one
+//     shared cluster per package run; apachekafka_config.go writes node
+//     configuration and formats storage; apachekafka_process.go starts,
+//     stops, kills and restarts the JVMs; apachekafka_admin.go waits for
+//     readiness and creates topics.
 //   - wait.go: WaitFor (poll a condition with a deadline, never sleep as
 //     synchronisation) and FreePort.
 //

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
 // PGBinEnv names the environment variable that, when set, points at the
@@ -137,6 +139,36 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 			return nil, fmt.Errorf("running as root needs the postgres user: %w", err)
 		}
 	}
+	p, err := newClusterDir(bin, runAs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if out, err := p.pgRun("initdb", "-D", p.dataDir, "--auth=trust", "-U", "postgres",
+		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
+		return nil, fmt.Errorf("initdb: %w: %s", err, out)
+	}
+	if err := p.writeHBA(opts.PasswordAuth); err != nil {
+		return nil, err
+	}
+	if err := p.appendConf(p.settings(opts)); err != nil {
+		return nil, err
+	}
+	if err := p.startFresh(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// newClusterDir makes the directories of a cluster that has no data yet,
+// owned by runAs, and registers the cluster for cleanup before anything can
+// start, so that a failure half-way, a panic or an interrupt still stops
+// the server and removes the files.
+func newClusterDir(bin string, runAs *osUser) (_ *Postgres, err error) {
 	// t.TempDir() lives under a 0700 root-owned parent the postgres user
 	// cannot enter, so the cluster gets its own directory under TMPDIR.
 	dir, err := makeOwnedTempDir(pgDirPrefix)
@@ -151,8 +183,6 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 		logFile: filepath.Join(dir, "postgres.log"),
 		runAs:   runAs,
 	}
-	// Registered before anything can start so that a failure half-way, a
-	// panic or an interrupt still stops the server and removes the files.
 	p.unregister = registerCleanup(p.close)
 	defer func() {
 		if err != nil {
@@ -172,19 +202,6 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 				return nil, fmt.Errorf("chown %s: %w", d, err)
 			}
 		}
-	}
-	if out, err := p.pgRun("initdb", "-D", p.dataDir, "--auth=trust", "-U", "postgres",
-		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
-		return nil, fmt.Errorf("initdb: %w: %s", err, out)
-	}
-	if err := p.writeHBA(opts.PasswordAuth); err != nil {
-		return nil, err
-	}
-	if err := p.appendConf(p.settings(opts)); err != nil {
-		return nil, err
-	}
-	if err := p.startFresh(); err != nil {
-		return nil, err
 	}
 	return p, nil
 }
@@ -545,15 +562,7 @@ func (p *Postgres) LogTail(n int) string {
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
-	return lastLines(string(b), n)
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return LastLines(string(b), n)
 }
 
 func (p *Postgres) connect(ctx context.Context, db string) (*pgx.Conn, error) {
@@ -667,6 +676,39 @@ func (d *PGDatabase) QueryString(t testing.TB, sql string, args ...any) string {
 	return *v
 }
 
+// Connect opens a superuser connection to the database, closed when the
+// test ends.
+func (d *PGDatabase) Connect(t testing.TB) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), d.DSN())
+	if err != nil {
+		t.Fatalf("connect to %s: %v", d.name, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// CurrentLSN is the server's current WAL write position, as text.
+func (d *PGDatabase) CurrentLSN(t testing.TB) string {
+	t.Helper()
+	return d.QueryString(t, "SELECT pg_current_wal_lsn()::text")
+}
+
+// ConfirmedFlushLSN is slot's confirmed_flush_lsn as text, or "" when the
+// slot does not exist.
+func (d *PGDatabase) ConfirmedFlushLSN(t testing.TB, slot string) string {
+	t.Helper()
+	return d.pg.SlotConfirmedFlushLSN(t, d.name, slot)
+}
+
+// LSNAtMost reports a <= b for PostgreSQL's "X/Y" LSN text; an empty or
+// unparsable LSN is never <= anything, nor is anything <= it.
+func LSNAtMost(a, b string) bool {
+	x, err1 := lsn.Parse(a)
+	y, err2 := lsn.Parse(b)
+	return err1 == nil && err2 == nil && x <= y
+}
+
 // CreateDatabase creates database name. If the test then fails, the server
 // log lines written since are logged, so tests sharing a cluster still see
 // what the server said about their failure.
@@ -691,7 +733,7 @@ func (p *Postgres) CreateDatabase(t testing.TB, name string) *PGDatabase {
 		if err != nil || int64(len(b)) < logStart {
 			return
 		}
-		t.Logf("postgres log since database %s was created:\n%s", name, lastLines(string(b[logStart:]), 50))
+		t.Logf("postgres log since database %s was created:\n%s", name, LastLines(string(b[logStart:]), 50))
 	})
 	return p.DB(name)
 }

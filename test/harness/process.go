@@ -328,7 +328,7 @@ func StartProcess(t testing.TB, bin string, args []string, env []string) *Proces
 		p.Kill()
 		p.unregister()
 		if t.Failed() {
-			t.Logf("%s (pid %d) output tail (%s):\n%s", p.name, p.Pid(), p.logPath, lastLines(p.Output(), 50))
+			t.Logf("%s (pid %d) output tail (%s):\n%s", p.name, p.Pid(), p.logPath, LastLines(p.Output(), 50))
 		}
 	})
 	return p
@@ -422,10 +422,10 @@ func (p *Process) WaitForOutput(t testing.TB, substr string, timeout time.Durati
 	}
 	if p.Exited() {
 		t.Fatalf("%s exited (code %d) without printing %q; output tail:\n%s",
-			p.name, p.exitCode(), substr, lastLines(p.Output(), 30))
+			p.name, p.exitCode(), substr, LastLines(p.Output(), 30))
 	}
 	t.Fatalf("%s did not print %q within %v; output tail:\n%s",
-		p.name, substr, timeout, lastLines(p.Output(), 30))
+		p.name, substr, timeout, LastLines(p.Output(), 30))
 }
 
 // syncBuffer is a bytes.Buffer safe for the writer goroutine and readers.

@@ -24,7 +24,7 @@ type slotDoc struct {
 
 func getSlot(t *testing.T, base string) slotDoc {
 	t.Helper()
-	code, body := get(t, base+"/slot")
+	code, body := harness.HTTPGet(t, base+"/slot")
 	if code != http.StatusOK {
 		t.Fatalf("GET /slot: %d %s", code, body)
 	}
@@ -35,17 +35,20 @@ func getSlot(t *testing.T, base string) slotDoc {
 	return doc
 }
 
-// metricNames lists the outbox_relay_* series relay/metrics.go declares,
-// so a series added there is checked here without editing this test.
+// metricNames lists the outbox_relay_* series relay/metrics.go and
+// reconcile/metrics.go declare, so a series added there is checked here
+// without editing this test.
 func metricNames(t *testing.T) []string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "relay", "metrics.go"))
-	if err != nil {
-		t.Fatalf("read relay/metrics.go: %v", err)
-	}
 	var names []string
-	for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
-		names = append(names, m[1])
+	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("reconcile", "metrics.go"), filepath.Join("relay", "progress_metrics.go")} {
+		src, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatalf("read %s: %v", file, err)
+		}
+		for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+			names = append(names, m[1])
+		}
 	}
 	if len(names) < 10 {
 		t.Fatalf("found only %d metric names in relay/metrics.go: %v", len(names), names)
@@ -59,54 +62,54 @@ func TestAdminEndpoint(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	p := e.startStreaming()
-	base := p.admin()
+	base := p.AdminURL(t)
 
-	if code, body := get(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
+	if code, body := harness.HTTPGet(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Errorf("/healthz: %d %q, want 200 ok", code, body)
 	}
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz while streaming: %d %q, want 200", code, body)
 	}
 
 	// Read-only: no method but GET (and HEAD) does anything.
 	for _, path := range []string{"/healthz", "/readyz", "/slot", "/metrics"} {
 		for _, method := range []string{http.MethodPost, http.MethodPut, http.MethodDelete} {
-			if code, _ := request(t, method, base+path); code != http.StatusMethodNotAllowed {
+			if code, _ := harness.HTTPRequest(t, method, base+path); code != http.StatusMethodNotAllowed {
 				t.Errorf("%s %s: %d, want 405", method, path, code)
 			}
 		}
 	}
-	if code, _ := get(t, base+"/debug/pprof/"); code != http.StatusNotFound {
+	if code, _ := harness.HTTPGet(t, base+"/debug/pprof/"); code != http.StatusNotFound {
 		t.Errorf("GET /debug/pprof/: %d, want 404 (no profiling endpoint on the admin port)", code)
 	}
 
 	// Events flow: the per-topic counters move by exactly what was written.
-	before := scrape(t, base)
-	if _, ok := value(before, "outbox_relay_events_published_total", "topic", "outbox.event.order"); ok {
+	before := harness.Scrape(t, base)
+	if _, ok := harness.MetricValue(before, "outbox_relay_events_published_total", "topic", "outbox.event.order"); ok {
 		t.Fatalf("events counted for topic outbox.event.order before any was written")
 	}
 	ids := append(insert(t, e.db.DSN(), "order", 5), insert(t, e.db.DSN(), "invoice", 3)...)
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "the published counters to reach 5 and 3", func() bool {
-		f := scrape(t, base)
-		order, _ := value(f, "outbox_relay_events_published_total", "topic", "outbox.event.order")
-		invoice, _ := value(f, "outbox_relay_events_published_total", "topic", "outbox.event.invoice")
+		f := harness.Scrape(t, base)
+		order, _ := harness.MetricValue(f, "outbox_relay_events_published_total", "topic", "outbox.event.order")
+		invoice, _ := harness.MetricValue(f, "outbox_relay_events_published_total", "topic", "outbox.event.invoice")
 		return order >= 5 && invoice >= 3
 	})
-	after := scrape(t, base)
+	after := harness.Scrape(t, base)
 	for topic, want := range map[string]float64{"outbox.event.order": 5, "outbox.event.invoice": 3} {
-		if got, _ := value(after, "outbox_relay_events_published_total", "topic", topic); got != want {
+		if got, _ := harness.MetricValue(after, "outbox_relay_events_published_total", "topic", topic); got != want {
 			t.Errorf("events published to %s: %v, want %v", topic, got, want)
 		}
-		if bytes, _ := value(after, "outbox_relay_bytes_published_total", "topic", topic); bytes < want*20 {
+		if bytes, _ := harness.MetricValue(after, "outbox_relay_bytes_published_total", "topic", topic); bytes < want*20 {
 			t.Errorf("bytes published to %s: %v for %v events", topic, bytes, want)
 		}
 	}
-	if n, _ := value(after, "outbox_relay_commit_to_ack_seconds"); n < 8 {
+	if n, _ := harness.MetricValue(after, "outbox_relay_commit_to_ack_seconds"); n < 8 {
 		t.Errorf("commit-to-ack histogram counted %v events, want 8", n)
 	}
 	// One observation per transaction, at its first row.
-	if n, _ := value(after, "outbox_relay_commit_to_receive_seconds"); n < 1 || n > 8 {
+	if n, _ := harness.MetricValue(after, "outbox_relay_commit_to_receive_seconds"); n < 1 || n > 8 {
 		t.Errorf("commit-to-receive histogram counted %v transactions, want 1 to 8", n)
 	}
 
@@ -121,7 +124,7 @@ func TestAdminEndpoint(t *testing.T) {
 	}
 	for _, name := range []string{"outbox_relay_publish_errors_total"} {
 		for _, class := range []string{"retriable", "producer", "permanent"} {
-			if _, ok := value(after, name, "class", class); !ok {
+			if _, ok := harness.MetricValue(after, name, "class", class); !ok {
 				t.Errorf("/metrics lacks %s{class=%q}: alerts and dashboards need it at 0 before the first error", name, class)
 			}
 		}
@@ -132,18 +135,18 @@ func TestAdminEndpoint(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
-	if v, _ := value(after, "outbox_relay_state", "state", "streaming"); v != 1 {
+	if v, _ := harness.MetricValue(after, "outbox_relay_state", "state", "streaming"); v != 1 {
 		t.Errorf("outbox_relay_state{state=streaming} = %v while streaming", v)
 	}
-	if v, _ := value(after, "outbox_relay_state", "state", "backing-off"); v != 0 {
+	if v, _ := harness.MetricValue(after, "outbox_relay_state", "state", "backing-off"); v != 0 {
 		t.Errorf("outbox_relay_state{state=backing-off} = %v while streaming", v)
 	}
 
 	// The slot poller reports the slot as active.
 	harness.WaitFor(t, 30*time.Second, "outbox_relay_slot_active 1 and wal_status reserved", func() bool {
-		f := scrape(t, base)
-		active, _ := value(f, "outbox_relay_slot_active")
-		reserved, _ := value(f, "outbox_relay_slot_wal_status", "wal_status", "reserved")
+		f := harness.Scrape(t, base)
+		active, _ := harness.MetricValue(f, "outbox_relay_slot_active")
+		reserved, _ := harness.MetricValue(f, "outbox_relay_slot_wal_status", "wal_status", "reserved")
 		return active == 1 && reserved == 1
 	})
 
@@ -202,9 +205,9 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	p := e.startStreaming()
-	base := p.admin()
+	base := p.AdminURL(t)
 	harness.WaitFor(t, 30*time.Second, "the slot poller to see the slot active", func() bool {
-		v, _ := value(scrape(t, base), "outbox_relay_slot_active")
+		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_slot_active")
 		return v == 1
 	})
 
@@ -213,11 +216,11 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	// 200 single-row transactions write well over 50 kB of WAL.
 	var peak float64
 	harness.WaitFor(t, time.Minute, "slot lag, retained WAL, in-flight events and their age to grow", func() bool {
-		f := scrape(t, base)
-		lag, _ := value(f, "outbox_relay_slot_lag_bytes")
-		retained, _ := value(f, "outbox_relay_slot_retained_wal_bytes")
-		inFlight, _ := value(f, "outbox_relay_in_flight_events")
-		age, _ := value(f, "outbox_relay_oldest_unpublished_event_age_seconds")
+		f := harness.Scrape(t, base)
+		lag, _ := harness.MetricValue(f, "outbox_relay_slot_lag_bytes")
+		retained, _ := harness.MetricValue(f, "outbox_relay_slot_retained_wal_bytes")
+		inFlight, _ := harness.MetricValue(f, "outbox_relay_in_flight_events")
+		age, _ := harness.MetricValue(f, "outbox_relay_oldest_unpublished_event_age_seconds")
 		peak = lag
 		return lag > 50000 && retained >= lag && inFlight > 0 && age >= 2
 	})
@@ -231,10 +234,10 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	// Other tests write WAL into the shared cluster meanwhile, so the lag
 	// drops to what they wrote since the relay's last confirmation.
 	harness.WaitFor(t, time.Minute, "the lag and in-flight gauges to drop after Kafka answered", func() bool {
-		f := scrape(t, base)
-		lag, _ := value(f, "outbox_relay_slot_lag_bytes")
-		inFlight, _ := value(f, "outbox_relay_in_flight_events")
-		age, _ := value(f, "outbox_relay_oldest_unpublished_event_age_seconds")
+		f := harness.Scrape(t, base)
+		lag, _ := harness.MetricValue(f, "outbox_relay_slot_lag_bytes")
+		inFlight, _ := harness.MetricValue(f, "outbox_relay_in_flight_events")
+		age, _ := harness.MetricValue(f, "outbox_relay_oldest_unpublished_event_age_seconds")
 		return lag < peak/2 && inFlight == 0 && age == 0
 	})
 }
@@ -247,14 +250,14 @@ func TestIdleRelayUsesLittleCPU(t *testing.T) {
 	e := newEnv(t)
 	e.migrate()
 	p := e.startStreaming()
-	base := p.admin()
+	base := p.AdminURL(t)
 	ids := insert(t, e.db.DSN(), "order", 3)
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
 
 	// Measure the relay's own CPU time over a wall-clock window that is
 	// long enough to span its keepalive interval (10s by default).
 	const window = 12 * time.Second
-	start, startCPU := time.Now(), metric(t, base, "process_cpu_seconds_total")
+	start, startCPU := time.Now(), harness.Metric(t, base, "process_cpu_seconds_total")
 	var elapsed time.Duration
 	var used float64
 	harness.WaitFor(t, window+30*time.Second, "the measuring window to pass", func() bool {
@@ -262,7 +265,7 @@ func TestIdleRelayUsesLittleCPU(t *testing.T) {
 		if elapsed < window {
 			return false
 		}
-		used = metric(t, base, "process_cpu_seconds_total") - startCPU
+		used = harness.Metric(t, base, "process_cpu_seconds_total") - startCPU
 		return true
 	})
 	t.Logf("idle relay used %.2fs of CPU in %v", used, elapsed.Round(time.Millisecond))

@@ -222,7 +222,7 @@ func TestExampleConfig(t *testing.T) {
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
 
 	// The standard collectors the dashboard and the alerts use exist.
-	families := scrape(t, p.admin())
+	families := harness.Scrape(t, p.AdminURL(t))
 	for name := range referencedSeries(t) {
 		if !strings.HasPrefix(name, "outbox_relay_") && name != "up" && families[name] == nil {
 			t.Errorf("the dashboard or the alerts use %s, which /metrics does not have", name)
@@ -488,6 +488,40 @@ tests:
       - eval_time: 5m
         alertname: OutboxRelayPublishErrors
         exp_alerts: [{exp_labels: {job: outbox-relay, class: permanent, severity: warning}}]
+
+  # Periodic reconcile: missing events fire at once; a check that stops
+  # completing fires, one that is off (interval 0) or just started does not.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_reconcile_missing_events{job="outbox-relay", instance="a"}'
+        values: '0 0 3x10'
+      - series: 'outbox_relay_reconcile_interval_seconds{job="outbox-relay", instance="a"}'
+        values: '60x40'
+      - series: 'outbox_relay_reconcile_last_complete_timestamp_seconds{job="outbox-relay", instance="a"}'
+        values: '0 60 120 180 180x40'
+      - series: 'process_start_time_seconds{job="outbox-relay", instance="a"}'
+        values: '0x40'
+      - series: 'outbox_relay_reconcile_interval_seconds{job="off", instance="b"}'
+        values: '0x40'
+      - series: 'outbox_relay_reconcile_last_complete_timestamp_seconds{job="off", instance="b"}'
+        values: '0x40'
+      - series: 'process_start_time_seconds{job="off", instance="b"}'
+        values: '0x40'
+      - series: 'outbox_relay_reconcile_interval_seconds{job="fresh", instance="c"}'
+        values: '60x40'
+      - series: 'outbox_relay_reconcile_last_complete_timestamp_seconds{job="fresh", instance="c"}'
+        values: '0x40'
+      - series: 'process_start_time_seconds{job="fresh", instance="c"}'
+        values: '1800x40'
+    alert_rule_test:
+      - {eval_time: 1m, alertname: OutboxRelayReconcileMissingEvents, exp_alerts: []}
+      - eval_time: 2m
+        alertname: OutboxRelayReconcileMissingEvents
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+      - {eval_time: 10m, alertname: OutboxRelayReconcileStale, exp_alerts: []}
+      - eval_time: 30m
+        alertname: OutboxRelayReconcileStale
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
 `
 
 // The dashboard is valid JSON, every panel queries series the relay

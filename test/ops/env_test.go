@@ -3,19 +3,11 @@ package ops
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -30,7 +22,7 @@ type env struct {
 	db      *harness.PGDatabase
 	bin     string
 	slot    string
-	brokers string // what --kafka-brokers gets
+	brokers []string // what --kafka-brokers gets
 	kafka   *harness.Kfake
 }
 
@@ -40,7 +32,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := newEnvNoKafka(t)
 	e.kafka = harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: 3})
-	e.brokers = e.kafka.BrokerList()
+	e.brokers = e.kafka.Brokers()
 	return e
 }
 
@@ -64,148 +56,34 @@ func (e *env) args(cmd string, extra ...string) []string {
 
 // argsAs is args with another DSN.
 func (e *env) argsAs(dsn, cmd string, extra ...string) []string {
-	a := []string{cmd, "--pg-dsn", dsn, "--slot", e.slot}
-	if cmd == "run" {
-		a = append(a, "--kafka-brokers", e.brokers, "--admin-addr", "127.0.0.1:0")
-	}
-	return append(a, extra...)
+	return harness.RelayFlags{DSN: dsn, Slot: e.slot, Brokers: e.brokers, AdminAddr: "127.0.0.1:0"}.Args(cmd, extra...)
 }
 
 // run runs a short command (migrate, status) to its end and returns its
 // exit code and output.
 func (e *env) run(args []string, envVars ...string) (int, string) {
 	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, args, envVars)
-	code, err := p.Wait(2 * time.Minute)
-	if err != nil {
-		e.t.Fatalf("%s: %v\n%s", args[0], err, p.Output())
-	}
-	return code, p.Output()
+	return harness.RunCommand(e.t, e.bin, args, envVars...)
 }
 
 // migrate runs `outbox-relay migrate` as the superuser and fails the test
 // unless it exits 0.
 func (e *env) migrate(extra ...string) {
 	e.t.Helper()
-	if code, out := e.run(e.args("migrate", extra...)); code != 0 {
-		e.t.Fatalf("migrate exited %d:\n%s", code, out)
-	}
-}
-
-// relayProc is a running `outbox-relay run`.
-type relayProc struct {
-	*harness.Process
-	t *testing.T
+	harness.Migrate(e.t, e.bin, e.args("migrate", extra...))
 }
 
 // start starts `outbox-relay run` with args (use e.args) and extra
 // environment variables; it does not wait for anything.
-func (e *env) start(args []string, envVars ...string) *relayProc {
+func (e *env) start(args []string, envVars ...string) *harness.Process {
 	e.t.Helper()
-	return &relayProc{Process: harness.StartProcess(e.t, e.bin, args, envVars), t: e.t}
+	return harness.StartProcess(e.t, e.bin, args, envVars)
 }
 
 // startStreaming starts the relay and waits until it streams.
-func (e *env) startStreaming(extra ...string) *relayProc {
+func (e *env) startStreaming(extra ...string) *harness.Process {
 	e.t.Helper()
-	p := e.start(e.args("run", extra...))
-	p.WaitForOutput(e.t, `"message":"streaming"`, time.Minute)
-	return p
-}
-
-var adminAddr = regexp.MustCompile(`"admin_addr":"([^"]+)"`)
-
-// admin is the base URL of the relay's admin endpoint, from its log.
-func (p *relayProc) admin() string {
-	p.t.Helper()
-	p.WaitForOutput(p.t, `"admin_addr"`, time.Minute)
-	m := adminAddr.FindStringSubmatch(p.Output())
-	if m == nil {
-		p.t.Fatalf("no admin_addr in the relay's output:\n%s", p.Output())
-	}
-	return "http://" + m[1]
-}
-
-// get fetches a URL and returns the status code and body.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	return request(t, http.MethodGet, url)
-}
-
-func request(t *testing.T, method, url string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := &http.Client{Timeout: 20 * time.Second}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: read body: %v", method, url, err)
-	}
-	return resp.StatusCode, string(body)
-}
-
-// scrape reads /metrics and parses it as Prometheus does.
-func scrape(t *testing.T, base string) map[string]*dto.MetricFamily {
-	t.Helper()
-	code, body := get(t, base+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %s", code, body)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(body))
-	if err != nil {
-		t.Fatalf("parse /metrics: %v\n%s", err, body)
-	}
-	return families
-}
-
-// value is the value of the series of family whose labels include every
-// name=value pair in labels; ok is false when there is no such series.
-func value(families map[string]*dto.MetricFamily, name string, labels ...string) (v float64, ok bool) {
-	f := families[name]
-	if f == nil {
-		return 0, false
-	}
-next:
-	for _, m := range f.Metric {
-		have := map[string]string{}
-		for _, l := range m.Label {
-			have[l.GetName()] = l.GetValue()
-		}
-		for i := 0; i+1 < len(labels); i += 2 {
-			if have[labels[i]] != labels[i+1] {
-				continue next
-			}
-		}
-		switch {
-		case m.Gauge != nil:
-			return m.Gauge.GetValue(), true
-		case m.Counter != nil:
-			return m.Counter.GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount()), true
-		case m.Untyped != nil:
-			return m.Untyped.GetValue(), true
-		}
-	}
-	return 0, false
-}
-
-// metric is value for tests that need the series to exist.
-func metric(t *testing.T, base, name string, labels ...string) float64 {
-	t.Helper()
-	v, ok := value(scrape(t, base), name, labels...)
-	if !ok {
-		t.Fatalf("/metrics has no %s%v", name, labels)
-	}
-	return v
+	return harness.StartStreaming(e.t, e.bin, e.args("run", extra...))
 }
 
 // insert commits n outbox events, one transaction each, for aggregate
@@ -271,13 +149,4 @@ func consumeIDs(t *testing.T, brokers []string, opts []kgo.Opt, want []string, t
 	if len(missing) > 0 {
 		t.Fatalf("%d of %d events never reached Kafka within %v (last fetch error: %v)", len(missing), len(want), timeout, lastErr)
 	}
-}
-
-// lastLines is the tail of a process's output, for failure messages.
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

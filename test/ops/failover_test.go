@@ -22,7 +22,7 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 			t.Errorf("%s --slot-failover exited 0 on PostgreSQL < 17:\n%s", what, out)
 		}
 		if !strings.Contains(out, "--slot-failover needs PostgreSQL 17 or newer") {
-			t.Errorf("%s --slot-failover does not say it needs PostgreSQL 17:\n%s", what, lastLines(out, 10))
+			t.Errorf("%s --slot-failover does not say it needs PostgreSQL 17:\n%s", what, harness.LastLines(out, 10))
 		}
 		if si := cluster.SlotInfo(t, e.db.Name(), e.slot); si.Exists {
 			t.Errorf("%s --slot-failover created a slot anyway: %+v", what, si)
@@ -42,7 +42,7 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 		p := e.start(e.args("run", "--slot-failover"))
 		code, err := p.Wait(time.Minute)
 		if err != nil {
-			t.Fatalf("run --slot-failover without a slot is still running after a minute; it must stop: %v\n%s", err, lastLines(p.Output(), 10))
+			t.Fatalf("run --slot-failover without a slot is still running after a minute; it must stop: %v\n%s", err, harness.LastLines(p.Output(), 10))
 		}
 		check(t, e, "run", code, p.Output())
 	})
@@ -57,14 +57,14 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 		streaming := func() bool { return strings.Contains(p.Output(), `"message":"streaming"`) }
 		harness.WaitFor(t, time.Minute, "the relay to refuse (or to stream)", func() bool { return p.Exited() || streaming() })
 		if streaming() {
-			t.Fatalf("the relay streams from a slot that is not a failover slot although --slot-failover was given:\n%s", lastLines(p.Output(), 5))
+			t.Fatalf("the relay streams from a slot that is not a failover slot although --slot-failover was given:\n%s", harness.LastLines(p.Output(), 5))
 		}
 		code, err := p.Wait(time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if code == 0 || !strings.Contains(p.Output(), "--slot-failover needs PostgreSQL 17 or newer") {
-			t.Errorf("run --slot-failover on an existing slot exited %d:\n%s", code, lastLines(p.Output(), 10))
+			t.Errorf("run --slot-failover on an existing slot exited %d:\n%s", code, harness.LastLines(p.Output(), 10))
 		}
 	})
 }

@@ -34,17 +34,17 @@ func TestStandbyTakesOverWhenTheActiveInstanceDies(t *testing.T) {
 	})
 
 	active := e.startStreaming()
-	activeAdmin := active.admin()
+	activeAdmin := active.AdminURL(t)
 	before := insert(t, e.db.DSN(), "order", 50)
 
 	sock := listenNotify(t)
 	standby := e.start(e.args("run"), sock.env(0)...)
-	standbyAdmin := standby.admin()
+	standbyAdmin := standby.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "the second instance to wait for the slot", func() bool {
-		code, body := get(t, standbyAdmin+"/readyz")
+		code, body := harness.HTTPGet(t, standbyAdmin+"/readyz")
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "waiting-for-slot") && strings.Contains(body, "active for PID")
 	})
-	if code, body := get(t, activeAdmin+"/readyz"); code != http.StatusOK {
+	if code, body := harness.HTTPGet(t, activeAdmin+"/readyz"); code != http.StatusOK {
 		t.Fatalf("the active instance answers /readyz %d %q", code, body)
 	}
 	// The standby is a healthy, started service: without READY=1 systemd
@@ -68,7 +68,7 @@ func TestStandbyTakesOverWhenTheActiveInstanceDies(t *testing.T) {
 	active.Kill()
 	during := insert(t, e.db.DSN(), "order", 50)
 	harness.WaitFor(t, 30*time.Second, "the standby to take over", func() bool {
-		code, _ := get(t, standbyAdmin+"/readyz")
+		code, _ := harness.HTTPGet(t, standbyAdmin+"/readyz")
 		return code == http.StatusOK
 	})
 	takeover := time.Since(killed)

@@ -134,10 +134,10 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	// The stream loop pings at least once per --status-interval; keep that
 	// well inside WatchdogSec, as the unit file says.
 	p := e.start(e.argsAs(dsn, "run", "--status-interval", "250ms"), sock.env(watchdog)...)
-	base := p.admin()
+	base := p.AdminURL(t)
 
 	harness.WaitFor(t, time.Minute, "three failed connection attempts and three watchdog pings", func() bool {
-		return metric(t, base, "outbox_relay_stream_restarts_total") >= 3 && sock.count("WATCHDOG=1") >= 3
+		return harness.Metric(t, base, "outbox_relay_stream_restarts_total") >= 3 && sock.count("WATCHDOG=1") >= 3
 	})
 	if n := sock.count("READY=1"); n != 0 {
 		t.Fatalf("READY=1 sent while the relay could not reach PostgreSQL:\n%s", sock.lines())
@@ -157,7 +157,7 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	harness.WaitFor(t, time.Minute, "READY=1 after PostgreSQL came back", func() bool { return sock.count("READY=1") > 0 })
 	// The relay marks itself streaming before it notifies, so whatever
 	// we observe now must already say streaming.
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
 		t.Errorf("READY=1 arrived but /readyz says %d %q", code, body)
 	}
 	if si := cluster.SlotInfo(t, e.db.Name(), e.slot); !si.Active {
@@ -227,18 +227,18 @@ func TestNotifyWatchdogStopsWhenTheRelayIsWedged(t *testing.T) {
 	dsn := strings.Replace(e.db.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", hole.port()), 1)
 	sock := listenNotify(t)
 	p := e.start(e.argsAs(dsn, "run"), sock.env(watchdog)...)
-	base := p.admin()
+	base := p.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "the relay to connect to the silent server", func() bool { return hole.accepted() > 0 })
 	harness.WaitFor(t, time.Minute, "a first watchdog ping", func() bool { return sock.count("WATCHDOG=1") > 0 })
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("watchdog pings to stop for 3×WatchdogSec (%v)", 3*watchdog), func() bool {
 		pings := sock.times("WATCHDOG=1")
 		return time.Since(pings[len(pings)-1]) > 3*watchdog
 	})
-	if code, body := get(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "connecting") {
+	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "connecting") {
 		t.Errorf("a relay stuck connecting answers /readyz %d %q, want 503 connecting", code, body)
 	}
 	if p.Exited() {
-		t.Fatalf("the relay exited; the point is that it hangs:\n%s", lastLines(p.Output(), 20))
+		t.Fatalf("the relay exited; the point is that it hangs:\n%s", harness.LastLines(p.Output(), 20))
 	}
 	if sock.count("READY=1") != 0 {
 		t.Errorf("READY=1 from a relay that never streamed:\n%s", sock.lines())

@@ -48,7 +48,7 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 		t.Helper()
 		for _, pw := range []string{secret, wrong} {
 			if strings.Contains(text, pw) {
-				t.Errorf("%s shows a password:\n%s", what, lastLines(text, 20))
+				t.Errorf("%s shows a password:\n%s", what, harness.LastLines(text, 20))
 			}
 		}
 	}
@@ -57,9 +57,9 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 		p := e.start(e.argsAs(url, "run"))
 		p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 		harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
-		base := p.admin()
+		base := p.AdminURL(t)
 		for _, path := range []string{"/slot", "/readyz", "/metrics"} {
-			_, body := get(t, base+path)
+			_, body := harness.HTTPGet(t, base+path)
 			leaks(path, body)
 		}
 		if err := p.Signal(syscall.SIGTERM); err != nil {
@@ -81,7 +81,7 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 				t.Fatalf("run with a wrong password: exit %d (%v), want a non-zero exit", code, err)
 			}
 			if !strings.Contains(p.Output(), "password authentication failed") || !strings.Contains(p.Output(), "check the user and password") {
-				t.Errorf("run with a wrong password does not say so:\n%s", lastLines(p.Output(), 10))
+				t.Errorf("run with a wrong password does not say so:\n%s", harness.LastLines(p.Output(), 10))
 			}
 			leaks("run's output", p.Output())
 			for _, cmd := range []string{"status", "migrate"} {
@@ -99,16 +99,16 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 	t.Run("unreachable server", func(t *testing.T) {
 		for _, dsn := range []string{strings.Replace(url, fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", deadPort), 1), kv(deadPort, secret)} {
 			p := e.start(e.argsAs(dsn, "run"))
-			base := p.admin()
+			base := p.AdminURL(t)
 			harness.WaitFor(t, time.Minute, "two failed connection attempts", func() bool {
-				return metric(t, base, "outbox_relay_stream_restarts_total") >= 2
+				return harness.Metric(t, base, "outbox_relay_stream_restarts_total") >= 2
 			})
-			code, body := get(t, base+"/readyz")
+			code, body := harness.HTTPGet(t, base+"/readyz")
 			if code != http.StatusServiceUnavailable || !strings.Contains(body, fmt.Sprint(deadPort)) {
 				t.Errorf("/readyz with the server unreachable: %d %q, want 503 naming the server", code, body)
 			}
 			leaks("/readyz", body)
-			_, slot := get(t, base+"/slot")
+			_, slot := harness.HTTPGet(t, base+"/slot")
 			leaks("/slot", slot)
 			p.Kill()
 			leaks("the relay's output", p.Output())
@@ -180,7 +180,7 @@ func TestMinimalRole(t *testing.T) {
 
 	p := e.start(e.argsAs(relayDSN, "run"))
 	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
-	base := p.admin()
+	base := p.AdminURL(t)
 	ids := insert(t, ownerDSN, "order", 20)
 	// A topic name Kafka refuses: the event goes to the quarantine table.
 	bad := harness.NewUUID()
@@ -193,7 +193,7 @@ func TestMinimalRole(t *testing.T) {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", bad) == 1
 	})
 	harness.WaitFor(t, 30*time.Second, "outbox_relay_quarantined_events to count it", func() bool {
-		v, _ := value(scrape(t, base), "outbox_relay_quarantined_events")
+		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_quarantined_events")
 		return v == 1
 	})
 	// The slot advanced past the quarantined event: nothing is stuck.
@@ -213,16 +213,16 @@ func TestMinimalRole(t *testing.T) {
 	rows := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events")
 	p = e.start(e.argsAs(relayDSN, "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "500ms"))
 	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
-	base = p.admin()
+	base = p.AdminURL(t)
 	last := insert(t, ownerDSN, "order", 1)
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, last, time.Minute)
 	harness.WaitFor(t, time.Minute, "retention to delete the published rows", func() bool {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") < rows
 	})
-	if v := metric(t, base, "outbox_relay_retention_rows_deleted_total"); v < 1 {
+	if v := harness.Metric(t, base, "outbox_relay_retention_rows_deleted_total"); v < 1 {
 		t.Errorf("retention deleted rows but outbox_relay_retention_rows_deleted_total = %v", v)
 	}
 	if strings.Contains(p.Output(), "cleanup failed") {
-		t.Errorf("retention failed with SELECT and DELETE granted:\n%s", lastLines(p.Output(), 10))
+		t.Errorf("retention failed with SELECT and DELETE granted:\n%s", harness.LastLines(p.Output(), 10))
 	}
 }

@@ -164,7 +164,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvNoKafka(t)
-			e.brokers = kafka.BrokerList()
+			e.brokers = kafka.Brokers()
 			e.migrate()
 			args := e.args("run", "--kafka-tls", "--kafka-tls-ca", caFile,
 				"--kafka-sasl-mechanism", tc.mechanism, "--kafka-sasl-user", tc.user)
@@ -178,9 +178,9 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 			p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 			ids := insert(t, e.db.DSN(), "order", 10)
 			consumeIDs(t, kafka.Brokers(), tc.consumer, ids, time.Minute)
-			base := p.admin()
-			_, slot := get(t, base+"/slot")
-			_, readyz := get(t, base+"/readyz")
+			base := p.AdminURL(t)
+			_, slot := harness.HTTPGet(t, base+"/slot")
+			_, readyz := harness.HTTPGet(t, base+"/readyz")
 			for what, text := range map[string]string{"output": p.Output(), "/slot": slot, "/readyz": readyz} {
 				if strings.Contains(text, tc.password) {
 					t.Errorf("the SASL password appears in the relay's %s", what)
@@ -212,11 +212,11 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvNoKafka(t)
-			e.brokers = kafka.BrokerList()
+			e.brokers = kafka.Brokers()
 			e.migrate()
 			topic := "fails-closed-" + e.slot
 			p := e.start(e.args("run", append([]string{"--kafka-tls", "--topic", topic}, tc.args...)...), "OUTBOX_RELAY_KAFKA_SASL_PASSWORD="+tc.password)
-			base := p.admin()
+			base := p.AdminURL(t)
 			insert(t, e.db.DSN(), "order", 3)
 			// Fails closed: the error names the cause, the relay is not
 			// ready (or has exited), and it never starts streaming.
@@ -231,7 +231,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 			}
 			harness.WaitFor(t, time.Minute, "an error naming "+strings.Join(tc.want, " and "), func() bool { return clear() || p.Exited() })
 			if !clear() {
-				t.Fatalf("the relay's output does not say %q:\n%s", tc.want, lastLines(p.Output(), 20))
+				t.Fatalf("the relay's output does not say %q:\n%s", tc.want, harness.LastLines(p.Output(), 20))
 			}
 			var readyz string
 			// An authentication or certificate failure is fatal (exit 1, so

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// deadDSN points at a port nobody listens on, with a password that must
+// never be printed.
+func deadDSN(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return fmt.Sprintf("postgres://relay:hunter2@127.0.0.1:%d/app?connect_timeout=5", port)
+}
+
+func runCaptured(args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// Every command exits 1 when PostgreSQL cannot be reached (the flags were
+// fine) and 2 for bad flags, before touching anything.
+func TestExitCodeContract(t *testing.T) {
+	dsn := deadDSN(t)
+	unreachable := [][]string{
+		{"migrate", "--pg-dsn", dsn},
+		{"status", "--pg-dsn", dsn},
+		{"quarantine", "list", "--pg-dsn", dsn},
+		{"quarantine", "replay", "--all", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1"},
+	}
+	for _, args := range unreachable {
+		code, _, stderr := runCaptured(args...)
+		if code != exitFailure {
+			t.Errorf("%v with PostgreSQL unreachable: exit %d, want %d\n%s", args[:2], code, exitFailure, stderr)
+		}
+		if strings.Contains(stderr, "hunter2") {
+			t.Errorf("%v printed the password: %s", args[:2], stderr)
+		}
+	}
+	badFlags := [][]string{
+		{"migrate", "--pg-dsn", dsn, "--slot", "Bad-Slot"},
+		{"migrate", "--pg-dsn", dsn, "--no-such-flag"},
+		{"migrate", "--pg-dsn", dsn, "extra-argument"},
+		{"status"},
+		{"status", "--pg-dsn", dsn, "--table", "a.b.c"},
+		{"quarantine", "list", "--pg-dsn", dsn, "--quarantine-table", "a.b.c"},
+		{"quarantine", "replay", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1"},
+		{"quarantine", "replay", "--all", "--pg-dsn", dsn},
+		{"quarantine", "replay", "--all", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--compression", "brotli"},
+		{"quarantine", "frobnicate"},
+		{"run", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "extra-argument"},
+		{"run", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1", "--status-interval", "0s"},
+		{"frobnicate"},
+	}
+	for _, args := range badFlags {
+		if code, _, stderr := runCaptured(args...); code != exitUsage || strings.Contains(stderr, "hunter2") {
+			t.Errorf("%v: exit %d, want %d\n%s", args, code, exitUsage, stderr)
+		}
+	}
+	for _, args := range [][]string{{"version"}, {"help"}, {"run", "-h"}, {"migrate", "-h"}, {"quarantine", "replay", "-h"}} {
+		if code, _, stderr := runCaptured(args...); code != exitOK {
+			t.Errorf("%v: exit %d, want 0\n%s", args, code, stderr)
+		}
+	}
+}
+
+// Settings Kafka would refuse in every session stop run at start-up with
+// exit 2 and the flag's name, instead of failing each session forever.
+func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
+	base := []string{"run", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", ""}
+	for _, tc := range []struct {
+		flags []string
+		named string
+	}{
+		{[]string{"--compression", "brotli"}, "--compression"},
+		{[]string{"--topic", "outbox.{aggregate}"}, "--topic"},
+		{[]string{"--topic", "bad/topic"}, "--topic"},
+		{[]string{"--topic", "bad/{event_type}"}, "--topic"},
+		{[]string{"--kafka-version", "banana"}, "--kafka-version"},
+		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay"}, "--kafka-sasl-mechanism"},
+		{[]string{"--quarantine-table", "a.b.c"}, "--quarantine-table"},
+	} {
+		code, _, stderr := runCaptured(append(base, tc.flags...)...)
+		if code != exitUsage || !strings.Contains(stderr, tc.named) {
+			t.Errorf("%v: exit %d, want %d naming %s:\n%s", tc.flags, code, exitUsage, tc.named, stderr)
+		}
+	}
+}
+
+// The quarantine table's own flag is named in its errors, not --table.
+func TestQuarantineTableErrorNamesItsFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--quarantine-table", "a.b.c"},
+		{"migrate", "--print-sql", "--quarantine-table", "a.b.c"},
+		{"quarantine", "list", "--pg-dsn", deadDSN(t), "--quarantine-table", "a.b.c"},
+	} {
+		_, _, stderr := runCaptured(args...)
+		if !strings.Contains(stderr, `--quarantine-table "a.b.c": want schema.table`) || strings.Contains(stderr, "--table") {
+			t.Errorf("%v: %s", args, stderr)
+		}
+	}
+}
+
+// migrate --print-sql validates the names it prints into SQL.
+func TestPrintSQLValidatesNames(t *testing.T) {
+	code, stdout, stderr := runCaptured("migrate", "--print-sql", "--slot", "x'); select pg_drop_replication_slot('y'); --")
+	if code != exitUsage || strings.Contains(stdout, "pg_drop_replication_slot") || !strings.Contains(stderr, "--slot") {
+		t.Errorf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
+	}
+	if code, stdout, _ := runCaptured("migrate", "--print-sql"); code != exitOK || !strings.Contains(stdout, "pg_create_logical_replication_slot('outbox_relay'") {
+		t.Errorf("plain --print-sql: exit %d\n%s", code, stdout)
+	}
+}
+
+// Flags may follow positional arguments: `quarantine replay <id> --pg-dsn`
+// used to drop everything after the id.
+func TestFlagsAfterPositionalArguments(t *testing.T) {
+	dsn := deadDSN(t)
+	o := &options{}
+	fs := newFlagSet("quarantine replay", o, &bytes.Buffer{})
+	ids, err := parse(fs, o, []string{"id-1", "--pg-dsn", dsn, "id-2", "--kafka-brokers", "k:1", "--", "--id-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(ids, " ") != "id-1 id-2 --id-3" || o.relay.Replication.DSN != dsn || strings.Join(o.relay.Publisher.Brokers, ",") != "k:1" {
+		t.Errorf("ids %q dsn %q brokers %v", ids, o.relay.Replication.DSN, o.relay.Publisher.Brokers)
+	}
+	// Through the command: the flags after the id are used, so the replay
+	// gets as far as connecting (exit 1), not "--pg-dsn is required" (2).
+	code, _, stderr := runCaptured("quarantine", "replay", "some-id", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1")
+	if code != exitFailure || strings.Contains(stderr, "required") {
+		t.Errorf("exit %d: %s", code, stderr)
+	}
+}
+
+// Each command's help lists its own flags only.
+func TestHelpListsOnlyTheCommandsFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		want, deny []string
+	}{
+		{[]string{"migrate", "-h"}, []string{"-pg-dsn", "-print-sql", "-slot-only", "-quarantine-table", "-log-level"},
+			[]string{"-kafka-brokers", "-topic", "-retention", "-admin-addr", "-max-in-flight-events", "-json"}},
+		{[]string{"status", "-h"}, []string{"-pg-dsn", "-slot", "-table", "-config"},
+			[]string{"-kafka-brokers", "-topic", "-retention", "-admin-addr", "-print-sql", "-log-level"}},
+		{[]string{"quarantine", "list", "-h"}, []string{"-json", "-quarantine-table"},
+			[]string{"-kafka-brokers", "-all", "-retention"}},
+		{[]string{"quarantine", "replay", "-h"}, []string{"-all", "-replay-timeout", "-kafka-brokers", "-kafka-tls"},
+			[]string{"-json", "-retention", "-topic", "-admin-addr"}},
+		{[]string{"run", "-h"}, []string{"-kafka-brokers", "-topic", "-retention", "-admin-addr", "-slot-failover"},
+			[]string{"-print-sql", "-json", "-all"}},
+	} {
+		_, _, help := runCaptured(tc.args...)
+		flags := map[string]bool{}
+		for _, line := range strings.Split(help, "\n") {
+			if f, ok := strings.CutPrefix(line, "  -"); ok {
+				flags["-"+strings.Fields(f)[0]] = true
+			}
+		}
+		for _, f := range tc.want {
+			if !flags[f] {
+				t.Errorf("%v does not list %s", tc.args, f)
+			}
+		}
+		for _, f := range tc.deny {
+			if flags[f] {
+				t.Errorf("%v lists %s, which does not apply", tc.args, f)
+			}
+		}
+	}
+}
+
+// One config file serves every command: keys of another command's flags
+// are ignored, unknown keys are still refused, and the command's own keys
+// apply.
+func TestConfigFileServesEveryCommand(t *testing.T) {
+	file := writeConfig(t, "pg-dsn: host=db\ntopic: orders\nkafka-brokers: [k:1]\nretention: 168h\nslot: from_file\n")
+	o := &options{}
+	if _, err := parse(newFlagSet("migrate", o, &bytes.Buffer{}), o, []string{"--config", file}); err != nil {
+		t.Fatal(err)
+	}
+	if o.relay.Replication.Slot != "from_file" || o.relay.Replication.DSN != "host=db" {
+		t.Errorf("migrate did not take its keys: slot %q dsn %q", o.relay.Replication.Slot, o.relay.Replication.DSN)
+	}
+	file = writeConfig(t, "pg-dsn: host=db\ntopik: orders\n")
+	if _, err := parse(newFlagSet("status", o, &bytes.Buffer{}), o, []string{"--config", file}); err == nil || !strings.Contains(err.Error(), `unknown key "topik"`) {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// Only ${VAR} is expanded; $$ is a literal $; a bare $ stays.
+func TestConfigFileExpandsOnlyBracedVariables(t *testing.T) {
+	t.Setenv("OUTBOX_TEST_PASSWORD", "from-env")
+	t.Setenv("word1", "SHOULD-NOT-APPEAR")
+	t.Setenv("event", "SHOULD-NOT-APPEAR")
+	file := writeConfig(t, `
+pg-dsn: "host=db password=pa$word1 user=${OUTBOX_TEST_PASSWORD} dbname=a$$b"
+topic: outbox.$event
+kafka-brokers: ["${OUTBOX_TEST_PASSWORD}:9092", "k2:9092"]
+`)
+	o := &options{}
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--config", file}); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.relay.Replication.DSN; got != "host=db password=pa$word1 user=from-env dbname=a$b" {
+		t.Errorf("pg-dsn = %q", got)
+	}
+	if got := o.relay.Publisher.TopicTemplate; got != "outbox.$event" {
+		t.Errorf("topic = %q", got)
+	}
+	if got := strings.Join(o.relay.Publisher.Brokers, ","); got != "from-env:9092,k2:9092" {
+		t.Errorf("brokers = %q", got)
+	}
+}
+
+// A value of the wrong shape names the key and the format it wants.
+func TestConfigFileErrorsNameKeyAndFormat(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"kafka-tls: yes", `key kafka-tls: "yes" is not a boolean: use true or false`},
+		{"retention: 7d", `key retention: "7d" is not a duration`},
+		{"kafka-brokers: {a: 1}", "key kafka-brokers: a mapping is not allowed"},
+		{"slot: [a, b]", "key slot: a list is not allowed"},
+		{"max-in-flight-events: lots", `key max-in-flight-events: "lots" is not a whole number`},
+		{"pg-dsn: ${OUTBOX_TEST_UNSET_VARIABLE}", "OUTBOX_TEST_UNSET_VARIABLE"},
+		{"- just\n- a list", "want a map of flag names"},
+	} {
+		o := &options{}
+		_, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--config", writeConfig(t, tc.yaml)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want it to contain %q", tc.yaml, err, tc.want)
+		}
+	}
+	// The environment gets the same explanation.
+	t.Setenv("OUTBOX_RELAY_RETENTION", "7d")
+	o := &options{}
+	_, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil)
+	if err == nil || !strings.Contains(err.Error(), `OUTBOX_RELAY_RETENTION: "7d" is not a duration`) {
+		t.Errorf("env: err = %v", err)
+	}
+}
+
+func TestVersionFallsBackToBuildInfo(t *testing.T) {
+	withRevision := &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: []debug.BuildSetting{
+		{Key: "vcs.revision", Value: "abc123"}, {Key: "vcs.modified", Value: "true"}}}
+	for _, tc := range []struct {
+		stamped string
+		info    *debug.BuildInfo
+		want    string
+	}{
+		{"1.4.0", withRevision, "1.4.0"},
+		{"", &debug.BuildInfo{Main: debug.Module{Version: "v1.5.0"}}, "v1.5.0"},
+		{"", withRevision, "dev-abc123-dirty"},
+		{"", &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "dev"},
+		{"", nil, "dev"},
+	} {
+		if got := versionFrom(tc.stamped, tc.info); got != tc.want {
+			t.Errorf("versionFrom(%q, %+v) = %q, want %q", tc.stamped, tc.info, got, tc.want)
+		}
+	}
+}
+
+func TestLogDurationsWithUnits(t *testing.T) {
+	saved := zerolog.DurationFieldFormat
+	t.Cleanup(func() { zerolog.DurationFieldFormat = saved })
+	logDurationsWithUnits()
+	var buf bytes.Buffer
+	log := zerolog.New(&buf)
+	log.Info().Dur("status_every", time.Second).Dur("retry_in", 349200*time.Microsecond).Send()
+	if !strings.Contains(buf.String(), `"status_every":"1s"`) || !strings.Contains(buf.String(), `"retry_in":"349.2ms"`) {
+		t.Errorf("log line %s", buf.String())
+	}
+}

@@ -1,0 +1,25 @@
+package main
+
+import (
+	"context"
+
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// statusReport is what `status` prints: the slot's row, and with
+// --kafka-brokers the progress kept in Kafka.
+type statusReport struct {
+	*replication.SlotInfo
+	Progress *relay.ProgressReport `json:"progress,omitempty"`
+}
+
+// progressReport reads the progress record and where a relay starting now
+// would start; it creates nothing.
+func progressReport(ctx context.Context, cfg relay.Config, slot *replication.SlotInfo) (*relay.ProgressReport, error) {
+	confirmed, err := slot.Confirmed()
+	if err != nil {
+		return nil, err
+	}
+	return relay.ReadProgress(ctx, cfg, confirmed)
+}

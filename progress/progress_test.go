@@ -1,0 +1,416 @@
+package progress
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// TestRecordFormat pins the record's JSON, which the exactly-once mode and
+// operators' tools read too.
+func TestRecordFormat(t *testing.T) {
+	r := Record{LSN: 0x16B3748, Timeline: 1, CommitTime: time.Date(2026, 12, 1, 3, 0, 0, 123456000, time.FixedZone("x", 3600)), RelayVersion: "1.4.0"}
+	got := string(r.Marshal())
+	want := `{"version":1,"lsn":"0/16B3748","timeline":1,"commit_time":"2026-12-01T02:00:00.123456Z","relay_version":"1.4.0"}`
+	if got != want {
+		t.Fatalf("Marshal:\n got %s\nwant %s", got, want)
+	}
+	back, err := Unmarshal([]byte(got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.LSN != r.LSN || back.Timeline != 1 || !back.CommitTime.Equal(r.CommitTime) || back.RelayVersion != "1.4.0" {
+		t.Fatalf("round trip: %+v", back)
+	}
+	idle := Record{LSN: 0x1_0000_0010, Timeline: 2}
+	if got := string(idle.Marshal()); got != `{"version":1,"lsn":"1/10","timeline":2,"relay_version":""}` {
+		t.Fatalf("record without commit time: %s", got)
+	}
+	if string(Key("outbox_relay", "7312345678901234567")) != "outbox_relay@7312345678901234567" {
+		t.Fatalf("key: %s", Key("outbox_relay", "7312345678901234567"))
+	}
+}
+
+func TestUnmarshalRejects(t *testing.T) {
+	for name, value := range map[string]string{
+		"newer version":   `{"version":2,"lsn":"0/1","timeline":1}`,
+		"no version":      `{"lsn":"0/1","timeline":1}`,
+		"bad lsn":         `{"version":1,"lsn":"16B3748","timeline":1}`,
+		"no timeline":     `{"version":1,"lsn":"0/1"}`,
+		"bad commit time": `{"version":1,"lsn":"0/1","timeline":1,"commit_time":"yesterday"}`,
+		"not json":        `0/16B3748`,
+	} {
+		if r, err := Unmarshal([]byte(value)); err == nil {
+			t.Errorf("%s: %s decoded as %+v", name, value, r)
+		}
+	}
+	_, err := Unmarshal([]byte(`{"version":2,"lsn":"0/1","timeline":1}`))
+	if !errors.Is(err, ErrUnknownVersion) || !strings.Contains(err.Error(), "--reset-progress") {
+		t.Fatalf("a newer version must say so and what to do: %v", err)
+	}
+}
+
+func startKfake(t *testing.T, opts ...kfake.Opt) (*kfake.Cluster, []string) {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, c.ListenAddrs()
+}
+
+func openStore(t *testing.T, brokers []string, topic string) *Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	s, err := Open(ctx, brokers, sc, topic)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func latest(t *testing.T, s *Store, key []byte) (Record, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, ok, err := s.Latest(ctx, key)
+	if err != nil {
+		t.Fatalf("latest: %v", err)
+	}
+	return r, ok
+}
+
+// TestOpenCreatesCompactedTopic checks the topic the relay creates on a
+// broker that would auto-create topics with its defaults (10 partitions,
+// delete policy) if a metadata lookup asked it to.
+func TestOpenCreatesCompactedTopic(t *testing.T) {
+	_, brokers := startKfake(t, kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(10))
+	openStore(t, brokers, DefaultTopic)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx := context.Background()
+	details, err := adm.ListTopics(ctx, DefaultTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(details[DefaultTopic].Partitions); n != 1 {
+		t.Fatalf("progress topic has %d partitions, want 1", n)
+	}
+	configs, err := adm.DescribeTopicConfigs(ctx, DefaultTopic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := configs.On(DefaultTopic, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := ""
+	for _, c := range rc.Configs {
+		if c.Key == "cleanup.policy" && c.Value != nil {
+			policy = *c.Value
+		}
+	}
+	if policy != "compact" {
+		t.Fatalf("cleanup.policy = %q, want compact", policy)
+	}
+	// Opening again finds the topic and leaves it alone.
+	openStore(t, brokers, DefaultTopic)
+}
+
+// TestLatestLastRecordOfKeyWins writes records of several keys and checks
+// that the newest of each key is found and that another cluster's key
+// (same slot, other system identifier) never matches.
+func TestLatestLastRecordOfKeyWins(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	mine, other := Key("s", "111"), Key("s", "222")
+	if _, ok := latest(t, s, mine); ok {
+		t.Fatal("found a record on an empty topic")
+	}
+	for i := 1; i <= 5; i++ {
+		if err := s.Write(mine, Record{LSN: lsn.LSN(i * 100), Timeline: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Write(other, Record{LSN: lsn.LSN(i * 1000), Timeline: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, ok := latest(t, s, mine); !ok || r.LSN != 500 {
+		t.Fatalf("latest of mine = %+v, %v; want LSN 500", r, ok)
+	}
+	if r, ok := latest(t, s, other); !ok || r.LSN != 5000 {
+		t.Fatalf("latest of other = %+v, %v; want LSN 5000", r, ok)
+	}
+	if _, ok := latest(t, s, Key("s", "333")); ok {
+		t.Fatal("a third cluster's key matched")
+	}
+	// A newer relay's record is not guessed at: the caller must decide.
+	if _, _, err := s.producer.SendMessage(&sarama.ProducerMessage{Topic: "progress", Partition: 0,
+		Key: sarama.ByteEncoder(mine), Value: sarama.StringEncoder(`{"version":2,"lsn":"0/600","timeline":1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := s.Latest(ctx, mine); !errors.Is(err, ErrBadRecord) || !errors.Is(err, ErrUnknownVersion) {
+		t.Fatalf("a version 2 record: want ErrBadRecord and ErrUnknownVersion, got %v", err)
+	}
+}
+
+// TestLatestReadCommitted writes progress in Kafka transactions, as the
+// exactly-once mode does, with an independent client: a committed record,
+// then an aborted one, then one in a transaction left open. Only the
+// committed one counts, and the open transaction must not make the read
+// wait (it stops at the last stable offset, before commit markers).
+func TestLatestReadCommitted(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	key := Key("s", "111")
+	ctx := context.Background()
+	txnWrite := func(id string, r Record, commit kgo.TransactionEndTry) *kgo.Client {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.TransactionalID(id), kgo.DefaultProduceTopic("progress"),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Key: key, Value: r.Marshal(), Partition: 0}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if commit != kgo.TryAbort || id != "open" {
+			if err := cl.EndTransaction(ctx, commit); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return cl
+	}
+	txnWrite("committed", Record{LSN: 100, Timeline: 1}, kgo.TryCommit)
+	if r, ok := latest(t, s, key); !ok || r.LSN != 100 {
+		t.Fatalf("after a committed transaction: %+v, %v", r, ok)
+	}
+	txnWrite("aborted", Record{LSN: 200, Timeline: 1}, kgo.TryAbort)
+	if r, ok := latest(t, s, key); !ok || r.LSN != 100 {
+		t.Fatalf("an aborted transaction's record counted: %+v, %v", r, ok)
+	}
+	if err := s.Write(key, Record{LSN: 150, Timeline: 1}); err != nil {
+		t.Fatal(err)
+	}
+	txnWrite("open", Record{LSN: 300, Timeline: 1}, kgo.TryAbort)
+	start := time.Now()
+	if r, ok := latest(t, s, key); !ok || r.LSN != 150 {
+		t.Fatalf("with a transaction open: %+v, %v; want the plain record at 150", r, ok)
+	}
+	t.Logf("read with an open transaction took %v", time.Since(start))
+}
+
+// TestOpenRefusedCreate: the topic is missing and the broker refuses to
+// create it (as for a user without Create). Open must fail with ErrTopic
+// and give the command that creates the topic.
+func TestOpenRefusedCreate(t *testing.T) {
+	c, brokers := startKfake(t)
+	harness.RefuseCreateTopics(c)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	_, err := Open(ctx, brokers, sc, "progress")
+	if !errors.Is(err, ErrTopic) {
+		t.Fatalf("want ErrTopic, got %v", err)
+	}
+	want := "kafka-topics.sh --bootstrap-server " + brokers[0] + " --create --topic progress --partitions 1 --replication-factor 1 --config cleanup.policy=compact"
+	if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "kafka-acls.sh") {
+		t.Fatalf("error does not give the commands:\n%v\nwant it to contain:\n%s", err, want)
+	}
+}
+
+// TestWriterAtMostOncePerInterval offers many positions within one interval:
+// the first is written at once, the rest wait, and Close writes only the
+// newest. The interval is an hour, so any extra write would be a bug, not
+// a timing accident.
+func TestWriterAtMostOncePerInterval(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	key := Key("s", "111")
+	written := make(chan Record, 100)
+	w := s.NewWriter(time.Hour, zerolog.Nop(), func(r Record) { written <- r })
+	w.Offer(key, Record{LSN: 1, Timeline: 1})
+	select {
+	case r := <-written:
+		if r.LSN != 1 {
+			t.Fatalf("first write: %+v", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first offer was not written")
+	}
+	for i := 2; i <= 50; i++ {
+		w.Offer(key, Record{LSN: lsn.LSN(i), Timeline: 1})
+	}
+	w.Close(30 * time.Second)
+	close(written)
+	var rest []Record
+	for r := range written {
+		rest = append(rest, r)
+	}
+	if len(rest) != 1 || rest[0].LSN != 50 {
+		t.Fatalf("after the first write, want exactly the newest (50) written at Close, got %+v", rest)
+	}
+	if r, ok := latest(t, s, key); !ok || r.LSN != 50 {
+		t.Fatalf("latest = %+v, %v", r, ok)
+	}
+	end := partitionEnd(t, brokers, "progress")
+	if end != 2 {
+		t.Fatalf("%d records on the topic, want 2", end)
+	}
+}
+
+func partitionEnd(t *testing.T, brokers []string, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, _ := ends.Lookup(topic, 0)
+	return o.Offset
+}
+
+// BenchmarkOffer is the read loop's whole cost of progress per status
+// update: it must stay far below the per-event cost of publishing.
+func BenchmarkOffer(b *testing.B) {
+	w := &Writer{wake: make(chan struct{}, 1)}
+	key := Key("outbox_relay", "7312345678901234567")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		w.Offer(key, Record{LSN: lsn.LSN(i), Timeline: 1})
+	}
+}
+
+// BenchmarkWrite is one progress write acknowledged by an in-process
+// broker: the writer does this at most once per --status-interval.
+func BenchmarkWrite(b *testing.B) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V3_6_0_0
+	s, err := Open(context.Background(), c.ListenAddrs(), sc, "progress")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	key := Key("outbox_relay", "7312345678901234567")
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if err := s.Write(key, Record{LSN: lsn.LSN(i), Timeline: 1, CommitTime: time.Now(), RelayVersion: "dev"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestWriterRetriesAFailedWrite: a write Kafka refuses stays pending and is
+// written at the next interval, without a new offer.
+func TestWriterRetriesAFailedWrite(t *testing.T) {
+	c, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	failed := make(chan struct{})
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		produce := req.(*kmsg.ProduceRequest)
+		resp := produce.ResponseKind().(*kmsg.ProduceResponse)
+		for _, topic := range produce.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = topic.Topic
+			for _, p := range topic.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.TopicAuthorizationFailed.Code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		close(failed) // the control is dropped after this one request
+		return resp, nil, true
+	})
+	key := Key("s", "111")
+	written := make(chan Record, 10)
+	w := s.NewWriter(50*time.Millisecond, zerolog.Nop(), func(r Record) { written <- r })
+	defer w.Close(10 * time.Second)
+	w.Offer(key, Record{LSN: 1, Timeline: 1})
+	<-failed
+	select {
+	case r := <-written:
+		if r.LSN != 1 {
+			t.Fatalf("after the failure the writer wrote %+v, want the pending record (1)", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing written after a failed write")
+	}
+	if r, ok := latest(t, s, key); !ok || r.LSN != 1 {
+		t.Fatalf("latest = %+v, %v", r, ok)
+	}
+}
+
+// TestLatestReadsPastOneRequest: more records than one read request returns
+// (12,000 of about 200 bytes against a 1 MiB bound, in several batches),
+// so the read must continue from where each answer ended.
+func TestLatestReadsPastOneRequest(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic("progress"),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchMaxBytes(64<<10),
+		kgo.ProducerBatchCompression(kgo.NoCompression())) // uncompressed, so the bytes really exceed one read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const n = 12000
+	records := make([]*kgo.Record, 0, n)
+	for i := 1; i <= n; i++ {
+		key := Key("s", "other")
+		if i%1000 == 0 {
+			key = Key("s", "111")
+		}
+		records = append(records, &kgo.Record{Key: key, Value: Record{LSN: lsn.LSN(i), Timeline: 1, RelayVersion: strings.Repeat("v", 100)}.Marshal(), Partition: 0})
+	}
+	if err := cl.ProduceSync(context.Background(), records...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if end := partitionEnd(t, brokers, "progress"); end != n {
+		t.Fatalf("%d records on the topic, want %d", end, n)
+	}
+	if r, ok := latest(t, s, Key("s", "111")); !ok || r.LSN != n {
+		t.Fatalf("latest = %+v, %v; want LSN %d", r, ok, n)
+	}
+	if r, ok := latest(t, s, Key("s", "other")); !ok || r.LSN != n-1 {
+		t.Fatalf("latest of the other key = %+v, %v; want LSN %d", r, ok, n-1)
+	}
+}

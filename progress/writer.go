@@ -1,0 +1,133 @@
+package progress
+
+import (
+	"bytes"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Writer writes the newest offered record to the store at most once per
+// interval, on a goroutine of its own, so that the relay's read loop never
+// waits on Kafka for it. It writes only what it is offered: the caller
+// offers positions whose events Kafka already acknowledged, so the record
+// never leads.
+type Writer struct {
+	store *Store
+	every time.Duration
+	log   zerolog.Logger
+	// written is told about each record Kafka acknowledged (metrics,
+	// status); it may be nil.
+	written func(Record)
+
+	mu      sync.Mutex
+	key     []byte
+	pending Record
+	dirty   bool // pending differs from what was last written
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	closing sync.Once
+}
+
+// NewWriter starts a writer on the store; Close stops it.
+func (s *Store) NewWriter(every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
+	w := &Writer{store: s, every: every, log: log, written: written,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go w.loop()
+	return w
+}
+
+// Offer hands the writer the newest confirmed position for key. It never
+// blocks: a record not yet written is replaced by a newer one.
+func (w *Writer) Offer(key []byte, r Record) {
+	w.mu.Lock()
+	if r == w.pending && bytes.Equal(key, w.key) {
+		w.mu.Unlock()
+		return
+	}
+	w.key, w.pending, w.dirty = key, r, true
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Close writes what is pending, waiting at most timeout, then stops the
+// writer. It does not close the store.
+func (w *Writer) Close(timeout time.Duration) {
+	w.closing.Do(func() { close(w.stop) })
+	select {
+	case <-w.done:
+	case <-time.After(timeout):
+		w.log.Warn().Dur("timeout", timeout).
+			Msg("gave up writing the last progress record; the next start re-delivers from the previous one")
+	}
+}
+
+func (w *Writer) loop() {
+	defer close(w.done)
+	pause := time.NewTimer(0)
+	defer pause.Stop()
+	failing := false
+	for {
+		select {
+		case <-w.stop:
+			w.flush(&failing)
+			return
+		case <-w.wake:
+		}
+		if w.flush(&failing) {
+			// At most one write per interval, however often positions move.
+			pause.Reset(w.every)
+			select {
+			case <-w.stop:
+				w.flush(&failing)
+				return
+			case <-pause.C:
+			}
+		}
+	}
+}
+
+// flush writes the pending record, if any, and reports whether it tried.
+// A failed write stays pending for the next attempt: progress that is not
+// written only widens what a restart re-delivers.
+func (w *Writer) flush(failing *bool) bool {
+	w.mu.Lock()
+	if !w.dirty {
+		w.mu.Unlock()
+		return false
+	}
+	key, rec := w.key, w.pending
+	w.dirty = false
+	w.mu.Unlock()
+	err := w.store.Write(key, rec)
+	if err != nil {
+		w.mu.Lock()
+		if !w.dirty {
+			w.dirty = true // keep it for the next attempt unless a newer one came
+		}
+		w.mu.Unlock()
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+		if !*failing {
+			w.log.Warn().Err(err).Str("topic", w.store.topic).
+				Msg("cannot write progress to Kafka; retrying every status interval. Until it succeeds, a PostgreSQL restart re-delivers everything since the last progress written")
+		}
+		*failing = true
+		return true
+	}
+	if *failing {
+		w.log.Info().Str("topic", w.store.topic).Msg("writing progress to Kafka again")
+		*failing = false
+	}
+	if w.written != nil {
+		w.written(rec)
+	}
+	return true
+}

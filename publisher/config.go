@@ -1,0 +1,69 @@
+package publisher
+
+import (
+	"fmt"
+
+	"github.com/IBM/sarama"
+)
+
+// Validate checks the Kafka-side settings once, before the relay starts.
+// New checks them too, but New runs per session: a setting that can never
+// work would fail every session and keep the relay retrying forever instead
+// of stopping it with an error that names the flag.
+func (c Config) Validate() error {
+	if err := validateTopicTemplate(c.TopicTemplate); err != nil {
+		return fmt.Errorf("--topic: %w", err)
+	}
+	if _, err := compressionCodec(c.Compression); err != nil {
+		return fmt.Errorf("--compression: %w", err)
+	}
+	version, err := sarama.ParseKafkaVersion(c.KafkaVersion)
+	if err != nil {
+		return fmt.Errorf("--kafka-version %q: %w (give the brokers' version, e.g. 3.6.0)", c.KafkaVersion, err)
+	}
+	if !version.IsAtLeast(sarama.V0_11_0_0) {
+		return fmt.Errorf("--kafka-version %s: the relay needs 0.11 or newer for its idempotent producer", c.KafkaVersion)
+	}
+	if err := c.Security.validate(); err != nil {
+		return err
+	}
+	// What is left is how sarama combines the settings (sizes, retries).
+	if _, err := saramaConfig(c); err != nil {
+		return fmt.Errorf("kafka settings (--kafka-max-message-bytes, --kafka-retry-max, --kafka-linger): %w", err)
+	}
+	return nil
+}
+
+// validateTopicTemplate parses a --topic value and checks that names built
+// from it can be valid: placeholders are filled with a valid stand-in, so
+// only the template's fixed text can make the name invalid.
+func validateTopicTemplate(template string) error {
+	t, err := parseTopicTemplate(template)
+	if err != nil {
+		return err
+	}
+	standIn := []byte("x")
+	sample := t.appendName(nil, &Event{AggregateType: standIn, EventType: standIn})
+	if err := validTopicName(string(sample)); err != nil {
+		return fmt.Errorf("%q cannot form a valid topic name whatever the placeholders hold: %w", template, err)
+	}
+	return nil
+}
+
+// validate checks TLS files and SASL settings the way New applies them.
+func (s Security) validate() error {
+	if s.TLS {
+		if _, err := s.tlsConfig(); err != nil {
+			return fmt.Errorf("--kafka-tls: %w", err)
+		}
+	}
+	if s.SASLMechanism == "" {
+		return nil
+	}
+	saslOnly := s
+	saslOnly.TLS = false
+	if err := saslOnly.apply(sarama.NewConfig()); err != nil {
+		return fmt.Errorf("--kafka-sasl-mechanism %s: %w", s.SASLMechanism, err)
+	}
+	return nil
+}

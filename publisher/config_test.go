@@ -1,0 +1,57 @@
+package publisher
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestConfigValidateNamesTheFlag(t *testing.T) {
+	valid := DefaultConfig()
+	valid.Brokers = []string{"127.0.0.1:9092"}
+	if err := valid.Validate(); err != nil {
+		t.Fatalf("the defaults do not validate: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		flag string
+	}{
+		{"unknown compression", func(c *Config) { c.Compression = "brotli" }, "--compression"},
+		{"unknown placeholder", func(c *Config) { c.TopicTemplate = "outbox.{aggregate}" }, "--topic"},
+		{"invalid fixed topic", func(c *Config) { c.TopicTemplate = "bad/topic" }, "--topic"},
+		{"invalid template text", func(c *Config) { c.TopicTemplate = "bad/{event_type}" }, "--topic"},
+		{"template too long", func(c *Config) { c.TopicTemplate = strings.Repeat("t", 249) + "{event_type}" }, "--topic"},
+		{"empty topic", func(c *Config) { c.TopicTemplate = "" }, "--topic"},
+		{"unknown kafka version", func(c *Config) { c.KafkaVersion = "banana" }, "--kafka-version"},
+		{"kafka version too old", func(c *Config) { c.KafkaVersion = "0.10.2.0" }, "--kafka-version"},
+		{"sasl plain without password", func(c *Config) {
+			c.Security.SASLMechanism, c.Security.SASLUser = "PLAIN", "relay"
+		}, "--kafka-sasl-mechanism"},
+		{"unknown sasl mechanism", func(c *Config) {
+			c.Security.SASLMechanism, c.Security.SASLUser, c.Security.SASLPassword = "GSSAPI", "relay", "pw"
+		}, "--kafka-sasl-mechanism"},
+		{"missing tls ca file", func(c *Config) {
+			c.Security.TLS, c.Security.CA = true, t.TempDir()+"/missing.pem"
+		}, "--kafka-tls"},
+		{"zero max message bytes", func(c *Config) { c.MaxMessageBytes = 0 }, "--kafka-max-message-bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid
+			tc.edit(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tc.flag) {
+				t.Errorf("error does not name %s: %v", tc.flag, err)
+			}
+		})
+	}
+	for _, ok := range []string{"outbox.event.{aggregate_type}", "{aggregate_type}", "{aggregate_type}.{event_type}", "fixed.topic-name_1"} {
+		c := valid
+		c.TopicTemplate = ok
+		if err := c.Validate(); err != nil {
+			t.Errorf("--topic %q refused: %v", ok, err)
+		}
+	}
+}

@@ -1,0 +1,47 @@
+package publisher
+
+import (
+	"fmt"
+
+	"github.com/IBM/sarama"
+)
+
+// TopicNamer resolves the topic an event routes to, with the same template
+// the publisher uses, for callers that read topics rather than write them.
+type TopicNamer struct {
+	t *topicTemplate
+}
+
+// NewTopicNamer parses a topic template (--topic).
+func NewTopicNamer(template string) (*TopicNamer, error) {
+	t, err := parseTopicTemplate(template)
+	if err != nil {
+		return nil, err
+	}
+	return &TopicNamer{t: t}, nil
+}
+
+// Topic returns the topic of an event.
+func (n *TopicNamer) Topic(ev *Event) string {
+	var scratch [256]byte
+	return string(n.t.appendName(scratch[:0], ev))
+}
+
+// NewReadClient connects a sarama client with the relay's Kafka settings
+// (version, TLS, SASL), for reading topics back. The caller closes it.
+func NewReadClient(cfg Config) (sarama.Client, error) {
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sc.Metadata.AllowAutoTopicCreation = false
+	sc.Consumer.Return.Errors = true
+	client, err := sarama.NewClient(cfg.Brokers, sc)
+	if err != nil {
+		if authFailure(err) {
+			return nil, fmt.Errorf("%w: kafka brokers %v refused the credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
+		}
+		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+	}
+	return client, nil
+}

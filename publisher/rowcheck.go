@@ -1,0 +1,29 @@
+package publisher
+
+import "fmt"
+
+// CheckRow refuses an event that lacks a value every record needs: the
+// key (aggregate_id), the values topics and headers are made of
+// (aggregate_type, event_type), or the payload. The read loop and
+// quarantine replay both call it, so a replayed event meets the same rules
+// as a streamed one. An empty identity value is refused like a NULL one:
+// the quarantine table stores a NULL as empty, and an empty key would put
+// the event in the wrong order group.
+func CheckRow(ev *Event) *Error {
+	for _, col := range [...]struct {
+		name     string
+		value    []byte
+		nonEmpty bool
+	}{
+		{"aggregate_id", ev.AggregateID, true},
+		{"aggregate_type", ev.AggregateType, true},
+		{"event_type", ev.EventType, true},
+		{"payload", ev.Payload, false},
+	} {
+		if col.value == nil || col.nonEmpty && len(col.value) == 0 {
+			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", col.name)}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,224 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// partitionRange is the part of one partition a comparison reads.
+type partitionRange struct {
+	topic     string
+	partition int32
+	from, to  int64 // offsets [from, to); to is the high watermark at the start
+	// truncated: records were deleted from the partition's start, and the
+	// window reaches back to what is left.
+	truncated bool
+}
+
+// scanResult is what the partition readers found besides the row counts.
+type scanResult struct {
+	records       int64
+	unidentified  int64
+	candidates    []Phantom // records in the phantom window with no window row
+	missingTopics []string
+	truncated     []string // partitions whose retention may have deleted window records
+}
+
+// scanKafka reads every partition of topics from (Since - Margin) to the
+// high watermark taken now, marking the records of window rows in rows.
+func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, phantomSince time.Time,
+	progress *counters, log zerolog.Logger) (*scanResult, error) {
+	res := &scanResult{}
+	if len(topics) == 0 {
+		progress.enter("kafka", 0)
+		return res, nil
+	}
+	client, err := publisher.NewReadClient(cfg.Kafka)
+	if err != nil {
+		return nil, err
+	}
+	defer client.Close()
+
+	ranges, missing, err := partitionRanges(client, topics, cfg.Since.Add(-cfg.Margin))
+	if err != nil {
+		return nil, err
+	}
+	res.missingTopics = missing
+	for _, topic := range missing {
+		log.Warn().Str("topic", topic).Msg("topic does not exist in Kafka: every row routed to it is missing")
+	}
+	for _, r := range ranges {
+		if r.truncated {
+			name := fmt.Sprintf("%s/%d", r.topic, r.partition)
+			res.truncated = append(res.truncated, name)
+			log.Warn().Str("partition", name).
+				Msg("Kafka deleted this partition's oldest records and the window starts at or before what is left: rows whose records retention deleted show as missing; shorten the window to the topic's retention")
+		}
+	}
+	var total int64
+	for _, r := range ranges {
+		total += r.to - r.from
+	}
+	progress.enter("kafka", total)
+
+	consumer, err := sarama.NewConsumerFromClient(client)
+	if err != nil {
+		return nil, fmt.Errorf("create kafka consumer: %w", err)
+	}
+	defer consumer.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for _, r := range ranges {
+		if r.from >= r.to {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reader := partitionReader{r: r, rows: rows, phantomSince: phantomSince, until: cfg.Until,
+				stall: cfg.Stall, done: &progress.done}
+			err := reader.read(ctx, consumer)
+			mu.Lock()
+			defer mu.Unlock()
+			res.records += reader.records
+			res.unidentified += reader.unidentified
+			res.candidates = append(res.candidates, reader.candidates...)
+			if err != nil && firstErr == nil {
+				firstErr = err
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return res, ctx.Err()
+}
+
+// partitionRanges finds, for each partition, the first offset at or after
+// from and the current high watermark.
+func partitionRanges(client sarama.Client, topics []string, from time.Time) (ranges []partitionRange, missing []string, err error) {
+	for _, topic := range topics {
+		if err := client.RefreshMetadata(topic); err != nil && !errors.Is(err, sarama.ErrUnknownTopicOrPartition) &&
+			!errors.Is(err, sarama.ErrInvalidTopic) {
+			return nil, nil, fmt.Errorf("look up topic %s: %w", topic, err)
+		}
+		parts, err := client.Partitions(topic)
+		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) || (err == nil && len(parts) == 0) {
+			missing = append(missing, topic)
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("look up partitions of %s: %w", topic, err)
+		}
+		for _, p := range parts {
+			hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+			if err != nil {
+				return nil, nil, fmt.Errorf("high watermark of %s/%d: %w", topic, p, err)
+			}
+			start, err := client.GetOffset(topic, p, from.UnixMilli())
+			if err != nil {
+				return nil, nil, fmt.Errorf("offset for %s of %s/%d: %w (the brokers must support offsets by timestamp, Kafka 0.10.1+)",
+					from.UTC().Format(time.RFC3339), topic, p, err)
+			}
+			if start < 0 || start > hwm {
+				start = hwm // no record at or after from
+			}
+			oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, nil, fmt.Errorf("log start of %s/%d: %w", topic, p, err)
+			}
+			ranges = append(ranges, partitionRange{topic: topic, partition: p, from: start, to: hwm,
+				truncated: oldest > 0 && start <= oldest})
+		}
+	}
+	return ranges, missing, nil
+}
+
+// partitionReader reads one partition range.
+type partitionReader struct {
+	r            partitionRange
+	rows         *rowSet
+	phantomSince time.Time
+	until        time.Time
+	stall        time.Duration
+	done         *atomic.Int64
+
+	records      int64
+	unidentified int64
+	candidates   []Phantom
+}
+
+var eventIDHeader = []byte("event_id")
+
+func (p *partitionReader) read(ctx context.Context, consumer sarama.Consumer) error {
+	pc, err := consumer.ConsumePartition(p.r.topic, p.r.partition, p.r.from)
+	if err != nil {
+		return fmt.Errorf("read %s/%d from offset %d: %w (if the offset is out of range, Kafka deleted those records: shorten the window)",
+			p.r.topic, p.r.partition, p.r.from, err)
+	}
+	defer pc.Close()
+	stall := p.stall
+	if stall <= 0 {
+		stall = time.Minute
+	}
+	timer := time.NewTimer(stall)
+	defer timer.Stop()
+	for {
+		select {
+		case msg := <-pc.Messages():
+			p.record(msg)
+			p.done.Add(1)
+			if msg.Offset+1 >= p.r.to {
+				return nil
+			}
+			timer.Reset(stall)
+		case cerr := <-pc.Errors():
+			return fmt.Errorf("read %s/%d: %w", p.r.topic, p.r.partition, cerr.Err)
+		case <-timer.C:
+			return fmt.Errorf("read %s/%d: nothing for %s before reaching offset %d (check the brokers; raise --stall-timeout for slow clusters)",
+				p.r.topic, p.r.partition, stall, p.r.to)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (p *partitionReader) record(msg *sarama.ConsumerMessage) {
+	p.records++
+	var raw []byte
+	for _, h := range msg.Headers {
+		if h != nil && string(h.Key) == string(eventIDHeader) {
+			raw = h.Value
+			break
+		}
+	}
+	id, ok := ParseEventID(raw)
+	inPhantomWindow := !msg.Timestamp.Before(p.phantomSince) && msg.Timestamp.Before(p.until)
+	switch {
+	case !ok:
+		if inPhantomWindow {
+			p.unidentified++
+		}
+	case p.rows.mark(id):
+	case inPhantomWindow:
+		p.candidates = append(p.candidates, Phantom{EventID: id, Topic: msg.Topic, Partition: msg.Partition,
+			Offset: msg.Offset, Timestamp: msg.Timestamp.UTC()})
+	}
+}

@@ -1,0 +1,210 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// Outcome of one missing event during republish.
+const (
+	pending uint8 = iota
+	sent
+	acked
+	quarantinedNow
+	failed
+)
+
+// republisher sends the missing events through the publisher `run` uses and
+// records each one's outcome. Acks and failures arrive on the publisher's
+// outcome goroutine; the event's index in the missing list rides in Txn.
+type republisher struct {
+	missing    sortedIDs
+	quarantine *store.Quarantine // nil: permanent errors fail the event
+	log        zerolog.Logger
+
+	mu       sync.Mutex
+	state    []uint8
+	errs     map[int]string
+	inFlight sync.WaitGroup
+	acks     *counters
+}
+
+func (r *republisher) Acked(d publisher.Delivery) {
+	r.mu.Lock()
+	r.state[d.Txn] = acked
+	r.mu.Unlock()
+	r.acks.done.Add(1)
+	r.inFlight.Done()
+}
+
+func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
+	defer r.inFlight.Done()
+	if perr.Class == publisher.ClassPermanent && perr.Record != nil && r.quarantine != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := r.quarantine.Put(ctx, relay.QuarantinedRecord(perr.Record, perr))
+		cancel()
+		if err == nil {
+			r.quarantined(int(d.Txn), perr)
+			return
+		}
+		perr = &publisher.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
+			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
+	}
+	r.fail(int(d.Txn), perr.Error())
+}
+
+func (r *republisher) quarantined(i int, perr *publisher.Error) {
+	r.mu.Lock()
+	r.state[i] = quarantinedNow
+	r.mu.Unlock()
+	r.log.Error().Str("event_id", r.missing[i].String()).Str("topic", perr.Topic).Err(perr.Err).Str("advice", perr.Advice()).
+		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
+}
+
+func (r *republisher) fail(i int, msg string) {
+	r.mu.Lock()
+	r.state[i] = failed
+	r.errs[i] = msg
+	r.mu.Unlock()
+}
+
+// republish sends rep.Missing again, oldest row first, and fills in the
+// report's republish fields. Only acknowledged events count as republished.
+func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress *counters, log zerolog.Logger) error {
+	r := &republisher{missing: rep.Missing, log: log, state: make([]uint8, len(rep.Missing)),
+		errs: map[int]string{}, acks: progress}
+	if cfg.Republish.Quarantine && cfg.Quarantine.Name != "" {
+		q, err := store.OpenQuarantine(ctx, cfg.Postgres, cfg.Quarantine, store.ForRelay)
+		if err != nil {
+			return err
+		}
+		defer q.Close()
+		r.quarantine = q
+	}
+	pubCfg := cfg.Kafka
+	pub, err := publisher.New(pubCfg, log)
+	if err != nil {
+		return err
+	}
+	pub.Dispatch(r)
+	closeTimeout := 5 * time.Second
+	defer func() {
+		if pub != nil {
+			pub.Close(closeTimeout)
+		}
+	}()
+
+	err = t.eachWindowRow(ctx, func(ev *publisher.Event) error {
+		id, ok := ParseEventID(ev.EventID)
+		if !ok {
+			return nil
+		}
+		i, ok := r.missing.index(id)
+		if !ok {
+			return nil
+		}
+		r.mu.Lock()
+		state := r.state[i]
+		r.mu.Unlock()
+		if state != pending {
+			return nil // the table returned the row twice (a text id without a key)
+		}
+		ev.Txn = uint64(i)
+		rec, err := build(ctx, pub, ev)
+		var limit *publisher.BatchLimitError
+		if errors.As(err, &limit) {
+			// The topic takes smaller batches: flush what is in flight and
+			// go on with a producer built for them, as `run` does.
+			cerr := pub.Close(cfg.Republish.AckTimeout)
+			pub = nil
+			if cerr != nil {
+				return cerr
+			}
+			pubCfg.MaxMessageBytes = limit.MaxMessageBytes
+			if pub, err = publisher.New(pubCfg, log); err != nil {
+				return err
+			}
+			pub.Dispatch(r)
+			rec, err = build(ctx, pub, ev)
+		}
+		var perr *publisher.Error
+		switch {
+		case errors.As(err, &perr) && perr.Class == publisher.ClassPermanent && r.quarantine != nil:
+			if qerr := r.quarantine.Put(ctx, relay.QuarantinedEvent(ev, perr)); qerr != nil {
+				return qerr
+			}
+			r.quarantined(i, perr)
+			return nil
+		case err != nil:
+			r.fail(i, err.Error())
+			return nil
+		}
+		r.mu.Lock()
+		r.state[i] = sent
+		r.mu.Unlock()
+		r.inFlight.Add(1)
+		if err := pub.Send(ctx, rec); err != nil {
+			r.inFlight.Done()
+			return err
+		}
+		return nil
+	})
+	acksIn := make(chan struct{})
+	go func() {
+		r.inFlight.Wait()
+		close(acksIn)
+	}()
+	if err == nil {
+		select {
+		case <-acksIn:
+		case <-time.After(cfg.Republish.AckTimeout):
+			log.Warn().Dur("ack_timeout", cfg.Republish.AckTimeout).Msg("gave up waiting for Kafka's acknowledgements")
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if pub != nil {
+		if cerr := pub.Close(closeTimeout); cerr != nil {
+			log.Warn().Err(cerr).Msg("closing the producer")
+		}
+		pub = nil
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, s := range r.state {
+		switch s {
+		case acked:
+			rep.Republished++
+		case quarantinedNow:
+			rep.RepublishQuarantined = append(rep.RepublishQuarantined, r.missing[i])
+		case failed:
+			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i], Error: r.errs[i]})
+		case sent:
+			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i],
+				Error: "no acknowledgement from Kafka in time; run reconcile again"})
+		case pending:
+			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i],
+				Error: "the row left the window or the table before it was sent"})
+		}
+	}
+	return err
+}
+
+// build checks the row's required values as `run` does, then builds its
+// record.
+func build(ctx context.Context, pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
+	if perr := publisher.CheckRow(ev); perr != nil {
+		return nil, perr
+	}
+	return pub.BuildWait(ctx, ev)
+}

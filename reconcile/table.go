@@ -1,0 +1,243 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// lookupBatch is how many ids one `= ANY($1)` lookup carries.
+const lookupBatch = 5000
+
+// table reads the outbox and quarantine tables on one connection.
+type table struct {
+	conn       *pgx.Conn
+	cfg        Config
+	outbox     string // quoted
+	quarantine string // quoted; empty when the table does not exist
+	idType     string // the event_id column's type, for id lookups
+}
+
+func openTable(ctx context.Context, cfg Config) (*table, error) {
+	outbox, err := store.ParseTable("--table", cfg.Postgres.Table)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := replication.Dial(ctx, cfg.Postgres)
+	if err != nil {
+		return nil, err
+	}
+	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted()}
+	err = conn.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = 'event_id' AND NOT attisdropped`, t.outbox).Scan(&t.idType)
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("%w: look up %s.event_id: %v (check --table, and that `outbox-relay migrate` ran)",
+			replication.ErrPrecondition, t.outbox, err)
+	}
+	if cfg.Quarantine.Name != "" {
+		q := cfg.Quarantine.Quoted()
+		var exists bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", q).Scan(&exists); err != nil {
+			conn.Close(context.Background())
+			return nil, fmt.Errorf("look up quarantine table: %w", err)
+		}
+		if exists {
+			t.quarantine = q
+		}
+	}
+	return t, nil
+}
+
+func (t *table) close() { t.conn.Close(context.Background()) }
+
+const inWindow = " WHERE created_at >= $1 AND created_at < $2"
+
+// topics returns the topics the window's rows route to, and the row count.
+func (t *table) topics(ctx context.Context) ([]string, int64, error) {
+	namer, err := publisher.NewTopicNamer(t.cfg.Kafka.TopicTemplate)
+	if err != nil {
+		return nil, 0, err
+	}
+	rows, err := t.conn.Query(ctx, "SELECT aggregate_type, event_type, count(*) FROM "+t.outbox+inWindow+" GROUP BY 1, 2",
+		t.cfg.Since, t.cfg.Until)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the window's topics: %w", err)
+	}
+	defer rows.Close()
+	seen := map[string]bool{}
+	var total int64
+	for rows.Next() {
+		var ev publisher.Event
+		var n int64
+		if err := rows.Scan(&ev.AggregateType, &ev.EventType, &n); err != nil {
+			return nil, 0, fmt.Errorf("read the window's topics: %w", err)
+		}
+		seen[namer.Topic(&ev)] = true
+		total += n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read the window's topics: %w", err)
+	}
+	topics := make([]string, 0, len(seen))
+	for name := range seen {
+		topics = append(topics, name)
+	}
+	sort.Strings(topics)
+	return topics, total, nil
+}
+
+// windowIDs streams the window's event ids into a sorted set. Ids that are
+// not uuids (a text column) are only counted. expected sizes the set up
+// front (the count taken just before), sparing the copies of growing it.
+func (t *table) windowIDs(ctx context.Context, expected int64, done *atomic.Int64) (*rowSet, int64, error) {
+	rows, err := t.conn.Query(ctx, "SELECT event_id::text FROM "+t.outbox+inWindow, t.cfg.Since, t.cfg.Until)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the window's rows: %w", err)
+	}
+	defer rows.Close()
+	set := &rowSet{ids: make([]EventID, 0, expected)}
+	var unchecked int64
+	for rows.Next() {
+		id, ok := ParseEventID(rows.RawValues()[0])
+		if ok {
+			set.add(id)
+		} else {
+			unchecked++
+		}
+		done.Add(1)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("read the window's rows: %w", err)
+	}
+	set.seal()
+	return set, unchecked, nil
+}
+
+// oldestRow is the created_at of the table's oldest row, zero when empty.
+func (t *table) oldestRow(ctx context.Context) (time.Time, error) {
+	var oldest *time.Time
+	if err := t.conn.QueryRow(ctx, "SELECT min(created_at) FROM "+t.outbox).Scan(&oldest); err != nil {
+		return time.Time{}, fmt.Errorf("read the oldest row: %w", err)
+	}
+	if oldest == nil {
+		return time.Time{}, nil
+	}
+	return *oldest, nil
+}
+
+// present returns which of ids a table holds, looked up in batches.
+func (t *table) present(ctx context.Context, tableName, idType string, ids []EventID) (sortedIDs, error) {
+	var found sortedIDs
+	text := make([]string, 0, min(len(ids), lookupBatch))
+	for start := 0; start < len(ids); start += lookupBatch {
+		text = text[:0]
+		for _, id := range ids[start:min(start+lookupBatch, len(ids))] {
+			text = append(text, id.String())
+		}
+		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE event_id = ANY($1::text[]::%s[])", tableName, idType), text)
+		if err != nil {
+			return nil, fmt.Errorf("look up event ids in %s: %w", tableName, err)
+		}
+		for rows.Next() {
+			if id, ok := ParseEventID(rows.RawValues()[0]); ok {
+				found = append(found, id)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("look up event ids in %s: %w", tableName, err)
+		}
+	}
+	slices.SortFunc(found, compareIDs)
+	return found, nil
+}
+
+// phantoms keeps the candidates whose event_id has no row anywhere in the
+// table: a record of a row just outside the window is not a phantom.
+func (t *table) phantoms(ctx context.Context, candidates []Phantom) ([]Phantom, error) {
+	ids := make([]EventID, len(candidates))
+	for i := range candidates {
+		ids[i] = candidates[i].EventID
+	}
+	slices.SortFunc(ids, compareIDs)
+	ids = slices.Compact(ids)
+	found, err := t.present(ctx, t.outbox, t.idType, ids)
+	if err != nil {
+		return nil, err
+	}
+	var out []Phantom
+	for _, c := range candidates {
+		if !found.has(c.EventID) {
+			out = append(out, c)
+		}
+	}
+	slices.SortFunc(out, func(a, b Phantom) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		if a.Partition != b.Partition {
+			return int(a.Partition - b.Partition)
+		}
+		return int(a.Offset - b.Offset)
+	})
+	return out, nil
+}
+
+// splitQuarantined separates the rows the quarantine table holds.
+func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing, quarantined []EventID, err error) {
+	if t.quarantine == "" || len(absent) == 0 {
+		return absent, nil, nil
+	}
+	held, err := t.present(ctx, t.quarantine, "uuid", absent)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, id := range absent {
+		if held.has(id) {
+			quarantined = append(quarantined, id)
+		} else {
+			missing = append(missing, id)
+		}
+	}
+	return missing, quarantined, nil
+}
+
+// outboxColumns are read in the text forms the replication stream
+// delivers, so a republished record is byte for byte what `run` sends.
+const outboxColumns = `event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text,
+	payload::text, headers::text, occurred_at::text`
+
+// eachWindowRow streams the window's rows whole, oldest first, so events
+// of one aggregate are handed over in the order they were written.
+func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
+	rows, err := t.conn.Query(ctx, "SELECT "+outboxColumns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
+		t.cfg.Since, t.cfg.Until)
+	if err != nil {
+		return fmt.Errorf("read the window's rows: %w", err)
+	}
+	defer rows.Close()
+	var ev publisher.Event
+	for rows.Next() {
+		v := rows.RawValues()
+		ev = publisher.Event{EventID: v[0], AggregateType: v[1], AggregateID: v[2], EventType: v[3],
+			SchemaVersion: v[4], Payload: v[5], Headers: v[6], OccurredAt: v[7]}
+		if err := fn(&ev); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the window's rows: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,466 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// idleConfirmDelay is how soon a moved position is reported once nothing is
+// in flight any more, instead of waiting out StatusInterval: it keeps the
+// slot's lag small after a burst at the cost of at most ten updates a second.
+// It is also how often the loop stops reading to take acks while some are
+// pending and the stream is quiet.
+const idleConfirmDelay = 100 * time.Millisecond
+
+// statusMaxInterval keeps status updates well inside wal_sender_timeout.
+func statusMaxInterval(configured, senderTimeout time.Duration) time.Duration {
+	if senderTimeout > 0 && senderTimeout/3 < configured {
+		return max(senderTimeout/3, 100*time.Millisecond)
+	}
+	return configured
+}
+
+// streamer is one session's read loop. It alone touches the tracker's
+// write side, the source and the sink: acks, failures and quarantine
+// results all come to it over channels, and it waits for them in its own
+// select, so nothing downstream ever calls back into it.
+type streamer struct {
+	relay      *Relay
+	clock      clock
+	source     source
+	sink       sink
+	tracker    *lsn.Tracker
+	quarantine *quarantiner // nil when permanent errors halt the relay
+
+	txn        lsn.TxnID
+	inTxn      bool
+	rowSeen    bool // the open transaction's first row was read
+	commitTime time.Time
+	event      publisher.Event
+
+	received       lsn.LSN // highest position read
+	flushedSent    lsn.LSN // flush position last reported
+	lastStatus     time.Time
+	keepaliveEvery time.Duration
+	retries        int64 // the sink's retries already counted
+	timer          timer
+	failure        error     // the first outcome that ends the session
+	finishBy       time.Time // set when a stop came inside a transaction
+
+	// newSink makes a sink, to learn when Kafka is back after a failure;
+	// nil: a Kafka failure ends the session at once.
+	newSink func() (sink, error)
+	closing sync.WaitGroup // abandoned sinks being closed
+}
+
+func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
+	return &streamer{
+		relay: r, clock: c, source: src, sink: snk, tracker: t, quarantine: q,
+		received: start, flushedSent: start, lastStatus: c.Now(), keepaliveEvery: keepaliveEvery,
+		timer: c.NewTimer(r.cfg.StatusInterval),
+	}
+}
+
+// run reads and publishes until an error, a session-ending outcome or ctx
+// ends.
+func (s *streamer) run(ctx context.Context) error {
+	for {
+		if err := s.stopRequested(ctx); err != nil {
+			return err
+		}
+		if err := s.takeOutcomes(); err != nil {
+			return err
+		}
+		if err := s.duties(); err != nil {
+			return err
+		}
+		if s.tracker.Full() {
+			if s.tracker.Confirmed() != s.flushedSent {
+				// Room comes from telling PostgreSQL what is confirmed.
+				if err := s.statusIfDue(true); err != nil {
+					return err
+				}
+				continue
+			}
+			// Stop reading WAL until acks free room; the wait wakes for
+			// status too, so wal_sender_timeout never fires while Kafka is
+			// slow.
+			if _, err := s.wait(ctx, nil, nil); err != nil {
+				return err
+			}
+			continue
+		}
+		msg, err := s.source.Receive(s.nextWake())
+		if err != nil {
+			return err
+		}
+		if err := s.handle(ctx, msg); err != nil {
+			return err
+		}
+	}
+}
+
+// stopRequested returns ctx's error once the session should stop. When ctx
+// ends inside a transaction, the loop first reads on to its commit, for at
+// most ShutdownTimeout: the events of it already sent can then be
+// confirmed, and a clean stop leaves nothing to re-deliver.
+func (s *streamer) stopRequested(ctx context.Context) error {
+	err := ctx.Err()
+	if err == nil || !s.inTxn {
+		return err
+	}
+	now := s.clock.Now()
+	if s.finishBy.IsZero() {
+		s.finishBy = now.Add(s.relay.cfg.ShutdownTimeout)
+		s.relay.log.Info().Msg("stopping: reading on to the end of the open transaction so what was sent of it can be confirmed")
+	} else if now.After(s.finishBy) {
+		return err
+	}
+	return nil
+}
+
+// duties are what the loop owes on every turn, however it waits: report
+// status when due, and tell the watchdog it is alive.
+func (s *streamer) duties() error {
+	if err := s.statusIfDue(false); err != nil {
+		return err
+	}
+	if s.relay.hooks.Alive != nil {
+		s.relay.hooks.Alive()
+	}
+	return nil
+}
+
+// wait blocks until something needs the loop: rec accepted by the sink
+// (when rec is given), an outcome, a quarantine result, ready closed, the
+// next wake-up, or ctx ending. It reports whether rec was sent, and the
+// session-ending failure if one arrived.
+func (s *streamer) wait(ctx context.Context, rec *publisher.Record, ready <-chan struct{}) (sent bool, err error) {
+	var in chan<- *publisher.Record
+	if rec != nil {
+		in = s.sink.Input()
+	}
+	var stored <-chan quarantineResult
+	if s.quarantine != nil {
+		stored = s.quarantine.results
+	}
+	s.timer.Reset(max(s.nextWake().Sub(s.clock.Now()), 0))
+	// Stopped again on the way out, so an armed timer means a wait is on.
+	defer s.timer.Stop()
+	var stop <-chan struct{}
+	if s.finishBy.IsZero() {
+		stop = ctx.Done() // once finishing a transaction, stop was seen
+	}
+	select {
+	case in <- rec:
+		sent = true
+	case o, ok := <-s.sink.Outcomes():
+		if !ok {
+			return false, errors.New("kafka producer stopped reporting outcomes")
+		}
+		s.outcome(o)
+	case res := <-stored:
+		s.stored(res)
+	case <-ready:
+	case <-s.timer.C():
+	case <-stop:
+	}
+	if s.failure != nil {
+		return sent, s.failure
+	}
+	return sent, s.stopRequested(ctx)
+}
+
+// takeOutcomes handles every outcome and quarantine result already there,
+// without waiting.
+func (s *streamer) takeOutcomes() error {
+	var stored <-chan quarantineResult
+	if s.quarantine != nil {
+		stored = s.quarantine.results
+	}
+	for {
+		select {
+		case o, ok := <-s.sink.Outcomes():
+			if !ok {
+				return errors.New("kafka producer stopped reporting outcomes")
+			}
+			s.outcome(o)
+		case res := <-stored:
+			s.stored(res)
+		default:
+			return s.failure
+		}
+	}
+}
+
+// nextWake is when the read loop must look at its status again even if no
+// message comes: every StatusInterval at the latest (the loop's heartbeat,
+// which the systemd watchdog follows), at the keepalive, every
+// idleConfirmDelay while acks are pending (to take them), and when an idle
+// tracker's moved position becomes due. Without the last, a position that
+// moved just after an update waited a whole StatusInterval, and a burst's
+// tail sat unconfirmed that long.
+func (s *streamer) nextWake() time.Time {
+	now := s.clock.Now()
+	next := now.Add(s.relay.cfg.StatusInterval)
+	switch {
+	case !s.tracker.Idle():
+		next = now.Add(idleConfirmDelay)
+	case s.tracker.Confirmed() != s.flushedSent:
+		next = earliest(next, s.lastStatus.Add(idleConfirmDelay))
+	}
+	return earliest(next, s.lastStatus.Add(s.keepaliveEvery))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
+	switch msg.Kind {
+	case replication.KindBegin:
+		if s.inTxn {
+			return fmt.Errorf("replication stream: begin of xid %d inside an open transaction", msg.XID)
+		}
+		s.txn = s.tracker.Open(msg.CommitTime)
+		s.inTxn, s.rowSeen = true, false
+		s.commitTime = msg.CommitTime
+	case replication.KindRow:
+		if !s.inTxn {
+			return errors.New("replication stream: row outside a transaction")
+		}
+		if !s.rowSeen {
+			s.rowSeen = true
+			s.relay.metrics.CommitToReceive.Observe(s.clock.Now().Sub(s.commitTime).Seconds())
+		}
+		return s.publish(ctx, &msg.Row)
+	case replication.KindCommit:
+		if !s.inTxn {
+			return errors.New("replication stream: commit outside a transaction")
+		}
+		s.tracker.Close(s.txn, msg.EndLSN)
+		s.sink.EndTxn(s.txn, msg.EndLSN, s.commitTime)
+		s.inTxn = false
+		s.received = max(s.received, msg.EndLSN)
+	case replication.KindKeepalive:
+		s.received = max(s.received, msg.ServerWALEnd)
+		if !s.inTxn {
+			// Nothing open and, if the tracker agrees, nothing unacknowledged:
+			// the server's WAL end is safe, and confirming it lets the slot
+			// release WAL that only other tables wrote.
+			s.tracker.ConfirmIdle(msg.ServerWALEnd)
+		}
+		if msg.ReplyRequested {
+			return s.statusIfDue(true)
+		}
+	}
+	return nil
+}
+
+// eventOf maps a decoded outbox row to the publisher's event; the slices
+// still alias the read buffer.
+func eventOf(row *replication.Row, txn lsn.TxnID, commitTime time.Time) publisher.Event {
+	v := &row.Values
+	return publisher.Event{
+		EventID:       v[replication.FieldEventID],
+		AggregateType: v[replication.FieldAggregateType],
+		AggregateID:   v[replication.FieldAggregateID],
+		EventType:     v[replication.FieldEventType],
+		SchemaVersion: v[replication.FieldSchemaVersion],
+		Payload:       v[replication.FieldPayload],
+		Headers:       v[replication.FieldHeaders],
+		OccurredAt:    v[replication.FieldOccurredAt],
+		Txn:           uint64(txn),
+		CommitTime:    commitTime,
+	}
+}
+
+// publish builds and sends one outbox row. The row aliases the source's
+// read buffer, which stays valid because nothing is received until it is
+// sent.
+func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
+	ev := &s.event
+	*ev = eventOf(row, s.txn, s.commitTime)
+	rec, err := s.build(ev)
+	var pending *publisher.TopicPendingError
+	if errors.As(err, &pending) {
+		rec, err = s.awaitTopic(ctx, ev, pending)
+	}
+	if err != nil {
+		var perr *publisher.Error
+		if !errors.As(err, &perr) || perr.Class != publisher.ClassPermanent {
+			return err
+		}
+		s.relay.metrics.failed(perr)
+		if s.quarantine == nil {
+			return err
+		}
+		// Never sent: it is in flight until the quarantine table holds it,
+		// so neither it nor anything after it is confirmed before that.
+		s.tracker.Add(s.txn, 0)
+		s.quarantine.put(fromEvent(ev, perr), perr, s.txn, 0)
+		return nil
+	}
+	s.tracker.Add(s.txn, rec.Size())
+	select {
+	case s.sink.Input() <- rec:
+		return nil
+	default:
+	}
+	for {
+		sent, err := s.wait(ctx, rec, nil)
+		if sent || err != nil {
+			return err
+		}
+		if err := s.duties(); err != nil {
+			return err
+		}
+	}
+}
+
+// awaitTopic waits, keeping the loop's duties, while the sink looks up the
+// event's topic. The event counts as in flight meanwhile: it is what holds
+// the stream, and the admin endpoint should say so.
+func (s *streamer) awaitTopic(ctx context.Context, ev *publisher.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
+	s.tracker.Add(s.txn, 0)
+	defer s.tracker.Ack(s.txn, 0)
+	for {
+		if _, err := s.wait(ctx, nil, pending.Done); err != nil {
+			return nil, err
+		}
+		if err := s.duties(); err != nil {
+			return nil, err
+		}
+		select {
+		case <-pending.Done:
+		default:
+			continue
+		}
+		rec, err := s.build(ev)
+		if !errors.As(err, &pending) {
+			return rec, err
+		}
+	}
+}
+
+// build checks the row's required values, then builds its record.
+func (s *streamer) build(ev *publisher.Event) (*publisher.Record, error) {
+	if perr := publisher.CheckRow(ev); perr != nil {
+		// The topic is not named: it may be derived from the missing value.
+		perr.Topic = "(not resolved)"
+		return nil, perr
+	}
+	return s.sink.Build(ev)
+}
+
+// statusIfDue reports positions when the confirmed position moved and a
+// StatusInterval passed (or idleConfirmDelay, once nothing is in flight),
+// when keepaliveEvery passed, or when forced.
+func (s *streamer) statusIfDue(force bool) error {
+	if !s.inTxn {
+		// A keepalive's WAL end may have arrived while acks were pending;
+		// once they are in, it is safe, and without this the slot would
+		// hold that tail of WAL until the database writes again.
+		s.tracker.ConfirmIdle(s.received)
+	}
+	now := s.clock.Now()
+	since := now.Sub(s.lastStatus)
+	confirmed := s.tracker.Confirmed()
+	moved := confirmed != s.flushedSent
+	due := force || since >= s.keepaliveEvery ||
+		moved && (since >= s.relay.cfg.StatusInterval || since >= idleConfirmDelay && s.tracker.Idle())
+	if !due {
+		return nil
+	}
+	if err := s.source.SendStatus(s.received, confirmed); err != nil {
+		return err
+	}
+	s.tracker.Reported(confirmed)
+	s.lastStatus, s.flushedSent = now, confirmed
+	stats := s.tracker.Stats()
+	m := s.relay.metrics
+	m.ReceivedLSN.Set(float64(s.received))
+	m.ConfirmedLSN.Set(float64(confirmed))
+	m.InFlightEvents.Set(float64(stats.InFlightEvents))
+	if stats.OldestInFlight.IsZero() {
+		m.OldestUnpublished.Set(0)
+	} else {
+		m.OldestUnpublished.Set(now.Sub(stats.OldestInFlight).Seconds())
+	}
+	if retries := s.sink.Retries(); retries > s.retries {
+		m.Retries.Add(float64(retries - s.retries))
+		s.retries = retries
+	}
+	// Only what was confirmed before this update was sent counts for
+	// retention: stats may already be newer than the flush position sent.
+	if stats.Confirmed == confirmed {
+		s.relay.noteProgress(s.received, stats.ConfirmedCommitTime)
+	} else {
+		s.relay.noteProgress(s.received, time.Time{})
+	}
+	// The tracker confirms only what Kafka acknowledged, so the stored
+	// progress can lag Kafka but never lead it.
+	s.relay.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
+	return nil
+}
+
+// drain ends a session on shutdown: stop reading, wait (bounded) for the
+// outcomes of what is in flight, confirm what they allow, and close.
+func (s *streamer) drain() error {
+	log := s.relay.log
+	s.relay.setState(StateDraining, nil)
+	deadline := s.clock.Now().Add(s.relay.cfg.ShutdownTimeout)
+	if !s.finishBy.IsZero() {
+		// Reading on to a commit already used part of the same timeout.
+		deadline = s.finishBy
+	}
+	for s.tracker.Stats().InFlightEvents > 0 && s.clock.Now().Before(deadline) && s.failure == nil {
+		if _, err := s.wait(context.Background(), nil, nil); err != nil {
+			break
+		}
+		if err := s.statusIfDue(false); err != nil {
+			break
+		}
+	}
+	stats := s.tracker.Stats()
+	if stats.InFlightEvents > 0 {
+		log.Warn().Int("in_flight_events", stats.InFlightEvents).
+			Msg("shutdown timeout reached with events unacknowledged; they will be re-delivered on the next start")
+	}
+	err := s.statusIfDue(true)
+	s.close(err == nil)
+	log.Info().Str("confirmed_lsn", s.flushedSent.String()).Msg("stopped cleanly")
+	return err
+}
+
+// close ends the session's parts. A graceful close lets the server read
+// the last status update before the connection goes.
+func (s *streamer) close(graceful bool) {
+	s.timer.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !graceful {
+		ctx, cancel = context.WithCancel(ctx)
+		cancel()
+	}
+	if err := s.source.Close(ctx); err != nil && graceful {
+		s.relay.log.Warn().Err(err).Msg("could not end the replication stream cleanly; the slot may be re-read from an earlier position")
+	}
+	if err := s.sink.Close(5 * time.Second); err != nil {
+		s.relay.log.Warn().Err(err).Msg("abandoned the session's producer")
+	}
+	if s.quarantine != nil {
+		s.quarantine.stop()
+	}
+	s.closing.Wait()
+}

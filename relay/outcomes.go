@@ -1,0 +1,155 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// ErrQuarantineWrite marks a failed write to the quarantine table. Retrying
+// would fail the same way on the same event and stall the stream, so the
+// relay stops and says what to fix.
+var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
+
+// outcome takes one record's result from the sink. Acks and failures come
+// here, on the loop's goroutine, in the order the sink reported them.
+func (s *streamer) outcome(o publisher.Outcome) {
+	m := s.relay.metrics
+	if o.Err == nil {
+		s.tracker.Ack(lsn.TxnID(o.Txn), o.Bytes)
+		m.acked(o.Delivery)
+		s.relay.lastAck.note(o.At)
+		return
+	}
+	perr := o.Err
+	m.failed(perr)
+	if perr.Class == publisher.ClassPermanent && s.quarantine != nil && perr.Record != nil {
+		// Still in flight until stored: the tracker confirms nothing after
+		// it in WAL order before then. It is not re-delivered, so it
+		// cannot land after later events either.
+		s.quarantine.put(fromRecord(perr.Record, perr), perr, lsn.TxnID(o.Txn), o.Bytes)
+		return
+	}
+	if perr.OrderMayBreak() {
+		// sarama keeps appending later batches to a partition after one
+		// failed (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the
+		// re-delivered event may land after events committed later.
+		m.OrderBreaks.WithLabelValues(perr.Topic, strconv.Itoa(int(perr.Partition))).Inc()
+		s.relay.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
+			Str("class", string(perr.Class)).Err(perr.Err).
+			Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
+	}
+	if s.failure == nil {
+		// Nothing at or after the failed event is ever confirmed: its
+		// transaction never completes in the tracker.
+		s.failure = perr
+	}
+}
+
+// stored takes a quarantine write's result: the event now counts as
+// delivered, or the session ends for good.
+func (s *streamer) stored(res quarantineResult) {
+	perr := res.job.perr
+	if res.err != nil {
+		if s.failure == nil {
+			s.failure = fmt.Errorf("%w %s: %w; grant the relay's role SELECT, INSERT and UPDATE on it, and check that its columns match `outbox-relay migrate --print-sql`; event %s (%v) stays unpublished until then",
+				ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
+		}
+		return
+	}
+	s.tracker.Ack(res.job.txn, res.job.bytes)
+	s.relay.log.Error().Str("event_id", res.job.event.EventID).Str("topic", res.job.event.Topic).Str("class", string(perr.Class)).
+		Err(perr.Err).Str("advice", perr.Advice()).
+		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
+}
+
+// quarantineWriter stores events Kafka will never accept.
+type quarantineWriter interface {
+	Put(ctx context.Context, e Quarantined) error
+}
+
+// quarantineJob is one event to store, with what to ack once it is stored.
+type quarantineJob struct {
+	event Quarantined
+	perr  *publisher.Error
+	txn   lsn.TxnID
+	bytes int
+}
+
+type quarantineResult struct {
+	job quarantineJob
+	err error
+}
+
+// quarantiner writes quarantined events on its own goroutine, one at a
+// time, so the SQL never holds up the read loop or the producer's acks.
+// Results come back to the loop over results, in order.
+type quarantiner struct {
+	table    string // for the operator, in errors
+	writer   quarantineWriter
+	timeout  time.Duration
+	jobs     chan quarantineJob
+	results  chan quarantineResult
+	quit     chan struct{}
+	done     sync.WaitGroup
+	stopping sync.Once
+}
+
+// newQuarantiner starts the writer. capacity must exceed the events that
+// can be in flight, so the loop never blocks handing over a job.
+func newQuarantiner(table string, w quarantineWriter, capacity int) *quarantiner {
+	q := &quarantiner{
+		table: table, writer: w, timeout: 30 * time.Second,
+		jobs: make(chan quarantineJob, capacity), results: make(chan quarantineResult, 1), quit: make(chan struct{}),
+	}
+	q.done.Add(1)
+	go q.run()
+	return q
+}
+
+func (q *quarantiner) run() {
+	defer q.done.Done()
+	for job := range q.jobs {
+		select {
+		case <-q.quit:
+			return
+		default:
+		}
+		// Its own context: a shutdown still stores what is in flight.
+		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
+		err := q.writer.Put(ctx, job.event)
+		cancel()
+		select {
+		case q.results <- quarantineResult{job, err}:
+		case <-q.quit:
+			return
+		}
+	}
+}
+
+// put hands an event to the writer.
+func (q *quarantiner) put(e Quarantined, perr *publisher.Error, txn lsn.TxnID, bytes int) {
+	q.jobs <- quarantineJob{event: e, perr: perr, txn: txn, bytes: bytes}
+}
+
+// stop ends the writer once the write under way, if any, is done.
+func (q *quarantiner) stop() {
+	q.stopping.Do(func() {
+		close(q.quit)
+		close(q.jobs)
+	})
+	q.done.Wait()
+}
+
+// stopIfStarted stops q when there is one.
+func (q *quarantiner) stopIfStarted() {
+	if q != nil {
+		q.stop()
+	}
+}

@@ -1,0 +1,303 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/progress"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// ProgressOptions say where the relay keeps its progress in Kafka.
+type ProgressOptions struct {
+	// Topic is the compacted topic holding one record per slot and
+	// cluster (--progress-topic).
+	Topic string
+	// Reset ignores the stored record at the first start of this process
+	// and starts from the slot (--reset-progress).
+	Reset bool
+	// RelayVersion is written into each record, for operators.
+	RelayVersion string
+}
+
+// progressTimeout bounds opening the progress topic and reading the record
+// at a session's start.
+const progressTimeout = 30 * time.Second
+
+// progressState is the relay's progress in Kafka across sessions: the
+// store and its writer are opened by the first session and live until Run
+// returns.
+type progressState struct {
+	mu        sync.Mutex
+	store     *progress.Store
+	writer    *progress.Writer
+	resetDone bool
+	key       []byte // this session's slot@systemid
+	timeline  uint32 // this session's server timeline
+
+	report ProgressStatus
+}
+
+// ProgressStatus is the progress part of the relay's status.
+type ProgressStatus struct {
+	Topic string `json:"topic"`
+	// LSN is the newest position stored in Kafka (written, or read at the
+	// last start); empty when none is known.
+	LSN        string     `json:"lsn,omitempty"`
+	Timeline   uint32     `json:"timeline,omitempty"`
+	CommitTime *time.Time `json:"commit_time,omitempty"`
+	WrittenAt  *time.Time `json:"written_at,omitempty"`
+	// AgeSeconds is how long ago the stored position was written (0 when
+	// it was only read).
+	AgeSeconds float64 `json:"age_seconds"`
+	// StartSource says whether the last start used the slot's position or
+	// the progress record; StartLSN is where it started.
+	StartSource string `json:"last_start_source,omitempty"`
+	StartLSN    string `json:"last_start_lsn,omitempty"`
+}
+
+// resume decides where a session starts from the slot's confirmed position
+// and the progress record; see decideStart. It opens the progress topic on
+// first use (creating it if missing) and starts the writer.
+func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN) (lsn.LSN, error) {
+	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
+	if err != nil {
+		return 0, err
+	}
+	store, err := r.progressStore(ctx)
+	if err != nil {
+		return 0, err
+	}
+	p := &r.progress
+	key := progress.Key(r.cfg.Replication.Slot, sys.ID)
+	p.mu.Lock()
+	reset := r.cfg.Progress.Reset && !p.resetDone
+	p.mu.Unlock()
+	rec, found, err := store.Latest(ctx, key)
+	if reset && errors.Is(err, progress.ErrBadRecord) {
+		// The reset overwrites it below; it need not decode.
+		r.log.Warn().Err(err).Msg("--reset-progress: ignoring a progress record that cannot be used")
+		rec, found, err = progress.Record{}, false, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var stored *progress.Record
+	if found {
+		stored = &rec
+	}
+	d, err := decideStart(slotStart, stored, sys, reset)
+	if err != nil {
+		return 0, err
+	}
+	log := r.log.With().Str("system_id", sys.ID).Uint32("timeline", sys.Timeline).
+		Str("slot_lsn", slotStart.String()).Str("start_lsn", d.Start.String()).Str("start_source", d.Source).Logger()
+	if found {
+		log = log.With().Str("progress_lsn", rec.LSN.String()).Uint32("progress_timeline", rec.Timeline).Logger()
+	}
+	if d.OrphanTo != 0 {
+		r.metrics.progress.orphaned(d.OrphanFrom, d.OrphanTo)
+		log.Warn().Str("orphaned_from_lsn", d.OrphanFrom.String()).Str("orphaned_to_lsn", d.OrphanTo.String()).
+			Uint64("orphaned_wal_bytes", uint64(d.OrphanTo-d.OrphanFrom)).
+			Msg("the progress record comes from an earlier timeline that went on past the point where this server branched off (a failover): events the old primary published in that WAL range may be in Kafka without existing in this database; consumers may see them, and they will not be published again")
+	}
+	if reset {
+		// Overwrite the record now: otherwise every later session of this
+		// process would meet the same record and stop again.
+		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion}); err != nil {
+			return 0, err
+		}
+		ev := log.Warn()
+		if d.Ignored != "" {
+			ev = ev.Str("ignored", d.Ignored)
+		}
+		ev.Msg("--reset-progress: starting from the slot's position and overwriting the stored progress; this happens once per process")
+	} else {
+		log.Info().Msg("start position decided")
+	}
+	p.mu.Lock()
+	p.resetDone = p.resetDone || reset
+	p.key, p.timeline = key, sys.Timeline
+	p.report.StartSource, p.report.StartLSN = d.Source, d.Start.String()
+	if found && p.report.WrittenAt == nil {
+		p.noteRecord(rec)
+	}
+	p.mu.Unlock()
+	r.metrics.progress.started(d.Source)
+	return d.Start, nil
+}
+
+// progressStore opens the store and its writer on first use. Only the
+// session loop calls it, one session at a time; the lock is not held while
+// Kafka answers, so /slot never waits on a slow broker.
+func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
+	p := &r.progress
+	p.mu.Lock()
+	store := p.store
+	p.mu.Unlock()
+	if store != nil {
+		return store, nil
+	}
+	store, err := openProgress(ctx, r.cfg, progress.Open)
+	if err != nil {
+		return nil, err
+	}
+	writer := store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+	p.mu.Lock()
+	p.store, p.writer = store, writer
+	p.report.Topic = store.Topic()
+	p.mu.Unlock()
+	return store, nil
+}
+
+func openProgress(ctx context.Context, cfg Config,
+	open func(context.Context, []string, *sarama.Config, string) (*progress.Store, error)) (*progress.Store, error) {
+	sc, err := publisher.ClientConfig(cfg.Publisher)
+	if err != nil {
+		return nil, err
+	}
+	store, err := open(ctx, cfg.Publisher.Brokers, sc, cfg.Progress.Topic)
+	if errors.Is(err, progress.ErrConnect) {
+		return nil, publisher.ConnectError(cfg.Publisher.Brokers, err)
+	}
+	return store, err
+}
+
+// progressWritten is told by the writer about each record Kafka stored.
+func (r *Relay) progressWritten(rec progress.Record) {
+	p := &r.progress
+	p.mu.Lock()
+	p.noteRecord(rec)
+	now := time.Now()
+	p.report.WrittenAt = &now
+	p.mu.Unlock()
+	r.metrics.progress.written(rec, now)
+}
+
+func (p *progressState) noteRecord(rec progress.Record) {
+	p.report.LSN, p.report.Timeline = rec.LSN.String(), rec.Timeline
+	p.report.CommitTime = nil
+	if !rec.CommitTime.IsZero() {
+		t := rec.CommitTime
+		p.report.CommitTime = &t
+	}
+}
+
+// offerProgress hands the writer a position the tracker confirmed: every
+// event of every transaction ending at or before it was acknowledged by
+// Kafka, and an idle confirmation (a keepalive's WAL end with nothing in
+// flight and no transaction open) has no unacknowledged event before it
+// either. So the record never leads what Kafka holds. The writer decides
+// when to write; this never blocks the read loop.
+func (r *Relay) offerProgress(confirmed lsn.LSN, commitTime time.Time) {
+	p := &r.progress
+	p.mu.Lock()
+	w, key, tli := p.writer, p.key, p.timeline
+	p.mu.Unlock()
+	if w == nil || key == nil || confirmed == 0 {
+		return
+	}
+	w.Offer(key, progress.Record{LSN: confirmed, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion})
+}
+
+// closeProgress writes the last offered position and closes the store.
+func (r *Relay) closeProgress() {
+	p := &r.progress
+	p.mu.Lock()
+	w, store := p.writer, p.store
+	p.writer, p.store = nil, nil
+	p.mu.Unlock()
+	if w != nil {
+		w.Close(10 * time.Second)
+	}
+	if store != nil {
+		store.Close()
+	}
+}
+
+// progressStatus is the progress part of Status.
+func (r *Relay) progressStatus() *ProgressStatus {
+	p := &r.progress
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.report.Topic == "" {
+		return nil
+	}
+	s := p.report
+	if s.WrittenAt != nil {
+		s.AgeSeconds = time.Since(*s.WrittenAt).Seconds()
+	}
+	return &s
+}
+
+// ProgressReport is what `status` shows of the progress topic, read
+// without a running relay.
+type ProgressReport struct {
+	Topic      string     `json:"topic"`
+	SystemID   string     `json:"system_id"`
+	Timeline   uint32     `json:"server_timeline"`
+	LSN        string     `json:"lsn,omitempty"`
+	RecordTLI  uint32     `json:"timeline,omitempty"`
+	CommitTime *time.Time `json:"commit_time,omitempty"`
+	// AgeSeconds is the age of the record's commit time.
+	AgeSeconds float64 `json:"age_seconds,omitempty"`
+	// NextStartSource is what a relay starting now would start from, or
+	// why it would stop.
+	NextStartSource string `json:"next_start_source"`
+	NextStartLSN    string `json:"next_start_lsn,omitempty"`
+	Error           string `json:"error,omitempty"`
+}
+
+// ReadProgress reads the progress record for the slot and says where a
+// relay starting now would start. It creates nothing.
+func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*ProgressReport, error) {
+	sys, err := replication.IdentifySystem(ctx, cfg.Replication)
+	if err != nil {
+		return nil, err
+	}
+	rep := &ProgressReport{Topic: cfg.Progress.Topic, SystemID: sys.ID, Timeline: sys.Timeline}
+	store, err := openProgress(ctx, cfg, progress.OpenExisting)
+	if errors.Is(err, progress.ErrTopic) {
+		rep.NextStartSource, rep.NextStartLSN = StartFromSlot, slotStart.String()
+		rep.Error = err.Error()
+		return rep, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer store.Close()
+	rec, found, err := store.Latest(ctx, progress.Key(cfg.Replication.Slot, sys.ID))
+	if err != nil {
+		return nil, err
+	}
+	var stored *progress.Record
+	if found {
+		stored = &rec
+		rep.LSN, rep.RecordTLI = rec.LSN.String(), rec.Timeline
+		if !rec.CommitTime.IsZero() {
+			t := rec.CommitTime
+			rep.CommitTime = &t
+			rep.AgeSeconds = time.Since(t).Seconds()
+		}
+	}
+	d, err := decideStart(slotStart, stored, sys, false)
+	if err != nil {
+		rep.NextStartSource, rep.Error = "none", err.Error()
+		return rep, nil
+	}
+	rep.NextStartSource, rep.NextStartLSN = d.Source, d.Start.String()
+	return rep, nil
+}
+
+// isProgressFatal reports the progress errors retrying cannot fix.
+func isProgressFatal(err error) bool {
+	return errors.Is(err, ErrProgressAhead) || errors.Is(err, progress.ErrTopic) || errors.Is(err, progress.ErrBadRecord)
+}

@@ -1,0 +1,118 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// kafkaRecoverable reports whether a session-ending error is Kafka's alone
+// and a new producer may fix it, so the replication connection can stay
+// up while Kafka is away.
+func (s *streamer) kafkaRecoverable(err error) bool {
+	var perr *publisher.Error
+	return s.newSink != nil && errors.As(err, &perr) && perr.Class != publisher.ClassPermanent &&
+		!errors.Is(err, publisher.ErrAuth)
+}
+
+// waitForKafka keeps the replication connection through a Kafka outage:
+// it abandons the failed sink, keeps reporting status (so
+// wal_sender_timeout never fires) and feeding the watchdog without reading
+// WAL, and tries a new producer with backoff until one connects. The
+// unacknowledged events stay in flight meanwhile, so the age of the oldest
+// unpublished event keeps growing and the outage shows in the metrics,
+// instead of as a relay stuck connecting with nothing in flight.
+//
+// The caller then ends the session and re-streams from the confirmed
+// position. It cannot do that on the same connection: PostgreSQL 15's
+// walsender ends a second START_REPLICATION on a connection at once.
+func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
+	log := s.relay.log
+	old := s.sink
+	s.closing.Add(1)
+	go func() {
+		// Abandoned: what it still holds was never confirmed, and is sent
+		// again from the confirmed position.
+		defer s.closing.Done()
+		old.Close(5 * time.Second)
+	}()
+	s.failure = nil
+	for attempt := 1; ; attempt++ {
+		wait := backoff.Delay(s.relay.cfg.BackoffMin, s.relay.cfg.BackoffMax, attempt)
+		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).
+			Msg("kafka failed; keeping the replication connection until a producer connects again")
+		if err := s.pause(ctx, s.clock.Now().Add(wait), nil); err != nil {
+			return err
+		}
+		type made struct {
+			sink sink
+			err  error
+		}
+		result := make(chan made, 1)
+		go func() {
+			snk, err := s.newSink()
+			result <- made{snk, err}
+		}()
+		var m made
+		if err := s.pause(ctx, time.Time{}, func() bool {
+			select {
+			case m = <-result:
+				return true
+			default:
+				return false
+			}
+		}); err != nil {
+			go func() {
+				// Closed once made; nothing waits for it.
+				if m := <-result; m.err == nil {
+					m.sink.Close(time.Second)
+				}
+			}()
+			return err
+		}
+		if m.err != nil {
+			cause = m.err
+			continue
+		}
+		// Only a sign of life: the next session makes its own producer.
+		s.closing.Add(1)
+		go func() {
+			defer s.closing.Done()
+			m.sink.Close(time.Second)
+		}()
+		log.Info().Msg("kafka is reachable again; re-streaming from the confirmed position")
+		return nil
+	}
+}
+
+// pause keeps the loop's duties without reading or sending: until the given
+// time (when not zero), or until ready reports true, or ctx ends.
+func (s *streamer) pause(ctx context.Context, until time.Time, ready func() bool) error {
+	tick := 10 * time.Millisecond // how often ready is looked at
+	for {
+		if err := s.duties(); err != nil {
+			return err
+		}
+		now := s.clock.Now()
+		if ready != nil && ready() || !until.IsZero() && !now.Before(until) {
+			return nil
+		}
+		next := s.nextWake()
+		if !until.IsZero() {
+			next = earliest(next, until)
+		}
+		if ready != nil {
+			next = earliest(next, now.Add(tick))
+		}
+		s.timer.Reset(max(next.Sub(now), 0))
+		select {
+		case <-s.timer.C():
+		case <-ctx.Done():
+			s.timer.Stop()
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,80 @@
+package replication
+
+import (
+	"strings"
+	"testing"
+)
+
+// A password that is also an ordinary word must neither garble the message
+// nor be given away by the garbling: masking works on the DSN's structure,
+// never on the password's value.
+func TestRedactErrorKeepsWordsThatContainThePassword(t *testing.T) {
+	for _, tc := range []struct{ dsn, password string }{
+		{"host=db user=app password=app dbname=app", "app"},
+		{"postgres://app:app@db:5432/app", "app"},
+		{"host=db user=relay password=a dbname=app", "a"},
+		{"postgres://relay:a@db/app", "a"},
+	} {
+		msg := `connect to host=db user=app dbname=app: precondition failed: FATAL: password authentication failed for user "app" (SQLSTATE 28P01)`
+		if got := RedactError(msg, tc.dsn); got != msg {
+			t.Errorf("password %q: RedactError changed a message without a secret:\n got %s\nwant %s", tc.password, got, msg)
+		}
+		quoted := "bad setting in " + tc.dsn + " at start"
+		got := RedactError(quoted, tc.dsn)
+		want := "bad setting in " + Describe(tc.dsn) + " at start"
+		if got != want {
+			t.Errorf("password %q: the quoted DSN is not replaced by its description:\n got %s\nwant %s", tc.password, got, want)
+		}
+		if strings.Contains(got, "password") {
+			t.Errorf("password %q: %q still shows a password field", tc.password, got)
+		}
+	}
+	if d := Describe("host=db user=app password=app dbname=app"); d != "host=db port=5432 user=app dbname=app" {
+		t.Errorf("Describe = %q", d)
+	}
+}
+
+// A connection string that does not parse has no reliable field
+// boundaries, so it is never echoed, not even masked.
+func TestUnparseableDSNIsDescribedNotEchoed(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://relay:s3cret@127.0.0.1:notaport/app",
+		"host=db user=relay password='s3cret dbname=app",
+		"host=db port=abc user=relay password=s3cret",
+	} {
+		err := Config{DSN: dsn, Table: "public.outbox", Slot: "s", Publication: "p"}.Validate()
+		if err == nil {
+			t.Fatalf("%q: Validate accepted it", dsn)
+		}
+		for _, leak := range []string{"s3cret", "relay", "127.0.0.1", "`"} {
+			if strings.Contains(err.Error(), leak) {
+				t.Errorf("%q: the error quotes the DSN (%q): %v", dsn, leak, err)
+			}
+		}
+		if !strings.HasPrefix(err.Error(), "--pg-dsn does not parse: ") {
+			t.Errorf("%q: %v", dsn, err)
+		}
+		if d := Describe(dsn); strings.Contains(d, "s3cret") || strings.Contains(d, "relay") {
+			t.Errorf("Describe(%q) = %q", dsn, d)
+		}
+		// pgconn's own parse error, passed through RedactError by callers
+		// that print it, loses its quote of the DSN too.
+		if _, perr := Connect(t.Context(), Config{DSN: dsn}); perr == nil {
+			t.Fatalf("%q: Connect parsed it", dsn)
+		} else if got := RedactError(perr.Error(), dsn); strings.Contains(got, "s3cret") || strings.Contains(got, "relay") {
+			t.Errorf("%q: RedactError(%q) = %q", dsn, perr, got)
+		}
+	}
+}
+
+func TestSplitTableFlagNamesTheFlag(t *testing.T) {
+	if _, _, err := SplitTableFlag("--quarantine-table", "a.b.c"); err == nil || !strings.HasPrefix(err.Error(), `--quarantine-table "a.b.c"`) {
+		t.Errorf("err = %v", err)
+	}
+	if s, tb, err := SplitTableFlag("--quarantine-table", "q"); err != nil || s != "public" || tb != "q" {
+		t.Errorf("q -> %q %q %v", s, tb, err)
+	}
+	if _, _, err := SplitTable("a.b.c"); err == nil || !strings.HasPrefix(err.Error(), `--table "a.b.c"`) {
+		t.Errorf("err = %v", err)
+	}
+}

@@ -1,0 +1,268 @@
+package replication
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+)
+
+// ErrSlotLost marks a slot the server invalidated: the WAL it held is gone.
+var ErrSlotLost = errors.New("replication slot invalidated")
+
+// ErrSlotMissing marks a slot that vanished after this process streamed
+// from it: dropped, or the server failed over to one without the slot. The
+// events committed since the last confirmed position are not in any slot.
+var ErrSlotMissing = errors.New("replication slot disappeared")
+
+// ErrSlotBusy marks a slot another process is streaming from.
+var ErrSlotBusy = errors.New("replication slot in use")
+
+// SlotPolicy is what the relay may do about its slot before streaming.
+type SlotPolicy struct {
+	// RecreateLost drops and recreates a slot the server invalidated. The
+	// events in the removed WAL are not delivered.
+	RecreateLost bool
+	// MustExist is set once this process has streamed from the slot: from
+	// then on a missing slot means events were lost, and creating a new one
+	// at the current position would hide that.
+	MustExist bool
+	// LastConfirmedCommit is the commit time of the last transaction this
+	// process confirmed, named in the error when the slot is missing so the
+	// operator knows where the gap starts. Zero when unknown.
+	LastConfirmedCommit time.Time
+}
+
+// SlotStart is where a session starts streaming, and what happened to the
+// slot on the way.
+type SlotStart struct {
+	LSN lsn.LSN
+	// Created is set when the slot did not exist and was created now, at
+	// LSN: rows committed before it are not in the slot.
+	Created bool
+	// RecreatedLost is set when an invalidated slot was dropped and
+	// created again under RecreateLost.
+	RecreatedLost bool
+}
+
+// PrepareSlot applies the slot policy: it creates the slot at first start,
+// recreates a lost one only when allowed, refuses a missing one once this
+// process streamed from it, refuses one another process is streaming from,
+// and returns where to start.
+func (a *Admin) PrepareSlot(ctx context.Context, policy SlotPolicy) (SlotStart, error) {
+	slot, exists, err := a.Slot(ctx)
+	if err != nil {
+		return SlotStart{}, err
+	}
+	if !exists && policy.MustExist {
+		return SlotStart{}, a.missingSlotError(policy.LastConfirmedCommit)
+	}
+	var start SlotStart
+	if exists && slot.Lost() && policy.RecreateLost {
+		if err := a.DropSlot(ctx); err != nil {
+			return SlotStart{}, err
+		}
+		exists, start.RecreatedLost = false, true
+	}
+	if !exists {
+		at, err := a.CreateSlot(ctx)
+		if err != nil {
+			return SlotStart{}, err
+		}
+		start.LSN, start.Created = at, true
+		return start, nil
+	}
+	if err := a.CheckSlot(ctx, slot); err != nil {
+		return SlotStart{}, err
+	}
+	if slot.Active {
+		// Another process streams it. Say so before the caller connects to
+		// Kafka, so a standby does not open a producer on every poll;
+		// START_REPLICATION remains the real lock.
+		pid := 0
+		if slot.ActivePID != nil {
+			pid = *slot.ActivePID
+		}
+		return SlotStart{}, fmt.Errorf("%w: replication slot %q is active for PID %d", ErrSlotBusy, slot.Name, pid)
+	}
+	start.LSN, err = slot.Confirmed()
+	return start, err
+}
+
+func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
+	since := "<commit time of the last transaction this relay confirmed>"
+	if !lastConfirmedCommit.IsZero() {
+		since = lastConfirmedCommit.UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
+		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. "+
+		"Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s` to find and publish the events of the gap",
+		ErrSlotMissing, a.cfg.Slot, Describe(a.cfg.DSN), since)
+}
+
+// TableRows describes what the outbox table holds when a slot is created:
+// those rows committed before the slot and are not in it.
+type TableRows struct {
+	Count int64
+	// NewestCreated and OldestCreated are the newest and oldest rows'
+	// created_at; zero when the table is empty or has no created_at column.
+	NewestCreated, OldestCreated time.Time
+}
+
+// ExistingRows reads how many rows the outbox table holds and how new the
+// newest is. Rows an earlier slot already published are counted too, so
+// the count alone does not say anything was missed; the newest row's age
+// does: a row created long before the slot was most likely published.
+func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
+	schema, table, err := SplitTable(a.cfg.Table)
+	if err != nil {
+		return TableRows{}, err
+	}
+	qualified := pgx.Identifier{schema, table}.Sanitize()
+	var rows TableRows
+	var newest, oldest *time.Time
+	err = a.conn.QueryRow(ctx, "SELECT count(*), max(created_at), min(created_at) FROM "+qualified).Scan(&rows.Count, &newest, &oldest)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // no created_at column: custom table
+		err = a.conn.QueryRow(ctx, "SELECT count(*) FROM "+qualified).Scan(&rows.Count)
+	}
+	if err != nil {
+		return TableRows{}, fmt.Errorf("count rows of %s: %w", a.cfg.Table, err)
+	}
+	if newest != nil {
+		rows.NewestCreated = *newest
+	}
+	if oldest != nil {
+		rows.OldestCreated = *oldest
+	}
+	return rows, nil
+}
+
+// SlotInfo is the server's view of the slot, from pg_replication_slots.
+type SlotInfo struct {
+	Name              string   `json:"slot_name"`
+	Plugin            string   `json:"plugin"`
+	Database          string   `json:"database"`
+	Active            bool     `json:"active"`
+	ActivePID         *int     `json:"active_pid"`
+	RestartLSN        *string  `json:"restart_lsn"`
+	ConfirmedFlushLSN *string  `json:"confirmed_flush_lsn"`
+	WALStatus         *string  `json:"wal_status"`
+	SafeWALSize       *int64   `json:"safe_wal_size"`
+	Failover          *bool    `json:"failover,omitempty"`
+	CurrentLSN        string   `json:"current_wal_lsn"`
+	RetainedWALBytes  *float64 `json:"retained_wal_bytes"`
+	LagBytes          *float64 `json:"lag_bytes"`
+}
+
+// Confirmed returns the slot's confirmed_flush_lsn.
+func (s *SlotInfo) Confirmed() (lsn.LSN, error) {
+	if s.ConfirmedFlushLSN == nil {
+		return 0, fmt.Errorf("slot %s has no confirmed_flush_lsn", s.Name)
+	}
+	return lsn.Parse(*s.ConfirmedFlushLSN)
+}
+
+// Lost reports whether the server invalidated the slot.
+func (s *SlotInfo) Lost() bool {
+	return s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil && s.Plugin != ""
+}
+
+// Slot reads the slot's state; ok is false when it does not exist. It reads
+// the row as JSON so it works across server versions whose views differ.
+func (a *Admin) Slot(ctx context.Context) (info *SlotInfo, ok bool, err error) {
+	var raw []byte
+	err = a.conn.QueryRow(ctx, `
+		SELECT to_jsonb(s) || jsonb_build_object(
+			'current_wal_lsn', pg_current_wal_lsn()::text,
+			'retained_wal_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn),
+			'lag_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))
+		FROM pg_replication_slots s WHERE slot_name = $1`, a.cfg.Slot).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read slot %s: %w", a.cfg.Slot, err)
+	}
+	info = &SlotInfo{}
+	if err := json.Unmarshal(raw, info); err != nil {
+		return nil, false, fmt.Errorf("decode slot %s: %w", a.cfg.Slot, err)
+	}
+	return info, true, nil
+}
+
+// CreateSlot creates the permanent pgoutput slot. From this moment on the
+// slot holds every committed change for the relay.
+func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
+	query := "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+	if a.cfg.SlotFailover {
+		if err := a.requireFailoverSupport(ctx); err != nil {
+			return 0, err
+		}
+		query = "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+	}
+	var at string
+	if err := a.conn.QueryRow(ctx, query, a.cfg.Slot).Scan(&at); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42710" {
+			return 0, fmt.Errorf("create slot %s: it was created concurrently: %w", a.cfg.Slot, err)
+		}
+		return 0, fmt.Errorf("create slot %s: %w (check max_replication_slots and the role's REPLICATION attribute)", a.cfg.Slot, err)
+	}
+	return lsn.Parse(at)
+}
+
+// CheckSlot verifies an existing slot can serve the relay.
+func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
+	if info.Lost() {
+		return fmt.Errorf("%w: slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed while the relay was behind may never reach Kafka. "+
+			"Reconcile the outbox table against Kafka for that period, then drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay with --recreate-lost-slot, or run migrate",
+			ErrSlotLost, info.Name, info.Name)
+	}
+	if info.Plugin != "pgoutput" {
+		return precondition("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)
+	}
+	var db string
+	if err := a.conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		return fmt.Errorf("read current database: %w", err)
+	}
+	if info.Database != db {
+		return precondition("slot %q belongs to database %q, not %q: choose another --slot", info.Name, info.Database, db)
+	}
+	if a.cfg.SlotFailover {
+		if err := a.requireFailoverSupport(ctx); err != nil {
+			return err
+		}
+		if info.Failover == nil || !*info.Failover {
+			return precondition("--slot-failover is set but slot %q is not a failover slot: run ALTER_REPLICATION_SLOT %s (FAILOVER true) on a replication connection, or drop the slot and run `outbox-relay migrate --slot-failover`",
+				info.Name, quoteIdent(info.Name))
+		}
+	}
+	return nil
+}
+
+// requireFailoverSupport refuses --slot-failover on servers before 17.
+func (a *Admin) requireFailoverSupport(ctx context.Context) error {
+	var version int
+	if err := a.conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return fmt.Errorf("read server version: %w", err)
+	}
+	if version < 170000 {
+		return precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %d.%d: drop the flag, or upgrade", version/10000, version%10000/100)
+	}
+	return nil
+}
+
+// DropSlot drops the slot. Only an explicit operator flag leads here.
+func (a *Admin) DropSlot(ctx context.Context) error {
+	if _, err := a.conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", a.cfg.Slot); err != nil {
+		return fmt.Errorf("drop slot %s: %w", a.cfg.Slot, err)
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// cluster is the PostgreSQL the package's tests share, started on first
+// use; each test takes a database of its own.
+var cluster struct {
+	once sync.Once
+	pg   *harness.Postgres
+	err  error
+}
+
+func TestMain(m *testing.M) { harness.Main(m) }
+
+func testDatabase(t *testing.T) (*harness.PGDatabase, Config) {
+	t.Helper()
+	cluster.once.Do(func() { cluster.pg, _, cluster.err = harness.StartPostgresMain(harness.PGOptions{}) })
+	if cluster.err != nil {
+		t.Fatalf("start postgres: %v", cluster.err)
+	}
+	pg := cluster.pg
+	db := pg.CreateTestDatabase(t)
+	cfg := Config{DSN: db.DSN(), Table: "public.outbox_events", Publication: "outbox_relay", Slot: db.Name()}
+	t.Cleanup(func() {
+		pg.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", cfg.Slot)
+	})
+	return db, cfg
+}
+
+func connect(t *testing.T, cfg Config) *Admin {
+	t.Helper()
+	admin, err := Connect(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return admin
+}
+
+// Issue 11.1: a slot dropped under a running relay was silently created
+// again at the current position, and the events of the gap never reached
+// Kafka. At first start the slot is created; once the process streamed, a
+// missing slot is an error that names the slot and the way back.
+func TestPrepareSlotCreatesOnlyAtFirstStart(t *testing.T) {
+	_, cfg := testDatabase(t)
+	admin := connect(t, cfg)
+	ctx := context.Background()
+
+	first, err := admin.PrepareSlot(ctx, SlotPolicy{})
+	if err != nil {
+		t.Fatalf("first start: %v", err)
+	}
+	if !first.Created || first.LSN == 0 {
+		t.Fatalf("first start: %+v, want the slot created", first)
+	}
+	again, err := admin.PrepareSlot(ctx, SlotPolicy{MustExist: true})
+	if err != nil || again.Created || again.LSN != first.LSN {
+		t.Fatalf("existing slot: %+v, %v; want it reused at %v", again, err, first.LSN)
+	}
+
+	if err := admin.DropSlot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lastCommit := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	_, err = admin.PrepareSlot(ctx, SlotPolicy{MustExist: true, LastConfirmedCommit: lastCommit})
+	if !errors.Is(err, ErrSlotMissing) {
+		t.Fatalf("missing slot after streaming: %v, want ErrSlotMissing", err)
+	}
+	for _, want := range []string{cfg.Slot, "outbox-relay migrate", "outbox-relay reconcile --since 2026-11-30T12:00:00Z"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	if _, exists, err := admin.Slot(ctx); err != nil || exists {
+		t.Fatalf("the slot was created anyway (exists %t, %v)", exists, err)
+	}
+}
+
+// Issue 11.8: wrong column types were accepted without a word, and the
+// relay published a bytea payload as the text \x00ff...
+func TestCheckColumnsNamesWrongTypes(t *testing.T) {
+	db, cfg := testDatabase(t)
+	db.Exec(t, `CREATE TABLE outbox_events (event_id bigint PRIMARY KEY, aggregate_type text NOT NULL,
+		aggregate_id int NOT NULL, event_type varchar(100) NOT NULL, payload bytea NOT NULL, occurred_at timestamptz)`)
+	db.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox_events WITH (publish = 'insert')`)
+	admin := connect(t, cfg)
+	err := admin.Check(context.Background())
+	if !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("Check: %v, want a precondition error", err)
+	}
+	for _, want := range []string{
+		"column event_id is bigint, want uuid or text",
+		"column aggregate_id is integer, want text",
+		"column payload is bytea, want jsonb or json or text",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "event_type") || strings.Contains(err.Error(), "occurred_at") {
+		t.Errorf("the error blames a column of an accepted type: %v", err)
+	}
+
+	// Accepted types, through a domain too, pass.
+	db.Exec(t, `CREATE DOMAIN event_key AS text`)
+	db.Exec(t, `ALTER TABLE outbox_events ALTER COLUMN event_id TYPE event_key, ALTER COLUMN aggregate_id TYPE text,
+		ALTER COLUMN payload TYPE text USING convert_from(payload, 'UTF8')`)
+	if err := admin.Check(context.Background()); err != nil {
+		t.Fatalf("Check after fixing the types: %v", err)
+	}
+	db.Exec(t, `ALTER TABLE outbox_events DROP COLUMN payload`)
+	if err := admin.CheckColumns(context.Background()); err == nil || !strings.Contains(err.Error(), "column payload is missing") {
+		t.Fatalf("a missing payload column: %v", err)
+	}
+}
+
+// Issue 11.1: the warning on creating a slot reported every row of the
+// table as "not published", misleading when an older slot had published
+// them. ExistingRows gives the count with the newest row's creation time,
+// and still counts a custom table without created_at.
+func TestExistingRowsGivesTheNewestRow(t *testing.T) {
+	db, cfg := testDatabase(t)
+	db.Exec(t, `CREATE TABLE outbox_events (event_id uuid PRIMARY KEY, created_at timestamptz NOT NULL)`)
+	db.Exec(t, `INSERT INTO outbox_events VALUES (gen_random_uuid(), '2026-01-01 10:00:00+00'), (gen_random_uuid(), '2026-02-01 10:00:00+00')`)
+	admin := connect(t, cfg)
+	rows, err := admin.ExistingRows(context.Background())
+	want := time.Date(2026, 2, 1, 10, 0, 0, 0, time.UTC)
+	if err != nil || rows.Count != 2 || !rows.NewestCreated.Equal(want) {
+		t.Fatalf("ExistingRows: %+v, %v; want 2 rows, the newest created %v", rows, err, want)
+	}
+	db.Exec(t, `ALTER TABLE outbox_events DROP COLUMN created_at`)
+	rows, err = admin.ExistingRows(context.Background())
+	if err != nil || rows.Count != 2 || !rows.NewestCreated.IsZero() {
+		t.Fatalf("ExistingRows without created_at: %+v, %v; want 2 rows and no time", rows, err)
+	}
+}

@@ -1,0 +1,256 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// Quarantined is one event Kafka would not accept, as it is kept in the
+// quarantine table. Text fields hold PostgreSQL's text forms.
+type Quarantined struct {
+	EventID       string    `json:"event_id"`
+	AggregateType string    `json:"aggregate_type"`
+	AggregateID   string    `json:"aggregate_id"`
+	EventType     string    `json:"event_type"`
+	SchemaVersion string    `json:"schema_version"`
+	Payload       string    `json:"payload"`
+	Headers       string    `json:"headers,omitempty"`     // may be empty
+	OccurredAt    string    `json:"occurred_at,omitempty"` // may be empty
+	Topic         string    `json:"topic"`
+	ErrorClass    string    `json:"error_class"`
+	ErrorMessage  string    `json:"error_message"`
+	Attempts      int       `json:"attempts"`
+	FirstFailedAt time.Time `json:"first_failed_at"`
+	LastFailedAt  time.Time `json:"last_failed_at"`
+}
+
+// Access is what a caller does with the quarantine table; Open checks the
+// role holds the privileges it needs before anything depends on them.
+type Access int
+
+const (
+	// ForRelay stores events and counts them (run).
+	ForRelay Access = iota
+	// ForList reads them (quarantine list, the metrics poller).
+	ForList
+	// ForReplay reads and removes them (quarantine replay).
+	ForReplay
+)
+
+func (a Access) privileges() []string {
+	switch a {
+	case ForRelay:
+		// INSERT ... ON CONFLICT DO UPDATE reads the row it updates.
+		return []string{"SELECT", "INSERT", "UPDATE"}
+	case ForReplay:
+		return []string{"SELECT", "DELETE"}
+	}
+	return []string{"SELECT"}
+}
+
+// Quarantine reads and writes the quarantine table. It is safe for
+// concurrent use: the read loop and the producer's outcome goroutine both
+// quarantine events.
+type Quarantine struct {
+	mu    sync.Mutex
+	conn  *pgx.Conn
+	table Table
+	// payloadCast is the cast Put applies to the payload: none for a text
+	// column, which takes any payload the outbox holds.
+	payloadCast string
+}
+
+// OpenQuarantine connects to the database and checks the quarantine table
+// exists, the role may use it as access needs, and (for ForRelay) that it
+// can hold every payload the outbox table can.
+func OpenQuarantine(ctx context.Context, cfg replication.Config, table Table, access Access) (*Quarantine, error) {
+	conn, err := replication.Dial(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	q := &Quarantine{conn: conn, table: table}
+	if err := q.check(ctx, cfg.Table, access); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return q, nil
+}
+
+func (q *Quarantine) check(ctx context.Context, outboxTable string, access Access) error {
+	quoted := q.table.Quoted()
+	var exists bool
+	if err := q.conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", quoted).Scan(&exists); err != nil {
+		return fmt.Errorf("look up quarantine table: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("%w: quarantine table %s does not exist: run `outbox-relay migrate`, or use --on-permanent-error halt",
+			replication.ErrPrecondition, quoted)
+	}
+	var role string
+	var missing []string
+	for _, priv := range access.privileges() {
+		var ok bool
+		if err := q.conn.QueryRow(ctx, "SELECT current_user, has_table_privilege($1, $2)", quoted, priv).Scan(&role, &ok); err != nil {
+			return fmt.Errorf("check privileges on quarantine table: %w", err)
+		}
+		if !ok {
+			missing = append(missing, priv)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: role %q lacks %s on the quarantine table %s: run GRANT %s ON %s TO %s; as the table's owner",
+			replication.ErrPrecondition, role, strings.Join(missing, ", "), quoted,
+			strings.Join(access.privileges(), ", "), quoted, pgx.Identifier{role}.Sanitize())
+	}
+	if access != ForRelay {
+		return nil
+	}
+	outbox, err := ParseTable("--table", outboxTable)
+	if err != nil {
+		return err
+	}
+	for _, column := range []string{"event_id", "payload"} {
+		stored, err := q.columnType(ctx, quoted, column)
+		if err != nil {
+			return err
+		}
+		if column == "payload" && (stored == "jsonb" || stored == "json") {
+			q.payloadCast = "::" + stored
+		}
+		source, err := q.columnType(ctx, outbox.Quoted(), column)
+		if err != nil {
+			return err
+		}
+		if isText(source) && !isText(stored) {
+			// A text value need not be a uuid or JSON, and one that is not
+			// would fail the insert: the event could then be neither
+			// published nor quarantined, and the relay would stall.
+			return fmt.Errorf("%w: the outbox table's %s is %s but the quarantine table %s stores it as %s, so some events could not be quarantined: run ALTER TABLE %s ALTER COLUMN %s TYPE text;",
+				replication.ErrPrecondition, column, source, quoted, stored, quoted, column)
+		}
+	}
+	return nil
+}
+
+func isText(typ string) bool { return typ == "text" || typ == "character varying" }
+
+// columnType returns the base type of a table's column, "" when the table
+// has no such column.
+func (q *Quarantine) columnType(ctx context.Context, quotedTable, column string) (string, error) {
+	var typ string
+	err := q.conn.QueryRow(ctx, `
+		SELECT format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL)
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, quotedTable, column).Scan(&typ)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read column %s of %s: %w", column, quotedTable, err)
+	}
+	return typ, nil
+}
+
+// Table is the quarantine table's name.
+func (q *Quarantine) Table() Table { return q.table }
+
+// Close closes the connection.
+func (q *Quarantine) Close() error { return q.conn.Close(context.Background()) }
+
+// Put stores an event, or counts one more attempt of an event already
+// there. It returns once the row is committed, so the caller may then let
+// the slot pass the event.
+func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	headers := &e.Headers
+	if e.Headers == "" {
+		headers = nil
+	}
+	occurred := &e.OccurredAt
+	if e.OccurredAt == "" {
+		occurred = nil
+	}
+	version := e.SchemaVersion
+	if version == "" {
+		version = "1"
+	}
+	payload := e.Payload
+	if payload == "" && q.payloadCast != "" {
+		payload = "null"
+	}
+	_, err := q.conn.Exec(ctx, `
+		INSERT INTO `+q.table.Quoted()+` AS q (event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers,
+			occurred_at, topic, error_class, error_message)
+		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11)
+		ON CONFLICT (event_id) DO UPDATE SET attempts = q.attempts + 1, last_failed_at = now(),
+			topic = excluded.topic, error_class = excluded.error_class, error_message = excluded.error_message`,
+		e.EventID, e.AggregateType, e.AggregateID, e.EventType, version, payload, headers, occurred,
+		e.Topic, e.ErrorClass, e.ErrorMessage)
+	if err != nil {
+		return fmt.Errorf("quarantine event %s: %w", e.EventID, err)
+	}
+	return nil
+}
+
+// Count returns how many events are quarantined.
+func (q *Quarantine) Count(ctx context.Context) (int64, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var n int64
+	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.table.Quoted()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count quarantined events: %w", err)
+	}
+	return n, nil
+}
+
+// List returns quarantined events, oldest first; eventID narrows it to one.
+func (q *Quarantine) List(ctx context.Context, eventID string) ([]Quarantined, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
+		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), topic, error_class, error_message, attempts,
+		first_failed_at, last_failed_at FROM ` + q.table.Quoted()
+	var args []any
+	if eventID != "" {
+		query += " WHERE event_id::text = $1"
+		args = append(args, eventID)
+	}
+	rows, err := q.conn.Query(ctx, query+" ORDER BY first_failed_at, event_id", args...)
+	if err != nil {
+		return nil, fmt.Errorf("list quarantined events: %w", err)
+	}
+	defer rows.Close()
+	var out []Quarantined
+	for rows.Next() {
+		var e Quarantined
+		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload,
+			&e.Headers, &e.OccurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt); err != nil {
+			return nil, fmt.Errorf("read quarantined event: %w", err)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list quarantined events: %w", err)
+	}
+	return out, nil
+}
+
+// Remove deletes an event from quarantine; call it only after Kafka
+// acknowledged the replayed event.
+func (q *Quarantine) Remove(ctx context.Context, eventID string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, err := q.conn.Exec(ctx, "DELETE FROM "+q.table.Quoted()+" WHERE event_id::text = $1", eventID); err != nil {
+		return fmt.Errorf("remove event %s from quarantine: %w", eventID, err)
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package store
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// DefaultQuarantineName is the quarantine table's name when
+// --quarantine-table is not set; it lives in the outbox table's schema.
+const DefaultQuarantineName = "outbox_quarantine"
+
+// Table is a schema-qualified table name, unquoted.
+type Table struct {
+	Schema, Name string
+}
+
+// Quoted returns the name ready to put into SQL.
+func (t Table) Quoted() string { return pgx.Identifier{t.Schema, t.Name}.Sanitize() }
+
+// String returns schema.name as an operator writes it.
+func (t Table) String() string { return t.Schema + "." + t.Name }
+
+// ParseTable splits "schema.table" (schema defaults to public), and names
+// flag in the error.
+func ParseTable(flag, name string) (Table, error) {
+	schema, table, err := replication.SplitTableFlag(flag, name)
+	if err != nil {
+		return Table{}, err
+	}
+	for _, part := range []string{schema, table} {
+		if err := replication.ValidateIdentifier(flag, part); err != nil {
+			return Table{}, err
+		}
+	}
+	return Table{Schema: schema, Name: table}, nil
+}
+
+// QuarantineTable returns the quarantine table for an outbox table and the
+// --quarantine-table setting: the setting when given, else
+// outbox_quarantine in the outbox table's schema.
+func QuarantineTable(outbox, configured string) (Table, error) {
+	if configured != "" {
+		return ParseTable("--quarantine-table", configured)
+	}
+	t, err := ParseTable("--table", outbox)
+	if err != nil {
+		return Table{}, err
+	}
+	return Table{Schema: t.Schema, Name: DefaultQuarantineName}, nil
+}

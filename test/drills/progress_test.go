@@ -1,0 +1,467 @@
+package drills
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// progressTopic is the relay's default progress topic.
+const progressTopic = "outbox-relay.progress"
+
+// storedProgress reads the progress topic with franz-go and returns the LSN
+// and timeline of the newest record whose key starts with "<slot>@", or ""
+// when there is none. It decodes the JSON itself: the relay's code must not
+// be what proves the relay right.
+func storedProgress(t testing.TB, brokers []string, slot string) (lsn string, timeline int) {
+	t.Helper()
+	end := sumOffsets(endOffsets(t, brokers, []string{progressTopic})) // one partition
+	if end == 0 {
+		return "", 0
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(progressTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var next int64
+	for next < end {
+		polled := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read the progress topic: reached offset %d of %d", next, end)
+		}
+		polled.EachRecord(func(r *kgo.Record) {
+			next = r.Offset + 1
+			if !strings.HasPrefix(string(r.Key), slot+"@") {
+				return
+			}
+			var v struct {
+				Version  int    `json:"version"`
+				LSN      string `json:"lsn"`
+				Timeline int    `json:"timeline"`
+			}
+			if err := json.Unmarshal(r.Value, &v); err != nil || v.Version != 1 {
+				t.Fatalf("progress record %q is not version 1 JSON: %v", r.Value, err)
+			}
+			lsn, timeline = v.LSN, v.Timeline
+		})
+	}
+	return lsn, timeline
+}
+
+// waitProgressAt waits until the stored progress reaches at least lsn.
+func (w *world) waitProgressAt(lsn string) {
+	w.t.Helper()
+	harness.WaitFor(w.t, time.Minute, "the progress record reaches "+lsn, func() bool {
+		got, _ := storedProgress(w.t, w.brokers, w.slot)
+		return harness.LSNAtMost(lsn, got)
+	})
+}
+
+// on returns a world for the same database name on another cluster (a
+// restored backup, a promoted standby), with a fresh ledger.
+func (w *world) on(pg *harness.Postgres) *world {
+	c := &world{t: w.t, pg: pg, db: pg.DB(w.db.Name()), brokers: w.brokers, bin: w.bin, slot: w.slot,
+		topicPrefix: w.topicPrefix, types: w.types, Ledger: harness.NewLedger()}
+	c.relayDSN = c.db.DSN()
+	return c
+}
+
+// restartRelayed restarts PostgreSQL (stop runs the stop) under a running
+// relay and waits until the relay streams again; it returns the slot's
+// confirmed position before and after.
+func (w *world) restartUnder(relay *harness.Process, stop func(testing.TB)) (before, after string) {
+	w.t.Helper()
+	before = w.confirmedFlush()
+	streams := strings.Count(relay.Output(), harness.LogStreaming)
+	stop(w.t)
+	w.pg.Start(w.t)
+	after = w.confirmedFlush()
+	harness.WaitFor(w.t, 2*time.Minute, "the relay streams again", func() bool {
+		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
+	})
+	if relay.Exited() {
+		w.t.Fatalf("relay exited after the PostgreSQL restart:\n%s", relay.Output())
+	}
+	return before, after
+}
+
+// noCheckpoints keeps PostgreSQL from checkpointing during a drill, so the
+// slot is saved only at its creation and at a shutdown checkpoint: the
+// restart then takes it back as far as it goes in production after a quiet
+// spell, and a relay without progress re-delivers everything.
+var noCheckpoints = harness.PGOptions{Settings: map[string]string{"checkpoint_timeout": "1h", "max_wal_size": "4GB"}}
+
+// TestDrillProgressRestartCaughtUp restarts PostgreSQL under a relay that
+// has delivered everything, once with a fast shutdown and once with an
+// immediate one (a crash). PostgreSQL 15 brings the slot back to its last
+// save (here: its creation) either way, and before the progress topic the
+// relay sent every event again. Now it starts from the progress record:
+// nothing committed before the restart may be delivered twice, and nothing
+// may be lost.
+func TestDrillProgressRestartCaughtUp(t *testing.T) {
+	for _, mode := range []string{"fast", "immediate"} {
+		t.Run(mode, func(t *testing.T) {
+			pg := harness.StartPostgres(t, noCheckpoints)
+			w, _ := newKfakeWorld(t, pg)
+			restartCaughtUp(t, w, mode)
+		})
+	}
+}
+
+// TestDrillProgressRestartCaughtUpApacheKafka is the fast restart against
+// Apache Kafka: the record is read back with read requests at the last stable
+// offset (read_committed), whose answers kfake only imitates.
+func TestDrillProgressRestartCaughtUpApacheKafka(t *testing.T) {
+	pg := harness.StartPostgres(t, noCheckpoints)
+	w := newWorld(t, pg, nil)
+	w.topicPrefix = "drill_progress."
+	k := requireKafka(t, harness.ApacheKafkaOptions{Version: harness.ApacheKafka4Version, Nodes: 1}, w.topics(), 1, nil)
+	w.brokers = k.Brokers()
+	w.migrate()
+	restartCaughtUp(t, w, "fast")
+}
+
+// restartCaughtUp is the caught-up restart drill on a migrated world with
+// its own cluster; mode is pg_ctl's stop mode.
+func restartCaughtUp(t *testing.T, w *world, mode string) {
+	rng := newRand(t)
+	pg := w.pg
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	relay := w.startRelay("--status-interval", "300ms", "--admin-addr", admin)
+	conn := w.connect()
+	events := sized(3000, 30000)
+	if err := w.writeTxns(conn, rng, events/10, 10, 200); err != nil {
+		t.Fatal(err)
+	}
+	w.waitSettled(3 * time.Minute)
+	w.waitProgressAt(w.confirmedFlush())
+	conn.Close(context.Background())
+
+	stop := pg.Stop
+	if mode == "immediate" {
+		stop = pg.StopImmediate
+	}
+	before, after := w.restartUnder(relay, stop)
+	t.Logf("slot confirmed_flush_lsn %s before the %s restart, %s after", before, mode, after)
+	if !strings.Contains(relay.Output(), `"start_source":"progress"`) {
+		t.Errorf("the restart did not start from the progress record:\n%s", tail(relay.Output(), 20))
+	}
+	var slot struct {
+		Relay struct {
+			Progress struct {
+				LSN         string `json:"lsn"`
+				StartSource string `json:"last_start_source"`
+			} `json:"progress"`
+		} `json:"relay"`
+	}
+	getJSON(t, "http://"+admin+"/slot", &slot)
+	if p := slot.Relay.Progress; p.StartSource != "progress" || !harness.LSNAtMost(before, p.LSN) {
+		t.Errorf("/slot shows progress %+v; want the last start from progress, at or past %s", p, before)
+	}
+	status := harness.StartProcess(t, w.bin, append(w.args("status"), "--kafka-brokers", strings.Join(w.brokers, ",")), nil)
+	if code, err := status.Wait(time.Minute); err != nil || code != 0 {
+		t.Fatalf("status exited %d (%v):\n%s", code, err, status.Output())
+	}
+	var st struct {
+		Progress struct {
+			LSN    string `json:"lsn"`
+			Source string `json:"next_start_source"`
+		} `json:"progress"`
+	}
+	if err := json.Unmarshal([]byte(status.Output()), &st); err != nil || !harness.LSNAtMost(before, st.Progress.LSN) || st.Progress.Source == "" {
+		t.Errorf("status shows progress %+v (%v); want it at or past %s:\n%s", st.Progress, err, before, status.Output())
+	}
+
+	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close(context.Background())
+	if err := w.writeTxns(conn2, rng, 10, 10, 200); err != nil {
+		t.Fatal(err)
+	}
+	records := w.waitSettled(3 * time.Minute)
+	w.checkDelivery(records)
+	if dups := harness.Duplicates(records); len(dups) != 0 {
+		t.Fatalf("%d events delivered more than once after a %s restart of a caught-up relay (want 0: the progress record covered them all)", len(dups), mode)
+	}
+	t.Logf("%d records for %d events: no re-delivery", len(records), w.CommittedCount())
+}
+
+// TestDrillProgressRestartMidStream crashes PostgreSQL (immediate) while a
+// writer commits and the relay streams. Re-delivery must stay within the
+// documented bound: the in-flight window plus what one status interval
+// confirms (the record is written at most once per interval), here with a
+// margin of one more interval for the write itself. Without progress every
+// event since the slot's creation came again.
+func TestDrillProgressRestartMidStream(t *testing.T) {
+	const (
+		maxInFlight = 500
+		interval    = 250 * time.Millisecond
+		every       = 5 * time.Millisecond
+		perTxn      = 10
+	)
+	rng := newRand(t)
+	pg := harness.StartPostgres(t, noCheckpoints)
+	w, k := newKfakeWorld(t, pg)
+	off := newOffsets(t, k.Brokers())
+	relay := w.startRelay("--status-interval", interval.String(), "--max-in-flight-events", "500")
+	conn := w.connect()
+	pw := startPacedWriter(w, conn, writerRand(rng), every, perTxn, 200, false)
+	before := int64(sized(6000, 30000))
+	harness.WaitFor(t, 3*time.Minute, "the relay streams a busy outbox", func() bool {
+		m, err := off.read(w.topics())
+		return err == nil && sumOffsets(m) >= before
+	})
+	pg.StopImmediate(t)
+	werr := pw.halt() // the crash stops it; its last COMMIT is in doubt until reconcileLedger
+	t.Logf("crashed with %d events committed (writer stopped on: %v)", w.CommittedCount(), werr)
+	streams := strings.Count(relay.Output(), harness.LogStreaming)
+	pg.Start(t)
+	harness.WaitFor(t, 2*time.Minute, "the relay streams again", func() bool {
+		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
+	})
+	if relay.Exited() {
+		t.Fatalf("relay exited:\n%s", relay.Output())
+	}
+	reconcileLedger(t, w)
+	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close(context.Background())
+	if err := w.writeTxns(conn2, rng, 20, perTxn, 200); err != nil {
+		t.Fatal(err)
+	}
+	records := w.waitSettled(3 * time.Minute)
+	w.checkDelivery(records)
+	rate := float64(perTxn) / every.Seconds() // the writer's pace, events/s
+	bound := maxInFlight + int(2*rate*interval.Seconds())
+	again := 0
+	for _, n := range harness.Duplicates(records) {
+		again += n - 1
+	}
+	t.Logf("%d events committed, %d re-delivered after the crash (bound %d: in-flight %d + 2 status intervals at %.0f events/s)",
+		w.CommittedCount(), again, bound, maxInFlight, rate)
+	if again > bound {
+		t.Fatalf("%d events re-delivered after a PostgreSQL crash; the bound is %d", again, bound)
+	}
+}
+
+// reconcileLedger adds to the ledger the rows the table holds that the
+// writer could not know committed (the transaction a crash cut off), and
+// checks the table holds nothing else.
+func reconcileLedger(t *testing.T, w *world) {
+	t.Helper()
+	ids, _ := w.Committed()
+	known := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		known[id] = true
+	}
+	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), "SELECT event_id::text, aggregate_type, aggregate_id, event_type, payload::text FROM outbox_events ORDER BY created_at")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var extraIDs []string
+	var extra []harness.OutboxEvent
+	for rows.Next() {
+		var id string
+		var e harness.OutboxEvent
+		if err := rows.Scan(&id, &e.AggregateType, &e.AggregateID, &e.EventType, &e.Payload); err != nil {
+			t.Fatal(err)
+		}
+		if !known[id] {
+			extraIDs, extra = append(extraIDs, id), append(extra, e)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(extraIDs) > 0 {
+		t.Logf("%d rows of the transaction the crash cut off committed", len(extraIDs))
+		w.Record(extraIDs, extra)
+	}
+}
+
+// retirePrimary lets the relay deliver and record everything, stops it
+// (SIGTERM) and then the world's cluster, which comes back only for the
+// world's cleanup to drop its slot.
+func (w *world) retirePrimary(relay *harness.Process) {
+	w.t.Helper()
+	w.waitSettled(3 * time.Minute)
+	w.waitProgressAt(w.confirmedFlush())
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		w.t.Fatalf("relay stop: exit %d, %v", code, err)
+	}
+	w.pg.Stop(w.t)
+	w.t.Cleanup(func() { w.pg.Start(w.t) })
+}
+
+// TestDrillProgressRestoredBackup restores a base backup taken before the
+// relay published anything (same system identifier, WAL that ends before
+// the stored progress). The relay must refuse to start from a record that
+// is ahead of the server, exit 1 and say why; with --reset-progress it must
+// deliver every event written after the restore.
+func TestDrillProgressRestoredBackup(t *testing.T) {
+	rng := newRand(t)
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	w, _ := newKfakeWorld(t, pg)
+	backup := pg.BaseBackup(t, false)
+
+	relay := w.startRelay("--status-interval", "300ms")
+	conn := w.connect()
+	if err := w.writeTxns(conn, rng, 200, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	w.retirePrimary(relay)
+
+	backup.StartNew(t)
+	r := w.on(backup)
+	r.migrate() // slots are not in base backups
+	rconn := r.connect()
+	if err := r.writeTxns(rconn, rng, 20, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	refused := harness.StartProcess(t, r.bin, r.args("run"), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	code, err := refused.Wait(2 * time.Minute)
+	if err != nil || code != 1 {
+		t.Fatalf("relay on a restored backup with progress ahead exited %d (%v), want 1:\n%s", code, err, refused.Output())
+	}
+	for _, want := range []string{"progress record is ahead of this server", "restored from a backup", "--reset-progress"} {
+		if !strings.Contains(refused.Output(), want) {
+			t.Fatalf("the exit does not say %q:\n%s", want, tail(refused.Output(), 10))
+		}
+	}
+
+	reset := harness.StartProcess(t, r.bin, r.args("run", "--reset-progress"), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	reset.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
+	if !strings.Contains(reset.Output(), "--reset-progress: starting from the slot") {
+		t.Fatalf("the reset is not logged:\n%s", tail(reset.Output(), 10))
+	}
+	if err := r.writeTxns(rconn, rng, 20, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := r.Committed()
+	harness.ConsumeEventIDs(t, r.brokers, r.topicRegex(), ids, 2*time.Minute)
+	t.Logf("all %d events written after the restore delivered", len(ids))
+}
+
+// TestDrillProgressPromotion fails over to a physical standby that stopped
+// following the primary before the primary published more. The relay's
+// record from the old primary lies past the point where the new primary's
+// timeline branched off; taken at face value it would skip the new
+// primary's first events (or stop the relay as "ahead"). The relay must use
+// it only up to the branch point, log the orphaned range, and deliver every
+// event written on the new primary.
+func TestDrillProgressPromotion(t *testing.T) {
+	rng := newRand(t)
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	w, _ := newKfakeWorld(t, pg)
+	standby := pg.BaseBackup(t, true)
+	standby.StartNew(t)
+
+	relay := w.startRelay("--status-interval", "300ms")
+	conn := w.connect()
+	if err := w.writeTxns(conn, rng, 50, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	primaryAt := w.db.CurrentLSN(t)
+	harness.WaitFor(t, time.Minute, "the standby replays the first events", func() bool {
+		return harness.LSNAtMost(primaryAt, standby.QueryString(t, "SELECT coalesce(pg_last_wal_replay_lsn()::text, '')"))
+	})
+	standby.Stop(t)
+	// The standby is gone: what follows exists only on the old primary.
+	if err := w.writeTxns(conn, rng, 500, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	w.retirePrimary(relay)
+	oldLSN, oldTLI := storedProgress(t, w.brokers, w.slot)
+
+	standby.Start(t)
+	standby.Promote(t)
+	n := w.on(standby)
+	n.migrate() // PostgreSQL 15 has no failover slots
+	nconn := n.connect()
+	// Write past the old record's LSN: taken at face value, the record
+	// would then make the relay skip these events instead of stopping.
+	for !harness.LSNAtMost(oldLSN, n.db.CurrentLSN(t)) {
+		if err := n.writeTxns(nconn, rng, 50, 10, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("old primary's progress %s on timeline %d; new primary at %s with %d events", oldLSN, oldTLI, n.db.CurrentLSN(t), n.CommittedCount())
+	newRelay := n.startRelay("--status-interval", "300ms")
+	if err := n.writeTxns(nconn, rng, 10, 10, 100); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := n.Committed()
+	harness.ConsumeEventIDs(t, n.brokers, n.topicRegex(), ids, 2*time.Minute)
+	if !strings.Contains(newRelay.Output(), "orphaned_from_lsn") {
+		t.Fatalf("the orphaned WAL range of the old timeline is not logged:\n%s", tail(newRelay.Output(), 20))
+	}
+	n.waitSettled(2 * time.Minute)
+	if lsn, tli := storedProgress(t, n.brokers, n.slot); tli != 2 {
+		t.Fatalf("progress after the failover is %s on timeline %d, want timeline 2", lsn, tli)
+	}
+	t.Logf("all %d events of the new primary delivered", len(ids))
+}
+
+// TestDrillProgressTopicNotCreatable: the progress topic is missing and the
+// broker refuses to create it (as for a user without Create). run must exit
+// 1 with the command that creates it.
+func TestDrillProgressTopicNotCreatable(t *testing.T) {
+	w := newWorld(t, shared, nil)
+	k := startKfake(t, harness.KfakeOptions{DisableAutoCreate: true}, w.topics())
+	w.brokers = k.Brokers()
+	w.migrate()
+	harness.RefuseCreateTopics(k.Cluster())
+	p := w.startRelayNoWait()
+	code, err := p.Wait(2 * time.Minute)
+	if err != nil || code != 1 {
+		t.Fatalf("exit %d (%v), want 1:\n%s", code, err, p.Output())
+	}
+	want := "kafka-topics.sh --bootstrap-server " + k.BrokerList() + " --create --topic " + progressTopic + " --partitions 1 --replication-factor 1 --config cleanup.policy=compact"
+	if !strings.Contains(p.Output(), want) {
+		t.Fatalf("the error does not give the command %q:\n%s", want, tail(p.Output(), 5))
+	}
+}
+
+// getJSON decodes the JSON document at url into v.
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,45 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// Issue 11.8: a table with event_id bigint, aggregate_id int and payload
+// bytea got "schema is up to date" from migrate, and run then published the
+// payload as the text \x00ff7b7d. Both refuse it, naming the columns.
+func TestWrongColumnTypesAreRefused(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, `CREATE TABLE outbox_events (event_id bigint PRIMARY KEY, aggregate_type text NOT NULL,
+		aggregate_id int NOT NULL, event_type text NOT NULL, payload bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
+	for _, cmd := range [][]string{e.args("migrate"), e.args("run")} {
+		p := harness.StartProcess(t, e.bin, cmd, nil)
+		code, err := p.Wait(time.Minute)
+		if err != nil || code == 0 {
+			t.Fatalf("%s exited %d (%v), want a failure:\n%s", cmd[0], code, err, p.Output())
+		}
+		out := p.Output()
+		if strings.Contains(out, "schema is up to date") ||
+			!outputHas(out, "column event_id is bigint", "column aggregate_id is integer", "column payload is bytea") {
+			t.Errorf("%s does not name the wrong columns:\n%s", cmd[0], out)
+		}
+	}
+}
+
+// Issue 11.13: `migrate --print-sql` skipped validation and printed a slot
+// name carrying SQL into the script.
+func TestPrintSQLRefusesABadSlotName(t *testing.T) {
+	e := newEnv(t)
+	bad := "x'); select pg_drop_replication_slot('other'); --"
+	p := harness.StartProcess(t, e.bin, []string{"migrate", "--print-sql", "--slot", bad}, nil)
+	code, err := p.Wait(time.Minute)
+	if err != nil || code == 0 {
+		t.Fatalf("exited %d (%v), want a failure:\n%s", code, err, p.Output())
+	}
+	if out := p.Output(); strings.Contains(out, "pg_drop_replication_slot('other')") && strings.Contains(out, "SELECT pg_create_logical_replication_slot") {
+		t.Errorf("the bad name went into the SQL:\n%s", out)
+	}
+}

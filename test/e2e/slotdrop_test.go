@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// Issue 11.1: with the relay streaming, the walsender terminated and the
+// slot dropped, the relay backed off, created a new slot at the current
+// position and went on streaming; /readyz stayed 200 and the events
+// committed in the gap never reached Kafka. Once a relay has streamed from
+// a slot, a missing slot is fatal: it exits 1, names the slot and the way
+// back, and never streams from (or creates) a new one.
+func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	p := e.startRelay("--admin-addr", admin)
+	conn := e.db.Connect(t)
+	ctx := context.Background()
+	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	written := e.db.CurrentLSN(t)
+	harness.WaitFor(t, 30*time.Second, "the first event in Kafka", func() bool {
+		return len(e.consumeAll(time.Second)) == 1
+	})
+	// Once the slot passed it, the relay knows the commit time to name in
+	// the reconcile advice.
+	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
+		return harness.LSNAtMost(written, e.confirmedFlush())
+	})
+	ready := func() bool {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	if !ready() {
+		t.Fatal("/readyz is not 200 while streaming")
+	}
+
+	// Terminate the walsender and drop the slot before the relay's next
+	// session takes it again.
+	harness.WaitFor(t, 30*time.Second, "the slot dropped", func() bool {
+		var dropped bool
+		err := conn.QueryRow(ctx, `
+			WITH kill AS (SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL)
+			SELECT count(*) = 0 FROM kill`, e.slot).Scan(&dropped)
+		if err != nil || !dropped {
+			return false
+		}
+		_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", e.slot)
+		return err == nil
+	})
+	var readyAfterDrop atomic.Bool
+	stopWatching := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stopWatching:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if ready() {
+				readyAfterDrop.Store(true)
+			}
+		}
+	}()
+	if err := e.writeEvents(conn, 3, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+
+	code, err := p.Wait(time.Minute)
+	close(stopWatching)
+	<-watched
+	if err != nil || code != 1 {
+		t.Fatalf("relay exited %d (%v), want 1:\n%s", code, err, p.Output())
+	}
+	out := p.Output()
+	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20") {
+		t.Errorf("the exit does not name the slot, the way back and the last confirmed commit time:\n%s", out)
+	}
+	if strings.Contains(out, "created the replication slot") {
+		t.Errorf("the relay created a new slot:\n%s", out)
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Errorf("a slot named %s exists after the relay exited", e.slot)
+	}
+	if readyAfterDrop.Load() {
+		t.Error("/readyz went back to 200 after the slot was dropped")
+	}
+}

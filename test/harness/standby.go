@@ -1,0 +1,86 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+// BaseBackup takes a base backup of p with pg_basebackup (fast checkpoint,
+// WAL streamed along) into a directory of its own and returns it as a
+// cluster that is not running yet; start it with StartNew. The copy keeps
+// p's system identifier and settings, not its replication slots.
+//
+// With standby, the copy is a streaming standby of p (pg_basebackup -R):
+// started, it follows p until Promote. Without, starting it is restoring
+// the backup: it recovers to the end of the backup and becomes a primary
+// on p's timeline, behind p by everything written since the backup.
+//
+// The copy is stopped and deleted when the test ends.
+func (p *Postgres) BaseBackup(t testing.TB, standby bool) *Postgres {
+	t.Helper()
+	c, err := p.baseBackup(standby)
+	if err != nil {
+		t.Fatalf("base backup: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("backup cluster log tail (%s):\n%s", c.logFile, c.LogTail(50))
+		}
+		c.close()
+	})
+	return c
+}
+
+func (p *Postgres) baseBackup(standby bool) (_ *Postgres, err error) {
+	c, err := newClusterDir(p.bin, p.runAs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	args := []string{"-D", c.dataDir, "-h", "127.0.0.1", "-p", strconv.Itoa(p.Port()), "-U", "postgres",
+		"-X", "stream", "-c", "fast", "--no-sync"}
+	if standby {
+		args = append(args, "-R")
+	}
+	if out, err := c.pgRun("pg_basebackup", args...); err != nil {
+		return nil, fmt.Errorf("pg_basebackup: %w: %s", err, out)
+	}
+	// postgresql.auto.conf is read last, so this overrides the primary's
+	// socket directory copied with postgresql.conf; the port comes from
+	// harness_port.conf, which StartNew rewrites.
+	auto := filepath.Join(c.dataDir, "postgresql.auto.conf")
+	prev, err := os.ReadFile(auto)
+	if err != nil {
+		return nil, fmt.Errorf("read postgresql.auto.conf: %w", err)
+	}
+	if err := c.writeOwned(auto, string(prev)+fmt.Sprintf("\nunix_socket_directories = '%s'\n", c.sockDir)); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// StartNew starts a cluster made by BaseBackup on a free port of its own.
+func (p *Postgres) StartNew(t testing.TB) {
+	t.Helper()
+	if err := p.startFresh(); err != nil {
+		t.Fatalf("start the backup cluster: %v", err)
+	}
+}
+
+// Promote ends a standby's recovery (pg_ctl promote) and waits until it
+// accepts writes, on a new timeline.
+func (p *Postgres) Promote(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if out, err := p.pgRun("pg_ctl", "promote", "-D", p.dataDir, "-w", "-t", "90", "-s"); err != nil {
+		t.Fatalf("pg_ctl promote: %v: %s\nlog tail:\n%s", err, out, p.LogTail(20))
+	}
+}

@@ -1,0 +1,244 @@
+package reconcile_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// window covers everything a test commits; --until 0s ends it now instead
+// of a minute ago, since the tests wait for delivery themselves.
+var window = []string{"--since", "10m", "--until", "0s"}
+
+// Events committed while the slot was dropped never reach Kafka. reconcile
+// finds exactly them, republishes them while `run` keeps streaming, and a
+// second pass finds nothing.
+func TestGapIsFoundAndRepublished(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	relay := e.startRelay()
+	before := e.commit(6, "order")
+	e.consumeAll(before)
+	e.stopRelay(relay)
+
+	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+	gap := e.commit(7, "order")
+	gap = append(gap, e.commit(3, "customer")...)
+	e.migrate() // recreates the slot: the gap is behind it
+	relay = e.startRelay()
+	after := e.commit(5, "order")
+	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(before, after...), time.Minute)
+	for _, r := range records {
+		for _, id := range gap {
+			if r.EventID() == id {
+				t.Fatalf("gap event %s reached Kafka without reconcile: the test does not make a gap", id)
+			}
+		}
+	}
+
+	code, rep := e.reconcile(window...)
+	if code != 3 {
+		t.Fatalf("reconcile exited %d, want 3 (events missing)", code)
+	}
+	if !sameSet(rep.Missing, gap) {
+		t.Fatalf("reconcile lists missing %v, want exactly the gap %v", rep.Missing, gap)
+	}
+	if rep.RowsChecked != 21 || rep.Found != 11 {
+		t.Fatalf("rows checked %d, found %d; want 21 and 11", rep.RowsChecked, rep.Found)
+	}
+
+	code, rep = e.reconcile(append(window, "--republish")...)
+	if code != 0 || rep.Republished != int64(len(gap)) {
+		t.Fatalf("reconcile --republish exited %d having republished %d; want 0 and %d", code, rep.Republished, len(gap))
+	}
+	ids, _ := e.Committed()
+	records = e.consumeAll(ids)
+	for _, r := range records {
+		if r.EventID() == gap[0] && (r.Headers["tenant"] != "acme" || string(r.Key) != "order-0" ||
+			r.Headers["aggregate_type"] != "order" || r.Topic != "outbox.event.order" ||
+			r.Partition != harness.JavaPartition(r.Key, partitions)) {
+			t.Fatalf("republished record %s: topic %s partition %d key %q headers %v", r.EventID(), r.Topic, r.Partition, r.Key, r.Headers)
+		}
+	}
+
+	code, rep = e.reconcile(window...)
+	if code != 0 || len(rep.Missing) != 0 || rep.Found != 21 {
+		t.Fatalf("second reconcile exited %d with %d missing, %d found; want 0, 0, 21", code, len(rep.Missing), rep.Found)
+	}
+	code, rep = e.reconcile(append(window, "--republish")...)
+	if code != 0 || rep.Republished != 0 {
+		t.Fatalf("republishing again exited %d and republished %d; want 0 and nothing", code, rep.Republished)
+	}
+}
+
+// A topic deleted by mistake and created again: every event of that topic
+// in the window is reported and republished; the other topic is untouched.
+func TestDeletedTopicIsRepublished(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	orders := e.commit(8, "order")
+	customers := e.commit(4, "customer")
+	e.consumeAll(append(orders, customers...))
+
+	adm := kadm.NewClient(e.kafka.Client(t))
+	ctx := context.Background()
+	if _, err := adm.DeleteTopic(ctx, "outbox.event.order"); err != nil {
+		t.Fatalf("delete topic: %v", err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the topic is gone", func() bool {
+		topics, err := adm.ListTopics(ctx)
+		return err == nil && !topics.Has("outbox.event.order")
+	})
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, nil)
+
+	code, rep := e.reconcile(window...)
+	if code != 3 || !sameSet(rep.Missing, orders) {
+		t.Fatalf("reconcile exited %d listing %v; want 3 and every order event %v", code, rep.Missing, orders)
+	}
+	code, rep = e.reconcile(append(window, "--republish")...)
+	if code != 0 || rep.Republished != int64(len(orders)) {
+		t.Fatalf("reconcile --republish exited %d, republished %d; want 0 and %d", code, rep.Republished, len(orders))
+	}
+	e.consumeAll(append(orders, customers...))
+	if code, rep = e.reconcile(window...); code != 0 {
+		t.Fatalf("reconcile after republish exited %d with missing %v", code, rep.Missing)
+	}
+}
+
+// An event run quarantined is reported as quarantined, not missing.
+func TestQuarantinedIsNotMissing(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "2000"})
+	e.migrate()
+	e.startRelay()
+	small := e.commit(3, "order")
+	big := make([]byte, 3000)
+	rand.Read(big)
+	if err := e.Commit(context.Background(), e.conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-big",
+		EventType: "Huge", Payload: fmt.Sprintf(`{"blob": %q}`, hex.EncodeToString(big))}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	bigID := ids[len(ids)-1]
+	small = append(small, e.commit(2, "order")...)
+	e.consumeAll(small)
+	harness.WaitFor(t, 30*time.Second, "run quarantines the oversize event", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+	})
+
+	code, rep := e.reconcile(window...)
+	if code != 0 || len(rep.Missing) != 0 || !sameSet(rep.Quarantined, []string{bigID}) || rep.Found != int64(len(small)) {
+		t.Fatalf("reconcile exited %d, missing %v, quarantined %v, found %d; want 0, none, [%s], %d",
+			code, rep.Missing, rep.Quarantined, rep.Found, bigID, len(small))
+	}
+}
+
+// Rows created before the window are ignored, though Kafka lacks them;
+// widening the window reports exactly them, so the test can fail.
+func TestRowsOutsideWindowAreIgnored(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot")
+	old := e.commit(4, "order") // no slot yet: never published
+	e.db.Exec(t, "UPDATE outbox_events SET created_at = now() - interval '3 hours'")
+	e.migrate()
+	e.startRelay()
+	recent := e.commit(5, "order")
+	e.consumeAll(recent)
+
+	if code, rep := e.reconcile(window...); code != 0 || rep.RowsChecked != 5 || len(rep.Missing) != 0 {
+		t.Fatalf("reconcile of the last 10m exited %d, checked %d, missing %v; want 0, 5, none", code, rep.RowsChecked, rep.Missing)
+	}
+	code, rep := e.reconcile("--since", "4h", "--until", "0s")
+	if code != 3 || !sameSet(rep.Missing, old) {
+		t.Fatalf("reconcile of the last 4h exited %d, missing %v; want 3 and the old rows %v", code, rep.Missing, old)
+	}
+}
+
+// Rows retention deleted after publishing are not reported: not as
+// missing, and their records are not phantoms.
+func TestRetentionDeletedRowsAreNotReported(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	relay := e.startRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
+	deleted := e.commit(6, "order")
+	e.consumeAll(deleted)
+	harness.WaitFor(t, 30*time.Second, "cleanup deletes the published rows", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+	})
+	e.stopRelay(relay)
+	e.startRelay()
+	kept := e.commit(4, "order")
+	e.consumeAll(append(deleted, kept...))
+
+	code, rep := e.reconcile(window...)
+	if code != 0 || rep.RowsChecked != 4 || len(rep.Missing) != 0 || len(rep.Phantoms) != 0 {
+		t.Fatalf("reconcile exited %d, checked %d, missing %v, phantoms %v; want 0, 4, none, none",
+			code, rep.RowsChecked, rep.Missing, rep.Phantoms)
+	}
+}
+
+// A record in Kafka with no row (a phantom, as after a failover to a
+// server that lost the row) is reported and left in place; a second record
+// of an event is reported as delivered more than once.
+func TestPhantomAndDuplicateAreReported(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	ids := e.commit(5, "order")
+	e.consumeAll(ids)
+
+	phantom := harness.NewUUID()
+	cl := e.kafka.Client(t)
+	ctx := context.Background()
+	for _, r := range []*kgo.Record{
+		{Topic: "outbox.event.order", Key: []byte("order-1"), Value: []byte(`{}`),
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(phantom)}}},
+		{Topic: "outbox.event.order", Key: []byte("order-1"), Value: []byte(`{}`)},
+		{Topic: "outbox.event.order", Key: []byte("order-0"), Value: []byte(`{}`),
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(ids[0])}}},
+	} {
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+
+	code, rep := e.reconcile(append(window, "--margin", "0s")...)
+	if code != 0 || len(rep.Phantoms) != 1 || rep.Phantoms[0].EventID != phantom || rep.UnidentifiedRecords != 1 {
+		t.Fatalf("reconcile exited %d, phantoms %+v, unidentified %d; want 0, [%s], 1", code, rep.Phantoms, rep.UnidentifiedRecords, phantom)
+	}
+	if !sameSet(rep.Duplicated, ids[:1]) || rep.Found != int64(len(ids)) {
+		t.Fatalf("delivered more than once %v, found %d; want [%s] and %d", rep.Duplicated, rep.Found, ids[0], len(ids))
+	}
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
+}
+
+// A relay that has to create its slot while the table holds rows logs the
+// reconcile command for them; run as logged, it finds exactly the rows the
+// new slot will never deliver.
+func TestNewSlotLogsReconcileCommand(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot")
+	lost := e.commit(3, "order")
+	relay := e.startRelay()
+	published := e.commit(2, "order")
+	e.consumeAll(published)
+
+	m := regexp.MustCompile(`"reconcile_command":"outbox-relay reconcile --since (\S+) --until (\S+) `).FindStringSubmatch(relay.Output())
+	if m == nil {
+		t.Fatalf("the relay created the slot without naming the reconcile command:\n%s", relay.Output())
+	}
+	code, rep := e.reconcile("--since", m[1], "--until", m[2])
+	if code != 3 || !sameSet(rep.Missing, lost) {
+		t.Fatalf("the logged command exited %d listing %v; want 3 and exactly %v", code, rep.Missing, lost)
+	}
+}
