@@ -350,6 +350,10 @@ func (p *Publisher) Retries() int64 { return p.retries.Load() }
 // acknowledged one by one, so there is nothing to do at a boundary.
 func (p *Publisher) EndTxn(lsn.TxnID, lsn.LSN, time.Time) {}
 
+// Flush has nothing to do: every record is acknowledged as soon as Kafka
+// stored it.
+func (p *Publisher) Flush() {}
+
 // forward feeds Input to the producer: sarama's input channel carries its
 // own message type, and keeping it out of the caller's hands lets another
 // sink stand in for this one.

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,8 +42,8 @@ const ClassFenced Class = "fenced"
 // keys the progress record. Two relays on one slot of one cluster share it,
 // so the newer fences the older; relays of different slots or clusters never
 // fence each other.
-func TransactionalID(slot string, systemID uint64) string {
-	return "outbox-relay:" + slot + "@" + strconv.FormatUint(systemID, 10)
+func TransactionalID(slot, systemID string) string {
+	return "outbox-relay:" + slot + "@" + systemID
 }
 
 // ProgressRecord is the record that says how far Kafka holds the stream. It
@@ -92,6 +91,10 @@ type TxnConfig struct {
 	// transaction of a Kafka transaction. Nil writes none.
 	Progress func(txn lsn.TxnID, end lsn.LSN, commitTime time.Time) (ProgressRecord, error)
 
+	// Observer, when set, is told of each Kafka transaction's end, for
+	// the caller's metrics and status. Its calls must not block.
+	Observer TxnObserver
+
 	// Poison remembers events Kafka refused across sessions. The caller
 	// keeps one for the life of the process and passes it to every sink it
 	// makes; nil gives this sink a memory of its own.
@@ -135,6 +138,22 @@ func orDefault[T int | time.Duration](v *T, def T) {
 		*v = def
 	}
 }
+
+// TxnObserver is told what the exactly-once sink did; the counts of all
+// the sinks a process makes add up, which TxnStats of one sink cannot.
+type TxnObserver interface {
+	// Committed is called after a Kafka transaction committed; end and
+	// commitTime are those of its last whole source transaction, zero
+	// when it held none (only part of a split one).
+	Committed(end lsn.LSN, commitTime time.Time)
+	Aborted()
+	// Split is called once for each source transaction committed in parts.
+	Split()
+}
+
+// Retries is how many times the producer has backed off to retry a record
+// since it was made.
+func (t *TxnPublisher) Retries() int64 { return t.pub.retries.Load() }
 
 // TxnStats are the sink's counters, for metrics and the admin endpoint.
 type TxnStats struct {
@@ -249,12 +268,18 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, log zerolog.Logger) (*T
 	// it only after Retry.Max backoffs. Once the producer is in its fatal
 	// state no retry can succeed, so skip the backoff and let the records
 	// fail at once with the real cause.
+	pub := &Publisher{
+		cfg: cfg, log: log, topics: topics,
+		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+		quit: make(chan struct{}),
+	}
 	var self atomic.Pointer[sarama.AsyncProducer]
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		if p := self.Load(); p != nil && (*p).TxnStatus()&sarama.ProducerTxnFlagFatalError != 0 {
 			return 0
 		}
+		pub.retries.Add(1)
 		return backoff(retries, maxRetries)
 	}
 	if err := sc.Validate(); err != nil {
@@ -273,14 +298,9 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, log zerolog.Logger) (*T
 		return nil, fmt.Errorf("init kafka transactional producer %q: %w (the principal needs Write and Describe on the transactional id, and the brokers transaction support)", tcfg.TransactionalID, err)
 	}
 	self.Store(&producer)
+	pub.client, pub.admin, pub.producer = client, admin, producer
 	t := &TxnPublisher{
-		pub: &Publisher{
-			cfg: cfg, log: log, topics: topics,
-			client: client, admin: admin, producer: producer,
-			known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-			quit: make(chan struct{}),
-		},
-		cfg: tcfg, handler: handler, log: log,
+		pub: pub, cfg: tcfg, handler: handler, log: log,
 		turn:    make(chan struct{}, 1),
 		changed: make(chan struct{}, 1),
 		armed:   make(chan time.Time, 1),
@@ -350,18 +370,25 @@ func (t *TxnPublisher) BuildWait(ctx context.Context, ev *Event) (*Record, error
 // none is open. It blocks while the producer is full or a commit is under
 // way.
 func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
+	_, err := t.send(ctx, r)
+	return err
+}
+
+// send is Send that also says whether r joined the transaction: a record
+// that did is reported through the handler, one that did not is not.
+func (t *TxnPublisher) send(ctx context.Context, r *Record) (joined bool, err error) {
 	if err := t.enter(ctx); err != nil {
-		return err
+		return false, err
 	}
 	defer t.release()
 	if !t.open {
 		if err := t.begin(); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if t.firstFailure() != nil {
 		// Everything sent from now on would be refused anyway.
-		return t.abort(ctx, nil, false)
+		return false, t.abort(ctx, nil, false)
 	}
 	// A suspect is sent alone, its outcome awaited, so a refusal names it:
 	// the broker fails whole batches, and a failed transaction fails
@@ -369,10 +396,10 @@ func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
 	suspect := t.cfg.Poison.suspect(r.eventID)
 	if suspect {
 		if err := t.awaitOutcomes(ctx, len(t.batch)); err != nil {
-			return t.fail(ctx, err)
+			return false, t.fail(ctx, err)
 		}
 		if t.firstFailure() != nil {
-			return t.abort(ctx, nil, false)
+			return false, t.abort(ctx, nil, false)
 		}
 	}
 	t.batch = append(t.batch, r)
@@ -380,20 +407,20 @@ func (t *TxnPublisher) Send(ctx context.Context, r *Record) error {
 	if err := t.sendWaiting(ctx, &r.msg); err != nil {
 		// The record may or may not be in the producer now; the
 		// transaction cannot be trusted either way.
-		return t.fail(ctx, fmt.Errorf("send record: %w", err))
+		return true, t.fail(ctx, fmt.Errorf("send record: %w", err))
 	}
 	if suspect {
 		if err := t.awaitOutcomes(ctx, len(t.batch)); err != nil {
-			return t.fail(ctx, err)
+			return true, t.fail(ctx, err)
 		}
 		if t.firstFailure() != nil {
-			return t.abort(ctx, nil, true)
+			return true, t.abort(ctx, nil, true)
 		}
 	}
 	if len(t.batch) >= t.cfg.MaxEvents || t.bytes >= t.cfg.MaxBytes || time.Since(t.began) >= t.cfg.MaxAge {
-		return t.commit(ctx)
+		return true, t.commit(ctx)
 	}
-	return nil
+	return true, nil
 }
 
 // EndTxn tells the sink that the source transaction whose records were just
@@ -526,6 +553,9 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 	if t.complete < len(t.batch) && !t.splitOne {
 		t.split.Add(1)
 		t.splitOne = true
+		if t.cfg.Observer != nil {
+			t.cfg.Observer.Split()
+		}
 		t.log.Warn().Int("records", len(t.batch)-t.complete).
 			Msg("a source transaction is larger than one Kafka transaction may hold: committing it in parts; read_committed consumers see its first part before the rest, and a crash before its last part re-delivers the committed parts")
 	}
@@ -568,10 +598,15 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 	}
 	t.cfg.Poison.committed(t.batch)
 	t.committed.Add(1)
+	var last sourceEnd
 	if t.last != nil {
+		last = *t.last
 		t.statsMu.Lock()
-		t.lastCommitted, t.lastCommitAt = *t.last, time.Now()
+		t.lastCommitted, t.lastCommitAt = last, time.Now()
 		t.statsMu.Unlock()
+	}
+	if t.cfg.Observer != nil {
+		t.cfg.Observer.Committed(last.end, last.commitTime)
 	}
 	t.reset()
 	return nil
@@ -605,6 +640,9 @@ func (t *TxnPublisher) abort(ctx context.Context, cause error, isolated bool) er
 		cause = fmt.Errorf("%w; abort kafka transaction: %w", cause, abortErr)
 	}
 	t.aborted.Add(1)
+	if t.cfg.Observer != nil {
+		t.cfg.Observer.Aborted()
+	}
 	if fenced(cause) {
 		return t.spent(t.report(cause, ClassFenced))
 	}
@@ -639,7 +677,9 @@ func (t *TxnPublisher) report(cause error, class Class) error {
 	}
 	for _, r := range t.batch {
 		d := delivery(&r.msg)
-		t.handler.Failed(d, &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: d.Partition, Err: err})
+		// No partition: read_committed readers never see an aborted
+		// record, so its re-delivery cannot land out of order.
+		t.handler.Failed(d, &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err})
 	}
 	t.reset()
 	return err

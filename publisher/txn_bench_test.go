@@ -55,7 +55,6 @@ func benchConfig(brokers []string) Config {
 	return cfg
 }
 
-
 // BenchmarkCatchUp drains a backlog of b.N events (source transactions of
 // three) through the at-least-once publisher and through the exactly-once
 // sink against kfake, reporting events per second and CPU per event. kfake

@@ -251,6 +251,7 @@ type fakeSink struct {
 	outcomes chan publisher.Outcome
 	retries  atomic.Int64
 	closed   atomic.Bool
+	flushes  atomic.Int64 // Flush calls
 
 	mu      sync.Mutex
 	lookups map[string]chan struct{} // topics being looked up
@@ -285,6 +286,7 @@ func (k *fakeSink) Input() chan<- *publisher.Record    { return k.in }
 func (k *fakeSink) Outcomes() <-chan publisher.Outcome { return k.outcomes }
 func (k *fakeSink) Retries() int64                     { return k.retries.Load() }
 func (k *fakeSink) Close(time.Duration) error          { k.closed.Store(true); return nil }
+func (k *fakeSink) Flush()                             { k.flushes.Add(1) }
 func (k *fakeSink) EndTxn(_ lsn.TxnID, end lsn.LSN, _ time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -91,7 +91,9 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 			// Stop reading WAL until acks free room; the wait wakes for
 			// status too, so wal_sender_timeout never fires while Kafka is
-			// slow.
+			// slow. A transactional sink acks only once it commits, so it
+			// is asked to commit now rather than at its interval.
+			s.sink.Flush()
 			if _, err := s.wait(ctx, nil, nil); err != nil {
 				return err
 			}

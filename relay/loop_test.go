@@ -459,3 +459,27 @@ func gaugeValue(g prometheus.Gauge) float64 {
 	}
 	return m.GetGauge().GetValue()
 }
+
+// At the in-flight bound the loop asks the sink to commit: a transactional
+// sink acks only after a commit, so waiting for acks without it would wait
+// for the sink's interval, or for ever with a clock that does not move.
+func TestLoopFlushesSinkAtTheBound(t *testing.T) {
+	rig := startLoop(t, rigOptions{events: 2})
+	r1 := rig.txn(t, 2000, "e1")[0]
+	if n := rig.sink.flushes.Load(); n != 0 {
+		t.Fatalf("the loop flushed the sink %d times below the bound", n)
+	}
+	rig.source.begin(t)
+	rig.source.row(t, "e2", "order")
+	rig.sink.sent(t)
+	for deadline := time.Now().Add(patience); rig.sink.flushes.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not flush the sink at the in-flight bound")
+		}
+		rig.clock.advanceTo(rig.waiting(t))
+	}
+	rig.sink.ack(r1)
+	if st := rig.source.nextStatus(t); st.flushed != 2000 {
+		t.Fatalf("status after the ack flushed %v, want 2000", st.flushed)
+	}
+}
