@@ -1,0 +1,184 @@
+package drills
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// eosFlags run the relay in exactly-once mode with a short transaction
+// interval, so the drills see many Kafka transactions.
+var eosFlags = []string{"--delivery", "exactly-once", "--transaction-interval", "50ms"}
+
+// settleExactlyOnce commits one source transaction with an event on every
+// partition of every drill topic, waits until the slot confirmed it, and
+// reads with read_committed until every committed event is visible. The
+// relay confirms only after the Kafka transaction committed, and that
+// transaction holds the last records of every partition, so once a reader
+// saw it on each partition it read everything visible before it: then
+// every event must be there exactly once, and nothing else.
+func (w *world) settleExactlyOnce(timeout time.Duration) []harness.Record {
+	w.t.Helper()
+	conn := w.connect()
+	var markers []harness.OutboxEvent
+	for _, typ := range w.types {
+		covered := map[int32]bool{}
+		for i := 0; len(covered) < partitions; i++ {
+			id := fmt.Sprintf("settle-%d", i)
+			if p := harness.JavaPartition([]byte(id), partitions); !covered[p] {
+				covered[p] = true
+				markers = append(markers, harness.OutboxEvent{AggregateType: typ, AggregateID: id, EventType: "Settled", Payload: `{"marker": true}`})
+			}
+		}
+	}
+	commit := w.fence(conn, markers)
+	harness.WaitFor(w.t, timeout, "the slot confirms the settle transaction (commit at "+commit+")", func() bool {
+		return !notPast(w.confirmedFlush(), commit)
+	})
+	ids, order := w.Committed()
+	records := harness.ConsumeExactlyOnce(w.t, w.brokers, w.topicRegex(), ids, timeout)
+	harness.CheckPerAggregateOrder(w.t, records, order)
+	return records
+}
+
+// checkTxnsCommitted fails unless the relay's log shows Kafka transactions
+// committed: a drill passing in at-least-once mode proves nothing here.
+func checkTxnsCommitted(t *testing.T, out string) {
+	t.Helper()
+	if !strings.Contains(out, "exactly-once producer initialised") {
+		t.Fatalf("the relay never initialised a transactional producer:\n%s", out)
+	}
+}
+
+// TestDrillEOSCrashes SIGKILLs an exactly-once relay at random moments
+// while a writer commits multi-event transactions, restarting it each
+// time. Every life resumes from the progress record committed with its
+// last Kafka transaction, so read_committed readers must see every event
+// exactly once (risks: resuming from the slot behind the progress, a
+// progress record outside its transaction, confirming before the commit,
+// a fenced zombie committing after the new life read the progress).
+//
+// Reduced: 5 kills; OUTBOX_RELAY_DRILL_SIZE=full: 20 kills.
+func TestDrillEOSCrashes(t *testing.T) {
+	kills := sized(5, 20)
+	rng := newRand(t)
+	w, _ := newKfakeWorld(t, shared)
+	off := newOffsets(t, w.brokers)
+	conn := w.connect()
+	pw := startPacedWriter(w, conn, writerRand(rng), 5*time.Millisecond, 7, 300, false)
+	defer pw.halt()
+
+	relay := w.startRelayNoWait(eosFlags...)
+	for i := range kills {
+		before, err := off.read(w.topics())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A random share of a life: right at start-up (one in five), or
+		// after up to 2,000 more records reached Kafka, committed or not.
+		target := int64(rng.IntN(2000))
+		if rng.IntN(5) > 0 {
+			harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", i+1, target), func() bool {
+				m, err := off.read(w.topics())
+				return relay.Exited() || err == nil && sumOffsets(m)-sumOffsets(before) >= target
+			})
+		}
+		if relay.Exited() {
+			t.Fatalf("relay life %d exited on its own:\n%s", i+1, relay.Output())
+		}
+		checkTxnsCommitted(t, relay.Output())
+		relay.Kill()
+		t.Logf("kill %d: %d events committed so far; slot at %s", i+1, w.CommittedCount(), w.confirmedFlush())
+		relay = w.startRelayNoWait(eosFlags...)
+	}
+	if err := pw.halt(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	relay.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
+	records := w.settleExactlyOnce(3 * time.Minute)
+	t.Logf("EOS crashes: %d kills, %d events, %d records visible to read_committed (0 duplicates, 0 missing)",
+		kills, w.CommittedCount(), len(records))
+}
+
+// TestDrillEOSPostgresImmediateRestart crashes PostgreSQL under an
+// exactly-once relay and a live writer: the relay re-streams from the
+// progress record and readers see each event once.
+func TestDrillEOSPostgresImmediateRestart(t *testing.T) {
+	rng := newRand(t)
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	w, _ := newKfakeWorld(t, pg)
+	off := newOffsets(t, w.brokers)
+	relay := w.startRelay(eosFlags...)
+	checkTxnsCommitted(t, relay.Output())
+	conn := w.connect()
+	pw := startPacedWriter(w, conn, writerRand(rng), 5*time.Millisecond, 7, 300, false)
+	harness.WaitFor(t, 2*time.Minute, "the relay streams a busy outbox", func() bool {
+		m, err := off.read(w.topics())
+		return err == nil && sumOffsets(m) >= 2000
+	})
+	streams := strings.Count(relay.Output(), harness.LogStreaming)
+	pg.StopImmediate(t)
+	// The writer stops on the crash; a transaction in doubt is not in the
+	// ledger, and is looked up below.
+	werr := pw.halt()
+	t.Logf("PostgreSQL crashed with %d events committed (writer stopped on: %v)", w.CommittedCount(), werr)
+	pg.Start(t)
+	harness.WaitFor(t, 2*time.Minute, "the relay streams again", func() bool {
+		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
+	})
+	if relay.Exited() {
+		t.Fatalf("relay exited after the PostgreSQL crash:\n%s", relay.Output())
+	}
+	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
+		t.Skipf("the writer's last transaction is in doubt (%d rows, %d known): rerun", n, w.CommittedCount())
+	}
+	conn2 := w.connect()
+	if err := w.writeTxns(conn2, rng, 50, 7, 300); err != nil {
+		t.Fatal(err)
+	}
+	records := w.settleExactlyOnce(3 * time.Minute)
+	t.Logf("%d events, %d records visible to read_committed", w.CommittedCount(), len(records))
+}
+
+// TestDrillEOSBrokerOutage refuses every produce request for longer than
+// a Kafka transaction may wait, under a writer: the open transaction
+// aborts, the relay re-streams from the progress once Kafka is back, and
+// the aborted records stay invisible to read_committed.
+func TestDrillEOSBrokerOutage(t *testing.T) {
+	rng := newRand(t)
+	w := newWorld(t, shared, nil)
+	k := startKfake(t, harness.KfakeOptions{}, w.topics())
+	w.brokers = k.Brokers()
+	w.migrate()
+	relay := w.startRelay(eosFlags...)
+	conn := w.connect()
+	pw := startPacedWriter(w, conn, writerRand(rng), 20*time.Millisecond, 5, 100, false)
+	harness.WaitFor(t, time.Minute, "Kafka transactions commit", func() bool {
+		return sumOffsets(endOffsets(t, w.brokers, w.topics())) > 0
+	})
+	f := k.FailProduce(-1, kerr.NotLeaderForPartition.Code)
+	err := hold(25*time.Second, func() error { // more than the 20s a Kafka transaction may stay open
+		if relay.Exited() {
+			return fmt.Errorf("relay exited during the outage:\n%s", relay.Output())
+		}
+		return nil
+	})
+	f.Remove()
+	if werr := pw.halt(); werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := w.settleExactlyOnce(3 * time.Minute)
+	restarts := strings.Count(relay.Output(), "kafka failed; keeping the replication connection")
+	t.Logf("outage: %d events, %d records visible to read_committed, %d waits for Kafka", w.CommittedCount(), len(records), restarts)
+	if restarts == 0 {
+		t.Errorf("no Kafka transaction failed during the outage: the drill did not test an abort\n%s", relay.Output())
+	}
+}
