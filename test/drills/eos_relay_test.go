@@ -29,7 +29,7 @@ func (w *world) settleExactlyOnce(timeout time.Duration) []harness.Record {
 	for _, typ := range w.types {
 		covered := map[int32]bool{}
 		for i := 0; len(covered) < partitions; i++ {
-			id := fmt.Sprintf("settle-%d", i)
+			id := fmt.Sprintf("settle-%s-%d", typ, i)
 			if p := harness.JavaPartition([]byte(id), partitions); !covered[p] {
 				covered[p] = true
 				markers = append(markers, harness.OutboxEvent{AggregateType: typ, AggregateID: id, EventType: "Settled", Payload: `{"marker": true}`})
@@ -91,7 +91,6 @@ func TestDrillEOSCrashes(t *testing.T) {
 		if relay.Exited() {
 			t.Fatalf("relay life %d exited on its own:\n%s", i+1, relay.Output())
 		}
-		checkTxnsCommitted(t, relay.Output())
 		relay.Kill()
 		t.Logf("kill %d: %d events committed so far; slot at %s", i+1, w.CommittedCount(), w.confirmedFlush())
 		relay = w.startRelayNoWait(eosFlags...)
@@ -100,6 +99,7 @@ func TestDrillEOSCrashes(t *testing.T) {
 		t.Fatalf("writer: %v", err)
 	}
 	relay.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
+	checkTxnsCommitted(t, relay.Output())
 	records := w.settleExactlyOnce(3 * time.Minute)
 	t.Logf("EOS crashes: %d kills, %d events, %d records visible to read_committed (0 duplicates, 0 missing)",
 		kills, w.CommittedCount(), len(records))
