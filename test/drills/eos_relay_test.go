@@ -1,6 +1,7 @@
 package drills
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -181,4 +182,60 @@ func TestDrillEOSBrokerOutage(t *testing.T) {
 	if restarts == 0 {
 		t.Errorf("no Kafka transaction failed during the outage: the drill did not test an abort\n%s", relay.Output())
 	}
+}
+
+// TestDrillEOSPoisonInMultiEventTxn: the broker refuses one event of a
+// five-event PostgreSQL transaction, amid others, inside the relay's Kafka
+// transaction. The transaction aborts, the relay re-streams, finds the
+// poison by sending suspects alone, and quarantines it: the four other
+// events of its transaction and everything around it become visible once,
+// the poison never, and it is quarantined exactly once.
+func TestDrillEOSPoisonInMultiEventTxn(t *testing.T) {
+	rng := newRand(t)
+	w, k := newKfakeWorld(t, shared)
+	relay := w.startRelay(append([]string{"--compression", "none"}, eosFlags...)...) // the refusal finds the poison by its bytes
+	conn := w.connect()
+	if err := w.writeTxns(conn, rng, 30, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	events := w.genEvents(rng, 5, 50)
+	ids := make([]string, len(events))
+	for i := range ids {
+		ids[i] = harness.NewUUID()
+	}
+	poison := ids[2]
+	refusal := k.RefuseRecordsWith([]byte(poison), kerr.InvalidRecord.Code)
+	defer refusal.Remove()
+	if err := w.CommitIDs(context.Background(), conn, ids, events); err != nil {
+		t.Fatal(err)
+	}
+	w.Forget([]string{poison}) // never to be visible
+	if err := w.writeTxns(conn, rng, 30, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	w.settleExactlyOnce(3 * time.Minute)
+	if relay.Exited() {
+		t.Fatalf("relay exited:\n%s", relay.Output())
+	}
+	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1::uuid", poison); n != 1 {
+		t.Fatalf("poison event in the quarantine table %d times, want 1", n)
+	}
+	if n := countQuarantined(relay.Output(), poison); n != 1 {
+		t.Fatalf("the poison event was quarantined %d times, want once:\n%s", n, relay.Output())
+	}
+	if refusal.Hits() == 0 {
+		t.Fatal("the broker never refused the poison: the drill tested nothing")
+	}
+	t.Logf("poison refused %d times by the broker, quarantined once; %d events visible once", refusal.Hits(), w.CommittedCount())
+}
+
+// countQuarantined counts the relay's "event quarantined" lines for id.
+func countQuarantined(out, id string) int {
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "event quarantined") && strings.Contains(line, id) {
+			n++
+		}
+	}
+	return n
 }
