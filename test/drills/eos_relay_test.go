@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -238,4 +239,62 @@ func countQuarantined(out, id string) int {
 		}
 	}
 	return n
+}
+
+// TestDrillEOSZombieFenced freezes the streaming exactly-once relay
+// (SIGSTOP) with a Kafka transaction open, lets its walsender time out so
+// the standby takes the slot, initialises its producer (fencing the
+// frozen one) and streams; then wakes the zombie. The zombie must never
+// commit again: it is fenced, or loses its replication connection first,
+// and goes back to standby. Every event stays visible exactly once.
+func TestDrillEOSZombieFenced(t *testing.T) {
+	rng := newRand(t)
+	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "2s"}})
+	w, _ := newKfakeWorld(t, pg)
+	off := newOffsets(t, w.brokers)
+	zombie := w.startRelay(eosFlags...)
+	standby := w.startRelayNoWait(eosFlags...)
+	conn := w.connect()
+	pw := startPacedWriter(w, conn, writerRand(rng), 5*time.Millisecond, 5, 200, false)
+	defer pw.halt()
+	harness.WaitFor(t, time.Minute, "the first relay publishes", func() bool {
+		m, err := off.read(w.topics())
+		return err == nil && sumOffsets(m) >= 1000
+	})
+	if err := zombie.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	standby.WaitForOutput(t, harness.LogStreaming, time.Minute)
+	t.Logf("standby streaming %v after the freeze", time.Since(frozen).Round(time.Millisecond))
+	before, err := off.read(w.topics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, time.Minute, "the new relay publishes", func() bool {
+		m, err := off.read(w.topics())
+		return err == nil && sumOffsets(m) >= sumOffsets(before)+500
+	})
+	if err := zombie.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	const fenced, standingBy = "fenced by another relay", "waiting to take over"
+	harness.WaitFor(t, time.Minute, "the woken relay gives up the stream", func() bool {
+		out := zombie.Output()
+		return zombie.Exited() || strings.Contains(out, fenced) || strings.Contains(out, standingBy)
+	})
+	if err := pw.halt(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	records := w.settleExactlyOnce(3 * time.Minute)
+	if zombie.Exited() || standby.Exited() {
+		t.Fatalf("a relay exited:\nzombie:\n%s\nstandby:\n%s", zombie.Output(), standby.Output())
+	}
+	for _, line := range strings.Split(zombie.Output(), "\n") {
+		if strings.Contains(line, fenced) {
+			t.Logf("the zombie on waking: %.600s", line)
+			break
+		}
+	}
+	t.Logf("zombie fenced: %v; %d events, %d records visible once", strings.Contains(zombie.Output(), fenced), w.CommittedCount(), len(records))
 }
