@@ -78,7 +78,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
 	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs, reconcile")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs, reconcile, eos")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -131,10 +131,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "floor", "allocs", "reconcile":
+		case "ceiling", "bigtxn", "latency", "floor", "allocs", "reconcile", "eos":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor, allocs or reconcile", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor, allocs, reconcile or eos", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
@@ -227,7 +227,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["reconcile"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
@@ -280,6 +280,13 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 		b.res.Latency = lr
+	}
+	if !b.o.skip["eos"] {
+		er, err := b.eachBroker(ctx, "exactly-once latency", b.eosLatency)
+		if err != nil {
+			return err
+		}
+		b.res.EOSLatency = er
 	}
 	if !b.o.skip["reconcile"] {
 		for _, br := range b.brokers {
