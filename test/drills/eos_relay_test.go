@@ -298,3 +298,60 @@ func TestDrillEOSZombieFenced(t *testing.T) {
 	}
 	t.Logf("zombie fenced: %v; %d events, %d records visible once", strings.Contains(zombie.Output(), fenced), w.CommittedCount(), len(records))
 }
+
+// TestDrillEOSLeaderFailover SIGKILLs the leader of a partition an
+// exactly-once relay writes to, on three Apache Kafka brokers (replication
+// factor 3, min.insync.replicas=2), under a writer: the transaction
+// coordinator or a partition leader may be the killed node, so a Kafka
+// transaction may abort or be retried; read_committed readers must still
+// see every event exactly once.
+func TestDrillEOSLeaderFailover(t *testing.T) {
+	rng := newRand(t)
+	w := newWorld(t, shared, nil)
+	w.topicPrefix = "drill_failover_eos."
+	k := requireKafka(t, harness.ApacheKafkaOptions{
+		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
+	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
+	w.brokers = k.Brokers()
+	w.migrate()
+	conn := w.connect()
+	relay := w.startRelay(eosFlags...)
+	checkTxnsCommitted(t, relay.Output())
+	wrng := writerRand(rng)
+	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
+	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
+	topic := w.topics()[0]
+	leader, err := k.PartitionLeader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.KillNode(leader)
+	killed, atKill := time.Now(), w.CommittedCount()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted { // leave the shared cluster whole for later tests
+			if err := k.StartNode(leader); err != nil {
+				t.Errorf("cleanup: restart node %d: %v", leader, err)
+			}
+		}
+	})
+	if err := wait(); err != nil {
+		t.Fatal(err)
+	}
+	records := w.settleExactlyOnce(3 * time.Minute)
+	t.Logf("killed node %d, leader of %s/0, with %d events committed; all %d visible once %v after the kill",
+		leader, topic, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
+	if err := k.StartNode(leader); err != nil {
+		t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
+	}
+	restarted = true
+	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
+		t.Fatal(err)
+	}
+	records = w.settleExactlyOnce(3 * time.Minute)
+	if relay.Exited() {
+		t.Fatalf("relay exited:\n%s", relay.Output())
+	}
+	t.Logf("%d events, %d records visible to read_committed, %d stream restarts", w.CommittedCount(), len(records),
+		strings.Count(relay.Output(), msgRestart))
+}
