@@ -183,11 +183,8 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{
-		cfg: cfg, log: log, topics: topics,
-		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-		input: make(chan *Record), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
-	}
+	p := newPublisher(cfg, log, topics)
+	p.input, p.outcomes = make(chan *Record), make(chan Outcome, outcomeBuffer)
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		p.retries.Add(1)
@@ -207,6 +204,16 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	go p.forward()
 	go p.drainOutcomes()
 	return p, nil
+}
+
+// newPublisher is a Publisher not yet connected, with the state Build
+// needs.
+func newPublisher(cfg Config, log zerolog.Logger, topics *topicTemplate) *Publisher {
+	return &Publisher{
+		cfg: cfg, log: log, topics: topics,
+		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+		quit: make(chan struct{}),
+	}
 }
 
 // outcomeBuffer lets the producer report a burst of acks while the caller
@@ -286,8 +293,13 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
 func (p *Publisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
+	return buildWait(ctx, p.Build, ev)
+}
+
+// buildWait calls build until the event's topic is looked up or ctx ends.
+func buildWait(ctx context.Context, build func(*Event) (*Record, error), ev *Event) (*Record, error) {
 	for {
-		r, err := p.Build(ev)
+		r, err := build(ev)
 		var pending *TopicPendingError
 		if !errors.As(err, &pending) {
 			return r, err

@@ -268,11 +268,7 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, log zerolog.Logger) (*T
 	// it only after Retry.Max backoffs. Once the producer is in its fatal
 	// state no retry can succeed, so skip the backoff and let the records
 	// fail at once with the real cause.
-	pub := &Publisher{
-		cfg: cfg, log: log, topics: topics,
-		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-		quit: make(chan struct{}),
-	}
+	pub := newPublisher(cfg, log, topics)
 	var self atomic.Pointer[sarama.AsyncProducer]
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
@@ -352,18 +348,7 @@ func (t *TxnPublisher) Build(ev *Event) (*Record, error) {
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
 func (t *TxnPublisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
-	for {
-		r, err := t.Build(ev)
-		var pending *TopicPendingError
-		if !errors.As(err, &pending) {
-			return r, err
-		}
-		select {
-		case <-pending.Done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+	return buildWait(ctx, t.Build, ev)
 }
 
 // Send adds a built record to the open Kafka transaction, beginning one if

@@ -166,11 +166,16 @@ func newTxnMetrics(reg prometheus.Registerer) *txnMetrics {
 }
 
 func (m *txnMetrics) mode(mode string) {
-	for _, each := range []string{DeliveryAtLeastOnce, DeliveryExactlyOnce} {
+	oneHot(m.Mode, []string{DeliveryAtLeastOnce, DeliveryExactlyOnce}, mode)
+}
+
+// oneHot sets the gauge of chosen to 1 and those of the other values to 0.
+func oneHot(g *prometheus.GaugeVec, values []string, chosen string) {
+	for _, each := range values {
 		v := 0.0
-		if each == mode {
+		if each == chosen {
 			v = 1
 		}
-		m.Mode.WithLabelValues(each).Set(v)
+		g.WithLabelValues(each).Set(v)
 	}
 }

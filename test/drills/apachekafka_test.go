@@ -43,20 +43,8 @@ func TestDrillLeaderFailover(t *testing.T) {
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
 	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
 	topic := w.topics()[0]
-	leader, err := k.PartitionLeader(topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.KillNode(leader)
+	leader, restart := killPartitionLeader(t, k, topic)
 	killed, atKill := time.Now(), w.CommittedCount()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted { // leave the shared cluster whole for later tests
-			if err := k.StartNode(leader); err != nil {
-				t.Errorf("cleanup: restart node %d: %v", leader, err)
-			}
-		}
-	})
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +59,7 @@ func TestDrillLeaderFailover(t *testing.T) {
 		t.Fatalf("partition %s/0 is still led by the killed node %d", topic, leader)
 	}
 
-	if err := k.StartNode(leader); err != nil {
-		t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
-	}
-	restarted = true
+	restart()
 	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +70,33 @@ func TestDrillLeaderFailover(t *testing.T) {
 	}
 	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.CommittedCount(),
 		len(records)-w.CommittedCount(), strings.Count(relay.Output(), msgRestart))
+}
+
+// killPartitionLeader SIGKILLs the node leading topic/0. restart starts it
+// again; the test's cleanup does if the test did not, to leave a shared
+// cluster whole for later tests.
+func killPartitionLeader(t *testing.T, k *harness.ApacheKafka, topic string) (leader int, restart func()) {
+	t.Helper()
+	leader, err := k.PartitionLeader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.KillNode(leader)
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			if err := k.StartNode(leader); err != nil {
+				t.Errorf("cleanup: restart node %d: %v", leader, err)
+			}
+		}
+	})
+	return leader, func() {
+		t.Helper()
+		if err := k.StartNode(leader); err != nil {
+			t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
+		}
+		restarted = true
+	}
 }
 
 // TestDrillApacheKafkaEndToEnd runs the main delivery contract against real

@@ -321,30 +321,15 @@ func TestDrillEOSLeaderFailover(t *testing.T) {
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
 	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
 	topic := w.topics()[0]
-	leader, err := k.PartitionLeader(topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.KillNode(leader)
+	leader, restart := killPartitionLeader(t, k, topic)
 	killed, atKill := time.Now(), w.CommittedCount()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted { // leave the shared cluster whole for later tests
-			if err := k.StartNode(leader); err != nil {
-				t.Errorf("cleanup: restart node %d: %v", leader, err)
-			}
-		}
-	})
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
 	records := w.settleExactlyOnce(3 * time.Minute)
 	t.Logf("killed node %d, leader of %s/0, with %d events committed; all %d visible once %v after the kill",
 		leader, topic, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
-	if err := k.StartNode(leader); err != nil {
-		t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
-	}
-	restarted = true
+	restart()
 	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
 		t.Fatal(err)
 	}
