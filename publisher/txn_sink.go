@@ -46,6 +46,7 @@ type TxnSink struct {
 	cancel    context.CancelFunc
 	quit      chan struct{}
 	closeOnce sync.Once
+	closeErr  error
 	driving   sync.WaitGroup
 	reporting sync.WaitGroup
 }
@@ -107,8 +108,13 @@ func (s *TxnSink) Stats() TxnStats { return s.txn.Stats() }
 // source transaction aborts. Outcomes not read by then are dropped. It must
 // not be called while a send on Input may still happen.
 func (s *TxnSink) Close(timeout time.Duration) error {
+	s.closeOnce.Do(func() { s.closeErr = s.close(timeout) })
+	return s.closeErr
+}
+
+func (s *TxnSink) close(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	s.closeOnce.Do(func() { close(s.input) })
+	close(s.input)
 	driven := make(chan struct{})
 	go func() {
 		s.driving.Wait()
@@ -124,11 +130,7 @@ func (s *TxnSink) Close(timeout time.Duration) error {
 	}
 	err := s.txn.Close(max(time.Until(deadline), 100*time.Millisecond))
 	s.cancel()
-	select {
-	case <-s.quit:
-	default:
-		close(s.quit)
-	}
+	close(s.quit)
 	s.reporting.Wait()
 	return err
 }
