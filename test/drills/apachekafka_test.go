@@ -243,7 +243,8 @@ func checkWithKcat(t *testing.T, w *world, records []harness.Record) {
 	for _, topic := range w.topics() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		cmd := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(w.brokers, ","), "-t", topic,
-			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`)
+			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`,
+			"-X", "isolation.level=read_committed") // librdkafka's default, said for the exactly-once drills
 		out, err := cmd.Output()
 		cancel()
 		if err != nil {

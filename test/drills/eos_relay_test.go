@@ -103,6 +103,7 @@ func TestDrillEOSCrashes(t *testing.T) {
 	relay.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
 	checkTxnsCommitted(t, relay.Output())
 	records := w.settleExactlyOnce(3 * time.Minute)
+	checkWithKcat(t, w, records) // a second, independent read_committed reader
 	t.Logf("EOS crashes: %d kills, %d events, %d records visible to read_committed (0 duplicates, 0 missing)",
 		kills, w.CommittedCount(), len(records))
 }
@@ -287,6 +288,7 @@ func TestDrillEOSZombieFenced(t *testing.T) {
 		t.Fatalf("writer: %v", err)
 	}
 	records := w.settleExactlyOnce(3 * time.Minute)
+	checkWithKcat(t, w, records)
 	if zombie.Exited() || standby.Exited() {
 		t.Fatalf("a relay exited:\nzombie:\n%s\nstandby:\n%s", zombie.Output(), standby.Output())
 	}
