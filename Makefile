@@ -37,6 +37,7 @@ bench: kafka
 
 fuzz:
 	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime 60s ./replication/
+	$(GO) test -run XXX -fuzz FuzzRowHeaders -fuzztime 60s ./publisher/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -35,6 +35,10 @@ func FuzzRowHeaders(f *testing.F) {
 		``,
 		`{"a": }`, `{"a" 1}`, `{"a": 1,}`, `{"a": "x"`, `{"a": 1} x`, `{"a": tru}`, `[1]`, `"s"`,
 		`{"a": "\ud83d\ude80"}`, `{"a": [1, 2}`, `{"a": {"b": 1}, "c": -0.5e-3}`,
+		// Found by this fuzzer: a panic on an unterminated value, trailing
+		// bytes after an empty object, a raw control character, bytes that
+		// are not UTF-8, and space after null or a value.
+		`{"":{`, `{}0`, "{\"\x00\":\"\"}", "{\"\xff\":\"\"}", `null `, `{"a": 1 }`,
 	} {
 		f.Add([]byte(seed))
 	}

@@ -51,7 +51,9 @@ type Config struct {
 	// Linger is how long a batch may wait for more records before it is
 	// sent when no request is in flight (Kafka's linger.ms). While a
 	// request is in flight records gather anyway, so it matters only when
-	// the relay is idle between events.
+	// the relay is idle between events. The default, 2 ms, was measured at
+	// steady rates: it halves the broker's CPU per event against sending
+	// each event in a request of its own (see docs/operations.md).
 	Linger time.Duration
 
 	Security Security
@@ -71,6 +73,7 @@ func DefaultConfig() Config {
 		MaxMessageBytes: 1000000,
 		RetryMax:        10000,
 		RetryBackoffMax: 5 * time.Second,
+		Linger:          2 * time.Millisecond,
 		TopicWait:       10 * time.Second,
 	}
 }

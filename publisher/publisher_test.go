@@ -334,7 +334,6 @@ func TestDiscardMetricsHandsOutNoOps(t *testing.T) {
 func TestSaramaConfig(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Brokers = []string{"127.0.0.1:9092"}
-	cfg.Linger = 2 * time.Millisecond
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +343,7 @@ func TestSaramaConfig(t *testing.T) {
 			sc.Producer.Idempotent, sc.Producer.RequiredAcks, sc.Net.MaxOpenRequests)
 	}
 	if sc.Producer.Flush.Frequency != 2*time.Millisecond {
-		t.Errorf("Flush.Frequency %v, want the 2ms linger", sc.Producer.Flush.Frequency)
+		t.Errorf("Flush.Frequency %v, want the default 2ms linger", sc.Producer.Flush.Frequency)
 	}
 	if sc.Producer.Compression != sarama.CompressionLZ4 {
 		t.Errorf("compression %v, want lz4 by default", sc.Producer.Compression)

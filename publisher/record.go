@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/IBM/sarama"
 )
@@ -209,7 +210,7 @@ type header struct{ Key, Value []byte }
 // scanner keeps a row with headers from costing dozens of allocations.
 func rowHeaders(raw []byte, dst []header) ([]header, error) {
 	i := skipSpace(raw, 0)
-	if i == len(raw) || string(raw[i:]) == "null" {
+	if i == len(raw) || string(trimSpaceRight(raw[i:])) == "null" {
 		return dst, nil
 	}
 	if raw[i] != '{' {
@@ -217,6 +218,9 @@ func rowHeaders(raw []byte, dst []header) ([]header, error) {
 	}
 	i = skipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == '}' {
+		if skipSpace(raw, i+1) != len(raw) {
+			return nil, fmt.Errorf("headers column: malformed JSON object at offset %d", i+1)
+		}
 		return dst, nil
 	}
 	for {
@@ -245,7 +249,11 @@ func rowHeaders(raw []byte, dst []header) ([]header, error) {
 			value, next = nil, i+4
 		default:
 			next, err = jsonValueEnd(raw, i)
-			value = raw[i:next]
+			if err == nil {
+				// The value as written, without the space before the next
+				// comma or brace.
+				value = trimSpaceRight(raw[i:next])
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("headers column, key %q: %w", key, err)
@@ -263,6 +271,13 @@ func rowHeaders(raw []byte, dst []header) ([]header, error) {
 	}
 }
 
+func trimSpaceRight(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t' || b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
@@ -271,16 +286,22 @@ func skipSpace(b []byte, i int) int {
 }
 
 // jsonString reads the string starting at b[i] (a quote) and returns its
-// content and the offset after its closing quote.
+// content and the offset after its closing quote. A string with escapes or
+// bytes that are not UTF-8 goes through encoding/json, so both forms of the
+// same text give the same header.
 func jsonString(b []byte, i int) (content []byte, next int, err error) {
-	escaped := false
+	slow := false
 	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			escaped = true
+		switch c := b[j]; {
+		case c == '\\':
+			slow = true
 			j++
-		case '"':
-			if !escaped {
+		case c < 0x20:
+			return nil, 0, fmt.Errorf("control character %#x in a string", c)
+		case c >= utf8.RuneSelf:
+			slow = true
+		case c == '"':
+			if !slow {
 				return b[i+1 : j], j + 1, nil
 			}
 			var s string

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,21 +12,13 @@ import (
 
 // cluster is the PostgreSQL the package's tests share, started on first
 // use; each test takes a database of its own.
-var cluster struct {
-	once sync.Once
-	pg   *harness.Postgres
-	err  error
-}
+var cluster harness.SharedPostgres
 
 func TestMain(m *testing.M) { harness.Main(m) }
 
 func testDatabase(t *testing.T) (*harness.PGDatabase, Config) {
 	t.Helper()
-	cluster.once.Do(func() { cluster.pg, _, cluster.err = harness.StartPostgresMain(harness.PGOptions{}) })
-	if cluster.err != nil {
-		t.Fatalf("start postgres: %v", cluster.err)
-	}
-	pg := cluster.pg
+	pg := cluster.Get(t)
 	db := pg.CreateTestDatabase(t)
 	cfg := Config{DSN: db.DSN(), Table: "public.outbox_events", Publication: "outbox_relay", Slot: db.Name()}
 	t.Cleanup(func() {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
@@ -19,20 +18,12 @@ func TestMain(m *testing.M) { harness.Main(m) }
 
 // cluster is the PostgreSQL the package's tests share, started on first
 // use; each test takes a database of its own.
-var cluster struct {
-	once sync.Once
-	pg   *harness.Postgres
-	err  error
-}
+var cluster harness.SharedPostgres
 
 // migrated returns a fresh database with the relay's schema.
 func migrated(t *testing.T) *harness.PGDatabase {
 	t.Helper()
-	cluster.once.Do(func() { cluster.pg, _, cluster.err = harness.StartPostgresMain(harness.PGOptions{}) })
-	if cluster.err != nil {
-		t.Fatalf("start postgres: %v", cluster.err)
-	}
-	db := cluster.pg.CreateTestDatabase(t)
+	db := cluster.Get(t).CreateTestDatabase(t)
 	script, err := migrations.SQL(migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay"})
 	if err != nil {
 		t.Fatal(err)

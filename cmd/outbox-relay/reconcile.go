@@ -94,6 +94,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		return usageError(stderr, "reconcile", err, "")
 	}
 
+	tuneReconcileGC(os.Getenv)
 	cfg := reconcileConfig(o)
 	cfg.Since, cfg.Until = since, until
 	cfg.Margin, cfg.Stall = f.margin, f.stall

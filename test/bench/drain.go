@@ -129,8 +129,8 @@ type DrainRun struct {
 	// with it).
 	WalsenderCPUUsPerEvent float64 `json:"walsender_cpu_us_per_event"`
 	// BrokerCPUUsPerEvent is the broker's CPU per event over the same span
-	// as CPUSeconds: the JVM for Apache Kafka, the bench process (which
-	// hosts kfake, and polls lightly) for kfake.
+	// as CPUSeconds: the JVM for Apache Kafka, kfake's own child process
+	// for kfake.
 	BrokerCPUUsPerEvent float64 `json:"broker_cpu_us_per_event,omitempty"`
 	// Nudged says the bench had to write WAL after the last ack so that a
 	// keepalive let the relay confirm up to the end position.
@@ -145,11 +145,13 @@ type DrainRun struct {
 }
 
 // label is the reader with its variant, for tables and logs.
-func (r *DrainRun) label() string {
-	if r.Variant == "" {
-		return r.Reader
+func (r *DrainRun) label() string { return readerLabel(r.Reader, r.Variant) }
+
+func readerLabel(reader, variant string) string {
+	if variant == "" {
+		return reader
 	}
-	return r.Reader + " [" + r.Variant + "]"
+	return reader + " [" + variant + "]"
 }
 
 // walsenderWatch samples the CPU time of a slot's walsender.
@@ -268,14 +270,16 @@ func (p *relayProcess) logTail() string {
 	return strings.Join(p.tail, "\n")
 }
 
-// startRelay starts `outbox-relay run` on slot, publishing to topic.
-func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant, logPath string) (*relayProcess, error) {
+// startRelay starts `outbox-relay run` on slot, publishing to topic; extra
+// flags come last and so win.
+func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant, logPath string, extra ...string) (*relayProcess, error) {
 	args := []string{"run", "--pg-dsn", dsn, "--kafka-brokers", br.list(), "--slot", slot,
 		"--topic", topic, "--admin-addr", "", "--log-level", "info"}
 	if b.o.compression != "" {
 		args = append(args, "--compression", b.o.compression)
 	}
 	args = append(args, strings.Fields(b.o.extraRelayArg)...)
+	args = append(args, extra...)
 	bin := b.relayBin
 	if v.bin != "" {
 		bin = v.bin

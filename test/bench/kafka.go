@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -22,16 +20,20 @@ type broker struct {
 	adm    *kadm.Client
 	cl     *kgo.Client
 	apache *harness.ApacheKafka
+	kfake  *kfakeProcess
 }
 
 func (br *broker) list() string { return strings.Join(br.addrs, ",") }
 
-// cpuSeconds is the broker's CPU so far: the JVMs' for Apache Kafka, this
-// process's (which hosts kfake) for kfake.
+// cpuSeconds is the broker's CPU so far: the JVMs' for Apache Kafka, the
+// kfake child process's for kfake.
 func (br *broker) cpuSeconds() float64 {
-	pids := []int{os.Getpid()}
-	if br.apache != nil {
+	var pids []int
+	switch {
+	case br.apache != nil:
 		pids = br.apache.PIDs()
+	case br.kfake != nil:
+		pids = []int{br.kfake.pid()}
 	}
 	total := 0.0
 	for _, pid := range pids {
@@ -63,15 +65,16 @@ func (b *bench) startBrokers() error {
 		}
 	}
 	if want != "apache" {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(b.o.partitions))
+		kp, err := startKfakeProcess(b.o.partitions)
 		if err != nil {
 			return fmt.Errorf("start kfake: %w", err)
 		}
-		b.defer_(c.Close)
-		br, err := newBroker("kfake", c.ListenAddrs())
+		b.defer_(kp.close)
+		br, err := newBroker("kfake", kp.addrs)
 		if err != nil {
 			return err
 		}
+		br.kfake = kp
 		b.defer_(br.cl.Close)
 		b.brokers = append(b.brokers, br)
 	}

@@ -51,6 +51,12 @@ type options struct {
 	logDir        string
 	latencyDump   string
 	variants      []variant
+	steadyRates   string
+	steadyFor     time.Duration
+	steadyWarm    time.Duration
+	steadyWriters int
+	floorLingers  []time.Duration
+	quick         bool
 	reconcileRows int
 }
 
@@ -78,7 +84,22 @@ func parseOptions(args []string) (*options, error) {
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
 	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, floor, allocs, reconcile, eos")
+	fs.StringVar(&o.steadyRates, "steady-rates", "500,2000,5000", "commit rates per second of the steady-rate part")
+	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
+	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
+	fs.IntVar(&o.steadyWriters, "steady-writers", 0, "writer connections of the steady-rate part (default: enough for the rate, at least 2)")
+	fs.Func("steady-floor-lingers", "comma-separated lingers of the steady-rate producer floors, e.g. 0,2ms (default: the relay's, or --linger)", func(v string) error {
+		for _, s := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(s))
+			if err != nil || d < 0 {
+				return fmt.Errorf("%q is not a linger", s)
+			}
+			o.floorLingers = append(o.floorLingers, d)
+		}
+		return nil
+	})
+	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -109,6 +130,25 @@ func parseOptions(args []string) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	if o.quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["rows"] {
+			o.rows = 100_000
+		}
+		if !set["latency-duration"] {
+			o.latencyFor = 5 * time.Second
+		}
+		if !set["steady-duration"] {
+			o.steadyFor = 6 * time.Second
+		}
+		if !set["reconcile-rows"] {
+			o.reconcileRows = 100_000
+		}
+		if !set["skip"] {
+			*skip = "bigtxn"
+		}
+	}
 	if o.reconcileRows < plantedEvery {
 		return nil, fmt.Errorf("--reconcile-rows %d: at least %d", o.reconcileRows, plantedEvery)
 	}
@@ -131,14 +171,20 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "floor", "allocs", "reconcile", "eos":
+		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, floor, allocs, reconcile or eos", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile or eos", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
 		return nil, err
+	}
+	if _, err := o.steadyRateList(); err != nil {
+		return nil, err
+	}
+	if o.steadyFor < time.Second || o.steadyWarm < 0 {
+		return nil, fmt.Errorf("--steady-duration %s, --steady-warmup %s: at least 1s and not negative", o.steadyFor, o.steadyWarm)
 	}
 	return o, nil
 }
@@ -161,7 +207,30 @@ func (o *options) rateList() ([]int, error) {
 	return out, nil
 }
 
+// steadyRateList parses --steady-rates.
+func (o *options) steadyRateList() ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(o.steadyRates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--steady-rates: %q is not a positive number", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 func main() {
+	// The bench runs kfake and the bare producer floors as child processes
+	// of its own binary, so their CPU is their own.
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case childKfake:
+			os.Exit(runKfakeChild(os.Args[2:]))
+		case childFloor:
+			os.Exit(runFloorChild(os.Args[2:]))
+		}
+	}
 	o, err := parseOptions(os.Args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -227,12 +296,12 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["reconcile"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -280,6 +349,13 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 		b.res.Latency = lr
+	}
+	if !b.o.skip["steady"] {
+		sr, err := b.steady(ctx)
+		b.res.Steady = sr
+		if err != nil {
+			return fmt.Errorf("steady rate: %w", err)
+		}
 	}
 	if !b.o.skip["eos"] {
 		er, err := b.eachBroker(ctx, "exactly-once latency", b.eosLatency)

@@ -14,9 +14,8 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
-// profileBroker prefers Apache Kafka, whose broker runs in its own process,
-// so the profile holds the relay (and the bench's light polling) only; with
-// kfake the in-process broker shows up in the profile too.
+// profileBroker prefers Apache Kafka. Both brokers run in their own
+// processes, so the profile holds the relay and the bench's light polling.
 func (b *bench) profileBroker() *broker {
 	for _, br := range b.brokers {
 		if br.name == "apache" {

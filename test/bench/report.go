@@ -38,6 +38,7 @@ type Results struct {
 	EOSLatency []LatencyResult `json:"exactly_once_latency,omitempty"`
 	// Floor is the publisher alone at the same rates, without PostgreSQL.
 	Floor     []LatencyResult   `json:"producer_floor,omitempty"`
+	Steady    *SteadyResult     `json:"steady,omitempty"`
 	Allocs    []GoBenchResult   `json:"allocs,omitempty"`
 	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
 	Problems  []string          `json:"problems,omitempty"`
@@ -176,6 +177,7 @@ func (r *Results) evaluate() {
 		r.target(fmt.Sprintf("p99 commit-to-ack at 5,000 events/s, %s", l.Broker), "≤ 10 ms", "ms", p99,
 			func(v float64) bool { return v <= 10 }, "exact, every event recorded (in-process relay)")
 	}
+	r.evaluateSteady()
 	for _, a := range r.Allocs {
 		if a.Name == "single-row-txns" || a.Name == "100-row-txns" {
 			r.target("allocations per event, decode + build ("+a.Name+")", "≤ 4", "", []float64{a.AllocsPerOp},
@@ -293,7 +295,7 @@ func (r *Results) markdown() string {
 	if len(r.Ceiling) > 0 {
 		w("\n## Ceiling: draining a backlog\n\n")
 		w("Each reader has its own slot, created back to back before the backlog was committed. In each repetition pg_recvlogical drains first and again last (\"after\"); the ratio divides by the faster of the two, so the order cannot favour the relay. Time runs from starting the process until pg_recvlogical exits at `--endpos`, or until every event is acknowledged by Kafka and the slot's confirmed_flush_lsn reaches the end position (relay). The relay confirms about 100 ms after its last ack once nothing is in flight; \"ratio at all acked\" uses the time Kafka held every event instead (end offsets polled every 100 ms). Relay CPU is utime+stime of the relay process from its \"streaming\" log line to the end; walsender CPU is sampled from /proc every 50 ms. Machine busy is all CPUs of the machine, other people's work included.\n\n")
-		w("The last columns are the machine's CPU budget: the broker's CPU per event (the JVM; for kfake the bench process that hosts it), then relay + walsender + broker µs per event, and the events per second two CPUs could sustain at that cost (2,000,000 ÷ the sum), PostgreSQL's other work aside. A ratio below 0.95 with that bound under the pg_recvlogical rate means the box, not the relay's share alone, sets the pace.\n\n")
+		w("The last columns are the machine's CPU budget: the broker's CPU per event (the JVM; for kfake its own child process), then relay + walsender + broker µs per event, and the events per second two CPUs could sustain at that cost (2,000,000 ÷ the sum), PostgreSQL's other work aside. A ratio below 0.95 with that bound under the pg_recvlogical rate means the box, not the relay's share alone, sets the pace.\n\n")
 		w("| shape | reader | rep | seconds | events/s | ratio | all acked at s | ratio at all acked | CPU s | CPU µs/event | CPU s/100k | peak RSS MB | walsender µs/event | broker µs/event | relay+walsender+broker µs/event / events/s two CPUs allow | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, sh := range r.Ceiling {
 			runs := sh.Runs
@@ -361,6 +363,7 @@ func (r *Results) markdown() string {
 			}
 		}
 	}
+	r.steadyMarkdown(w)
 	if len(r.Allocs) > 0 {
 		w("\n## Decode and build (`go test -run '^$' -bench DecodeAndBuild -benchmem ./relay/`)\n\n| benchmark | ns/event | B/event | allocs/event |\n|---|---|---|---|\n")
 		for _, a := range r.Allocs {
@@ -408,19 +411,19 @@ func (r *Results) historyLine() string {
 	if note == "" {
 		note = "–"
 	}
-	return fmt.Sprintf("| %s | %s | %d×%d | %s | %s | %s | %s | %s | %.1f | %s | %d/%d |\n",
+	return fmt.Sprintf("| %s | %s | %d×%d | %s | %s | %s | %s | %s | %.1f | %s | %d/%d | %s |\n",
 		r.Timestamp, note, r.Rows, r.Repeat, strings.Join(r.Brokers, "+"),
 		get("throughput ratio relay ÷ pg_recvlogical, single-row"), get("throughput ratio relay ÷ pg_recvlogical, 100-row"),
 		get("relay CPU per event catching up, single-row"), get("p99 commit-to-ack"), maxRSS, get("allocations per event, decode + build (single"),
-		verdicts["PASS"], len(r.Targets))
+		verdicts["PASS"], len(r.Targets), r.steadySummary())
 }
 
 const historyHeader = `# Benchmark history
 
 One line per ` + "`go run ./test/bench`" + ` run, newest last. Values per broker are separated by ";", repetitions by "/"; see the timestamped files for details.
 
-| when (UTC) | note | rows×repeat | brokers | ratio single-row | ratio 100-row | CPU µs/event single-row | p99 ms @5k/s | max peak RSS MB | allocs/event | targets met |
-|---|---|---|---|---|---|---|---|---|---|---|
+| when (UTC) | note | rows×repeat | brokers | ratio single-row | ratio 100-row | CPU µs/event single-row | p99 ms @5k/s | max peak RSS MB | allocs/event | targets met | steady 2,000/s: relay CPU µs/event, ÷ pg_recvlogical, p99 ms |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 `
 
 // write stores latest.{md,json}, timestamped copies and the history line.

@@ -222,7 +222,7 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	t.Logf("refused with exit %d: %s", code, lastLogMessage(out))
 
 	relay = w.startRelay("--recreate-lost-slot")
-	if !strings.Contains(relay.Output(), "dropping and recreating") {
+	if !strings.Contains(relay.Output(), "dropped and recreated it") {
 		t.Errorf("relay did not say it recreates the lost slot; output:\n%s", relay.Output())
 	}
 	if si := pg.SlotInfo(t, w.db.Name(), w.slot); !si.Exists || si.WALStatus == "lost" {

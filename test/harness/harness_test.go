@@ -31,22 +31,9 @@ func TestMain(m *testing.M) { harness.Main(m) }
 // shared is one cluster for the tests that need no special settings,
 // started on first use and stopped by harness.Main, the way suites are
 // meant to share a cluster.
-var shared struct {
-	once sync.Once
-	pg   *harness.Postgres
-	err  error
-}
+var shared harness.SharedPostgres
 
-func sharedPG(t *testing.T) *harness.Postgres {
-	t.Helper()
-	shared.once.Do(func() {
-		shared.pg, _, shared.err = harness.StartPostgresMain(harness.PGOptions{})
-	})
-	if shared.err != nil {
-		t.Fatalf("shared postgres: %v", shared.err)
-	}
-	return shared.pg
-}
+func sharedPG(t *testing.T) *harness.Postgres { return shared.Get(t) }
 
 func TestPostgresSharedCluster(t *testing.T) {
 	pg := sharedPG(t)

@@ -859,3 +859,22 @@ func isPostgres(pid int) bool {
 	}
 	return strings.TrimSpace(string(comm)) == "postgres"
 }
+
+// SharedPostgres is one cluster for the tests of a package that need no
+// special settings, started on first use and stopped by Main; each test
+// takes a database of its own. Declare it as a package variable.
+type SharedPostgres struct {
+	once sync.Once
+	pg   *Postgres
+	err  error
+}
+
+// Get starts the cluster on first use, failing the test if it cannot.
+func (s *SharedPostgres) Get(t testing.TB) *Postgres {
+	t.Helper()
+	s.once.Do(func() { s.pg, _, s.err = StartPostgresMain(PGOptions{}) })
+	if s.err != nil {
+		t.Fatalf("start the shared postgres: %v", s.err)
+	}
+	return s.pg
+}
