@@ -22,7 +22,7 @@ import (
 
 func (c Config) validateDelivery() error {
 	switch c.Delivery {
-	case DeliveryAtLeastOnce:
+	case DeliveryAtLeastOnce, "": // the zero value is the safe default
 		return nil
 	case DeliveryExactlyOnce:
 	default:

@@ -23,7 +23,7 @@ func TestValidateDelivery(t *testing.T) {
 		{DeliveryAtLeastOnce, 0, "", ""}, // the interval and topic matter only to exactly-once
 		{DeliveryExactlyOnce, 100 * time.Millisecond, "p", ""},
 		{"exactly-twice", 100 * time.Millisecond, "p", "--delivery"},
-		{"", 100 * time.Millisecond, "p", "--delivery"},
+		{"", 0, "", ""}, // the zero value is at-least-once
 		{DeliveryExactlyOnce, 0, "p", "--transaction-interval"},
 		{DeliveryExactlyOnce, 11 * time.Second, "p", "--transaction-interval"},
 		{DeliveryExactlyOnce, 100 * time.Millisecond, "", "--progress-topic"},
