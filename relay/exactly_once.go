@@ -37,6 +37,14 @@ func (c Config) validateDelivery() error {
 	return nil
 }
 
+// deliveryMode is the configured mode, the zero value read as the default.
+func (c Config) deliveryMode() string {
+	if c.Delivery == "" {
+		return DeliveryAtLeastOnce
+	}
+	return c.Delivery
+}
+
 // exactlyOnce reports whether sessions publish through Kafka transactions.
 func (c Config) exactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
 
@@ -129,10 +137,7 @@ type DeliveryStatus struct {
 }
 
 func (r *Relay) deliveryStatus(txnID string) *DeliveryStatus {
-	d := &DeliveryStatus{Mode: r.cfg.Delivery}
-	if d.Mode == "" {
-		d.Mode = DeliveryAtLeastOnce
-	}
+	d := &DeliveryStatus{Mode: r.cfg.deliveryMode()}
 	if r.cfg.exactlyOnce() {
 		d.TransactionalID = txnID
 		d.TxnsCommitted, d.TxnsAborted, d.SplitSourceTxns = r.txns.committed.Load(), r.txns.aborted.Load(), r.txns.split.Load()

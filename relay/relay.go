@@ -176,7 +176,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 		metrics = NewMetrics(nil)
 	}
 	log = log.With().Str("slot", cfg.Replication.Slot).Logger()
-	metrics.txn.mode(cfg.Delivery)
+	metrics.txn.mode(cfg.deliveryMode())
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
 		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes,
 		poison: publisher.NewPoisonMemory(0)}

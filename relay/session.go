@@ -91,7 +91,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	s := newStreamer(r, wallClock{}, stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
 	r.setStreaming(tracker)
-	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.Delivery).
+	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.deliveryMode()).
 		Str("status_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()
