@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -341,4 +342,46 @@ func TestDrillEOSLeaderFailover(t *testing.T) {
 	}
 	t.Logf("%d events, %d records visible to read_committed, %d stream restarts", w.CommittedCount(), len(records),
 		strings.Count(relay.Output(), msgRestart))
+}
+
+// TestDrillEOSAllOrNothing holds the relay's commit (EndTxn) of a Kafka
+// transaction carrying one PostgreSQL transaction of events on many
+// partitions of three topics: while it is held, the records are in the
+// log, yet no read_committed reader can read any of them and the slot is
+// not confirmed past the transaction; once released, all become visible
+// together, once.
+func TestDrillEOSAllOrNothing(t *testing.T) {
+	rng := newRand(t)
+	w, k := newKfakeWorld(t, shared)
+	w.startRelay(eosFlags...)
+	conn := w.connect()
+	if err := w.writeTxns(conn, rng, 20, 5, 100); err != nil {
+		t.Fatal(err)
+	}
+	w.settleExactlyOnce(time.Minute)
+	stable := func() (n int64) {
+		for _, topic := range w.topics() {
+			n += sumOffsets(harness.StableOffsets(t, w.brokers, topic))
+		}
+		return n
+	}
+	ends := func() int64 { return sumOffsets(endOffsets(t, w.brokers, w.topics())) }
+	lsoBefore, hwmBefore := stable(), ends()
+
+	release := k.HoldRequests(kmsg.EndTxn)
+	defer release()
+	events := w.genEvents(rng, 30, 100)
+	commit := w.fence(conn, events)
+	harness.WaitFor(t, time.Minute, "the Kafka transaction's commit reaches the coordinator", func() bool {
+		return k.HeldRequests() > 0 && ends() >= hwmBefore+int64(len(events))
+	})
+	if lso := stable(); lso != lsoBefore {
+		t.Fatalf("last stable offsets moved from %d to %d before the commit: read_committed readers can read part of the transaction", lsoBefore, lso)
+	}
+	if c := w.confirmedFlush(); !notPast(c, commit) {
+		t.Fatalf("slot confirmed %s, past the transaction at %s, before its Kafka transaction committed", c, commit)
+	}
+	release()
+	records := w.settleExactlyOnce(time.Minute)
+	t.Logf("%d events of one PostgreSQL transaction held invisible until the commit; %d records visible once", len(events), len(records))
 }
