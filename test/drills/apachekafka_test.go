@@ -25,13 +25,7 @@ import (
 // relay keeps delivering.
 func TestDrillLeaderFailover(t *testing.T) {
 	rng := newRand(t)
-	w := newWorld(t, shared, nil)
-	w.topicPrefix = "drill_failover."
-	k := requireKafka(t, harness.ApacheKafkaOptions{
-		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
-	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, k := newFailoverWorld(t, "drill_failover.")
 	conn := w.connect()
 	relay := w.startRelay()
 	if err := w.writeTxns(conn, rng, 10, 5, 300); err != nil {
@@ -70,6 +64,21 @@ func TestDrillLeaderFailover(t *testing.T) {
 	}
 	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.CommittedCount(),
 		len(records)-w.CommittedCount(), strings.Count(relay.Output(), msgRestart))
+}
+
+// newFailoverWorld is a migrated world whose topics (named with prefix)
+// live on the shared three-broker Apache Kafka cluster with replication
+// factor 3 and min.insync.replicas=2, so one broker may die.
+func newFailoverWorld(t *testing.T, prefix string) (*world, *harness.ApacheKafka) {
+	t.Helper()
+	w := newWorld(t, shared, nil)
+	w.topicPrefix = prefix
+	k := requireKafka(t, harness.ApacheKafkaOptions{
+		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
+	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
+	w.brokers = k.Brokers()
+	w.migrate()
+	return w, k
 }
 
 // killPartitionLeader SIGKILLs the node leading topic/0. restart starts it

@@ -310,13 +310,7 @@ func TestDrillEOSZombieFenced(t *testing.T) {
 // see every event exactly once.
 func TestDrillEOSLeaderFailover(t *testing.T) {
 	rng := newRand(t)
-	w := newWorld(t, shared, nil)
-	w.topicPrefix = "drill_failover_eos."
-	k := requireKafka(t, harness.ApacheKafkaOptions{
-		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
-	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, k := newFailoverWorld(t, "drill_failover_eos.")
 	conn := w.connect()
 	relay := w.startRelay(eosFlags...)
 	checkTxnsCommitted(t, relay.Output())
