@@ -27,20 +27,11 @@ func (b *bench) eosLatency(ctx context.Context, br *broker) (LatencyResult, erro
 	interval := relay.DefaultConfig().TransactionInterval
 	res := LatencyResult{Broker: br.name,
 		Method: fmt.Sprintf("exactly-once relay in-process (--transaction-interval %s, target p99 <= %s); occurred_at of single-row transactions to a franz-go read_committed consumer polling the topic, at %d/s", interval, interval+10*time.Millisecond, eosRate)}
-	db := "bench_eos_" + br.name
-	dsn, err := b.createDB(ctx, db)
+	dsn, slot, topic, drop, err := b.liveSetup(ctx, br, "eos")
 	if err != nil {
 		return res, err
 	}
-	defer b.dropDB(db)
-	slot := "eos_" + br.name
-	if _, err := createSlots(ctx, dsn, []string{slot}); err != nil {
-		return res, err
-	}
-	topic := fmt.Sprintf("bench.eos.%s.%d", br.name, time.Now().Unix())
-	if err := br.createTopic(topic, b.o.partitions); err != nil {
-		return res, err
-	}
+	defer drop()
 	p := b.startInProcessWith(dsn, slot, br, topic, stderrWarnings(), func(c *relay.Config) { c.Delivery = relay.DeliveryExactlyOnce })
 	defer p.stop()
 	if err := p.waitStreaming(ctx); err != nil {
