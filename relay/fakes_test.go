@@ -364,6 +364,7 @@ type rigOptions struct {
 	events     int
 	bytes      int64
 	quarantine *fakeQuarantine // nil: halt on permanent errors
+	delivery   string          // the relay's --delivery; empty: the default
 }
 
 const (
@@ -384,6 +385,9 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	cfg.StatusInterval, cfg.StatusMaxInterval = rigStatusInterval, rigKeepalive
 	cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = o.events, o.bytes
 	cfg.ShutdownTimeout = 30 * time.Second
+	if o.delivery != "" {
+		cfg.Delivery = o.delivery
+	}
 	rig := &loopRig{clock: newFakeClock(), done: make(chan error, 1), sinks: make(chan *fakeSink, 4)}
 	rig.relay = New(cfg, zerolog.Nop(), nil, Hooks{Alive: func() { rig.alive.Add(1) }})
 	rig.source, rig.sink = newFakeSource(rig.clock), newFakeSink(rig.clock)

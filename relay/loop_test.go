@@ -483,3 +483,45 @@ func TestLoopFlushesSinkAtTheBound(t *testing.T) {
 		t.Fatalf("status after the ack flushed %v, want 2000", st.flushed)
 	}
 }
+
+// With Kafka transactions carrying the progress, a source transaction's
+// boundary reaches the sink only once its quarantined events are stored:
+// a commit of progress past an event still on its way to the quarantine
+// table would lose it in a crash.
+func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
+	q := &fakeQuarantine{gate: make(chan struct{})}
+	rig := startLoop(t, rigOptions{quarantine: q, delivery: DeliveryExactlyOnce})
+	rig.sink.missing["outbox.poison"] = true
+	rig.source.begin(t)
+	rig.source.row(t, "e-poison", "poison")
+	rig.source.row(t, "e-ok", "order")
+	ok := rig.sink.sent(t)
+	rig.source.commit(t, 2000)
+	for range 3 { // turns of the loop: the boundary must not come
+		rig.clock.advanceTo(rig.waiting(t))
+	}
+	rig.sink.mu.Lock()
+	early := len(rig.sink.ends)
+	rig.sink.mu.Unlock()
+	if early != 0 {
+		t.Fatal("the sink got the transaction's boundary before its quarantined event was stored")
+	}
+	q.gate <- struct{}{}
+	if e := <-q.stored; e.EventID != "e-poison" {
+		t.Fatalf("stored %s", e.EventID)
+	}
+	for deadline := time.Now().Add(patience); ; {
+		rig.sink.mu.Lock()
+		n := len(rig.sink.ends)
+		rig.sink.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no boundary after the quarantine write")
+		}
+		<-time.After(time.Millisecond) // polling; the stored result wakes the loop
+	}
+	rig.sink.ack(ok)
+	rig.awaitFlushed(t, 2000)
+}
