@@ -186,24 +186,16 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{
-		cfg: cfg, log: log, topics: topics,
-		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-		input: make(chan *Record), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
-	}
+	p := newPublisher(cfg, log, topics)
+	p.input, p.outcomes = make(chan *Record), make(chan Outcome, outcomeBuffer)
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		p.retries.Add(1)
 		return backoff(retries, maxRetries)
 	}
-	client, err := sarama.NewClient(cfg.Brokers, sc)
+	client, admin, err := connect(cfg, sc)
 	if err != nil {
-		return nil, ConnectError(cfg.Brokers, err)
-	}
-	admin, err := sarama.NewClusterAdminFromClient(client)
-	if err != nil {
-		client.Close()
-		return nil, fmt.Errorf("create kafka admin client: %w", err)
+		return nil, err
 	}
 	producer, err := sarama.NewAsyncProducerFromClient(client)
 	if err != nil {
@@ -215,6 +207,16 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	go p.forward()
 	go p.drainOutcomes()
 	return p, nil
+}
+
+// newPublisher is a Publisher not yet connected, with the state Build
+// needs.
+func newPublisher(cfg Config, log zerolog.Logger, topics *topicTemplate) *Publisher {
+	return &Publisher{
+		cfg: cfg, log: log, topics: topics,
+		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+		quit: make(chan struct{}),
+	}
 }
 
 // outcomeBuffer lets the producer report a burst of acks while the caller
@@ -294,8 +296,13 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
 func (p *Publisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
+	return buildWait(ctx, p.Build, ev)
+}
+
+// buildWait calls build until the event's topic is looked up or ctx ends.
+func buildWait(ctx context.Context, build func(*Event) (*Record, error), ev *Event) (*Record, error) {
 	for {
-		r, err := p.Build(ev)
+		r, err := build(ev)
 		var pending *TopicPendingError
 		if !errors.As(err, &pending) {
 			return r, err
@@ -357,6 +364,10 @@ func (p *Publisher) Retries() int64 { return p.retries.Load() }
 // EndTxn is told where each source transaction ends. Records are sent and
 // acknowledged one by one, so there is nothing to do at a boundary.
 func (p *Publisher) EndTxn(lsn.TxnID, lsn.LSN, time.Time) {}
+
+// Flush has nothing to do: every record is acknowledged as soon as Kafka
+// stored it.
+func (p *Publisher) Flush() {}
 
 // forward feeds Input to the producer: sarama's input channel carries its
 // own message type, and keeping it out of the caller's hands lets another

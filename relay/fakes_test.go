@@ -251,6 +251,7 @@ type fakeSink struct {
 	outcomes chan publisher.Outcome
 	retries  atomic.Int64
 	closed   atomic.Bool
+	flushes  atomic.Int64 // Flush calls
 
 	mu      sync.Mutex
 	lookups map[string]chan struct{} // topics being looked up
@@ -285,6 +286,7 @@ func (k *fakeSink) Input() chan<- *publisher.Record    { return k.in }
 func (k *fakeSink) Outcomes() <-chan publisher.Outcome { return k.outcomes }
 func (k *fakeSink) Retries() int64                     { return k.retries.Load() }
 func (k *fakeSink) Close(time.Duration) error          { k.closed.Store(true); return nil }
+func (k *fakeSink) Flush()                             { k.flushes.Add(1) }
 func (k *fakeSink) EndTxn(_ lsn.TxnID, end lsn.LSN, _ time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -362,6 +364,7 @@ type rigOptions struct {
 	events     int
 	bytes      int64
 	quarantine *fakeQuarantine // nil: halt on permanent errors
+	delivery   string          // the relay's --delivery; empty: the default
 }
 
 const (
@@ -382,6 +385,9 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	cfg.StatusInterval, cfg.StatusMaxInterval = rigStatusInterval, rigKeepalive
 	cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = o.events, o.bytes
 	cfg.ShutdownTimeout = 30 * time.Second
+	if o.delivery != "" {
+		cfg.Delivery = o.delivery
+	}
 	rig := &loopRig{clock: newFakeClock(), done: make(chan error, 1), sinks: make(chan *fakeSink, 4)}
 	rig.relay = New(cfg, zerolog.Nop(), nil, Hooks{Alive: func() { rig.alive.Add(1) }})
 	rig.source, rig.sink = newFakeSource(rig.clock), newFakeSink(rig.clock)

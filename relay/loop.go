@@ -50,6 +50,7 @@ type streamer struct {
 	lastStatus     time.Time
 	keepaliveEvery time.Duration
 	retries        int64 // the sink's retries already counted
+	quarantining   int   // events handed to the quarantine writer, not yet stored
 	timer          timer
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
@@ -91,7 +92,9 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 			// Stop reading WAL until acks free room; the wait wakes for
 			// status too, so wal_sender_timeout never fires while Kafka is
-			// slow.
+			// slow. A transactional sink acks only once it commits, so it
+			// is asked to commit now rather than at its interval.
+			s.sink.Flush()
 			if _, err := s.wait(ctx, nil, nil); err != nil {
 				return err
 			}
@@ -249,6 +252,9 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 			return errors.New("replication stream: commit outside a transaction")
 		}
 		s.tracker.Close(s.txn, msg.EndLSN)
+		if err := s.awaitQuarantined(ctx); err != nil {
+			return err
+		}
 		s.sink.EndTxn(s.txn, msg.EndLSN, s.commitTime)
 		s.inTxn = false
 		s.received = max(s.received, msg.EndLSN)
@@ -262,6 +268,28 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 		}
 		if msg.ReplyRequested {
 			return s.statusIfDue(true)
+		}
+	}
+	return nil
+}
+
+// awaitQuarantined waits, keeping the loop's duties, until the events
+// handed to the quarantine writer are stored, when Kafka transactions carry
+// the progress: a boundary lets the sink commit a progress record past the
+// transaction, and a crash after that commit but before the write would
+// lose an event that is neither in Kafka nor in the quarantine table. In
+// at-least-once mode the progress follows the tracker, which waits for
+// the write anyway.
+func (s *streamer) awaitQuarantined(ctx context.Context) error {
+	if !s.relay.cfg.exactlyOnce() {
+		return nil
+	}
+	for s.quarantining > 0 {
+		if _, err := s.wait(ctx, nil, nil); err != nil {
+			return err
+		}
+		if err := s.duties(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -308,6 +336,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
 		// Never sent: it is in flight until the quarantine table holds it,
 		// so neither it nor anything after it is confirmed before that.
 		s.tracker.Add(s.txn, 0)
+		s.quarantining++
 		s.quarantine.put(fromEvent(ev, perr), perr, s.txn, 0)
 		return nil
 	}

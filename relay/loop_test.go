@@ -459,3 +459,69 @@ func gaugeValue(g prometheus.Gauge) float64 {
 	}
 	return m.GetGauge().GetValue()
 }
+
+// At the in-flight bound the loop asks the sink to commit: a transactional
+// sink acks only after a commit, so waiting for acks without it would wait
+// for the sink's interval, or for ever with a clock that does not move.
+func TestLoopFlushesSinkAtTheBound(t *testing.T) {
+	rig := startLoop(t, rigOptions{events: 2})
+	r1 := rig.txn(t, 2000, "e1")[0]
+	if n := rig.sink.flushes.Load(); n != 0 {
+		t.Fatalf("the loop flushed the sink %d times below the bound", n)
+	}
+	rig.source.begin(t)
+	rig.source.row(t, "e2", "order")
+	rig.sink.sent(t)
+	for deadline := time.Now().Add(patience); rig.sink.flushes.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not flush the sink at the in-flight bound")
+		}
+		rig.clock.advanceTo(rig.waiting(t))
+	}
+	rig.sink.ack(r1)
+	if st := rig.source.nextStatus(t); st.flushed != 2000 {
+		t.Fatalf("status after the ack flushed %v, want 2000", st.flushed)
+	}
+}
+
+// With Kafka transactions carrying the progress, a source transaction's
+// boundary reaches the sink only once its quarantined events are stored:
+// a commit of progress past an event still on its way to the quarantine
+// table would lose it in a crash.
+func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
+	q := &fakeQuarantine{gate: make(chan struct{})}
+	rig := startLoop(t, rigOptions{quarantine: q, delivery: DeliveryExactlyOnce})
+	rig.sink.missing["outbox.poison"] = true
+	rig.source.begin(t)
+	rig.source.row(t, "e-poison", "poison")
+	rig.source.row(t, "e-ok", "order")
+	ok := rig.sink.sent(t)
+	rig.source.commit(t, 2000)
+	for range 3 { // turns of the loop: the boundary must not come
+		rig.clock.advanceTo(rig.waiting(t))
+	}
+	rig.sink.mu.Lock()
+	early := len(rig.sink.ends)
+	rig.sink.mu.Unlock()
+	if early != 0 {
+		t.Fatal("the sink got the transaction's boundary before its quarantined event was stored")
+	}
+	q.gate <- struct{}{}
+	if e := <-q.stored; e.EventID != "e-poison" {
+		t.Fatalf("stored %s", e.EventID)
+	}
+	for deadline := time.Now().Add(patience); ; {
+		rig.sink.mu.Lock()
+		n := len(rig.sink.ends)
+		rig.sink.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no boundary after the quarantine write")
+		}
+		<-time.After(time.Millisecond) // polling; the stored result wakes the loop
+	}
+	rig.sink.ack(ok)
+	rig.awaitFlushed(t, 2000)
+}

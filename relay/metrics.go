@@ -44,6 +44,7 @@ type Metrics struct {
 	perTopic map[string]topicCounters
 
 	progress *progressMetrics
+	txn      *txnMetrics
 }
 
 type topicCounters struct{ events, bytes prometheus.Counter }
@@ -109,6 +110,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}
 	m.progress = newProgressMetrics(reg)
+	m.txn = newTxnMetrics(reg)
 	m.setState(StateStarting)
 	m.setWALStatus("")
 	// Every error class exists from the start, at 0, so rate() and

@@ -33,6 +33,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		// Still in flight until stored: the tracker confirms nothing after
 		// it in WAL order before then. It is not re-delivered, so it
 		// cannot land after later events either.
+		s.quarantining++
 		s.quarantine.put(fromRecord(perr.Record, perr), perr, lsn.TxnID(o.Txn), o.Bytes)
 		return
 	}
@@ -56,6 +57,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 // delivered, or the session ends for good.
 func (s *streamer) stored(res quarantineResult) {
 	perr := res.job.perr
+	s.quarantining--
 	if res.err != nil {
 		if s.failure == nil {
 			s.failure = fmt.Errorf("%w %s: %w; grant the relay's role SELECT, INSERT and UPDATE on it, and check that its columns match `outbox-relay migrate --print-sql`; event %s (%v) stays unpublished until then",

@@ -65,13 +65,9 @@ type ProgressStatus struct {
 // resume decides where a session starts from the slot's confirmed position
 // and the progress record; see decideStart. It opens the progress topic on
 // first use (creating it if missing) and starts the writer.
-func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN) (lsn.LSN, error) {
+func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN, sys replication.System) (lsn.LSN, error) {
 	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
 	defer cancel()
-	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
-	if err != nil {
-		return 0, err
-	}
 	store, err := r.progressStore(ctx)
 	if err != nil {
 		return 0, err
@@ -150,7 +146,12 @@ func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	writer := store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+	var writer *progress.Writer
+	if !r.cfg.exactlyOnce() {
+		// In exactly-once mode the record goes into each Kafka
+		// transaction instead.
+		writer = store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+	}
 	p.mu.Lock()
 	p.store, p.writer = store, writer
 	p.report.Topic = store.Topic()

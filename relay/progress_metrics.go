@@ -60,13 +60,7 @@ func (m *progressMetrics) written(rec progress.Record, at time.Time) {
 }
 
 func (m *progressMetrics) started(source string) {
-	for _, s := range []string{StartFromSlot, StartFromProgress} {
-		v := 0.0
-		if s == source {
-			v = 1
-		}
-		m.StartSource.WithLabelValues(s).Set(v)
-	}
+	oneHot(m.StartSource, []string{StartFromSlot, StartFromProgress}, source)
 }
 
 func (m *progressMetrics) orphaned(from, to lsn.LSN) {

@@ -11,11 +11,12 @@ import (
 
 // kafkaRecoverable reports whether a session-ending error is Kafka's alone
 // and a new producer may fix it, so the replication connection can stay
-// up while Kafka is away.
+// up while Kafka is away. A fenced producer is not: a new one would fence
+// the instance that now owns the stream.
 func (s *streamer) kafkaRecoverable(err error) bool {
 	var perr *publisher.Error
 	return s.newSink != nil && errors.As(err, &perr) && perr.Class != publisher.ClassPermanent &&
-		!errors.Is(err, publisher.ErrAuth)
+		!errors.Is(err, publisher.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
 }
 
 // waitForKafka keeps the replication connection through a Kafka outage:

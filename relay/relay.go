@@ -59,7 +59,26 @@ type Config struct {
 
 	// Progress is where the relay keeps its own progress in Kafka.
 	Progress ProgressOptions
+
+	// Delivery is DeliveryAtLeastOnce or DeliveryExactlyOnce (--delivery).
+	Delivery string
+	// TransactionalID overrides the exactly-once producer's transactional
+	// id, derived by default from the slot and the system identifier.
+	TransactionalID string
+	// TransactionInterval is how long a Kafka transaction stays open
+	// before it commits at the next source-transaction boundary.
+	TransactionInterval time.Duration
 }
+
+// Delivery modes.
+const (
+	DeliveryAtLeastOnce = "at-least-once"
+	DeliveryExactlyOnce = "exactly-once"
+)
+
+// maxTransactionInterval keeps a Kafka transaction well inside the
+// producer's transaction timeout and read_committed readers' patience.
+const maxTransactionInterval = 10 * time.Second
 
 // DefaultConfig returns the defaults the relay ships with.
 func DefaultConfig() Config {
@@ -80,6 +99,9 @@ func DefaultConfig() Config {
 		OnPermanentError:  OnPermanentQuarantine,
 		Retention:         DefaultRetention(),
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
+
+		Delivery:            DeliveryAtLeastOnce,
+		TransactionInterval: publisher.DefaultTxnConfig().Interval,
 	}
 }
 
@@ -106,6 +128,9 @@ func (c Config) Validate() error {
 	if _, err := c.quarantineTable(); err != nil {
 		return err
 	}
+	if err := c.validateDelivery(); err != nil {
+		return err
+	}
 	return c.Retention.validate()
 }
 
@@ -125,6 +150,14 @@ type Relay struct {
 	batchLimit int
 
 	progress progressState
+
+	// Exactly-once mode: what every session's producer did, the
+	// transactional id in use (under mu), and the events Kafka refused
+	// inside a transaction, kept across sessions so a re-streamed batch
+	// does not meet the same refusal for ever.
+	txns   txnCounters
+	txnID  string
+	poison *publisher.PoisonMemory
 }
 
 // Hooks let the process around the relay react to its progress (systemd
@@ -143,8 +176,10 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 		metrics = NewMetrics(nil)
 	}
 	log = log.With().Str("slot", cfg.Replication.Slot).Logger()
+	metrics.txn.mode(cfg.deliveryMode())
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
-		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes}
+		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes,
+		poison: publisher.NewPoisonMemory(0)}
 }
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
@@ -213,7 +248,16 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		}
 		attempt++
 		wait := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
-		if errors.Is(err, replication.ErrSlotBusy) {
+		if errors.Is(err, publisher.ErrFenced) {
+			// Another instance initialised a producer with this
+			// transactional id: it owns the stream now, and this one must
+			// not commit again. Its producer is gone with the session; the
+			// next session finds the slot held and waits as a standby, or
+			// takes over if the other instance is gone already. Stopping
+			// instead would leave no standby when the other one fails.
+			r.log.Warn().Err(err).Msg("fenced by another relay with the same transactional id; going back to standby (if this repeats while no other relay streams this slot, two relays share --transactional-id: give each slot its own)")
+		}
+		if errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced) {
 			// A standby: poll often enough to take over within seconds.
 			wait = backoff.Delay(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
 			ev := r.log.Debug()

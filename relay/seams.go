@@ -23,7 +23,8 @@ type source interface {
 }
 
 // sink turns events into Kafka records, sends them, and reports their
-// outcomes; *publisher.Publisher is the at-least-once one.
+// outcomes; *publisher.Publisher is the at-least-once one,
+// *publisher.TxnSink the exactly-once one.
 //
 // The contract the read loop relies on:
 //   - Build never blocks. While an event's topic is looked up it returns a
@@ -38,6 +39,13 @@ type source interface {
 //     record of it was sent. A sink that writes Kafka transactions closes
 //     them only at these boundaries and reports acks only once its Kafka
 //     transaction committed; one that sends record by record ignores it.
+//   - Flush asks a sink that holds acks until a Kafka transaction commits
+//     to commit now, without blocking. The loop calls it whenever its
+//     in-flight limits are full: it is waiting for acks then, and a
+//     transactional sink would otherwise wait for more records or its
+//     interval. In the middle of a source transaction that splits it (the
+//     documented exception to whole transactions). A record-by-record
+//     sink ignores it.
 //   - Retries counts the sink's own retries since it was made.
 //   - Close flushes for at most timeout; outcomes reported after it is
 //     called may be dropped.
@@ -46,6 +54,7 @@ type sink interface {
 	Input() chan<- *publisher.Record
 	Outcomes() <-chan publisher.Outcome
 	EndTxn(txn lsn.TxnID, end lsn.LSN, commitTime time.Time)
+	Flush()
 	Retries() int64
 	Close(timeout time.Duration) error
 }

@@ -17,8 +17,44 @@ import (
 // whether it got as far as streaming.
 func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.setState(StateConnecting, nil)
-	start, senderTimeout, err := r.prepare(ctx)
+	pubCfg := r.cfg.Publisher
+	r.mu.Lock()
+	pubCfg.MaxMessageBytes = r.batchLimit
+	r.mu.Unlock()
+	var sys replication.System
+	newSink := func() (sink, error) {
+		if r.cfg.exactlyOnce() {
+			txn, err := r.newTxnSink(pubCfg, sys)
+			if err != nil {
+				return nil, err // not a typed nil inside the interface
+			}
+			return txn, nil
+		}
+		pub, err := publisher.New(pubCfg, r.log)
+		if err != nil {
+			return nil, err
+		}
+		return pub, nil
+	}
+	var snk sink
+	start, senderTimeout, err := r.prepare(ctx, func(s replication.System) error {
+		sys = s
+		if !r.cfg.exactlyOnce() {
+			return nil
+		}
+		// Fence before the progress is read: an older producer that
+		// committed after the read would make it stale.
+		var err error
+		snk, err = newSink()
+		return err
+	})
+	closeSink := func() {
+		if snk != nil {
+			snk.Close(time.Second)
+		}
+	}
 	if err != nil {
+		closeSink()
 		return false, err
 	}
 
@@ -27,43 +63,35 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	if r.cfg.OnPermanentError == OnPermanentQuarantine {
 		table, err := r.openQuarantine(ctx, store.ForRelay)
 		if err != nil {
+			closeSink()
 			return false, err
 		}
 		defer table.Close()
 		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.MaxInFlightEvents+2)
 	}
-	pubCfg := r.cfg.Publisher
-	r.mu.Lock()
-	pubCfg.MaxMessageBytes = r.batchLimit
-	r.mu.Unlock()
-	pub, err := publisher.New(pubCfg, r.log)
-	if err != nil {
-		quarantine.stopIfStarted()
-		return false, err
+	if snk == nil {
+		if snk, err = newSink(); err != nil {
+			quarantine.stopIfStarted()
+			return false, err
+		}
 	}
 	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
 	if err != nil {
-		pub.Close(time.Second)
+		closeSink()
 		quarantine.stopIfStarted()
 		return false, err
 	}
 	if err := stream.Start(ctx, start); err != nil {
 		stream.Close(context.Background())
-		pub.Close(time.Second)
+		closeSink()
 		quarantine.stopIfStarted()
 		return false, err
 	}
 
-	s := newStreamer(r, wallClock{}, stream, pub, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
-	s.newSink = func() (sink, error) {
-		p, err := publisher.New(pubCfg, r.log)
-		if err != nil {
-			return nil, err
-		}
-		return p, nil
-	}
+	s := newStreamer(r, wallClock{}, stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s.newSink = newSink
 	r.setStreaming(tracker)
-	r.log.Info().Str("start_lsn", start.String()).
+	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.deliveryMode()).
 		Str("status_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()
@@ -97,7 +125,9 @@ func (s *streamer) runToEnd(ctx context.Context) error {
 }
 
 // prepare checks the server and the slot and returns where to start.
-func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.Duration, err error) {
+// beforeResume runs once the slot is ready and before the progress record
+// is read.
+func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.System) error) (start lsn.LSN, senderTimeout time.Duration, err error) {
 	admin, err := replication.Connect(ctx, r.cfg.Replication)
 	if err != nil {
 		return 0, 0, err
@@ -115,6 +145,13 @@ func (r *Relay) prepare(ctx context.Context) (start lsn.LSN, senderTimeout time.
 		return 0, 0, err
 	}
 	r.logSlotCreated(ctx, admin, slot)
-	start, err = r.resume(ctx, slot.LSN) // where Kafka already holds everything, if later than the slot
+	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := beforeResume(sys); err != nil {
+		return 0, 0, err
+	}
+	start, err = r.resume(ctx, slot.LSN, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
 }

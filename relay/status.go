@@ -39,6 +39,9 @@ type Status struct {
 	QuarantinedEvents     int64      `json:"quarantined_events"`
 	// Progress is the position kept in Kafka and where the last start began.
 	Progress *ProgressStatus `json:"progress,omitempty"`
+	// Delivery is the delivery mode and, in exactly-once mode, what the
+	// Kafka transactions did.
+	Delivery *DeliveryStatus `json:"delivery"`
 
 	tracker             *lsn.Tracker
 	received            lsn.LSN
@@ -149,7 +152,9 @@ func (r *Relay) confirmedCommitTime() time.Time {
 func (r *Relay) Status() Status {
 	r.mu.Lock()
 	s := r.status
+	txnID := r.txnID
 	r.mu.Unlock()
+	s.Delivery = r.deliveryStatus(txnID)
 	if s.received != 0 {
 		s.ReceivedLSN = s.received.String()
 	}

@@ -95,6 +95,10 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 		{[]string{"--kafka-version", "banana"}, "--kafka-version"},
 		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay"}, "--kafka-sasl-mechanism"},
 		{[]string{"--quarantine-table", "a.b.c"}, "--quarantine-table"},
+		{[]string{"--delivery", "exactly-twice"}, "--delivery"},
+		{[]string{"--delivery", "exactly-once", "--transaction-interval", "0s"}, "--transaction-interval"},
+		{[]string{"--delivery", "exactly-once", "--transaction-interval", "1h"}, "--transaction-interval"},
+		{[]string{"--delivery", "exactly-once", "--progress-topic", ""}, "--progress-topic"},
 	} {
 		code, _, stderr := runCaptured(append(base, tc.flags...)...)
 		if code != exitUsage || !strings.Contains(stderr, tc.named) {

@@ -131,6 +131,9 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
 	fs.BoolVar(&c.Progress.Reset, "reset-progress", false, "ignore the stored progress record once, at the first start of this process, and start from the slot (after restoring a backup)")
+	fs.StringVar(&c.Delivery, "delivery", c.Delivery, "at-least-once, or exactly-once: each PostgreSQL transaction in one Kafka transaction with the progress record, for read_committed consumers (see docs/exactly-once.md)")
+	fs.StringVar(&c.TransactionalID, "transactional-id", "", "exactly-once producer's transactional.id (default: outbox-relay:<slot>@<system identifier>); a newer relay with the same id fences the older")
+	fs.DurationVar(&c.TransactionInterval, "transaction-interval", c.TransactionInterval, "exactly-once: how long a Kafka transaction stays open before it commits at the next PostgreSQL transaction boundary; read_committed consumers wait up to this long")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
 }
 

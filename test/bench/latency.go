@@ -52,20 +52,11 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 	res := LatencyResult{Broker: br.name,
 		Method: "relay in-process (relay.New with the default config); Metrics.CommitToAck replaced by a recorder of every observation; single-row transactions, synchronous_commit=on"}
 	rates, _ := b.o.rateList()
-	db := "bench_live_" + br.name
-	dsn, err := b.createDB(ctx, db)
+	dsn, slot, topic, drop, err := b.liveSetup(ctx, br, "live")
 	if err != nil {
 		return res, err
 	}
-	defer b.dropDB(db)
-	slot := "live_" + br.name
-	if _, err := createSlots(ctx, dsn, []string{slot}); err != nil {
-		return res, err
-	}
-	topic := fmt.Sprintf("bench.live.%s.%d", br.name, time.Now().Unix())
-	if err := br.createTopic(topic, b.o.partitions); err != nil {
-		return res, err
-	}
+	defer drop()
 	p := b.startInProcess(dsn, slot, br, topic, stderrWarnings())
 	defer p.stop()
 	if err := p.waitStreaming(ctx); err != nil {
@@ -127,6 +118,29 @@ func (b *bench) latency(ctx context.Context, br *broker) (LatencyResult, error) 
 		}
 	}
 	return res, nil
+}
+
+// liveSetup creates a database with one slot and a fresh topic, all named
+// after part and the broker, for a live-latency part; drop removes the
+// database.
+func (b *bench) liveSetup(ctx context.Context, br *broker, part string) (dsn, slot, topic string, drop func(), err error) {
+	db := "bench_" + part + "_" + br.name
+	dsn, err = b.createDB(ctx, db)
+	if err != nil {
+		return "", "", "", nil, err
+	}
+	drop = func() { b.dropDB(db) }
+	slot = part + "_" + br.name
+	if _, err := createSlots(ctx, dsn, []string{slot}); err != nil {
+		drop()
+		return "", "", "", nil, err
+	}
+	topic = fmt.Sprintf("bench.%s.%s.%d", part, br.name, time.Now().Unix())
+	if err := br.createTopic(topic, b.o.partitions); err != nil {
+		drop()
+		return "", "", "", nil, err
+	}
+	return dsn, slot, topic, drop, nil
 }
 
 func rateName(rate int) string {

@@ -99,7 +99,7 @@ func parseOptions(args []string) (*options, error) {
 		return nil
 	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -171,10 +171,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile":
+		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs or reconcile", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile or eos", s)
 		}
 	}
 	if _, err := o.rateList(); err != nil {
@@ -296,7 +296,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
@@ -356,6 +356,13 @@ func (b *bench) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("steady rate: %w", err)
 		}
+	}
+	if !b.o.skip["eos"] {
+		er, err := b.eachBroker(ctx, "exactly-once latency", b.eosLatency)
+		if err != nil {
+			return err
+		}
+		b.res.EOSLatency = er
 	}
 	if !b.o.skip["reconcile"] {
 		for _, br := range b.brokers {

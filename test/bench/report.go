@@ -34,6 +34,8 @@ type Results struct {
 	Ceiling     []ShapeResult     `json:"ceiling,omitempty"`
 	BigTxn      *BigTxnResult     `json:"big_transaction,omitempty"`
 	Latency     []LatencyResult   `json:"latency,omitempty"`
+	// EOSLatency is commit to a read_committed consumer, exactly-once.
+	EOSLatency []LatencyResult `json:"exactly_once_latency,omitempty"`
 	// Floor is the publisher alone at the same rates, without PostgreSQL.
 	Floor     []LatencyResult   `json:"producer_floor,omitempty"`
 	Steady    *SteadyResult     `json:"steady,omitempty"`

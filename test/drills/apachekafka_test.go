@@ -25,13 +25,7 @@ import (
 // relay keeps delivering.
 func TestDrillLeaderFailover(t *testing.T) {
 	rng := newRand(t)
-	w := newWorld(t, shared, nil)
-	w.topicPrefix = "drill_failover."
-	k := requireKafka(t, harness.ApacheKafkaOptions{
-		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
-	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
-	w.brokers = k.Brokers()
-	w.migrate()
+	w, k := newFailoverWorld(t, "drill_failover.")
 	conn := w.connect()
 	relay := w.startRelay()
 	if err := w.writeTxns(conn, rng, 10, 5, 300); err != nil {
@@ -43,20 +37,8 @@ func TestDrillLeaderFailover(t *testing.T) {
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
 	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
 	topic := w.topics()[0]
-	leader, err := k.PartitionLeader(topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	k.KillNode(leader)
+	leader, restart := killPartitionLeader(t, k, topic)
 	killed, atKill := time.Now(), w.CommittedCount()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted { // leave the shared cluster whole for later tests
-			if err := k.StartNode(leader); err != nil {
-				t.Errorf("cleanup: restart node %d: %v", leader, err)
-			}
-		}
-	})
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
@@ -71,10 +53,7 @@ func TestDrillLeaderFailover(t *testing.T) {
 		t.Fatalf("partition %s/0 is still led by the killed node %d", topic, leader)
 	}
 
-	if err := k.StartNode(leader); err != nil {
-		t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
-	}
-	restarted = true
+	restart()
 	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +64,48 @@ func TestDrillLeaderFailover(t *testing.T) {
 	}
 	t.Logf("%d records for %d events (%d duplicates), %d stream restarts", len(records), w.CommittedCount(),
 		len(records)-w.CommittedCount(), strings.Count(relay.Output(), msgRestart))
+}
+
+// newFailoverWorld is a migrated world whose topics (named with prefix)
+// live on the shared three-broker Apache Kafka cluster with replication
+// factor 3 and min.insync.replicas=2, so one broker may die.
+func newFailoverWorld(t *testing.T, prefix string) (*world, *harness.ApacheKafka) {
+	t.Helper()
+	w := newWorld(t, shared, nil)
+	w.topicPrefix = prefix
+	k := requireKafka(t, harness.ApacheKafkaOptions{
+		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
+	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
+	w.brokers = k.Brokers()
+	w.migrate()
+	return w, k
+}
+
+// killPartitionLeader SIGKILLs the node leading topic/0. restart starts it
+// again; the test's cleanup does if the test did not, to leave a shared
+// cluster whole for later tests.
+func killPartitionLeader(t *testing.T, k *harness.ApacheKafka, topic string) (leader int, restart func()) {
+	t.Helper()
+	leader, err := k.PartitionLeader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.KillNode(leader)
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			if err := k.StartNode(leader); err != nil {
+				t.Errorf("cleanup: restart node %d: %v", leader, err)
+			}
+		}
+	})
+	return leader, func() {
+		t.Helper()
+		if err := k.StartNode(leader); err != nil {
+			t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
+		}
+		restarted = true
+	}
 }
 
 // TestDrillApacheKafkaEndToEnd runs the main delivery contract against real
@@ -231,7 +252,8 @@ func checkWithKcat(t *testing.T, w *world, records []harness.Record) {
 	for _, topic := range w.topics() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		cmd := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(w.brokers, ","), "-t", topic,
-			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`)
+			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`,
+			"-X", "isolation.level=read_committed") // librdkafka's default, said for the exactly-once drills
 		out, err := cmd.Output()
 		cancel()
 		if err != nil {

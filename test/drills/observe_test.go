@@ -61,7 +61,7 @@ func endOffsets(t testing.TB, brokers []string, topics []string) map[string]int6
 	return m
 }
 
-func sumOffsets(m map[string]int64) int64 {
+func sumOffsets[K comparable](m map[K]int64) int64 {
 	var n int64
 	for _, v := range m {
 		n += v

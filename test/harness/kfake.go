@@ -172,36 +172,9 @@ func (k *Kfake) CutProduce(times int) *ProduceFault {
 // with KeepControl, rather than times functions, lets Remove take effect at
 // once.
 func (k *Kfake) controlProduce(times int, answer func(*kmsg.ProduceRequest) (kmsg.Response, error)) *ProduceFault {
-	var hits atomic.Int64
-	var removed atomic.Bool
-	f := &ProduceFault{
-		hits:   func() int { return int(hits.Load()) },
-		remove: func() { removed.Store(true) },
-	}
-	if times == 0 {
-		return f
-	}
-	k.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		req := kreq.(*kmsg.ProduceRequest)
-		if removed.Load() {
-			k.c.DropControl()
-			return nil, nil, false
-		}
-		if req.Acks == 0 {
-			return nil, nil, false
-		}
-		n := hits.Add(1)
-		if times < 0 || n < int64(times) {
-			k.c.KeepControl()
-		} else {
-			// KeepControl is sticky once called; only DropControl
-			// removes the function after this last answer.
-			k.c.DropControl()
-		}
-		resp, err := answer(req)
-		return resp, err, true
+	return k.controlRequests(kmsg.Produce, times, func(req kmsg.Request) (kmsg.Response, error) {
+		return answer(req.(*kmsg.ProduceRequest))
 	})
-	return f
 }
 
 // FailProduceAfterAppend appends the next times produce requests (times <
@@ -241,28 +214,7 @@ func (k *Kfake) FailProduceAfterAppend(times int) *ProduceFault {
 // itself before closing, so a test may also never call it.
 // HeldProduces reports how many requests are parked.
 func (k *Kfake) HoldProduce() (release func()) {
-	ch := make(chan struct{})
-	var once sync.Once
-	release = func() { once.Do(func() { close(ch) }) }
-	k.mu.Lock()
-	k.releases = append(k.releases, release)
-	k.mu.Unlock()
-	k.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		select {
-		case <-ch:
-			k.c.DropControl()
-			return nil, nil, false
-		default:
-		}
-		k.held.Add(1)
-		// SleepControl, unlike blocking here, lets kfake keep serving
-		// other connections while this request waits.
-		k.c.SleepControl(func() { <-ch })
-		k.held.Add(-1)
-		// Not handled: kfake now processes the request normally.
-		return nil, nil, false
-	})
-	return release
+	return k.HoldRequests(kmsg.Produce)
 }
 
 // HeldProduces is the number of produce requests HoldProduce is parking.

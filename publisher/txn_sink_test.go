@@ -1,0 +1,125 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+func (w *txnWorld) channelSink() *TxnSink {
+	w.t.Helper()
+	s, err := NewTxnSink(w.cfg, w.tcfg, zerolog.Nop())
+	if err != nil {
+		w.t.Fatalf("new exactly-once sink: %v", err)
+	}
+	w.t.Cleanup(func() { s.Close(10 * time.Second) })
+	return s
+}
+
+// feed hands a source transaction's records to the sink as the read loop
+// does; end says whether its commit was read.
+func feed(t *testing.T, s *TxnSink, st sourceTxn, end bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, ev := range st.events {
+		r, err := s.txn.BuildWait(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case s.Input() <- r:
+		case <-ctx.Done():
+			t.Fatal("the sink took no record")
+		}
+	}
+	if end {
+		s.EndTxn(st.id, st.end, time.Now())
+	}
+}
+
+// outcomes reads n outcomes from the sink.
+func outcomes(t *testing.T, s *TxnSink, n int) []Outcome {
+	t.Helper()
+	var got []Outcome
+	deadline := time.After(20 * time.Second)
+	for len(got) < n {
+		select {
+		case o := <-s.Outcomes():
+			got = append(got, o)
+		case <-deadline:
+			t.Fatalf("got %d outcomes, want %d", len(got), n)
+		}
+	}
+	return got
+}
+
+// Behind channels, acks still wait for the commit; Flush commits at once,
+// and in the middle of a source transaction that is a counted split.
+func TestTxnSinkAcksAfterCommitAndFlushes(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = time.Hour // only Flush commits here
+	s := w.channelSink()
+	txns := makeTxns("sinkflush", 3, 3, 2) // 1, 2 and 3 events
+
+	feed(t, s, txns[0], true)
+	feed(t, s, txns[1], true)
+	if harness.Poll(300*time.Millisecond, func() bool { return len(s.Outcomes()) > 0 }) {
+		t.Fatal("an ack came before the Kafka transaction committed")
+	}
+	s.Flush()
+	for _, o := range outcomes(t, s, 3) {
+		if o.Err != nil {
+			t.Fatalf("failed: %v", o.Err)
+		}
+	}
+	if st := s.Stats(); st.Committed != 1 || st.LastCommitted != txns[1].end || st.SplitSourceTxns != 0 {
+		t.Fatalf("after the flush at a boundary: %+v", st)
+	}
+
+	feed(t, s, txns[2], false) // its commit not read yet
+	s.Flush()
+	outcomes(t, s, 3)
+	if st := s.Stats(); st.Committed != 2 || st.SplitSourceTxns != 1 || st.LastCommitted != txns[1].end {
+		t.Fatalf("after the flush inside a source transaction: %+v, want a split and the progress still at %v", st, txns[1].end)
+	}
+	consumeExactlyOnce(t, k.Brokers(), "sinkflush.order", eventIDs(txns))
+}
+
+// A fenced sink reports every record it was given exactly once, failed as
+// fenced, the ones sent after the fence too, and commits nothing.
+func TestTxnSinkFencedReportsEveryRecordOnce(t *testing.T) {
+	skipSaramaTxnErrorRace(t)
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = time.Hour
+	// Produce requests refused for the old epoch are retried until
+	// MaxAge before their records fail; keep the test short.
+	w.tcfg.MaxAge = 2 * time.Second
+	old := w.channelSink()
+	txns := makeTxns("sinkfence", 3, 2, 2) // 1, 2 and 1 events
+	feed(t, old, txns[0], true)
+	w.channelSink() // the newer producer fences old
+	feed(t, old, txns[1], true)
+	old.Flush()
+	feed(t, old, txns[2], true)
+	old.Flush()
+	got := outcomes(t, old, 4)
+	for _, o := range got {
+		if o.Err == nil || o.Err.Class != ClassFenced || !errors.Is(o.Err, ErrFenced) {
+			t.Fatalf("outcome %+v, want failed as fenced", o)
+		}
+	}
+	if harness.Poll(300*time.Millisecond, func() bool { return len(old.Outcomes()) > 0 }) {
+		t.Fatal("a record was reported twice")
+	}
+	if st := old.Stats(); st.Committed != 0 {
+		t.Fatalf("the fenced sink committed %d transactions", st.Committed)
+	}
+}

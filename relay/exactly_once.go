@@ -1,0 +1,186 @@
+package relay
+
+// Exactly-once delivery: each session's sink is a transactional producer
+// whose Kafka transactions hold whole source transactions plus the progress
+// record of the last of them. The producer is initialised, fencing any
+// older one with the same transactional id, before the session reads the
+// progress record, so no zombie can commit after the position is read.
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/progress"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+func (c Config) validateDelivery() error {
+	switch c.Delivery {
+	case DeliveryAtLeastOnce, "": // the zero value is the safe default
+		return nil
+	case DeliveryExactlyOnce:
+	default:
+		return fmt.Errorf("--delivery %q: use %s or %s", c.Delivery, DeliveryAtLeastOnce, DeliveryExactlyOnce)
+	}
+	if c.TransactionInterval <= 0 || c.TransactionInterval > maxTransactionInterval {
+		return fmt.Errorf("--transaction-interval %s: must be more than 0 and at most %s", c.TransactionInterval, maxTransactionInterval)
+	}
+	if c.Progress.Topic == "" {
+		return errors.New("--delivery exactly-once needs --progress-topic: the progress record is written inside every Kafka transaction")
+	}
+	return nil
+}
+
+// deliveryMode is the configured mode, the zero value read as the default.
+func (c Config) deliveryMode() string {
+	if c.Delivery == "" {
+		return DeliveryAtLeastOnce
+	}
+	return c.Delivery
+}
+
+// exactlyOnce reports whether sessions publish through Kafka transactions.
+func (c Config) exactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
+
+// transactionalID is the configured id, or the one derived from the slot
+// and the cluster.
+func (c Config) transactionalID(sys replication.System) string {
+	if c.TransactionalID != "" {
+		return c.TransactionalID
+	}
+	return publisher.TransactionalID(c.Replication.Slot, sys.ID)
+}
+
+// newTxnSink initialises a transactional producer, which fences older ones
+// with the same id.
+func (r *Relay) newTxnSink(pubCfg publisher.Config, sys replication.System) (*publisher.TxnSink, error) {
+	tcfg := publisher.DefaultTxnConfig()
+	tcfg.TransactionalID = r.cfg.transactionalID(sys)
+	tcfg.Interval = r.cfg.TransactionInterval
+	// A batch must end before the loop's in-flight limits fill: acks wait
+	// for the commit, and a commit forced at the limit splits the source
+	// transaction under way. Half the limits leaves the other half to the
+	// transaction that crosses the batch's end.
+	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, r.cfg.MaxInFlightEvents/2))
+	tcfg.BatchBytes = int(max(1, min(int64(tcfg.BatchBytes), r.cfg.MaxInFlightBytes/2)))
+	tcfg.Progress = r.progressInTxn
+	tcfg.Observer = txnObserver{r}
+	tcfg.Poison = r.poison
+	r.mu.Lock()
+	r.txnID = tcfg.TransactionalID
+	r.mu.Unlock()
+	return publisher.NewTxnSink(pubCfg, tcfg, r.log)
+}
+
+// progressInTxn is the progress record a Kafka transaction carries for its
+// last whole source transaction, under the key and timeline the session's
+// start decided.
+func (r *Relay) progressInTxn(_ lsn.TxnID, end lsn.LSN, commitTime time.Time) (publisher.ProgressRecord, error) {
+	p := &r.progress
+	p.mu.Lock()
+	key, tli, store := p.key, p.timeline, p.store
+	p.mu.Unlock()
+	if key == nil || store == nil {
+		return publisher.ProgressRecord{}, errors.New("the progress key is not known yet")
+	}
+	rec := progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion}
+	return publisher.ProgressRecord{Topic: store.Topic(), Key: key, Value: rec.Marshal()}, nil
+}
+
+// txnCounters add up what every session's transactional producer did.
+type txnCounters struct {
+	committed, aborted, split atomic.Uint64
+}
+
+// txnObserver takes the producer's reports; its calls never block.
+type txnObserver struct{ r *Relay }
+
+func (o txnObserver) Committed(end lsn.LSN, commitTime time.Time) {
+	o.r.txns.committed.Add(1)
+	o.r.metrics.txn.Transactions.WithLabelValues("committed").Inc()
+	if end == 0 {
+		return // only part of a split source transaction: no progress record
+	}
+	p := &o.r.progress
+	p.mu.Lock()
+	tli := p.timeline
+	p.mu.Unlock()
+	o.r.progressWritten(progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime})
+}
+
+func (o txnObserver) Aborted() {
+	o.r.txns.aborted.Add(1)
+	o.r.metrics.txn.Transactions.WithLabelValues("aborted").Inc()
+}
+
+func (o txnObserver) Split() {
+	o.r.txns.split.Add(1)
+	o.r.metrics.txn.SplitSourceTxns.Inc()
+}
+
+// DeliveryStatus is the delivery part of the relay's status.
+type DeliveryStatus struct {
+	Mode            string `json:"mode"`
+	TransactionalID string `json:"transactional_id,omitempty"`
+	// Kafka transactions committed and aborted, and source transactions
+	// too large for one Kafka transaction, committed in parts, since the
+	// process started. The last committed progress is Progress.LSN.
+	TxnsCommitted   uint64 `json:"kafka_transactions_committed"`
+	TxnsAborted     uint64 `json:"kafka_transactions_aborted"`
+	SplitSourceTxns uint64 `json:"split_source_transactions"`
+}
+
+func (r *Relay) deliveryStatus(txnID string) *DeliveryStatus {
+	d := &DeliveryStatus{Mode: r.cfg.deliveryMode()}
+	if r.cfg.exactlyOnce() {
+		d.TransactionalID = txnID
+		d.TxnsCommitted, d.TxnsAborted, d.SplitSourceTxns = r.txns.committed.Load(), r.txns.aborted.Load(), r.txns.split.Load()
+	}
+	return d
+}
+
+// txnMetrics are the series of the delivery mode.
+type txnMetrics struct {
+	Mode            *prometheus.GaugeVec
+	Transactions    *prometheus.CounterVec
+	SplitSourceTxns prometheus.Counter
+}
+
+func newTxnMetrics(reg prometheus.Registerer) *txnMetrics {
+	m := &txnMetrics{
+		Mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outbox_relay_delivery_mode", Help: "1 for the delivery mode the relay runs in: at-least-once or exactly-once."}, []string{"mode"}),
+		Transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_kafka_transactions_total", Help: "Kafka transactions ended in exactly-once mode, by result: committed or aborted (an aborted one is re-streamed from the last committed progress)."}, []string{"result"}),
+		SplitSourceTxns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_split_source_transactions_total", Help: "Source transactions too large for one Kafka transaction, committed in parts: read_committed consumers saw their first part before the rest."}),
+	}
+	for _, result := range []string{"committed", "aborted"} {
+		m.Transactions.WithLabelValues(result)
+	}
+	if reg != nil {
+		reg.MustRegister(m.Mode, m.Transactions, m.SplitSourceTxns)
+	}
+	return m
+}
+
+func (m *txnMetrics) mode(mode string) {
+	oneHot(m.Mode, []string{DeliveryAtLeastOnce, DeliveryExactlyOnce}, mode)
+}
+
+// oneHot sets the gauge of chosen to 1 and those of the other values to 0.
+func oneHot(g *prometheus.GaugeVec, values []string, chosen string) {
+	for _, each := range values {
+		v := 0.0
+		if each == chosen {
+			v = 1
+		}
+		g.WithLabelValues(each).Set(v)
+	}
+}
