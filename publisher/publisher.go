@@ -509,6 +509,7 @@ func (p *Publisher) drainOutcomes() {
 	defer p.workers.Done()
 	defer close(p.outcomes)
 	successes, failures := p.producer.Successes(), p.producer.Errors()
+	var handOverUntil time.Time
 	for successes != nil || failures != nil {
 		var o Outcome
 		select {
@@ -536,7 +537,22 @@ func (p *Publisher) drainOutcomes() {
 		}
 		select {
 		case p.outcomes <- o:
+			continue
 		case <-p.quit:
+		}
+		// Closing: a caller may still read (to count failures that may
+		// break order), so keep handing outcomes over for a moment before
+		// dropping them for a caller that stopped reading.
+		if handOverUntil.IsZero() {
+			handOverUntil = time.Now().Add(time.Second)
+		}
+		if wait := time.Until(handOverUntil); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case p.outcomes <- o:
+			case <-t.C:
+			}
+			t.Stop()
 		}
 	}
 }

@@ -285,8 +285,18 @@ func (k *fakeSink) Build(ev *publisher.Event) (*publisher.Record, error) {
 func (k *fakeSink) Input() chan<- *publisher.Record    { return k.in }
 func (k *fakeSink) Outcomes() <-chan publisher.Outcome { return k.outcomes }
 func (k *fakeSink) Retries() int64                     { return k.retries.Load() }
-func (k *fakeSink) Close(time.Duration) error          { k.closed.Store(true); return nil }
-func (k *fakeSink) Flush()                             { k.flushes.Add(1) }
+
+// Close ends Outcomes, as a real sink does once it has drained; outcomes
+// a test reports after that are dropped.
+func (k *fakeSink) Close(time.Duration) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.closed.Swap(true) {
+		close(k.outcomes)
+	}
+	return nil
+}
+func (k *fakeSink) Flush() { k.flushes.Add(1) }
 func (k *fakeSink) EndTxn(_ lsn.TxnID, end lsn.LSN, _ time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -310,13 +320,21 @@ func (k *fakeSink) delivery(r *publisher.Record) publisher.Delivery {
 }
 
 func (k *fakeSink) ack(r *publisher.Record) {
-	k.outcomes <- publisher.Outcome{Delivery: k.delivery(r)}
+	k.report(publisher.Outcome{Delivery: k.delivery(r)})
 }
 
 func (k *fakeSink) fail(r *publisher.Record, class publisher.Class, err error) {
 	d := k.delivery(r)
-	k.outcomes <- publisher.Outcome{Delivery: d, Err: &publisher.Error{Class: class, EventID: r.EventID(),
-		Topic: d.Topic, Partition: d.Partition, Err: err, Record: r}}
+	k.report(publisher.Outcome{Delivery: d, Err: &publisher.Error{Class: class, EventID: r.EventID(),
+		Topic: d.Topic, Partition: d.Partition, Err: err, Record: r}})
+}
+
+func (k *fakeSink) report(o publisher.Outcome) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.closed.Load() {
+		k.outcomes <- o
+	}
 }
 
 // fakeQuarantine stores events in memory; gate, when set, holds each Put

@@ -485,7 +485,7 @@ func (s *streamer) close(graceful bool) {
 	if err := s.source.Close(ctx); err != nil && graceful {
 		s.relay.log.Warn().Err(err).Msg("could not end the replication stream cleanly; the slot may be re-read from an earlier position")
 	}
-	if err := s.sink.Close(5 * time.Second); err != nil {
+	if err := s.closeSink(s.sink, 5*time.Second); err != nil {
 		s.relay.log.Warn().Err(err).Msg("abandoned the session's producer")
 	}
 	if s.quarantine != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/eapache/go-resiliency/breaker"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -524,4 +525,31 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 	}
 	rig.sink.ack(ok)
 	rig.awaitFlushed(t, 2000)
+}
+
+// A sequence error resets sarama's producer epoch and fails every batch in
+// flight, on every partition. The session ends at the first failure; the
+// others arrive while its sink closes, and each may break order, so each
+// must be counted and logged like the first (a drill caught order broken,
+// uncounted, on partitions that were never flagged).
+func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
+	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
+	snk := newFakeSink(newFakeClock())
+	s := &streamer{relay: r}
+	for i, topic := range []string{"outbox.a", "outbox.b"} {
+		rec, err := publisher.BuildRecord(&publisher.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
+			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snk.fail(rec, publisher.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
+	}
+	if err := s.closeSink(snk, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, topic := range []string{"outbox.a", "outbox.b"} {
+		if got := counterValue(r.metrics.OrderBreaks.WithLabelValues(topic, "0")); got != 1 {
+			t.Errorf("order breaks counted on %s/0: %v, want 1", topic, got)
+		}
+	}
 }

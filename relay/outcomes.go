@@ -37,20 +37,52 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		s.quarantine.put(fromRecord(perr.Record, perr), perr, lsn.TxnID(o.Txn), o.Bytes)
 		return
 	}
-	if perr.OrderMayBreak() {
-		// sarama keeps appending later batches to a partition after one
-		// failed (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the
-		// re-delivered event may land after events committed later.
-		m.OrderBreaks.WithLabelValues(perr.Topic, strconv.Itoa(int(perr.Partition))).Inc()
-		s.relay.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
-			Str("class", string(perr.Class)).Err(perr.Err).
-			Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
-	}
+	s.relay.noteOrderBreak(perr)
 	if s.failure == nil {
 		// Nothing at or after the failed event is ever confirmed: its
 		// transaction never completes in the tracker.
 		s.failure = perr
 	}
+}
+
+// noteOrderBreak counts and logs a failure after which order may break.
+// sarama keeps appending later batches to a partition after one failed
+// (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the re-delivered event
+// may land after events committed later. It is safe from any goroutine.
+func (r *Relay) noteOrderBreak(perr *publisher.Error) {
+	if !perr.OrderMayBreak() {
+		return
+	}
+	r.metrics.OrderBreaks.WithLabelValues(perr.Topic, strconv.Itoa(int(perr.Partition))).Inc()
+	r.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
+		Str("class", string(perr.Class)).Err(perr.Err).
+		Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
+}
+
+// closeSink closes a sink while still reading what it reports. Once a
+// failure ends the session the loop reads no more outcomes, but the
+// producer may fail more records that later ones of their partition have
+// already passed (a sequence error resets the producer's epoch and fails
+// every batch in flight, on every partition): each must be counted and
+// logged as a possible order break like the first.
+func (s *streamer) closeSink(snk sink, timeout time.Duration) error {
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for o := range snk.Outcomes() {
+			if o.Err != nil {
+				s.relay.noteOrderBreak(o.Err)
+			}
+		}
+	}()
+	err := snk.Close(timeout)
+	wait := time.NewTimer(timeout)
+	defer wait.Stop()
+	select {
+	case <-read:
+	case <-wait.C: // a producer that never finishes must not hold the session
+	}
+	return err
 }
 
 // stored takes a quarantine write's result: the event now counts as

@@ -38,7 +38,7 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 		// Abandoned: what it still holds was never confirmed, and is sent
 		// again from the confirmed position.
 		defer s.closing.Done()
-		old.Close(5 * time.Second)
+		s.closeSink(old, 5*time.Second)
 	}()
 	s.failure = nil
 	for attempt := 1; ; attempt++ {
