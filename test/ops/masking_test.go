@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -57,10 +56,10 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 			_, body := harness.HTTPGet(t, base+path)
 			garbled(path, body)
 		}
-		if err := p.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
+		if p.Exited() {
+			t.Fatalf("the relay exited before SIGTERM:\n%s", harness.LastLines(p.Output(), 10))
 		}
-		if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		if code, err := p.Stop(time.Minute); err != nil || code != 0 {
 			t.Errorf("SIGTERM: exit %d (%v)", code, err)
 		}
 		garbled("the relay's output", p.Output())

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -62,10 +61,10 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 			_, body := harness.HTTPGet(t, base+path)
 			leaks(path, body)
 		}
-		if err := p.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
+		if p.Exited() {
+			t.Fatalf("the relay exited before SIGTERM:\n%s", harness.LastLines(p.Output(), 10))
 		}
-		if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+		if code, err := p.Stop(time.Minute); err != nil || code != 0 {
 			t.Errorf("SIGTERM: exit %d (%v)", code, err)
 		}
 		leaks("the relay's output", p.Output())
@@ -201,10 +200,10 @@ func TestMinimalRole(t *testing.T) {
 		return e.db.QueryString(t, `SELECT (confirmed_flush_lsn >= $2::pg_lsn)::text
 			FROM pg_replication_slots WHERE slot_name = $1`, e.slot, end) == "true"
 	})
-	if err := p.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	if p.Exited() {
+		t.Fatalf("the relay exited before SIGTERM:\n%s", harness.LastLines(p.Output(), 10))
 	}
-	if code, err := p.Wait(time.Minute); err != nil || code != 0 {
+	if code, err := p.Stop(time.Minute); err != nil || code != 0 {
 		t.Fatalf("SIGTERM: exit %d (%v)", code, err)
 	}
 
