@@ -63,6 +63,9 @@ type Record struct {
 	txn        uint64
 	commitTime time.Time
 	size       int
+	// built is when the exactly-once sink took the event: its Kafka
+	// transaction's interval runs from its oldest record's.
+	built time.Time
 }
 
 // Size is the record's encoded size in bytes, as Kafka counts it.

@@ -62,7 +62,8 @@ type TxnConfig struct {
 	TransactionalID string
 
 	// Interval is how long a Kafka transaction stays open, from its first
-	// record, before it commits at the next source-transaction boundary
+	// record's build (see commitDeadline), before it commits at the next
+	// source-transaction boundary
 	// (--transaction-interval). read_committed consumers see nothing of a
 	// transaction before it commits, so it adds to their latency; each
 	// commit costs a constant (AddPartitionsToTxn, EndTxn, one marker per
@@ -214,6 +215,7 @@ type TxnPublisher struct {
 	// Guarded by turn.
 	open     bool
 	began    time.Time
+	deadline time.Time // when the open transaction is due to commit
 	batch    []*Record
 	bytes    int
 	complete int        // len(batch) at the last EndTxn: records of whole source txns
@@ -342,7 +344,11 @@ func (t *TxnPublisher) Build(ev *Event) (*Record, error) {
 	if err := t.cfg.Poison.refused(ev.EventID); err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
 	}
-	return t.pub.Build(ev)
+	r, err := t.pub.Build(ev)
+	if err == nil {
+		r.built = time.Now()
+	}
+	return r, err
 }
 
 // BuildWait is Build for callers without a loop of their own: it waits,
@@ -367,7 +373,7 @@ func (t *TxnPublisher) send(ctx context.Context, r *Record) (joined bool, err er
 	}
 	defer t.release()
 	if !t.open {
-		if err := t.begin(); err != nil {
+		if err := t.begin(r.built); err != nil {
 			return false, err
 		}
 	}
@@ -421,7 +427,7 @@ func (t *TxnPublisher) EndTxn(ctx context.Context, txn lsn.TxnID, end lsn.LSN, c
 	}
 	t.complete, t.splitOne = len(t.batch), false
 	t.last = &sourceEnd{txn: txn, end: end, commitTime: commitTime}
-	if t.due || len(t.batch) >= t.cfg.BatchEvents || t.bytes >= t.cfg.BatchBytes || time.Since(t.began) >= t.cfg.Interval {
+	if t.due || len(t.batch) >= t.cfg.BatchEvents || t.bytes >= t.cfg.BatchBytes || !time.Now().Before(t.deadline) {
 		return t.commit(ctx)
 	}
 	return nil
@@ -512,12 +518,14 @@ func (t *TxnPublisher) Close(timeout time.Duration) error {
 	return first
 }
 
-func (t *TxnPublisher) begin() error {
+// begin opens a Kafka transaction for a first record built at firstBuilt.
+func (t *TxnPublisher) begin(firstBuilt time.Time) error {
 	if err := t.pub.producer.BeginTxn(); err != nil {
 		return t.spent(t.classify(fmt.Errorf("begin kafka transaction: %w", err)))
 	}
 	t.open = true
 	t.began = time.Now()
+	t.deadline = commitDeadline(firstBuilt, t.began, t.cfg.Interval)
 	t.mu.Lock()
 	t.outcomes, t.failures = 0, t.failures[:0]
 	t.mu.Unlock()
@@ -525,8 +533,29 @@ func (t *TxnPublisher) begin() error {
 	case <-t.armed: // a deadline the timer goroutine never took is stale
 	default:
 	}
-	t.armed <- t.began.Add(t.cfg.Interval)
+	t.armed <- t.deadline
 	return nil
+}
+
+// commitDeadline is when a Kafka transaction begun at began, whose first
+// record was built at firstBuilt, is due to commit. The interval runs from
+// the record's build, not the begin: a record that waited out the previous
+// commit would otherwise wait that commit, a whole interval and its own
+// commit before read_committed consumers see it. The transaction still
+// stays open at least half an interval, so records that queued behind a
+// slow commit while catching up do not make each transaction tiny.
+func commitDeadline(firstBuilt, began time.Time, interval time.Duration) time.Time {
+	if firstBuilt.IsZero() || firstBuilt.After(began) {
+		firstBuilt = began
+	}
+	return maxTime(firstBuilt.Add(interval), began.Add(interval/2))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // commit ends the open Kafka transaction with its progress record and
@@ -828,7 +857,7 @@ func (t *TxnPublisher) commitOnTime() {
 		case <-t.stop:
 			return
 		}
-		if t.open && t.broken == nil && t.began.Add(t.cfg.Interval).Equal(deadline) {
+		if t.open && t.broken == nil && t.deadline.Equal(deadline) {
 			if t.complete == len(t.batch) {
 				// Failures are reported through the handler and returned
 				// by the caller's next call.

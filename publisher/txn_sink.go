@@ -24,7 +24,7 @@ import (
 type TxnSink struct {
 	txn *TxnPublisher
 
-	input chan *Record
+	input chan *Record // buffered: see NewTxnSink
 	flush chan struct{}
 
 	// ends are source-transaction boundaries the loop reported that the
@@ -56,7 +56,7 @@ type TxnSink struct {
 // the sink's goroutines.
 func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error) {
 	s := &TxnSink{
-		input: make(chan *Record), flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
+		flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
 		queued: make(chan struct{}, 1), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
 	}
 	txn, err := NewTxn(cfg, tcfg, sinkHandler{s}, log)
@@ -64,6 +64,10 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 		return nil, err
 	}
 	s.txn = txn
+	// Records queue while a commit is under way, so the loop reads on
+	// instead of stalling on every commit; a batch's worth is enough, as
+	// the loop's in-flight limits stop it at about twice that.
+	s.input = make(chan *Record, txn.cfg.BatchEvents)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.driving.Add(1)
 	go s.drive()
@@ -146,19 +150,49 @@ func (s *TxnSink) drive() {
 				s.applyEnds(math.MaxUint64)
 				return
 			}
-			// Boundaries of earlier source transactions come first; the
-			// one of r's own transaction, if the loop already reported it,
-			// comes after r.
-			s.applyEnds(lsn.TxnID(r.txn))
-			s.send(r)
+			s.take(r)
 		case <-s.endAdded:
-			// Every record the loop handed over is applied, so every
+			open := s.takeQueued()
+			// Every record the loop handed over is applied now, so every
 			// boundary reported so far follows its records.
 			s.applyEnds(math.MaxUint64)
+			if !open {
+				return
+			}
 		case <-s.flush:
+			open := s.takeQueued()
 			s.applyEnds(math.MaxUint64)
+			if !open {
+				return // Close commits or aborts what is open
+			}
 			// A failure is reported through the handler already.
 			_ = s.txn.Commit(s.ctx)
+		}
+	}
+}
+
+// take applies one record from Input. Boundaries of earlier source
+// transactions come first; the one of r's own transaction, if the loop
+// already reported it, comes after r.
+func (s *TxnSink) take(r *Record) {
+	s.applyEnds(lsn.TxnID(r.txn))
+	s.send(r)
+}
+
+// takeQueued applies the records already queued on Input, which the loop
+// sent before any boundary or flush it reported since: applying a boundary
+// first would commit a source transaction without its queued records. It
+// reports false once Input is closed and empty.
+func (s *TxnSink) takeQueued() bool {
+	for {
+		select {
+		case r, ok := <-s.input:
+			if !ok {
+				return false
+			}
+			s.take(r)
+		default:
+			return true
 		}
 	}
 }

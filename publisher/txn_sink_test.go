@@ -123,3 +123,55 @@ func TestTxnSinkFencedReportsEveryRecordOnce(t *testing.T) {
 		t.Fatalf("the fenced sink committed %d transactions", st.Committed)
 	}
 }
+
+// Records queue on Input while a commit is under way. A boundary the loop
+// reported after queueing a transaction's records must not be applied
+// before them: that commits the transaction's progress without its
+// records, which only a later Kafka transaction would carry.
+func TestTxnSinkAppliesQueuedRecordsBeforeTheirBoundary(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = time.Hour // only Flush commits here
+	s := w.channelSink()
+	if cap(s.input) < 200 {
+		t.Fatalf("Input holds %d records, want room for a batch", cap(s.input))
+	}
+	// One source transaction of 200 events, sent and ended at once, then
+	// flushed: the sink sees the boundary and the flush while most of the
+	// records still wait on Input.
+	txns := makeTxns("sinkqueue", 200, 200, 7)[199:]
+	feed(t, s, txns[0], true)
+	s.Flush()
+	for _, o := range outcomes(t, s, 200) {
+		if o.Err != nil {
+			t.Fatalf("failed: %v", o.Err)
+		}
+	}
+	if st := s.Stats(); st.Committed != 1 || st.SplitSourceTxns != 0 || st.LastCommitted != txns[0].end {
+		t.Fatalf("stats %+v: want one Kafka transaction holding the whole source transaction and its progress at %v", st, txns[0].end)
+	}
+	consumeExactlyOnce(t, k.Brokers(), "sinkqueue.order", eventIDs(txns))
+}
+
+// The interval runs from the first record's build: a record that waited
+// out the previous commit is not made to wait a whole interval more, but a
+// transaction stays open at least half an interval.
+func TestCommitDeadline(t *testing.T) {
+	began := time.Date(2026, 12, 1, 6, 0, 0, 0, time.UTC)
+	const interval = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name       string
+		firstBuilt time.Time
+		want       time.Time
+	}{
+		{"built as it began", began, began.Add(interval)},
+		{"waited 30 ms for a commit", began.Add(-30 * time.Millisecond), began.Add(70 * time.Millisecond)},
+		{"waited longer than half an interval", began.Add(-90 * time.Millisecond), began.Add(interval / 2)},
+		{"no build time", time.Time{}, began.Add(interval)},
+		{"build time after the begin", began.Add(time.Second), began.Add(interval)},
+	} {
+		if got := commitDeadline(tc.firstBuilt, began, interval); !got.Equal(tc.want) {
+			t.Errorf("%s: deadline %v after the begin, want %v", tc.name, got.Sub(began), tc.want.Sub(began))
+		}
+	}
+}

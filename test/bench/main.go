@@ -301,7 +301,7 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -358,11 +358,11 @@ func (b *bench) run(ctx context.Context) error {
 		}
 	}
 	if !b.o.skip["eos"] {
-		er, err := b.eachBroker(ctx, "exactly-once latency", b.eosLatency)
+		er, err := b.eosLatency(ctx)
+		b.res.EOS = er
 		if err != nil {
-			return err
+			return fmt.Errorf("exactly-once latency: %w", err)
 		}
-		b.res.EOSLatency = er
 	}
 	if !b.o.skip["reconcile"] {
 		for _, br := range b.brokers {

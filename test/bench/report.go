@@ -34,8 +34,9 @@ type Results struct {
 	Ceiling     []ShapeResult     `json:"ceiling,omitempty"`
 	BigTxn      *BigTxnResult     `json:"big_transaction,omitempty"`
 	Latency     []LatencyResult   `json:"latency,omitempty"`
-	// EOSLatency is commit to a read_committed consumer, exactly-once.
-	EOSLatency []LatencyResult `json:"exactly_once_latency,omitempty"`
+	// EOS is commit to a read_committed consumer, exactly-once next to
+	// at-least-once.
+	EOS *EOSResult `json:"exactly_once,omitempty"`
 	// Floor is the publisher alone at the same rates, without PostgreSQL.
 	Floor     []LatencyResult   `json:"producer_floor,omitempty"`
 	Steady    *SteadyResult     `json:"steady,omitempty"`
@@ -178,6 +179,7 @@ func (r *Results) evaluate() {
 			func(v float64) bool { return v <= 10 }, "exact, every event recorded (in-process relay)")
 	}
 	r.evaluateSteady()
+	r.evaluateEOS()
 	for _, a := range r.Allocs {
 		if a.Name == "single-row-txns" || a.Name == "100-row-txns" {
 			r.target("allocations per event, decode + build ("+a.Name+")", "≤ 4", "", []float64{a.AllocsPerOp},
@@ -364,6 +366,7 @@ func (r *Results) markdown() string {
 		}
 	}
 	r.steadyMarkdown(w)
+	r.eosMarkdown(w)
 	if len(r.Allocs) > 0 {
 		w("\n## Decode and build (`go test -run '^$' -bench DecodeAndBuild -benchmem ./relay/`)\n\n| benchmark | ns/event | B/event | allocs/event |\n|---|---|---|---|\n")
 		for _, a := range r.Allocs {

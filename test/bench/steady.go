@@ -28,8 +28,10 @@ type SteadyRun struct {
 	Rate    int    `json:"rate"`
 	Reader  string `json:"reader"` // relay/<broker>, pg_recvlogical, floor-sarama/<broker>, floor-franz-go/<broker>
 	Variant string `json:"variant,omitempty"`
-	Rep     int    `json:"rep"`
-	Linger  string `json:"linger,omitempty"` // floor only
+	// Mode is the delivery mode, in the exactly-once part only.
+	Mode   string `json:"mode,omitempty"`
+	Rep    int    `json:"rep"`
+	Linger string `json:"linger,omitempty"` // floor only
 	// Writers is the number of writer connections; RateHeld says whether
 	// they kept the open-loop schedule (achieved ≥ 97% of the rate and
 	// p99 lateness ≤ 50 ms).
