@@ -65,7 +65,8 @@ type ProgressStatus struct {
 // resume decides where a session starts from the slot's confirmed position
 // and the progress record; see decideStart. It opens the progress topic on
 // first use (creating it if missing) and starts the writer.
-func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN, sys replication.System) (lsn.LSN, error) {
+func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys replication.System) (lsn.LSN, error) {
+	slotStart := slot.LSN
 	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
 	defer cancel()
 	store, err := r.progressStore(ctx)
@@ -90,7 +91,7 @@ func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN, sys replication.S
 	if found {
 		stored = &rec
 	}
-	d, err := decideStart(slotStart, stored, sys, reset)
+	d, err := decideStart(slotStart, slot.Created, stored, sys, reset)
 	if err != nil {
 		return 0, err
 	}
@@ -104,6 +105,14 @@ func (r *Relay) resume(ctx context.Context, slotStart lsn.LSN, sys replication.S
 		log.Warn().Str("orphaned_from_lsn", d.OrphanFrom.String()).Str("orphaned_to_lsn", d.OrphanTo.String()).
 			Uint64("orphaned_wal_bytes", uint64(d.OrphanTo-d.OrphanFrom)).
 			Msg("the progress record comes from an earlier timeline that went on past the point where this server branched off (a failover): events the old primary published in that WAL range may be in Kafka without existing in this database; consumers may see them, and they will not be published again")
+	}
+	if d.GapTo != 0 {
+		r.metrics.progress.SlotGaps.Inc()
+		ev := log.Error().Str("gap_from_lsn", d.GapFrom.String()).Str("gap_to_lsn", d.GapTo.String())
+		if !rec.CommitTime.IsZero() {
+			ev = ev.Time("gap_from_commit_time", rec.CommitTime).Str("reconcile_command", reconcileCommand(rec.CommitTime, time.Now()))
+		}
+		ev.Msg("the slot was created now, after the position Kafka holds for it: events committed between the two were never streamed and may be missing from Kafka (the slot was dropped, or this is a server it was not synced to). Run the reconcile_command to find and republish them")
 	}
 	if reset {
 		// Overwrite the record now: otherwise every later session of this
@@ -289,7 +298,7 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 			rep.AgeSeconds = time.Since(t).Seconds()
 		}
 	}
-	d, err := decideStart(slotStart, stored, sys, false)
+	d, err := decideStart(slotStart, false, stored, sys, false)
 	if err != nil {
 		rep.NextStartSource, rep.Error = "none", err.Error()
 		return rep, nil

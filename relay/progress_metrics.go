@@ -17,6 +17,7 @@ type progressMetrics struct {
 	StartSource    *prometheus.GaugeVec
 	OrphanedRanges prometheus.Counter
 	OrphanedBytes  prometheus.Counter
+	SlotGaps       prometheus.Counter
 
 	writtenNs atomic.Int64 // last write, for the age gauge
 }
@@ -33,6 +34,8 @@ func newProgressMetrics(reg prometheus.Registerer) *progressMetrics {
 			Name: "outbox_relay_timeline_orphaned_ranges_total", Help: "Starts that found the progress record past the point where the server's timeline branched off: events in that WAL range may be in Kafka without existing in the database."}),
 		OrphanedBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_timeline_orphaned_wal_bytes_total", Help: "Size of those WAL ranges, in bytes."}),
+		SlotGaps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_slot_gaps_total", Help: "Starts on a slot created after the position the progress record holds: events committed in between may be missing from Kafka; the relay's error log names the window and the reconcile command."}),
 	}
 	ageStart := time.Now()
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -48,7 +51,7 @@ func newProgressMetrics(reg prometheus.Registerer) *progressMetrics {
 		m.StartSource.WithLabelValues(s)
 	}
 	if reg != nil {
-		reg.MustRegister(m.LSN, m.WrittenAt, m.StartSource, m.OrphanedRanges, m.OrphanedBytes, age)
+		reg.MustRegister(m.LSN, m.WrittenAt, m.StartSource, m.OrphanedRanges, m.OrphanedBytes, m.SlotGaps, age)
 	}
 	return m
 }

@@ -33,6 +33,11 @@ type startDecision struct {
 	// the old primary published in (OrphanFrom, OrphanTo] may be in Kafka
 	// without existing on this server. Both are zero when nothing can be.
 	OrphanFrom, OrphanTo lsn.LSN
+	// When the slot was created just now after the position Kafka holds
+	// (a failover to a server the slot was not synced to, or a dropped
+	// slot), events committed in (GapFrom, GapTo] were never streamed by
+	// this slot and may never reach Kafka. Both are zero otherwise.
+	GapFrom, GapTo lsn.LSN
 }
 
 // decideStart picks the start position: the later of the slot's confirmed
@@ -40,10 +45,11 @@ type startDecision struct {
 // this server's WAL is the WAL it describes. rec is nil when no record
 // exists for this slot and cluster (the key holds the system identifier, so
 // another cluster's record never gets here). reset ignores the record.
-// The server skips transactions that committed before the start, so a
+// slotCreated says this start created the slot, so it streams nothing
+// before the slot's position. The server skips transactions that committed before the start, so a
 // start never before what Kafka holds re-delivers nothing twice, and a
 // start never after it loses nothing.
-func decideStart(slot lsn.LSN, rec *progress.Record, sys replication.System, reset bool) (startDecision, error) {
+func decideStart(slot lsn.LSN, slotCreated bool, rec *progress.Record, sys replication.System, reset bool) (startDecision, error) {
 	fromSlot := startDecision{Start: slot, Source: StartFromSlot}
 	if rec == nil {
 		return fromSlot, nil
@@ -73,6 +79,9 @@ func decideStart(slot lsn.LSN, rec *progress.Record, sys replication.System, res
 		d.Start, d.Source = usable, StartFromProgress
 	} else {
 		d.Start, d.Source = slot, StartFromSlot
+	}
+	if slotCreated && usable < slot {
+		d.GapFrom, d.GapTo = usable, slot
 	}
 	return d, nil
 }

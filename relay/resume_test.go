@@ -30,6 +30,9 @@ func TestDecideStart(t *testing.T) {
 		ignored    bool
 		errAhead   bool
 		orphanFrom lsn.LSN
+		created    bool
+		gapFrom    lsn.LSN
+		gapTo      lsn.LSN
 	}{
 		// The slot went back after a PostgreSQL restart; Kafka has more.
 		{name: "record ahead of the slot", slot: 0x1000, rec: rec(0x4000, 1), sys: tl1, start: 0x4000, source: StartFromProgress},
@@ -52,10 +55,19 @@ func TestDecideStart(t *testing.T) {
 		// where Kafka's events came from.
 		{name: "timeline not in history", slot: 0x1000, rec: rec(0x2000, 2), sys: tl1, errAhead: true},
 		{name: "timeline not in history, reset", slot: 0x1000, rec: rec(0x2000, 2), sys: tl1, reset: true, start: 0x1000, source: StartFromSlot, ignored: true},
+		// A slot created now, after what Kafka holds: a dropped slot, or a
+		// failover to a server it was not synced to. What committed in
+		// between was never streamed.
+		{name: "slot created after the record", slot: 0x4800, created: true, rec: rec(0x4000, 1), sys: tl1, start: 0x4800, source: StartFromSlot, gapFrom: 0x4000, gapTo: 0x4800},
+		{name: "slot created at the record", slot: 0x4000, created: true, rec: rec(0x4000, 1), sys: tl1, start: 0x4000, source: StartFromSlot},
+		{name: "slot created before the record", slot: 0x1000, created: true, rec: rec(0x4000, 1), sys: tl1, start: 0x4000, source: StartFromProgress},
+		{name: "slot created on a promoted standby", slot: 0x8000, created: true, rec: rec(0x3800, 1), sys: tl2, start: 0x8000, source: StartFromSlot, orphanFrom: 0x3000, orphanTo: 0x3800, gapFrom: 0x3000, gapTo: 0x8000},
+		{name: "slot created, no record", slot: 0x4800, created: true, sys: tl1, start: 0x4800, source: StartFromSlot},
+		{name: "slot created after the record, reset", slot: 0x4800, created: true, rec: rec(0x4000, 1), sys: tl1, reset: true, start: 0x4800, source: StartFromSlot, ignored: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d, err := decideStart(c.slot, c.rec, c.sys, c.reset)
+			d, err := decideStart(c.slot, c.created, c.rec, c.sys, c.reset)
 			if c.errAhead {
 				if !errors.Is(err, ErrProgressAhead) {
 					t.Fatalf("want ErrProgressAhead, got %+v, %v", d, err)
@@ -66,8 +78,8 @@ func TestDecideStart(t *testing.T) {
 				t.Fatal(err)
 			}
 			if d.Start != c.start || d.Source != c.source || (d.Ignored != "") != c.ignored ||
-				d.OrphanFrom != c.orphanFrom || d.OrphanTo != c.orphanTo {
-				t.Fatalf("got %+v; want start %s from %s, ignored %v, orphans (%s, %s]", d, c.start, c.source, c.ignored, c.orphanFrom, c.orphanTo)
+				d.OrphanFrom != c.orphanFrom || d.OrphanTo != c.orphanTo || d.GapFrom != c.gapFrom || d.GapTo != c.gapTo {
+				t.Fatalf("got %+v; want start %s from %s, ignored %v, orphans (%s, %s], gap (%s, %s]", d, c.start, c.source, c.ignored, c.orphanFrom, c.orphanTo, c.gapFrom, c.gapTo)
 			}
 			if d.Start < c.slot {
 				t.Fatalf("start %s before the slot %s", d.Start, c.slot)

@@ -152,6 +152,6 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	if err := beforeResume(sys); err != nil {
 		return 0, 0, err
 	}
-	start, err = r.resume(ctx, slot.LSN, sys) // where Kafka already holds everything, if later than the slot
+	start, err = r.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
 }

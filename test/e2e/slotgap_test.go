@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// A slot created while a progress record says Kafka holds the stream only
+// up to an earlier position (the slot was dropped while no relay ran, or a
+// failover reached a server the slot was not synced to): the events
+// committed in between are never streamed. The relay must say so, with
+// the window and the reconcile command that finds them, and that command
+// must find exactly them.
+func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	p := e.startRelay()
+	conn := e.db.Connect(t)
+	if err := e.writeEvents(conn, 2, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	e.consumeAll(30 * time.Second)
+	// A clean stop writes the last acknowledged position to the progress
+	// topic.
+	if code, err := p.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("relay exited %d (%v):\n%s", code, err, p.Output())
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.slot); n != 0 {
+		t.Fatal("the slot is still active after the relay exited")
+	}
+	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+
+	// Committed while no slot exists: no slot will ever stream these.
+	gapStart := e.CommittedCount()
+	if err := e.writeEvents(conn, 3, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	gap := ids[gapStart:]
+
+	p = e.startRelay()
+	p.WaitForOutput(t, "the slot was created now, after the position Kafka holds", 30*time.Second)
+	var line harness.LogLine
+	for _, l := range harness.LogLines(p.Output()) {
+		if strings.HasPrefix(l.Str("message"), "the slot was created now") {
+			line = l
+		}
+	}
+	reconcileCmd := line.Str("reconcile_command")
+	if line.Str("level") != "error" || line.Str("gap_from_lsn") == "" || line.Str("gap_to_lsn") == "" || reconcileCmd == "" {
+		t.Fatalf("the gap line lacks its level, window or reconcile command: %v", line)
+	}
+	window := regexp.MustCompile(`--since (\S+) --until (\S+)`).FindStringSubmatch(reconcileCmd)
+	if window == nil {
+		t.Fatalf("no window in the reconcile command %q", reconcileCmd)
+	}
+
+	code, out := harness.RunCommand(t, e.bin, e.args("reconcile", "--kafka-brokers", e.kafka.BrokerList(), "--json", "--since", window[1], "--until", window[2]), "OUTBOX_RELAY_LOG_LEVEL=warn")
+	var rep struct {
+		Missing []string `json:"missing"`
+	}
+	start := strings.Index(out, "{\n")
+	if start < 0 || json.NewDecoder(strings.NewReader(out[start:])).Decode(&rep) != nil {
+		t.Fatalf("reconcile exited %d with no JSON report:\n%s", code, out)
+	}
+	slices.Sort(rep.Missing)
+	slices.Sort(gap)
+	if code != 3 || !slices.Equal(rep.Missing, gap) {
+		t.Fatalf("reconcile over the named window: exit %d, missing %v; want exit 3 and the %d events committed without a slot %v", code, rep.Missing, len(gap), gap)
+	}
+}
