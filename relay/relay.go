@@ -128,7 +128,7 @@ func (c Config) Validate() error {
 	if _, err := c.quarantineTable(); err != nil {
 		return err
 	}
-	if err := c.validateDelivery(); err != nil {
+	if err := c.ValidateDelivery(); err != nil {
 		return err
 	}
 	return c.Retention.validate()
