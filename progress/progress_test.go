@@ -35,6 +35,13 @@ func TestRecordFormat(t *testing.T) {
 	if back.LSN != r.LSN || back.Timeline != 1 || !back.CommitTime.Equal(r.CommitTime) || back.RelayVersion != "1.4.0" {
 		t.Fatalf("round trip: %+v", back)
 	}
+	eos := Record{LSN: 0x16B3748, Timeline: 1, RelayVersion: "1.5.0", Delivery: "exactly-once"}
+	if got := string(eos.Marshal()); got != `{"version":1,"lsn":"0/16B3748","timeline":1,"relay_version":"1.5.0","delivery":"exactly-once"}` {
+		t.Fatalf("record with its delivery mode: %s", got)
+	}
+	if back, err := Unmarshal(eos.Marshal()); err != nil || back.Delivery != "exactly-once" {
+		t.Fatalf("round trip of the delivery mode: %+v, %v", back, err)
+	}
 	idle := Record{LSN: 0x1_0000_0010, Timeline: 2}
 	if got := string(idle.Marshal()); got != `{"version":1,"lsn":"1/10","timeline":2,"relay_version":""}` {
 		t.Fatalf("record without commit time: %s", got)

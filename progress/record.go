@@ -39,6 +39,10 @@ type Record struct {
 	// transaction of this run was confirmed.
 	CommitTime   time.Time
 	RelayVersion string
+	// Delivery is the delivery mode of the relay that wrote the record
+	// (at-least-once or exactly-once), for operators; empty in records of
+	// relays that did not write it. Nothing decides on it.
+	Delivery string
 }
 
 // ErrBadRecord marks a stored record that cannot be used: it does not
@@ -65,12 +69,13 @@ type wireRecord struct {
 	Timeline     uint32 `json:"timeline"`
 	CommitTime   string `json:"commit_time,omitempty"`
 	RelayVersion string `json:"relay_version"`
+	Delivery     string `json:"delivery,omitempty"`
 }
 
 // Marshal encodes the record as its JSON value, e.g.
 // {"version":1,"lsn":"0/16B3748","timeline":1,"commit_time":"2026-12-01T03:00:00.123456Z","relay_version":"1.4.0"}.
 func (r Record) Marshal() []byte {
-	w := wireRecord{Version: Version, LSN: r.LSN.String(), Timeline: r.Timeline, RelayVersion: r.RelayVersion}
+	w := wireRecord{Version: Version, LSN: r.LSN.String(), Timeline: r.Timeline, RelayVersion: r.RelayVersion, Delivery: r.Delivery}
 	if !r.CommitTime.IsZero() {
 		w.CommitTime = r.CommitTime.UTC().Format(time.RFC3339Nano)
 	}
@@ -99,7 +104,7 @@ func Unmarshal(b []byte) (Record, error) {
 	if w.Timeline < 1 {
 		return Record{}, fmt.Errorf("decode progress record: timeline %d: timelines start at 1", w.Timeline)
 	}
-	r := Record{LSN: at, Timeline: w.Timeline, RelayVersion: w.RelayVersion}
+	r := Record{LSN: at, Timeline: w.Timeline, RelayVersion: w.RelayVersion, Delivery: w.Delivery}
 	if w.CommitTime != "" {
 		if r.CommitTime, err = time.Parse(time.RFC3339Nano, w.CommitTime); err != nil {
 			return Record{}, fmt.Errorf("decode progress record: commit_time: %w", err)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/internal/kafkaread"
 )
 
 func TestParseEventID(t *testing.T) {
@@ -85,14 +87,14 @@ func TestPartitionReaderSortsRecords(t *testing.T) {
 	until := since.Add(time.Hour)
 	var done atomic.Int64
 	p := &partitionReader{r: partitionRange{topic: "t", partition: 2}, rows: rows, phantomSince: since, until: until, done: &done}
-	msg := func(id string, at time.Time) *sarama.ConsumerMessage {
-		m := &sarama.ConsumerMessage{Topic: "t", Partition: 2, Timestamp: at}
+	msg := func(id string, at time.Time) *kafkaread.Record {
+		m := &kafkaread.Record{Timestamp: at}
 		if id != "" {
 			m.Headers = []*sarama.RecordHeader{{Key: []byte("other"), Value: []byte("x")}, {Key: []byte("event_id"), Value: []byte(id)}}
 		}
 		return m
 	}
-	for i, m := range []*sarama.ConsumerMessage{
+	for i, m := range []*kafkaread.Record{
 		msg(row.String(), since.Add(-time.Minute)),      // a row's record, before the window: still counts
 		msg(stranger.String(), since.Add(time.Minute)),  // phantom
 		msg(stranger.String(), since.Add(-time.Second)), // before the window: not a phantom
@@ -102,7 +104,7 @@ func TestPartitionReaderSortsRecords(t *testing.T) {
 		msg("order-1", until.Add(time.Minute)),          // not a uuid, outside
 	} {
 		m.Offset = int64(i)
-		p.record(m)
+		p.record(*m)
 	}
 	if rows.counts[0].Load() != 1 {
 		t.Errorf("the row's record was not counted")

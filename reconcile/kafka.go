@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/internal/kafkaread"
 	"github.com/outbox-relay/outbox-relay/publisher"
 )
 
@@ -70,12 +71,6 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 	}
 	progress.enter("kafka", total)
 
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return nil, fmt.Errorf("create kafka consumer: %w", err)
-	}
-	defer consumer.Close()
-
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -92,7 +87,7 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 			defer wg.Done()
 			reader := partitionReader{r: r, rows: rows, phantomSince: phantomSince, until: cfg.Until,
 				stall: cfg.Stall, done: &progress.done}
-			err := reader.read(ctx, consumer)
+			err := reader.read(ctx, client)
 			mu.Lock()
 			defer mu.Unlock()
 			res.records += reader.records
@@ -167,40 +162,29 @@ type partitionReader struct {
 
 var eventIDHeader = []byte("event_id")
 
-func (p *partitionReader) read(ctx context.Context, consumer sarama.Consumer) error {
-	pc, err := consumer.ConsumePartition(p.r.topic, p.r.partition, p.r.from)
-	if err != nil {
-		return fmt.Errorf("read %s/%d from offset %d: %w (if the offset is out of range, Kafka deleted those records: shorten the window)",
-			p.r.topic, p.r.partition, p.r.from, err)
-	}
-	defer pc.Close()
+// read reads the partition's committed records in the range. It sends its
+// own read requests (kafkaread) because a partition written with Kafka
+// transactions ends in a commit marker, which sarama's consumer never hands
+// over: waiting for the range's last offset would never end. Records of
+// aborted transactions do not count: read_committed consumers never see
+// them.
+func (p *partitionReader) read(ctx context.Context, client sarama.Client) error {
 	stall := p.stall
 	if stall <= 0 {
 		stall = time.Minute
 	}
-	timer := time.NewTimer(stall)
-	defer timer.Stop()
-	for {
-		select {
-		case msg := <-pc.Messages():
-			p.record(msg)
-			p.done.Add(1)
-			if msg.Offset+1 >= p.r.to {
-				return nil
-			}
-			timer.Reset(stall)
-		case cerr := <-pc.Errors():
-			return fmt.Errorf("read %s/%d: %w", p.r.topic, p.r.partition, cerr.Err)
-		case <-timer.C:
-			return fmt.Errorf("read %s/%d: nothing for %s before reaching offset %d (check the brokers; raise --stall-timeout for slow clusters)",
-				p.r.topic, p.r.partition, stall, p.r.to)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	part := kafkaread.Partition{Client: client, Topic: p.r.topic, Partition: p.r.partition, Stall: stall}
+	err := part.Read(ctx, p.r.from, p.r.to, func(r kafkaread.Record) {
+		p.record(r)
+		p.done.Add(1)
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w (if the offset is out of range, Kafka deleted those records: shorten the window; otherwise check the brokers, or raise --stall-timeout for slow clusters)", err)
 	}
+	return err
 }
 
-func (p *partitionReader) record(msg *sarama.ConsumerMessage) {
+func (p *partitionReader) record(msg kafkaread.Record) {
 	p.records++
 	var raw []byte
 	for _, h := range msg.Headers {
@@ -218,7 +202,7 @@ func (p *partitionReader) record(msg *sarama.ConsumerMessage) {
 		}
 	case p.rows.mark(id):
 	case inPhantomWindow:
-		p.candidates = append(p.candidates, Phantom{EventID: id, Topic: msg.Topic, Partition: msg.Partition,
+		p.candidates = append(p.candidates, Phantom{EventID: id, Topic: p.r.topic, Partition: p.r.partition,
 			Offset: msg.Offset, Timestamp: msg.Timestamp.UTC()})
 	}
 }

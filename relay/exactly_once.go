@@ -20,7 +20,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-func (c Config) validateDelivery() error {
+// ValidateDelivery checks --delivery and, for exactly-once, the settings
+// it needs.
+func (c Config) ValidateDelivery() error {
 	switch c.Delivery {
 	case DeliveryAtLeastOnce, "": // the zero value is the safe default
 		return nil
@@ -89,7 +91,7 @@ func (r *Relay) progressInTxn(_ lsn.TxnID, end lsn.LSN, commitTime time.Time) (p
 	if key == nil || store == nil {
 		return publisher.ProgressRecord{}, errors.New("the progress key is not known yet")
 	}
-	rec := progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion}
+	rec := progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: DeliveryExactlyOnce}
 	return publisher.ProgressRecord{Topic: store.Topic(), Key: key, Value: rec.Marshal()}, nil
 }
 

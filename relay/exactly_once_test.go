@@ -29,7 +29,7 @@ func TestValidateDelivery(t *testing.T) {
 		{DeliveryExactlyOnce, 100 * time.Millisecond, "", "--progress-topic"},
 	} {
 		c := Config{Delivery: tc.delivery, TransactionInterval: tc.interval, Progress: ProgressOptions{Topic: tc.topic}}
-		err := c.validateDelivery()
+		err := c.ValidateDelivery()
 		if tc.wantFlag == "" && err != nil || tc.wantFlag != "" && (err == nil || !strings.Contains(err.Error(), tc.wantFlag)) {
 			t.Errorf("%+v: %v, want an error naming %q", tc, err, tc.wantFlag)
 		}

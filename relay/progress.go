@@ -117,7 +117,7 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	if reset {
 		// Overwrite the record now: otherwise every later session of this
 		// process would meet the same record and stop again.
-		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion}); err != nil {
+		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.deliveryMode()}); err != nil {
 			return 0, err
 		}
 		ev := log.Warn()
@@ -215,7 +215,7 @@ func (r *Relay) offerProgress(confirmed lsn.LSN, commitTime time.Time) {
 	if w == nil || key == nil || confirmed == 0 {
 		return
 	}
-	w.Offer(key, progress.Record{LSN: confirmed, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion})
+	w.Offer(key, progress.Record{LSN: confirmed, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: DeliveryAtLeastOnce})
 }
 
 // closeProgress writes the last offered position and closes the store.
@@ -257,6 +257,11 @@ type ProgressReport struct {
 	LSN        string     `json:"lsn,omitempty"`
 	RecordTLI  uint32     `json:"timeline,omitempty"`
 	CommitTime *time.Time `json:"commit_time,omitempty"`
+	// WrittenBy is the delivery mode of the relay that wrote the record.
+	// In exactly-once mode the record is committed in the same Kafka
+	// transaction as the events it covers: LSN is the last committed
+	// progress.
+	WrittenBy string `json:"written_by_delivery,omitempty"`
 	// AgeSeconds is the age of the record's commit time.
 	AgeSeconds float64 `json:"age_seconds,omitempty"`
 	// NextStartSource is what a relay starting now would start from, or
@@ -291,7 +296,7 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	var stored *progress.Record
 	if found {
 		stored = &rec
-		rep.LSN, rep.RecordTLI = rec.LSN.String(), rec.Timeline
+		rep.LSN, rep.RecordTLI, rep.WrittenBy = rec.LSN.String(), rec.Timeline, rec.Delivery
 		if !rec.CommitTime.IsZero() {
 			t := rec.CommitTime
 			rep.CommitTime = &t

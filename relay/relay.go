@@ -128,7 +128,7 @@ func (c Config) Validate() error {
 	if _, err := c.quarantineTable(); err != nil {
 		return err
 	}
-	if err := c.validateDelivery(); err != nil {
+	if err := c.ValidateDelivery(); err != nil {
 		return err
 	}
 	return c.Retention.validate()
@@ -222,6 +222,10 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) restartLoop(ctx context.Context) error {
 	attempt := 0
 	standby := false
+	// fencedInARow counts fences with no session in between that found
+	// the slot held: the one who fenced this relay is then not streaming
+	// this slot.
+	fencedInARow := 0
 	for {
 		started := time.Now()
 		streamed, err := r.session(ctx)
@@ -255,7 +259,19 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			// next session finds the slot held and waits as a standby, or
 			// takes over if the other instance is gone already. Stopping
 			// instead would leave no standby when the other one fails.
-			r.log.Warn().Err(err).Msg("fenced by another relay with the same transactional id; going back to standby (if this repeats while no other relay streams this slot, two relays share --transactional-id: give each slot its own)")
+			fencedInARow++
+			if fencedInARow < 2 {
+				r.log.Warn().Err(err).Msg("fenced by another relay with the same transactional id; going back to standby (if this repeats while no other relay streams this slot, two relays share --transactional-id: give each slot its own)")
+			} else {
+				// Safe, as each fence aborts the open transaction and the
+				// next session re-streams from this slot's progress; but
+				// the two relays keep taking turns.
+				r.log.Error().Err(err).Int("fences_in_a_row", fencedInARow).
+					Msg("fenced again, and no other relay held this slot in between: a relay of another slot or database uses the same transactional id. Give each slot its own --transactional-id, or leave it unset (the default is derived from the slot and the system identifier). Nothing is lost meanwhile: each fenced Kafka transaction aborts and is re-streamed from this slot's progress, but both relays stall in turns")
+			}
+		}
+		if errors.Is(err, replication.ErrSlotBusy) {
+			fencedInARow = 0
 		}
 		if errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced) {
 			// A standby: poll often enough to take over within seconds.

@@ -327,13 +327,22 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := o.relay.Replication.Validate(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}
+	if err := o.relay.ValidateDelivery(); err != nil {
+		return usageError(stderr, "status", err, o.relay.Replication.DSN)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	info, err := relay.ReadSlot(ctx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	report := statusReport{SlotInfo: info}
+	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery}
+	if report.Delivery == "" {
+		report.Delivery = relay.DeliveryAtLeastOnce
+	}
+	if len(o.relay.Publisher.Brokers) == 0 && o.relay.Delivery == relay.DeliveryExactlyOnce {
+		fmt.Fprintln(stderr, "outbox-relay status: pass --kafka-brokers to show the last committed progress: in exactly-once mode it is kept in Kafka")
+	}
 	if len(o.relay.Publisher.Brokers) > 0 {
 		report.Progress, err = progressReport(ctx, o.relay, info)
 		if err != nil {

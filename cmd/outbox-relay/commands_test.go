@@ -161,8 +161,8 @@ func TestHelpListsOnlyTheCommandsFlags(t *testing.T) {
 	}{
 		{[]string{"migrate", "-h"}, []string{"-pg-dsn", "-print-sql", "-slot-only", "-quarantine-table", "-log-level"},
 			[]string{"-kafka-brokers", "-topic", "-retention", "-admin-addr", "-max-in-flight-events", "-json"}},
-		{[]string{"status", "-h"}, []string{"-pg-dsn", "-slot", "-table", "-config", "-kafka-brokers", "-progress-topic"},
-			[]string{"-topic", "-retention", "-admin-addr", "-print-sql", "-log-level", "-reset-progress"}},
+		{[]string{"status", "-h"}, []string{"-pg-dsn", "-slot", "-table", "-config", "-kafka-brokers", "-progress-topic", "-delivery"},
+			[]string{"-topic", "-retention", "-admin-addr", "-print-sql", "-log-level", "-reset-progress", "-transaction-interval"}},
 		{[]string{"quarantine", "list", "-h"}, []string{"-json", "-quarantine-table"},
 			[]string{"-kafka-brokers", "-all", "-retention"}},
 		{[]string{"quarantine", "replay", "-h"}, []string{"-all", "-replay-timeout", "-kafka-brokers", "-kafka-tls"},

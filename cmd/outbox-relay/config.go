@@ -48,13 +48,13 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, progressFlags, periodicReconcileFlags, logFlags}
+		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
 	case "migrate":
 		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, logFlags}
 	case "status":
 		// Kafka is optional here: with --kafka-brokers, status adds the
 		// progress kept in Kafka.
-		return []flagGroup{postgresFlags, kafkaFlags, progressFlags}
+		return []flagGroup{postgresFlags, kafkaFlags, deliveryFlag, progressFlags}
 	case "quarantine list":
 		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
@@ -131,10 +131,15 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
 	fs.BoolVar(&c.Progress.Reset, "reset-progress", false, "ignore the stored progress record once, at the first start of this process, and start from the slot (after restoring a backup)")
-	fs.StringVar(&c.Delivery, "delivery", c.Delivery, "at-least-once, or exactly-once: each PostgreSQL transaction in one Kafka transaction with the progress record, for read_committed consumers (see docs/exactly-once.md)")
 	fs.StringVar(&c.TransactionalID, "transactional-id", "", "exactly-once producer's transactional.id (default: outbox-relay:<slot>@<system identifier>); a newer relay with the same id fences the older")
 	fs.DurationVar(&c.TransactionInterval, "transaction-interval", c.TransactionInterval, "exactly-once: how long a Kafka transaction stays open before it commits at the next PostgreSQL transaction boundary; read_committed consumers wait up to this long")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
+}
+
+// deliveryFlag is the delivery mode: run delivers in it, status shows it.
+func deliveryFlag(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.StringVar(&c.Delivery, "delivery", c.Delivery, "at-least-once, or exactly-once: each PostgreSQL transaction in one Kafka transaction with the progress record, for read_committed consumers (see docs/exactly-once.md)")
 }
 
 // progressFlags say where the relay keeps its progress in Kafka: run

@@ -7,10 +7,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-// statusReport is what `status` prints: the slot's row, and with
-// --kafka-brokers the progress kept in Kafka.
+// statusReport is what `status` prints: the slot's row, the delivery mode
+// (--delivery, as in the config file run uses), and with --kafka-brokers
+// the progress kept in Kafka: in exactly-once mode, the last committed
+// progress.
 type statusReport struct {
 	*replication.SlotInfo
+	Delivery string                `json:"delivery"`
 	Progress *relay.ProgressReport `json:"progress,omitempty"`
 }
 

@@ -25,11 +25,12 @@ import (
 // producer into an error state with records in flight when the race
 // detector is on: sarama v1.61.1 reads transactionManager.lastError
 // without a lock (transaction_manager.go:884) while transitionTo writes it
-// (line 249), IBM/sarama #2913 and #2915. Run such tests without -race.
+// (line 249), IBM/sarama #2913 and #2915. The Makefile runs such tests
+// without -race (test-norace).
 func skipSaramaTxnErrorRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
-		t.Skip("sarama data race on its transactional error path (IBM/sarama #2913, #2915): run without -race")
+		t.Skip("sarama data race on its transactional error path (IBM/sarama #2913, #2915): make test-norace runs this without -race")
 	}
 }
 

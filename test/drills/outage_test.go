@@ -22,6 +22,32 @@ type pacedWriter struct {
 	stop   chan struct{}
 	wait   func() error
 	events atomic.Int64
+	// doubt is the transaction whose commit failed, set before wait
+	// returns: after a server crash it may have committed.
+	doubt inDoubt
+}
+
+// inDoubt is a transaction whose COMMIT got no answer, as when the server
+// crashed: it may or may not have committed.
+type inDoubt struct {
+	ids    []string
+	events []harness.OutboxEvent
+}
+
+// settle looks the transaction up once the server is back and records it
+// in the ledger, after every other, if it committed.
+func (d inDoubt) settle(t *testing.T, w *world) {
+	t.Helper()
+	if len(d.ids) == 0 {
+		return
+	}
+	switch n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", d.ids); n {
+	case int64(len(d.ids)):
+		w.Record(d.ids, d.events)
+	case 0:
+	default:
+		t.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(d.ids))
+	}
 }
 
 func startPacedWriter(w *world, conn *pgx.Conn, rng *mrand.Rand, every time.Duration, perTxn, aggregates int, otherTable bool) *pacedWriter {
@@ -35,7 +61,13 @@ func startPacedWriter(w *world, conn *pgx.Conn, rng *mrand.Rand, every time.Dura
 				return nil
 			case <-tick.C:
 			}
-			if err := w.Commit(context.Background(), conn, w.genEvents(rng, perTxn, aggregates)); err != nil {
+			events := w.genEvents(rng, perTxn, aggregates)
+			ids := make([]string, len(events))
+			for i := range ids {
+				ids[i] = harness.NewUUID()
+			}
+			if err := w.CommitIDs(context.Background(), conn, ids, events); err != nil {
+				pw.doubt = inDoubt{ids: ids, events: events}
 				return err
 			}
 			pw.events.Add(int64(perTxn))

@@ -29,8 +29,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	// COMMIT got no answer is in doubt and is looked up afterwards.
 	conn := w.connect()
 	wrng := writerRand(rng)
-	var doubtIDs []string
-	var doubtEvents []harness.OutboxEvent
+	var doubt inDoubt
 	crashedWriter := runWriter(func() error {
 		for {
 			events := w.genEvents(wrng, 20, 500)
@@ -39,7 +38,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 				ids[i] = harness.NewUUID()
 			}
 			if err := w.CommitIDs(context.Background(), conn, ids, events); err != nil {
-				doubtIDs, doubtEvents = ids, events
+				doubt = inDoubt{ids: ids, events: events}
 				return err
 			}
 		}
@@ -69,15 +68,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	t.Logf("relay streaming again %v after PostgreSQL came back (%v after the crash)",
 		time.Since(restarted).Round(time.Millisecond), time.Since(crashed).Round(time.Millisecond))
 
-	if len(doubtIDs) > 0 {
-		switch n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", doubtIDs); n {
-		case int64(len(doubtIDs)):
-			w.Record(doubtIDs, doubtEvents) // it committed, after every other
-		case 0:
-		default:
-			t.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(doubtIDs))
-		}
-	}
+	doubt.settle(t, w)
 	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
 		t.Fatalf("table holds %d events, the writer knows of %d", n, w.CommittedCount())
 	}

@@ -4,6 +4,11 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // `outbox-relay status` reads the slot straight from PostgreSQL: it needs
@@ -52,5 +57,87 @@ func TestStatusCommand(t *testing.T) {
 	si = cluster.SlotInfo(t, e.db.Name(), e.slot)
 	if doc["active"] != true || doc["active_pid"] != float64(si.ActivePID) {
 		t.Errorf("status with a relay streaming: active %v pid %v; pg_replication_slots: %+v", doc["active"], doc["active_pid"], si)
+	}
+}
+
+// In exactly-once mode the three places an operator looks (status, /slot
+// and the metrics) show the mode and the last committed progress, and
+// /slot and the metrics the Kafka transactions committed. status reads the
+// progress record back with read_committed: it is committed in the same
+// Kafka transaction as the events it covers, so it must reach past the
+// last transaction written here.
+func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	p := e.startStreaming("--delivery", "exactly-once", "--transaction-interval", "20ms")
+	defer p.Kill()
+	base := p.AdminURL(t)
+	ids := insert(t, e.db.DSN(), "order", 3)
+	before := e.db.CurrentLSN(t)
+	ids = append(ids, insert(t, e.db.DSN(), "order", 1)...)
+	consumeIDs(t, e.brokers, []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, ids, time.Minute)
+
+	statusArgs := e.args("status", "--delivery", "exactly-once", "--kafka-brokers", strings.Join(e.brokers, ","))
+	var doc struct {
+		Delivery string `json:"delivery"`
+		Progress struct {
+			LSN       string `json:"lsn"`
+			WrittenBy string `json:"written_by_delivery"`
+		} `json:"progress"`
+	}
+	var out string
+	harness.WaitFor(t, time.Minute, "status shows progress past "+before, func() bool {
+		var code int
+		code, out = e.run(statusArgs)
+		start := strings.Index(out, "{")
+		return code == 0 && start >= 0 && json.Unmarshal([]byte(out[start:]), &doc) == nil &&
+			doc.Progress.LSN != before && harness.LSNAtMost(before, doc.Progress.LSN)
+	})
+	if doc.Delivery != "exactly-once" || doc.Progress.WrittenBy != "exactly-once" {
+		t.Errorf("status shows delivery %q, progress written by %q; want exactly-once for both:\n%s", doc.Delivery, doc.Progress.WrittenBy, out)
+	}
+	if code, out := e.run(e.args("status")); code != 0 || !strings.Contains(out, `"delivery": "at-least-once"`) {
+		t.Errorf("status without --delivery exited %d; want the default mode, at-least-once:\n%s", code, out)
+	}
+	if code, out := e.run(e.args("status", "--delivery", "exactly-twice")); code != 2 || !strings.Contains(out, "--delivery") {
+		t.Errorf("status --delivery exactly-twice exited %d; want 2 and the flag named:\n%s", code, out)
+	}
+
+	var slot struct {
+		Relay struct {
+			Delivery struct {
+				Mode      string `json:"mode"`
+				Committed uint64 `json:"kafka_transactions_committed"`
+			} `json:"delivery"`
+			Progress struct {
+				LSN string `json:"lsn"`
+			} `json:"progress"`
+		} `json:"relay"`
+	}
+	code, body := harness.HTTPGet(t, base+"/slot")
+	if err := json.Unmarshal([]byte(body), &slot); code != 200 || err != nil {
+		t.Fatalf("/slot: %d %v:\n%s", code, err, body)
+	}
+	if d := slot.Relay.Delivery; d.Mode != "exactly-once" || d.Committed == 0 || !harness.LSNAtMost(doc.Progress.LSN, slot.Relay.Progress.LSN) {
+		t.Errorf("/slot shows delivery %+v, progress %s; want exactly-once, transactions committed, progress at or past %s:\n%s",
+			d, slot.Relay.Progress.LSN, doc.Progress.LSN, body)
+	}
+
+	m := harness.Scrape(t, base)
+	if v, _ := harness.MetricValue(m, "outbox_relay_delivery_mode", "mode", "exactly-once"); v != 1 {
+		t.Errorf("outbox_relay_delivery_mode{mode=exactly-once} = %v, want 1", v)
+	}
+	if v, _ := harness.MetricValue(m, "outbox_relay_delivery_mode", "mode", "at-least-once"); v != 0 {
+		t.Errorf("outbox_relay_delivery_mode{mode=at-least-once} = %v, want 0", v)
+	}
+	if v, _ := harness.MetricValue(m, "outbox_relay_kafka_transactions_total", "result", "committed"); v < 1 {
+		t.Errorf("outbox_relay_kafka_transactions_total{result=committed} = %v, want at least 1", v)
+	}
+	if _, ok := harness.MetricValue(m, "outbox_relay_kafka_transactions_total", "result", "aborted"); !ok {
+		t.Errorf("/metrics lacks outbox_relay_kafka_transactions_total{result=aborted}")
+	}
+	if v, _ := harness.MetricValue(m, "outbox_relay_progress_lsn"); v == 0 {
+		t.Errorf("outbox_relay_progress_lsn is 0 after a commit")
 	}
 }
