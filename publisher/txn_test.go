@@ -192,7 +192,7 @@ func (w *txnWorld) deliver(txns []sourceTxn, maxAttempts int) (failedAttempts in
 func skipSaramaTxnErrorRace(t *testing.T) {
 	t.Helper()
 	if raceEnabled {
-		t.Skip("sarama data race on its transactional error path (IBM/sarama #2913, #2915): run without -race")
+		t.Skip("sarama data race on its transactional error path (IBM/sarama #2913, #2915): make test-norace runs this without -race")
 	}
 }
 
