@@ -77,12 +77,6 @@ type inProcess struct {
 // slot, publishing to topic, with recorders as Metrics.CommitToAck and
 // Metrics.CommitToReceive.
 func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo io.Writer) *inProcess {
-	return b.startInProcessWith(dsn, slot, br, topic, logTo, nil)
-}
-
-// startInProcessWith is startInProcess with tune, when not nil, applied to
-// the relay's configuration last.
-func (b *bench) startInProcessWith(dsn, slot string, br *broker, topic string, logTo io.Writer, tune func(*relay.Config)) *inProcess {
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = dsn
 	cfg.Replication.Slot = slot
@@ -93,9 +87,6 @@ func (b *bench) startInProcessWith(dsn, slot string, br *broker, topic string, l
 	}
 	if b.o.linger >= 0 {
 		cfg.Publisher.Linger = b.o.linger
-	}
-	if tune != nil {
-		tune(&cfg)
 	}
 	metrics := relay.NewMetrics(nil)
 	rec, recv := &recorder{}, &recorder{}
