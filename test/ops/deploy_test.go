@@ -450,6 +450,18 @@ tests:
         alertname: OutboxRelayStalled
         exp_alerts: [{exp_labels: {job: stuck, severity: critical}}]
 
+  # A start that created the slot after the progress record: one gap is
+  # enough, at once, and not before it happened.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_gaps_total{job="outbox-relay", instance="a"}'
+        values: '0 0 0 1x10'
+    alert_rule_test:
+      - {eval_time: 2m, alertname: OutboxRelaySlotGap, exp_alerts: []}
+      - eval_time: 4m
+        alertname: OutboxRelaySlotGap
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+
   # Quarantine, down, WAL at risk, old events, restarts, permanent errors.
   - interval: 1m
     input_series:
