@@ -491,6 +491,44 @@ func TestOutcomesComeBackOverTheChannel(t *testing.T) {
 	}
 }
 
+// A burst of records goes into Input without waiting for the goroutine
+// that feeds sarama: the read loop hands over what it gathered in one go
+// instead of parking once per record.
+func TestInputTakesABurstWithoutWaiting(t *testing.T) {
+	_, p := kfakePublisher(t, DefaultConfig().TopicWait)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 100
+	recs := make([]*Record, n)
+	for i := range recs {
+		ev := sampleEvent()
+		ev.EventID = []byte(fmt.Sprintf("e-%d", i))
+		ev.Txn = uint64(i)
+		r, err := p.BuildWait(ctx, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[i] = r
+	}
+	for i, r := range recs {
+		select {
+		case p.Input() <- r:
+		default:
+			t.Fatalf("record %d of a burst of %d: Input would block", i, n)
+		}
+	}
+	for i := range n {
+		select {
+		case o := <-p.Outcomes():
+			if o.Err != nil {
+				t.Fatalf("outcome error: %v", o.Err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d outcomes", i, n)
+		}
+	}
+}
+
 // kfakePublisher is a publisher on an in-process kfake cluster (auto-create
 // off) holding the topic outbox.order, closed when the test ends.
 func kfakePublisher(t *testing.T, topicWait time.Duration) (Config, *Publisher) {
