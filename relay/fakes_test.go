@@ -123,7 +123,8 @@ type fakeSource struct {
 	deadline chan time.Time // the deadline of each "nothing came" step
 	statuses chan status
 	receives atomic.Int64
-	closed   chan bool // true: closed gracefully
+	buffered atomic.Bool // what Buffered reports
+	closed   chan bool   // true: closed gracefully
 	msg      replication.Message
 }
 
@@ -157,6 +158,8 @@ func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
 	s.msg = replication.Message{Kind: replication.KindNone}
 	return &s.msg, nil
 }
+
+func (s *fakeSource) Buffered() bool { return s.buffered.Load() }
 
 func (s *fakeSource) SendStatus(written, flushed lsn.LSN) error {
 	s.statuses <- status{written, flushed, s.clock.Now()}
@@ -383,6 +386,7 @@ type rigOptions struct {
 	bytes      int64
 	quarantine *fakeQuarantine // nil: halt on permanent errors
 	delivery   string          // the relay's --delivery; empty: the default
+	readTick   time.Duration
 }
 
 const (
@@ -406,6 +410,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	if o.delivery != "" {
 		cfg.Delivery = o.delivery
 	}
+	cfg.ReadTick = o.readTick
 	rig := &loopRig{clock: newFakeClock(), done: make(chan error, 1), sinks: make(chan *fakeSink, 4)}
 	rig.relay = New(cfg, zerolog.Nop(), nil, Hooks{Alive: func() { rig.alive.Add(1) }})
 	rig.source, rig.sink = newFakeSource(rig.clock), newFakeSink(rig.clock)

@@ -50,7 +50,9 @@ type streamer struct {
 	lastStatus     time.Time
 	keepaliveEvery time.Duration
 	retries        int64 // the sink's retries already counted
-	quarantining   int   // events handed to the quarantine writer, not yet stored
+	readTick       time.Duration
+	txnEnded       bool // a commit was the last message handled
+	quarantining   int  // events handed to the quarantine writer, not yet stored
 	timer          timer
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
@@ -65,7 +67,7 @@ func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *qua
 	return &streamer{
 		relay: r, clock: c, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: c.Now(), keepaliveEvery: keepaliveEvery,
-		timer: c.NewTimer(r.cfg.StatusInterval),
+		timer: c.NewTimer(r.cfg.StatusInterval), readTick: r.cfg.ReadTick,
 	}
 }
 
@@ -100,6 +102,13 @@ func (s *streamer) run(ctx context.Context) error {
 			}
 			continue
 		}
+		if s.txnEnded {
+			s.txnEnded = false
+			if s.readTick > 0 && !s.source.Buffered() && s.clock.Now().Sub(s.commitTime) < gatherMaxAge {
+				s.gather(ctx)
+				continue
+			}
+		}
 		msg, err := s.source.Receive(s.nextWake())
 		if err != nil {
 			return err
@@ -107,6 +116,32 @@ func (s *streamer) run(ctx context.Context) error {
 		if err := s.handle(ctx, msg); err != nil {
 			return err
 		}
+	}
+}
+
+// gatherMaxAge is how recent a transaction's commit must be for the loop
+// to gather after it: only a loop that keeps up pauses. Catching up on a
+// backlog, a read can end exactly at a commit with megabytes still in the
+// socket, and a pause there would only slow the drain.
+const gatherMaxAge = time.Second
+
+// gather waits readTick before the next read once a recent transaction
+// ended and nothing more is buffered. At a steady rate the walsender writes
+// each message of each transaction by itself, so a loop that reads at once
+// wakes up to three times per event, and the producer's goroutines behind
+// it once more each; after a pause one read takes every transaction that
+// arrived meanwhile, and the sink gets them as one burst. Outcomes wait in
+// their buffer meanwhile and are taken together after it.
+func (s *streamer) gather(ctx context.Context) {
+	s.timer.Reset(s.readTick)
+	defer s.timer.Stop()
+	var stop <-chan struct{}
+	if s.finishBy.IsZero() {
+		stop = ctx.Done()
+	}
+	select {
+	case <-s.timer.C():
+	case <-stop:
 	}
 }
 
@@ -256,7 +291,7 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 			return err
 		}
 		s.sink.EndTxn(s.txn, msg.EndLSN, s.commitTime)
-		s.inTxn = false
+		s.inTxn, s.txnEnded = false, true
 		s.received = max(s.received, msg.EndLSN)
 	case replication.KindKeepalive:
 		s.received = max(s.received, msg.ServerWALEnd)

@@ -553,3 +553,74 @@ func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 		}
 	}
 }
+
+// With a read tick, the loop waits that long after a transaction's commit
+// before it reads again, so transactions that arrive meanwhile are read and
+// sent in one wake-up; it never waits while more is already buffered, nor
+// inside a transaction.
+func TestLoopGathersTransactionsAfterACommit(t *testing.T) {
+	const tick = 2 * time.Millisecond
+	rig := startLoop(t, rigOptions{readTick: tick})
+	r1 := rig.txn(t, 2000, "e1")[0]
+	committed := rig.clock.Now()
+	due := rig.waiting(t)
+	if want := committed.Add(tick); !due.Equal(want) {
+		t.Fatalf("after a commit the loop waits until +%v, want +%v", due.Sub(committed), tick)
+	}
+	reads := rig.source.receives.Load()
+	rig.sink.ack(r1)
+	rig.waiting(t) // an outcome does not end the wait
+	if got := rig.source.receives.Load(); got != reads {
+		t.Fatalf("the loop read the stream %d times while gathering", got-reads)
+	}
+	rig.clock.advanceTo(due)
+	rig.source.begin(t) // reading again once the tick passed
+	rig.source.row(t, "e2", "order")
+	r2 := rig.sink.sent(t)
+
+	// More already read from the socket: no wait after the commit, the
+	// next transaction is read at once on the same clock.
+	rig.source.buffered.Store(true)
+	rig.source.commit(t, 3000)
+	rig.source.begin(t)
+	if now := rig.clock.Now(); !now.Equal(due) {
+		t.Fatalf("the loop waited %v with more buffered", now.Sub(due))
+	}
+	rig.source.row(t, "e3", "order")
+	rig.sink.ack(r2)
+	rig.sink.ack(rig.sink.sent(t))
+	rig.source.buffered.Store(false)
+	rig.source.commit(t, 4000)
+	rig.clock.advanceTo(rig.waiting(t))
+	rig.turn(t)
+	if st := rig.source.nextStatus(t); st.flushed != 4000 {
+		t.Fatalf("status flushed %v, want 4000", st.flushed)
+	}
+}
+
+// A transaction committed long ago is a backlog being caught up on: no
+// wait after it, even with nothing buffered.
+func TestLoopDoesNotGatherWhileCatchingUp(t *testing.T) {
+	rig := startLoop(t, rigOptions{readTick: 2 * time.Millisecond})
+	rig.source.give(t, sourceStep{msg: &replication.Message{Kind: replication.KindBegin, CommitTime: rig.clock.Now().Add(-gatherMaxAge)}})
+	rig.source.row(t, "e1", "order")
+	rig.sink.sent(t)
+	rig.source.commit(t, 2000)
+	start := rig.clock.Now()
+	rig.source.begin(t)
+	if now := rig.clock.Now(); !now.Equal(start) {
+		t.Fatalf("the loop waited %v after an old transaction", now.Sub(start))
+	}
+}
+
+// Without a read tick (the setting's zero) the loop reads on at once after
+// a commit.
+func TestLoopReadsOnAtOnceWithoutReadTick(t *testing.T) {
+	rig := startLoop(t, rigOptions{})
+	rig.txn(t, 2000, "e1")
+	start := rig.clock.Now()
+	rig.source.begin(t)
+	if now := rig.clock.Now(); !now.Equal(start) {
+		t.Fatalf("the loop waited %v after a commit with no read tick", now.Sub(start))
+	}
+}

@@ -65,6 +65,12 @@ type Config struct {
 	// TransactionalID overrides the exactly-once producer's transactional
 	// id, derived by default from the slot and the system identifier.
 	TransactionalID string
+	// ReadTick is how long the read loop waits, once a transaction ended
+	// and nothing more was read, before it reads again: at steady rates it
+	// gathers several transactions per wake-up and per produce request, at
+	// the cost of up to ReadTick of latency. Zero reads at once.
+	ReadTick time.Duration
+
 	// TransactionInterval is how long a Kafka transaction stays open
 	// before it commits at the next source-transaction boundary.
 	TransactionInterval time.Duration
@@ -75,6 +81,9 @@ const (
 	DeliveryAtLeastOnce = "at-least-once"
 	DeliveryExactlyOnce = "exactly-once"
 )
+
+// maxReadTick bounds the latency a read tick may add to every event.
+const maxReadTick = 100 * time.Millisecond
 
 // maxTransactionInterval keeps a Kafka transaction well inside the
 // producer's transaction timeout and read_committed readers' patience.
@@ -92,6 +101,7 @@ func DefaultConfig() Config {
 		MaxInFlightEvents: 2000,
 		MaxInFlightBytes:  64 << 20,
 		StatusInterval:    time.Second,
+		ReadTick:          2 * time.Millisecond,
 		StatusMaxInterval: 10 * time.Second,
 		ShutdownTimeout:   30 * time.Second,
 		BackoffMin:        500 * time.Millisecond,
@@ -115,6 +125,9 @@ func (c Config) Validate() error {
 	}
 	if c.Publisher.Linger < 0 || c.Publisher.Linger > time.Second {
 		return fmt.Errorf("--kafka-linger %s: must be between 0 and 1s", c.Publisher.Linger)
+	}
+	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
+		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
 	}
 	if c.MaxInFlightEvents < 1 {
 		return fmt.Errorf("--max-in-flight-events %d: must be at least 1", c.MaxInFlightEvents)

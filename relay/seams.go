@@ -16,6 +16,9 @@ type source interface {
 	// KindNone means the deadline passed. The Message is reused by the
 	// next call.
 	Receive(deadline time.Time) (*replication.Message, error)
+	// Buffered reports whether a Receive now would return at once, with
+	// part of the next message already read from the socket.
+	Buffered() bool
 	// SendStatus tells the server what was read and what may be released.
 	SendStatus(written, flushed lsn.LSN) error
 	// Close ends the stream so that the last status sent is read.

@@ -87,6 +87,7 @@ func TestConfigErrorsExitTwoWithoutSecrets(t *testing.T) {
 		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--table", "a.b.c"},
 		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--log-level", "loud"},
 		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--kafka-linger", "5s"},
+		{"run", "--pg-dsn", "postgres://u:hunter2@h/db", "--kafka-brokers", "k:1", "--read-tick", "1s"},
 		{"frobnicate"},
 	} {
 		var stdout, stderr bytes.Buffer

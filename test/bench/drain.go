@@ -65,16 +65,17 @@ func memKB(pid int, field string) (int64, error) {
 	return 0, fmt.Errorf("no %s in /proc/%d/status", field, pid)
 }
 
-// machineCPU returns busy and total jiffies of all CPUs, from /proc/stat.
-func machineCPU() (busy, total uint64) {
+// machineCPU returns busy, total and steal jiffies of all CPUs, from
+// /proc/stat; busy includes steal.
+func machineCPU() (busy, total, steal uint64) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, 0
+		return 0, 0, 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	f := strings.Fields(line)
 	if len(f) < 5 || f[0] != "cpu" {
-		return 0, 0
+		return 0, 0, 0
 	}
 	for i, x := range f[1:] {
 		v, _ := strconv.ParseUint(x, 10, 64)
@@ -82,26 +83,41 @@ func machineCPU() (busy, total uint64) {
 		if i != 3 && i != 4 { // idle, iowait
 			busy += v
 		}
+		if i == 7 {
+			steal = v
+		}
 	}
-	return busy, total
+	return busy, total, steal
 }
 
 // busyMeter measures how busy the whole machine was over an interval, in
 // percent of all CPUs: with other work on the machine, numbers measured
-// near 100% are not comparable with quiet runs.
-type busyMeter struct{ busy, total uint64 }
+// near 100% are not comparable with quiet ones. On a virtual machine part
+// of that can be steal: time the host gave the machine's CPUs to others,
+// which stretches every wake-up and latency without showing in any
+// process's CPU.
+type busyMeter struct{ busy, total, steal uint64 }
 
 func startBusy() busyMeter {
-	b, t := machineCPU()
-	return busyMeter{b, t}
+	b, t, s := machineCPU()
+	return busyMeter{b, t, s}
 }
 
 func (m busyMeter) percent() float64 {
-	b, t := machineCPU()
+	b, t, _ := machineCPU()
 	if t <= m.total {
 		return 0
 	}
 	return 100 * float64(b-m.busy) / float64(t-m.total)
+}
+
+// stealPercent is the share of all CPUs' time the host took.
+func (m busyMeter) stealPercent() float64 {
+	_, t, s := machineCPU()
+	if t <= m.total {
+		return 0
+	}
+	return 100 * float64(s-m.steal) / float64(t-m.total)
 }
 
 // DrainRun is one reader draining a backlog.

@@ -50,7 +50,11 @@ type SteadyRun struct {
 	// for kfake; the independent consumer's fetches are included.
 	BrokerCPUUsPerEvent float64 `json:"broker_cpu_us_per_event,omitempty"`
 	// PostgresCPUUsPerEvent is the walsender plus the writers' backends.
-	PostgresCPUUsPerEvent  float64 `json:"postgres_cpu_us_per_event,omitempty"`
+	PostgresCPUUsPerEvent float64 `json:"postgres_cpu_us_per_event,omitempty"`
+	// HarnessCPUUsPerEvent is the benchmark's own process: the writers'
+	// client side and the independent consumer. It shares the machine
+	// with what is measured.
+	HarnessCPUUsPerEvent   float64 `json:"harness_cpu_us_per_event,omitempty"`
 	WalsenderCPUUsPerEvent float64 `json:"walsender_cpu_us_per_event,omitempty"`
 	// P*Ms: commit (the writer's Exec returning) to the independent
 	// consumer reading the record; for the floors, building the record to
@@ -68,6 +72,9 @@ type SteadyRun struct {
 	// AckP99Ms is the relay's own outbox_relay_commit_to_ack_seconds p99.
 	AckP99Ms           float64 `json:"ack_p99_ms,omitempty"`
 	MachineBusyPercent float64 `json:"machine_busy_percent"`
+	// StealPercent is the part of MachineBusyPercent the host took from
+	// this virtual machine's CPUs.
+	StealPercent float64 `json:"steal_percent"`
 }
 
 func (r *SteadyRun) label() string { return readerLabel(r.Reader, r.Variant) }
@@ -147,9 +154,9 @@ func (b *bench) logSteady(r SteadyRun) {
 	if !r.RateHeld {
 		held = fmt.Sprintf(" — RATE NOT HELD (writers p99 late %.0f ms)", r.WriterLateP99Ms)
 	}
-	b.logf("steady %d/s #%d %s: %.0f/s achieved, %d events; CPU %.1f µs/event, broker %.1f µs/event, PostgreSQL %.1f µs/event; p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; receive share %.0f%%; machine %.0f%% busy%s",
-		r.Rate, r.Rep, r.label(), r.AchievedRate, r.Events, r.CPUUsPerEvent, r.BrokerCPUUsPerEvent, r.PostgresCPUUsPerEvent,
-		r.P50Ms, r.P99Ms, r.P999Ms, 100*r.ReceiveShare, r.MachineBusyPercent, held)
+	b.logf("steady %d/s #%d %s: %.0f/s achieved, %d events; CPU %.1f µs/event, broker %.1f µs/event, PostgreSQL %.1f µs/event, harness %.1f µs/event; p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; receive share %.0f%%; machine %.0f%% busy (steal %.0f%%)%s",
+		r.Rate, r.Rep, r.label(), r.AchievedRate, r.Events, r.CPUUsPerEvent, r.BrokerCPUUsPerEvent, r.PostgresCPUUsPerEvent, r.HarnessCPUUsPerEvent,
+		r.P50Ms, r.P99Ms, r.P999Ms, 100*r.ReceiveShare, r.MachineBusyPercent, r.StealPercent, held)
 }
 
 // steadyWriters picks how many connections hold rate: each commit with
@@ -299,9 +306,9 @@ func walsenderPID(ctx context.Context, conn *pgx.Conn, slot string) (int, error)
 // span is the CPU of the processes in one measurement, sampled at its
 // start and end.
 type span struct {
-	reader, broker, walsender, backends float64
-	busy                                busyMeter
-	t0                                  time.Time
+	reader, broker, walsender, backends, harness float64
+	busy                                         busyMeter
+	t0                                           time.Time
 }
 
 type spanPIDs struct {
@@ -311,7 +318,7 @@ type spanPIDs struct {
 }
 
 func (p spanPIDs) sample() span {
-	s := span{reader: cpuOf(p.reader), walsender: cpuOf(p.walsender), backends: cpuOf(p.backends...)}
+	s := span{reader: cpuOf(p.reader), walsender: cpuOf(p.walsender), backends: cpuOf(p.backends...), harness: cpuOf(os.Getpid())}
 	if p.br != nil {
 		s.broker = p.br.cpuSeconds()
 	}
@@ -328,9 +335,10 @@ func startSpan(p spanPIDs) span {
 func (s span) finish(p spanPIDs, run *SteadyRun) {
 	end := p.sample()
 	run.Seconds = time.Since(s.t0).Seconds()
-	run.MachineBusyPercent = s.busy.percent()
+	run.MachineBusyPercent, run.StealPercent = s.busy.percent(), s.busy.stealPercent()
 	per := func(v float64) float64 { return v * 1e6 / float64(max(run.Events, 1)) }
 	run.CPUUsPerEvent = per(end.reader - s.reader)
+	run.HarnessCPUUsPerEvent = per(end.harness - s.harness)
 	if p.br != nil {
 		run.BrokerCPUUsPerEvent = per(end.broker - s.broker)
 	}

@@ -50,9 +50,9 @@ func (r *Results) steadyMarkdown(w func(string, ...any)) {
 	w("%s. PostgreSQL CPU is the walsender plus the writers' backends. Broker CPU is the JVM for Apache Kafka and kfake's own process for kfake, the consumer's fetches included. ", s.Method)
 	w("Latency is from the writer's commit returning to the independent consumer reading the record; for the floors, from building the record. ")
 	w("\"Receive\" is the relay's own `outbox_relay_commit_to_receive_seconds` over the same span (PostgreSQL's share: commit timestamp to the relay reading the row; p99 interpolated in its buckets), and its share is its mean over the mean commit-to-consumer latency. ")
-	w("The floors are bare producers in their own process at the same rate and linger: sarama with the relay's producer settings (idempotent, acks=all, one request in flight, lz4), and franz-go with its defaults and the same linger and compression. pg_recvlogical reads the same stream (pgoutput) and writes it to /dev/null.\n\n")
-	w("| rate/s | reader | rep | achieved/s | events | CPU µs/event | ×pg_recvlogical | broker µs/event | PostgreSQL µs/event (walsender) | p50 / p99 / p99.9 / max ms | receive mean / p99 ms, share | relay's commit-to-ack p99 ms | peak RSS MB | writers, p99 late ms | machine busy |\n")
-	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	w("Harness CPU is the benchmark's own process (the writers' client side and the consumer; for the floors, the consumer only), which shares the two cores. The floors are bare producers in their own process at the same rate and linger: sarama with the relay's producer settings (idempotent, acks=all, one request in flight, lz4), and franz-go with its defaults and the same linger and compression. pg_recvlogical reads the same stream (pgoutput) and writes it to /dev/null.\n\n")
+	w("| rate/s | reader | rep | achieved/s | events | CPU µs/event | ×pg_recvlogical | broker µs/event | PostgreSQL µs/event (walsender) | harness µs/event | p50 / p99 / p99.9 / max ms | receive mean / p99 ms, share | relay's commit-to-ack p99 ms | peak RSS MB | writers, p99 late ms | machine busy (steal) |\n")
+	w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range s.Runs {
 		vs := ""
 		if recv := s.run(run.Rate, "pg_recvlogical", "", run.Rep); recv != nil && recv.CPUUsPerEvent > 0 && run.Reader != "pg_recvlogical" {
@@ -79,8 +79,8 @@ func (r *Results) steadyMarkdown(w func(string, ...any)) {
 		if run.PostgresCPUUsPerEvent > 0 {
 			pg = fmt.Sprintf("%.1f (%.1f)", run.PostgresCPUUsPerEvent, run.WalsenderCPUUsPerEvent)
 		}
-		w("| %d | %s | %d | %.0f | %d | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %.0f%% |\n", run.Rate, label, run.Rep, run.AchievedRate, run.Events,
-			run.CPUUsPerEvent, vs, optional(run.BrokerCPUUsPerEvent, "%.1f"), pg, lat, recv, optional(run.AckP99Ms, "%.1f"),
-			optional(run.PeakRSSMB, "%.1f"), writers, run.MachineBusyPercent)
+		w("| %d | %s | %d | %.0f | %d | %.1f | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f%% (%.0f%%) |\n", run.Rate, label, run.Rep, run.AchievedRate, run.Events,
+			run.CPUUsPerEvent, vs, optional(run.BrokerCPUUsPerEvent, "%.1f"), pg, optional(run.HarnessCPUUsPerEvent, "%.1f"), lat, recv, optional(run.AckP99Ms, "%.1f"),
+			optional(run.PeakRSSMB, "%.1f"), writers, run.MachineBusyPercent, run.StealPercent)
 	}
 }
