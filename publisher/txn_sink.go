@@ -51,6 +51,14 @@ type TxnSink struct {
 	reporting sync.WaitGroup
 }
 
+// inputQueue is how many records wait on Input while a commit is under way,
+// so the loop reads on instead of stalling on every commit. Measured side
+// by side on 300,000-event backlogs: 64 took 100-row transactions from
+// 0.84 to 0.92 of the at-least-once rate; a batch's worth (1,000) reached
+// 0.98 there but cost single-row transactions a third of their rate and
+// more CPU per event, the loop running that far ahead.
+const inputQueue = 64
+
 // NewTxnSink connects to Kafka, initialises the transactional producer
 // (fencing any older producer with the same transactional id) and starts
 // the sink's goroutines.
@@ -64,10 +72,7 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 		return nil, err
 	}
 	s.txn = txn
-	// Records queue while a commit is under way, so the loop reads on
-	// instead of stalling on every commit; a batch's worth is enough, as
-	// the loop's in-flight limits stop it at about twice that.
-	s.input = make(chan *Record, txn.cfg.BatchEvents)
+	s.input = make(chan *Record, inputQueue)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.driving.Add(1)
 	go s.drive()
