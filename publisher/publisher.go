@@ -187,7 +187,7 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 		return nil, err
 	}
 	p := newPublisher(cfg, log, topics)
-	p.input, p.outcomes = make(chan *Record, inputBuffer), make(chan Outcome, outcomeBuffer)
+	p.input, p.outcomes = make(chan *Record), make(chan Outcome, outcomeBuffer)
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		p.retries.Add(1)
@@ -218,13 +218,6 @@ func newPublisher(cfg Config, log zerolog.Logger, topics *topicTemplate) *Publis
 		quit: make(chan struct{}),
 	}
 }
-
-// inputBuffer lets the caller hand over a burst of records without waiting
-// for the goroutine that feeds sarama to take each: unbuffered, every
-// record of a burst after the first parked the caller until that goroutine
-// ran, two hand-offs per record. Records in it are in flight for the
-// caller already, so it adds nothing to what a crash re-delivers.
-const inputBuffer = 256
 
 // outcomeBuffer lets the producer report a burst of acks while the caller
 // is busy reading WAL, without stalling sarama's own goroutines.
