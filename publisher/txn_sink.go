@@ -24,7 +24,7 @@ import (
 type TxnSink struct {
 	txn *TxnPublisher
 
-	input chan *Record // buffered: see NewTxnSink
+	input chan *Record // holds inputQueue records
 	flush chan struct{}
 
 	// ends are source-transaction boundaries the loop reported that the
@@ -54,9 +54,9 @@ type TxnSink struct {
 // inputQueue is how many records wait on Input while a commit is under way,
 // so the loop reads on instead of stalling on every commit. Measured side
 // by side on 300,000-event backlogs: 64 took 100-row transactions from
-// 0.84 to 0.92 of the at-least-once rate; a batch's worth (1,000) reached
-// 0.98 there but cost single-row transactions a third of their rate and
-// more CPU per event, the loop running that far ahead.
+// 0.83-0.86 to 0.85-0.93 of the at-least-once rate; a batch's worth
+// (1,000) reached 0.95-1.00 but cost single-row transactions a third of
+// their rate and more CPU per event, the loop running that far ahead.
 const inputQueue = 64
 
 // NewTxnSink connects to Kafka, initialises the transactional producer
@@ -64,7 +64,7 @@ const inputQueue = 64
 // the sink's goroutines.
 func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error) {
 	s := &TxnSink{
-		flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
+		input: make(chan *Record, inputQueue), flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
 		queued: make(chan struct{}, 1), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
 	}
 	txn, err := NewTxn(cfg, tcfg, sinkHandler{s}, log)
@@ -72,7 +72,6 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 		return nil, err
 	}
 	s.txn = txn
-	s.input = make(chan *Record, inputQueue)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.driving.Add(1)
 	go s.drive()
