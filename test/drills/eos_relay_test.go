@@ -2,6 +2,7 @@ package drills
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"syscall"
@@ -167,12 +168,26 @@ func TestDrillEOSBrokerOutage(t *testing.T) {
 		return sumOffsets(endOffsets(t, w.brokers, w.topics())) > 0
 	})
 	f := k.FailProduce(-1, kerr.NotLeaderForPartition.Code)
-	err := hold(25*time.Second, func() error { // more than the 20s a Kafka transaction may stay open
+	// The outage lasts until the open Kafka transaction failed: its
+	// records are retried for up to the 20 s a Kafka transaction may stay
+	// open, and on a loaded machine the retries take longer than that, so
+	// a fixed outage could end before anything failed.
+	const failed = "kafka failed; keeping the replication connection"
+	err := hold(2*time.Minute, func() error {
 		if relay.Exited() {
 			return fmt.Errorf("relay exited during the outage:\n%s", relay.Output())
 		}
+		if strings.Contains(relay.Output(), failed) {
+			return errOutageServed
+		}
 		return nil
 	})
+	switch {
+	case errors.Is(err, errOutageServed):
+		err = nil
+	case err == nil:
+		err = fmt.Errorf("no Kafka transaction failed within 2 minutes of refused produce requests:\n%s", relay.Output())
+	}
 	f.Remove()
 	if werr := pw.halt(); werr != nil {
 		t.Fatal(werr)
@@ -181,12 +196,15 @@ func TestDrillEOSBrokerOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	records := w.settleExactlyOnce(3 * time.Minute)
-	restarts := strings.Count(relay.Output(), "kafka failed; keeping the replication connection")
+	restarts := strings.Count(relay.Output(), failed)
 	t.Logf("outage: %d events, %d records visible to read_committed, %d waits for Kafka", w.CommittedCount(), len(records), restarts)
 	if restarts == 0 {
 		t.Errorf("no Kafka transaction failed during the outage: the drill did not test an abort\n%s", relay.Output())
 	}
 }
+
+// errOutageServed ends an outage once it did what the drill needs.
+var errOutageServed = errors.New("the outage made a Kafka transaction fail")
 
 // TestDrillEOSPoisonInMultiEventTxn: the broker refuses one event of a
 // five-event PostgreSQL transaction, amid others, inside the relay's Kafka
