@@ -40,17 +40,11 @@ func (b *bench) eosLatency(ctx context.Context) (*EOSResult, error) {
 	res := &EOSResult{IntervalMs: float64(interval.Milliseconds()),
 		Method: fmt.Sprintf("%s. Each variant runs at %d/s twice per repetition, at-least-once and then exactly-once (default --transaction-interval %s, target p99 ≤ %s); the consumer reads with isolation.level=read_committed",
 			steadyMethod, eosRate, interval, interval+10*time.Millisecond)}
-	db := "bench_eos"
-	dsn, err := b.createDB(ctx, db)
+	dsn, logDir, done, err := b.liveRelayDB(ctx, "bench_eos")
 	if err != nil {
 		return nil, err
 	}
-	defer b.dropDB(db)
-	logDir, cleanup, err := b.logDirectory()
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
+	defer done()
 	pad := b.o.payload - len(payloadJSON(0, 0))
 	for rep := 1; rep <= b.o.repeat; rep++ {
 		for _, br := range b.brokers {

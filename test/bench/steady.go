@@ -94,21 +94,30 @@ const steadyMethod = "single-row transactions committed (synchronous_commit=on) 
 const steadyInsertSQL = `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 VALUES ($1::uuid, 'order', $2, 'order.updated', $3::jsonb)`
 
+// liveRelayDB creates database name for live runs of relay subprocesses,
+// and the directory their logs go to; done drops and removes both.
+func (b *bench) liveRelayDB(ctx context.Context, name string) (dsn, logDir string, done func(), err error) {
+	dsn, err = b.createDB(ctx, name)
+	if err != nil {
+		return "", "", nil, err
+	}
+	logDir, cleanup, err := b.logDirectory()
+	if err != nil {
+		b.dropDB(name)
+		return "", "", nil, err
+	}
+	return dsn, logDir, func() { cleanup(); b.dropDB(name) }, nil
+}
+
 // steady runs every rate: pg_recvlogical alone, the bare producer floors on
 // each broker, then the relay variants on each broker, side by side.
 func (b *bench) steady(ctx context.Context) (*SteadyResult, error) {
 	res := &SteadyResult{Method: steadyMethod}
-	db := "bench_steady"
-	dsn, err := b.createDB(ctx, db)
+	dsn, logDir, done, err := b.liveRelayDB(ctx, "bench_steady")
 	if err != nil {
 		return nil, err
 	}
-	defer b.dropDB(db)
-	logDir, cleanup, err := b.logDirectory()
-	if err != nil {
-		return nil, err
-	}
-	defer cleanup()
+	defer done()
 	rates, _ := b.o.steadyRateList()
 	pad := b.o.payload - len(payloadJSON(0, 0))
 	for rep := 1; rep <= b.o.repeat; rep++ {
