@@ -74,4 +74,21 @@ func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
 	if code != 3 || !slices.Equal(rep.Missing, gap) {
 		t.Fatalf("reconcile over the named window: exit %d, missing %v; want exit 3 and the %d events committed without a slot %v", code, rep.Missing, len(gap), gap)
 	}
+
+	// The same, seen by an independent client: events committed after the
+	// new slot arrive, the gap's never do. Every event has the same
+	// aggregate, so one partition holds them all in commit order, and a
+	// gap event sent at all would come before the later ones.
+	gapEnd := e.CommittedCount()
+	if err := e.writeEvents(conn, 2, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ = e.Committed()
+	delivered := append(slices.Clone(ids[:gapStart]), ids[gapEnd:]...)
+	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, delivered, 30*time.Second)
+	for _, r := range records {
+		if slices.Contains(gap, r.EventID()) {
+			t.Errorf("event %s, committed while no slot existed, reached Kafka", r.EventID())
+		}
+	}
 }
