@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,6 +59,7 @@ type options struct {
 	floorLingers  []time.Duration
 	quick         bool
 	reconcileRows int
+	shapes        string
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -99,6 +101,7 @@ func parseOptions(args []string) (*options, error) {
 		return nil
 	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
+	fs.StringVar(&o.shapes, "shapes", "single,batch100", "comma-separated catch-up shapes to measure: single (single-row transactions), batch100 (100-row transactions)")
 	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
@@ -177,6 +180,9 @@ func parseOptions(args []string) (*options, error) {
 			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile or eos", s)
 		}
 	}
+	if _, err := o.shapeList(); err != nil {
+		return nil, err
+	}
 	if _, err := o.rateList(); err != nil {
 		return nil, err
 	}
@@ -187,6 +193,32 @@ func parseOptions(args []string) (*options, error) {
 		return nil, fmt.Errorf("--steady-duration %s, --steady-warmup %s: at least 1s and not negative", o.steadyFor, o.steadyWarm)
 	}
 	return o, nil
+}
+
+// catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
+func catchUpShapes() []shape {
+	return []shape{{name: "single-row txns", key: "single", perTxn: 1}, {name: "100-row txns", key: "batch100", perTxn: 100}}
+}
+
+// shapeList parses --shapes, keeping the order of catchUpShapes so that runs
+// with different selections still measure in the same order.
+func (o *options) shapeList() ([]shape, error) {
+	all := catchUpShapes()
+	want := map[string]bool{}
+	for _, s := range strings.Split(o.shapes, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.ContainsFunc(all, func(sh shape) bool { return sh.key == s }) {
+			return nil, fmt.Errorf("--shapes: %q is not single or batch100", s)
+		}
+		want[s] = true
+	}
+	var out []shape
+	for _, sh := range all {
+		if want[sh.key] {
+			out = append(out, sh)
+		}
+	}
+	return out, nil
 }
 
 // rateList parses --rates; 0 stands for max.
@@ -316,7 +348,11 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Allocs = a
 	}
 	if !b.o.skip["ceiling"] || b.o.profileDir != "" {
-		for _, shape := range []shape{{name: "single-row txns", key: "single", perTxn: 1}, {name: "100-row txns", key: "batch100", perTxn: 100}} {
+		shapes, err := b.o.shapeList()
+		if err != nil {
+			return err
+		}
+		for _, shape := range shapes {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
