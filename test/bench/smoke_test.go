@@ -1,0 +1,127 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// `make bench` takes minutes at full size and runs only on demand, so
+// nothing else would notice a part of it breaking. This runs every part but
+// the large transaction and the allocation benchmark (a `go test -bench` of
+// its own, over a minute) at a tiny size against kfake, and checks that each
+// part measured what it reports. The numbers themselves mean nothing here.
+func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL, kfake and relays: not a short test")
+	}
+	dir := t.TempDir()
+	bench := filepath.Join(dir, "bench")
+	if out, err := exec.Command("go", "build", "-o", bench, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build the bench: %v\n%s", err, out)
+	}
+	results := filepath.Join(dir, "results")
+	const rows = 1000
+	cmd := exec.Command(bench, "--rows", "1000", "--reconcile-rows", "1000", "--broker", "kfake",
+		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
+		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
+		"--relay-bin", harness.BuildRelay(t), "--out", results, "--note", "reduced-size check")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+
+	raw, err := os.ReadFile(filepath.Join(results, "latest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Results
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatalf("latest.json: %v", err)
+	}
+	if len(r.Problems) > 0 {
+		t.Errorf("the bench reported problems: %q", r.Problems)
+	}
+
+	if len(r.Ceiling) != 2 {
+		t.Fatalf("catch-up measured %d shapes, want 2", len(r.Ceiling))
+	}
+	for _, sh := range r.Ceiling {
+		readers := map[string]bool{}
+		for _, run := range sh.Runs {
+			readers[run.label()] = true
+			if run.Events != rows || run.EventsPerSec <= 0 {
+				t.Errorf("%s, %s: %d events at %.0f/s; want all %d drained", sh.Shape, run.label(), run.Events, run.EventsPerSec, rows)
+			}
+			if run.Reader == "relay/kfake" && (run.CPUUsPerEvent <= 0 || run.PeakRSSMB <= 0) {
+				t.Errorf("%s, %s: CPU %.1f µs/event, peak RSS %.1f MB; want both measured", sh.Shape, run.label(), run.CPUUsPerEvent, run.PeakRSSMB)
+			}
+		}
+		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake"} {
+			if !readers[want] {
+				t.Errorf("%s: no %s drain among %v", sh.Shape, want, readers)
+			}
+		}
+	}
+
+	for part, phases := range map[string][]LatencyResult{"live latency": r.Latency, "producer floor": r.Floor} {
+		if len(phases) != 1 || len(phases[0].Phases) != 1 || phases[0].Phases[0].Measured == 0 {
+			t.Errorf("%s: want one broker with one measured rate, got %+v", part, phases)
+		}
+	}
+
+	if r.Steady == nil {
+		t.Fatal("no steady-rate part")
+	}
+	steady := map[string]SteadyRun{}
+	for _, run := range r.Steady.Runs {
+		steady[run.Reader] = run
+	}
+	for _, reader := range []string{"pg_recvlogical", "floor-sarama/kfake", "floor-franz-go/kfake", "relay/kfake"} {
+		if run, ok := steady[reader]; !ok || run.Rate != 500 || run.Events == 0 || run.CPUUsPerEvent <= 0 {
+			t.Errorf("steady rate, %s: %+v; want a measured run at 500/s", reader, run)
+		}
+	}
+	if run := steady["relay/kfake"]; run.P99Ms <= 0 || run.BrokerCPUUsPerEvent <= 0 || run.PostgresCPUUsPerEvent <= 0 {
+		t.Errorf("steady rate, relay: p99 %.2f ms, broker %.1f µs/event, PostgreSQL %.1f µs/event; want all measured", run.P99Ms, run.BrokerCPUUsPerEvent, run.PostgresCPUUsPerEvent)
+	}
+
+	if r.EOS == nil {
+		t.Fatal("no exactly-once part")
+	}
+	modes := map[string]bool{}
+	for _, run := range r.EOS.Runs {
+		if run.Events > 0 && run.P99Ms > 0 {
+			modes[run.Mode] = true
+		}
+	}
+	if !modes["at-least-once"] || !modes["exactly-once"] {
+		t.Errorf("exactly-once part measured modes %v; want both", modes)
+	}
+
+	if len(r.Reconcile) != 1 || !r.Reconcile[0].Correct {
+		t.Errorf("reconcile part: %+v; want one correct run", r.Reconcile)
+	}
+
+	md, err := os.ReadFile(filepath.Join(results, "latest.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist, err := os.ReadFile(filepath.Join(results, "history.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(hist), "reduced-size check") {
+		t.Errorf("history.md lacks the run's line:\n%s", hist)
+	}
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile"} {
+		if !strings.Contains(string(md), "\n"+heading) {
+			t.Errorf("latest.md has no section %q", heading)
+		}
+	}
+}
