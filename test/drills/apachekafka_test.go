@@ -81,28 +81,34 @@ func newFailoverWorld(t *testing.T, prefix string) (*world, *harness.ApacheKafka
 	return w, k
 }
 
-// killPartitionLeader SIGKILLs the node leading topic/0. restart starts it
-// again; the test's cleanup does if the test did not, to leave a shared
-// cluster whole for later tests.
+// killPartitionLeader SIGKILLs the node leading topic/0; see killNode.
 func killPartitionLeader(t *testing.T, k *harness.ApacheKafka, topic string) (leader int, restart func()) {
 	t.Helper()
 	leader, err := k.PartitionLeader(topic, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k.KillNode(leader)
+	return leader, killNode(t, k, leader)
+}
+
+// killNode SIGKILLs node i. restart starts it again; the test's cleanup
+// does if the test did not, to leave a shared cluster whole for later
+// tests.
+func killNode(t *testing.T, k *harness.ApacheKafka, i int) (restart func()) {
+	t.Helper()
+	k.KillNode(i)
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
-			if err := k.StartNode(leader); err != nil {
-				t.Errorf("cleanup: restart node %d: %v", leader, err)
+			if err := k.StartNode(i); err != nil {
+				t.Errorf("cleanup: restart node %d: %v", i, err)
 			}
 		}
 	})
-	return leader, func() {
+	return func() {
 		t.Helper()
-		if err := k.StartNode(leader); err != nil {
-			t.Fatalf("restart node %d: %v%s", leader, err, k.LogTail(leader, 40))
+		if err := k.StartNode(i); err != nil {
+			t.Fatalf("restart node %d: %v%s", i, err, k.LogTail(i, 40))
 		}
 		restarted = true
 	}

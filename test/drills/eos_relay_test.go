@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -324,27 +325,50 @@ func TestDrillEOSZombieFenced(t *testing.T) {
 // TestDrillEOSLeaderFailover SIGKILLs the leader of a partition an
 // exactly-once relay writes to, on three Apache Kafka brokers (replication
 // factor 3, min.insync.replicas=2), under a writer: the transaction
-// coordinator or a partition leader may be the killed node, so a Kafka
-// transaction may abort or be retried; read_committed readers must still
-// see every event exactly once.
+// coordinator may be the same node, so a Kafka transaction may abort or be
+// retried; read_committed readers must still see every event exactly once.
 func TestDrillEOSLeaderFailover(t *testing.T) {
+	eosNodeFailover(t, "drill_failover_eos.", "leader of partition 0 of the first topic", nil,
+		func(w *world, k *harness.ApacheKafka) (int, error) { return k.PartitionLeader(w.topics()[0], 0) })
+}
+
+// TestDrillEOSCoordinatorFailover SIGKILLs the node coordinating the
+// relay's Kafka transactions, under a writer, with a transaction begun
+// every 50 ms: a transaction is always open at the kill and sometimes
+// inside its commit (EndTxn). The coordinator's state moves to another
+// node, which completes or aborts what was open; the relay must find it,
+// and read_committed readers must see every event exactly once.
+func TestDrillEOSCoordinatorFailover(t *testing.T) {
+	id := fmt.Sprintf("drill-coordinator-%d", time.Now().UnixNano())
+	eosNodeFailover(t, "drill_coordinator_eos.", "coordinator of "+id, []string{"--transactional-id", id},
+		func(_ *world, k *harness.ApacheKafka) (int, error) { return k.TransactionCoordinator(id) })
+}
+
+// eosNodeFailover runs an exactly-once relay on three Apache Kafka brokers
+// (replication factor 3, min.insync.replicas=2), SIGKILLs the node that
+// victim names once a writer is under way, checks that every event is
+// visible once to read_committed, then restarts the node and checks again.
+func eosNodeFailover(t *testing.T, prefix, role string, flags []string, victim func(*world, *harness.ApacheKafka) (int, error)) {
 	rng := newRand(t)
-	w, k := newFailoverWorld(t, "drill_failover_eos.")
+	w, k := newFailoverWorld(t, prefix)
 	conn := w.connect()
-	relay := w.startRelay(eosFlags...)
+	relay := w.startRelay(append(slices.Clone(eosFlags), flags...)...)
 	checkTxnsCommitted(t, relay.Output())
 	wrng := writerRand(rng)
 	wait := runWriter(func() error { return w.writeTxns(conn, wrng, 600, 10, 300) })
 	harness.WaitFor(t, time.Minute, "the writer is under way", func() bool { return w.CommittedCount() > 1500 })
-	topic := w.topics()[0]
-	leader, restart := killPartitionLeader(t, k, topic)
+	node, err := victim(w, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := killNode(t, k, node)
 	killed, atKill := time.Now(), w.CommittedCount()
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
 	records := w.settleExactlyOnce(3 * time.Minute)
-	t.Logf("killed node %d, leader of %s/0, with %d events committed; all %d visible once %v after the kill",
-		leader, topic, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
+	t.Logf("killed node %d, %s, with %d events committed; all %d visible once %v after the kill",
+		node, role, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
 	restart()
 	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,8 @@
 package harness
 
 // Apache Kafka admin operations: waiting until the cluster and its
-// partitions are ready, creating topics, and finding partition leaders.
+// partitions are ready, creating topics, and finding partition leaders and
+// transaction coordinators.
 
 import (
 	"context"
@@ -248,4 +249,31 @@ func (k *ApacheKafka) PartitionLeader(topic string, partition int32) (int, error
 		return -1, fmt.Errorf("partition leader: %s/%d does not exist", topic, partition)
 	}
 	return -1, fmt.Errorf("partition leader: topic %s not in metadata", topic)
+}
+
+// TransactionCoordinator returns the index of the node coordinating the
+// transactions of transactionalID, as a broker sees it now. The id must
+// have begun a transaction already, or there is no coordinator to find.
+func (k *ApacheKafka) TransactionCoordinator(transactionalID string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrFindCoordinatorRequest()
+	req.CoordinatorType = 1 // transaction
+	req.CoordinatorKey = transactionalID
+	req.CoordinatorKeys = []string{transactionalID}
+	resp, err := req.RequestWith(ctx, k.cl)
+	if err != nil {
+		return -1, fmt.Errorf("transaction coordinator: %w", err)
+	}
+	code, node := resp.ErrorCode, resp.NodeID
+	if len(resp.Coordinators) > 0 {
+		code, node = resp.Coordinators[0].ErrorCode, resp.Coordinators[0].NodeID
+	}
+	if err := kerr.ErrorForCode(code); err != nil {
+		return -1, fmt.Errorf("transaction coordinator of %s: %w", transactionalID, err)
+	}
+	if node < 0 || int(node) >= len(k.nodes) {
+		return -1, fmt.Errorf("transaction coordinator of %s: node %d is not in the cluster", transactionalID, node)
+	}
+	return int(node), nil
 }
