@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,7 +28,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	}
 	results := filepath.Join(dir, "results")
 	const rows = 1000
-	cmd := exec.Command(bench, "--rows", "1000", "--reconcile-rows", "1000", "--broker", "kfake",
+	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
 		"--relay-bin", harness.BuildRelay(t), "--out", results, "--note", "reduced-size check")

@@ -252,8 +252,8 @@ func (k *ApacheKafka) PartitionLeader(topic string, partition int32) (int, error
 }
 
 // TransactionCoordinator returns the index of the node coordinating the
-// transactions of transactionalID, as a broker sees it now. The id must
-// have begun a transaction already, or there is no coordinator to find.
+// transactions of transactionalID, as a broker sees it now. A producer
+// must have initialised with the id, or no coordinator holds it yet.
 func (k *ApacheKafka) TransactionCoordinator(transactionalID string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
