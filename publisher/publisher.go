@@ -557,6 +557,13 @@ func (p *Publisher) drainOutcomes() {
 	}
 }
 
+// failedDelivery describes a record reported failed without reading what
+// the producer writes into its message (partition, offset): a sink that
+// gave up waiting may report a record the producer still holds.
+func failedDelivery(r *Record) Delivery {
+	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size, Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now()}
+}
+
 func delivery(msg *sarama.ProducerMessage) Delivery {
 	r := msg.Metadata.(*Record)
 	return Delivery{

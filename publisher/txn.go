@@ -85,7 +85,8 @@ type TxnConfig struct {
 	MaxAge    time.Duration
 
 	// Timeout is the transaction timeout sent to the coordinator: a
-	// transaction open longer is aborted by the broker.
+	// transaction open longer is aborted by the broker. It also bounds
+	// the wait for a commit or an abort to be answered (see endWait).
 	Timeout time.Duration
 
 	// Progress returns the progress record for the last whole source
@@ -589,12 +590,14 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 	if t.firstFailure() != nil {
 		return t.abort(ctx, nil, false)
 	}
-	err := t.whileWaiting(ctx, t.pub.producer.CommitTxn)
-	if ctx.Err() != nil {
-		return t.fail(ctx, fmt.Errorf("commit kafka transaction: %w", ctx.Err()))
+	wait, cancel := t.endWait(ctx)
+	defer cancel()
+	err := t.whileWaiting(wait, t.pub.producer.CommitTxn)
+	if wait.Err() != nil {
+		return t.fail(wait, fmt.Errorf("commit kafka transaction: %w", t.unanswered(ctx, wait)))
 	}
-	if werr := t.awaitOutcomes(ctx, sent); werr != nil {
-		return t.fail(ctx, werr)
+	if werr := t.awaitOutcomes(wait, sent); werr != nil {
+		return t.fail(wait, fmt.Errorf("commit kafka transaction: records not acknowledged: %w", t.unanswered(ctx, wait)))
 	}
 	if err != nil {
 		return t.abort(ctx, fmt.Errorf("commit kafka transaction: %w", err), false)
@@ -630,13 +633,18 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 // failed. cause is what failed, when not a record; isolated says the last
 // record was sent alone, so a permanent refusal of it names the poison.
 func (t *TxnPublisher) abort(ctx context.Context, cause error, isolated bool) error {
-	abortErr := t.whileWaiting(ctx, t.pub.producer.AbortTxn)
+	wait, cancel := t.endWait(ctx)
+	defer cancel()
+	abortErr := t.whileWaiting(wait, t.pub.producer.AbortTxn)
+	if wait.Err() != nil {
+		abortErr = t.unanswered(ctx, wait)
+	}
 	sent := len(t.batch)
 	if t.progress {
 		sent++
 	}
-	if err := t.awaitOutcomes(ctx, sent); err != nil {
-		return t.spent(t.report(fmt.Errorf("abort kafka transaction: %w", err), ClassRetriable))
+	if err := t.awaitOutcomes(wait, sent); err != nil {
+		return t.spent(t.report(fmt.Errorf("abort kafka transaction: records not acknowledged: %w", t.unanswered(ctx, wait)), ClassRetriable))
 	}
 	t.mu.Lock()
 	failures := append([]failure(nil), t.failures...)
@@ -671,6 +679,28 @@ func (t *TxnPublisher) abort(ctx context.Context, cause error, isolated bool) er
 	return t.spent(err)
 }
 
+// endWait bounds the wait for a commit or an abort to be answered, its
+// records' acks included, by the transaction timeout. sarama retries an
+// unanswered EndTxn up to Producer.Transaction.Retry.Max times, each after
+// a full Net.ReadTimeout: a coordinator that takes requests but never
+// answers would hold the stream for many minutes with nothing logged. Past
+// the timeout the coordinator has aborted the transaction, unless the
+// commit already reached it, and then only the progress record, committed
+// with it, tells; so the sink gives up and the caller re-streams from that
+// record either way.
+func (t *TxnPublisher) endWait(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.cfg.Timeout)
+}
+
+// unanswered explains why a wait bounded by endWait ended.
+func (t *TxnPublisher) unanswered(ctx, wait context.Context) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("no answer from Kafka within the transaction timeout (%s); check the brokers, above all the one coordinating transactional id %q: %w",
+		t.cfg.Timeout, t.cfg.TransactionalID, wait.Err())
+}
+
 // fail is abort when waiting itself failed (the caller gave up): the
 // producer's state is unknown, so nothing more is sent with it.
 func (t *TxnPublisher) fail(ctx context.Context, err error) error {
@@ -690,7 +720,7 @@ func (t *TxnPublisher) report(cause error, class Class) error {
 		err = fmt.Errorf("%w: %w", ErrTxnAborted, cause)
 	}
 	for _, r := range t.batch {
-		d := delivery(&r.msg)
+		d := failedDelivery(r)
 		// No partition: read_committed readers never see an aborted
 		// record, so its re-delivery cannot land out of order.
 		t.handler.Failed(d, &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err})

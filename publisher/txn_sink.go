@@ -210,7 +210,7 @@ func (s *TxnSink) send(r *Record) {
 		if errors.Is(err, ErrFenced) {
 			class = ClassFenced
 		}
-		d := delivery(&r.msg)
+		d := failedDelivery(r)
 		s.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
 	}
 }

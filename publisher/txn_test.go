@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -502,6 +503,73 @@ func TestTxnFaultsAbortOrRetryWithoutDuplicates(t *testing.T) {
 			consumeExactlyOnce(t, k.Brokers(), topic, eventIDs(txns))
 		})
 	}
+}
+
+// A coordinator that takes EndTxn but never answers must not hold the
+// stream: sarama retries an unanswered EndTxn dozens of times, each after a
+// full read timeout, so before this bound a commit sat silent for many
+// minutes. The commit gives up at the transaction timeout, reports every
+// record failed as retriable, names the cause, and leaves the sink spent.
+// A new producer with the same transactional id then fences the old one:
+// the held commit, answered at last, commits nothing, and the records sent
+// again are visible once.
+func TestTxnUnansweredCommitGivesUpAtTheTimeout(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	topic := "unanswered.order"
+	k.CreateTopic(t, topic, 3, nil)
+	w.tcfg.Interval = time.Hour // only the explicit Commit below commits
+	w.tcfg.Timeout = 3 * time.Second
+	txns := makeTxns("unanswered", 4, 3, 5)
+	var log outcomeLog
+	s := w.sink(&log)
+	defer s.Close(time.Second)
+	release := k.HoldRequests(kmsg.EndTxn)
+	defer release()
+	if _, err := stream(context.Background(), s, txns); err != nil {
+		t.Fatal(err)
+	}
+
+	committed := make(chan error, 1)
+	start := time.Now()
+	go func() { committed <- s.Commit(context.Background()) }()
+	var err error
+	select {
+	case err = <-committed:
+	case <-time.After(10 * w.tcfg.Timeout):
+		t.Fatalf("the commit was still waiting %s after it began, with the transaction timeout at %s", time.Since(start), w.tcfg.Timeout)
+	}
+	if k.HeldRequests() == 0 {
+		t.Fatal("no EndTxn was held: the test proves nothing")
+	}
+	if !errors.Is(err, ErrTxnAborted) || !strings.Contains(err.Error(), "no answer from Kafka within the transaction timeout") || !strings.Contains(err.Error(), w.tcfg.TransactionalID) {
+		t.Fatalf("commit returned %v; want ErrTxnAborted naming the timeout and the transactional id", err)
+	}
+	acked, failed := log.counts()
+	if want := len(eventIDs(txns)); acked != 0 || failed != want {
+		t.Fatalf("%d acked and %d failed; want 0 and all %d failed", acked, failed, want)
+	}
+	for _, f := range log.failed {
+		if f.Class != ClassRetriable {
+			t.Fatalf("a record failed as %v; want retriable, to be re-streamed: %v", f.Class, f)
+		}
+	}
+	if r, err := s.Build(txns[0].events[0]); err != nil {
+		t.Fatal(err)
+	} else if err := s.Send(context.Background(), r); err == nil {
+		t.Fatal("the sink took a record after giving up")
+	}
+
+	again := w.sink(&outcomeLog{})
+	defer again.Close(10 * time.Second)
+	release()
+	if _, err := stream(context.Background(), again, txns); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	consumeExactlyOnce(t, k.Brokers(), topic, eventIDs(txns))
 }
 
 func TestPoisonMemory(t *testing.T) {
