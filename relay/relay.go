@@ -304,6 +304,9 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			msg := "could not start streaming; retrying"
 			if streamed {
 				msg = "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
+				if r.cfg.Delivery == DeliveryExactlyOnce {
+					msg = "stream stopped; restarting from the slot's confirmed position (events after it are sent again in new Kafka transactions; read_committed consumers see each once)"
+				}
 			}
 			r.log.Warn().Err(err).Str("retry_in", wait.String()).Int("attempt", attempt).Msg(msg)
 		}

@@ -140,6 +140,11 @@ func TestDrillEOSPostgresImmediateRestart(t *testing.T) {
 	if relay.Exited() {
 		t.Fatalf("relay exited after the PostgreSQL crash:\n%s", relay.Output())
 	}
+	// The restart line must not tell an operator of this mode to expect
+	// duplicates.
+	if !strings.Contains(relay.Output(), msgRestart) || !strings.Contains(relay.Output(), "read_committed consumers see each once") {
+		t.Errorf("no restart line saying read_committed consumers see each event once:\n%s", harness.LastLines(relay.Output(), 30))
+	}
 	pw.doubt.settle(t, w)
 	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
 		t.Fatalf("table holds %d events, the writer knows of %d", n, w.CommittedCount())
