@@ -49,6 +49,11 @@ type TxnSink struct {
 	closeErr  error
 	driving   sync.WaitGroup
 	reporting sync.WaitGroup
+
+	// afterDrain, when set (by tests only), runs on the driving goroutine
+	// after it took the queued records and before it applies the
+	// boundaries it saw: the moment the loop may hand over more of both.
+	afterDrain func()
 }
 
 // inputQueue is how many records wait on Input while a commit is under way,
@@ -63,9 +68,14 @@ const inputQueue = 64
 // (fencing any older producer with the same transactional id) and starts
 // the sink's goroutines.
 func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error) {
+	return newTxnSink(cfg, tcfg, log, nil)
+}
+
+func newTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger, afterDrain func()) (*TxnSink, error) {
 	s := &TxnSink{
 		input: make(chan *Record, inputQueue), flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
 		queued: make(chan struct{}, 1), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
+		afterDrain: afterDrain,
 	}
 	txn, err := NewTxn(cfg, tcfg, sinkHandler{s}, log)
 	if err != nil {
@@ -156,17 +166,11 @@ func (s *TxnSink) drive() {
 			}
 			s.take(r)
 		case <-s.endAdded:
-			open := s.takeQueued()
-			// Every record the loop handed over is applied now, so every
-			// boundary reported so far follows its records.
-			s.applyEnds(math.MaxUint64)
-			if !open {
+			if !s.takeReported() {
 				return
 			}
 		case <-s.flush:
-			open := s.takeQueued()
-			s.applyEnds(math.MaxUint64)
-			if !open {
+			if !s.takeReported() {
 				return // Close commits or aborts what is open
 			}
 			// A failure is reported through the handler already.
@@ -181,6 +185,33 @@ func (s *TxnSink) drive() {
 func (s *TxnSink) take(r *Record) {
 	s.applyEnds(lsn.TxnID(r.txn))
 	s.send(r)
+}
+
+// takeReported applies every boundary reported so far, each after its
+// records. The loop sends a source transaction's records before it reports
+// the transaction's end, so the records of every boundary seen before the
+// queue is drained are in it; boundaries reported while it drains may
+// belong to records sent after that, and wait for the next wake-up, which
+// their report signals. Applied first, such a boundary would leave its
+// records waiting in a Kafka transaction for a boundary that already came:
+// on a quiet outbox, until the next event or the broker's abort at its
+// timeout. It reports false once Input is closed and empty.
+func (s *TxnSink) takeReported() bool {
+	s.endsMu.Lock()
+	upTo := lsn.TxnID(0)
+	if n := len(s.ends); n > 0 {
+		upTo = s.ends[n-1].txn + 1
+	}
+	s.endsMu.Unlock()
+	open := s.takeQueued()
+	if s.afterDrain != nil {
+		s.afterDrain()
+	}
+	if !open {
+		upTo = math.MaxUint64 // closed and drained: every record is in
+	}
+	s.applyEnds(upTo)
+	return open
 }
 
 // takeQueued applies the records already queued on Input, which the loop

@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,6 +152,65 @@ func TestTxnSinkAppliesQueuedRecordsBeforeTheirBoundary(t *testing.T) {
 		t.Fatalf("stats %+v: want one Kafka transaction holding the whole source transaction and its progress at %v", st, txns[0].end)
 	}
 	consumeExactlyOnce(t, k.Brokers(), "sinkqueue.order", eventIDs(txns))
+}
+
+// A boundary reported while the sink drains Input may belong to a record
+// sent after the drain looked. The sink used to apply every boundary
+// reported by then, the new one before its record, which then waited in a
+// Kafka transaction for a boundary that had already come: on a quiet
+// outbox, invisible to read_committed consumers until the next event or
+// the broker's abort at its timeout. Here the loop's next record and its
+// boundary arrive at exactly that moment.
+func TestTxnSinkBoundaryReportedWhileDrainingWaitsForItsRecord(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = 50 * time.Millisecond
+	txns := makeTxns("sinkdrain", 2, 1, 2) // one event each
+	var (
+		s     *TxnSink
+		late  *Record
+		once  sync.Once
+		fired = make(chan struct{})
+	)
+	s, err := newTxnSink(w.cfg, w.tcfg, zerolog.Nop(), func() {
+		once.Do(func() {
+			s.Input() <- late
+			s.EndTxn(txns[1].id, txns[1].end, time.Now())
+			close(fired)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close(10 * time.Second) })
+	if late, err = s.txn.BuildWait(context.Background(), txns[1].events[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	feed(t, s, txns[0], true)
+	select {
+	case <-fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sink never drained Input after a boundary")
+	}
+	var got []Outcome
+	deadline := time.After(10 * time.Second)
+	for len(got) < 2 {
+		select {
+		case o := <-s.Outcomes():
+			if o.Err != nil {
+				t.Fatalf("failed: %v", o.Err)
+			}
+			got = append(got, o)
+		case <-deadline:
+			t.Fatalf("%d of 2 records acknowledged 10 s after both boundaries, with a %s interval: a Kafka transaction waits for a boundary that came before its record (stats %+v)",
+				len(got), w.tcfg.Interval, s.Stats())
+		}
+	}
+	if st := s.Stats(); st.SplitSourceTxns != 0 || st.LastCommitted != txns[1].end {
+		t.Fatalf("stats %+v: want no split and the progress at %v", st, txns[1].end)
+	}
+	consumeExactlyOnce(t, k.Brokers(), "sinkdrain.order", eventIDs(txns))
 }
 
 // The interval runs from the first record's build: a record that waited
