@@ -214,10 +214,9 @@ func (s *TxnSink) takeReported() bool {
 	return open
 }
 
-// takeQueued applies the records already queued on Input, which the loop
-// sent before any boundary or flush it reported since: applying a boundary
-// first would commit a source transaction without its queued records. It
-// reports false once Input is closed and empty.
+// takeQueued applies the records queued on Input until it is empty; see
+// takeReported for which boundaries may follow. It reports false once
+// Input is closed and empty.
 func (s *TxnSink) takeQueued() bool {
 	for {
 		select {

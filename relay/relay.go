@@ -70,7 +70,6 @@ type Config struct {
 	// gathers several transactions per wake-up and per produce request, at
 	// the cost of up to ReadTick of latency. Zero reads at once.
 	ReadTick time.Duration
-
 	// TransactionInterval is how long a Kafka transaction stays open
 	// before it commits at the next source-transaction boundary.
 	TransactionInterval time.Duration

@@ -104,20 +104,18 @@ func startBusy() busyMeter {
 }
 
 func (m busyMeter) percent() float64 {
-	b, t, _ := machineCPU()
-	if t <= m.total {
-		return 0
-	}
-	return 100 * float64(b-m.busy) / float64(t-m.total)
+	busy, _ := m.percents()
+	return busy
 }
 
-// stealPercent is the share of all CPUs' time the host took.
-func (m busyMeter) stealPercent() float64 {
-	_, t, s := machineCPU()
+// percents reads /proc/stat once for how busy the machine was, and the
+// share of that the host took as steal, both in percent of all CPUs' time.
+func (m busyMeter) percents() (busy, steal float64) {
+	b, t, s := machineCPU()
 	if t <= m.total {
-		return 0
+		return 0, 0
 	}
-	return 100 * float64(s-m.steal) / float64(t-m.total)
+	return 100 * float64(b-m.busy) / float64(t-m.total), 100 * float64(s-m.steal) / float64(t-m.total)
 }
 
 // DrainRun is one reader draining a backlog.

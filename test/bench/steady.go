@@ -344,7 +344,7 @@ func startSpan(p spanPIDs) span {
 func (s span) finish(p spanPIDs, run *SteadyRun) {
 	end := p.sample()
 	run.Seconds = time.Since(s.t0).Seconds()
-	run.MachineBusyPercent, run.StealPercent = s.busy.percent(), s.busy.stealPercent()
+	run.MachineBusyPercent, run.StealPercent = s.busy.percents()
 	per := func(v float64) float64 { return v * 1e6 / float64(max(run.Events, 1)) }
 	run.CPUUsPerEvent = per(end.reader - s.reader)
 	run.HarnessCPUUsPerEvent = per(end.harness - s.harness)
