@@ -146,6 +146,40 @@ func TestOpenCreatesCompactedTopic(t *testing.T) {
 	openStore(t, brokers, DefaultTopic)
 }
 
+// A store opened once per process outlives a progress topic deleted under
+// it (or lost with a broker's data). Reading it then says so, as
+// ErrTopicMissing, and Recreate makes it again, once: it reports whether
+// it created the topic.
+func TestLatestOnADeletedTopicAndRecreate(t *testing.T) {
+	_, brokers := startKfake(t)
+	s := openStore(t, brokers, "progress")
+	key := Key("s", "111")
+	if err := s.Write(key, Record{LSN: 100, Timeline: 1}); err != nil {
+		t.Fatal(err)
+	}
+	harness.DeleteTopic(t, brokers, "progress")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := s.Latest(ctx, key); !errors.Is(err, ErrTopicMissing) {
+		t.Fatalf("latest on a deleted topic: want ErrTopicMissing, got %v", err)
+	}
+	if created, err := s.Recreate(ctx); err != nil || !created {
+		t.Fatalf("recreate a deleted topic = %v, %v; want it created", created, err)
+	}
+	if created, err := s.Recreate(ctx); err != nil || created {
+		t.Fatalf("recreate an existing topic = %v, %v; want it left alone", created, err)
+	}
+	if _, ok := latest(t, s, key); ok {
+		t.Fatal("found a record on the new, empty topic")
+	}
+	if err := s.Write(key, Record{LSN: 200, Timeline: 1}); err != nil {
+		t.Fatalf("write to the new topic: %v", err)
+	}
+	if r, ok := latest(t, s, key); !ok || r.LSN != 200 {
+		t.Fatalf("latest on the new topic = %+v, %v; want LSN 200", r, ok)
+	}
+}
+
 // TestLatestLastRecordOfKeyWins writes records of several keys and checks
 // that the newest of each key is found and that another cluster's key
 // (same slot, other system identifier) never matches.

@@ -19,6 +19,11 @@ var ErrTopic = errors.New("progress topic unusable")
 // segmentBytes is the progress topic's segment size: about 70,000 records.
 const segmentBytes = 10 << 20
 
+// ErrTopicMissing marks a read of a progress topic that the brokers do not
+// have (any more): deleted, or lost with a broker's data. Recreate makes it
+// again.
+var ErrTopicMissing = errors.New("progress topic missing on the brokers")
+
 // ErrConnect marks a failure to connect to the brokers; the error also
 // wraps sarama's, for the caller to explain (credentials, certificates).
 var ErrConnect = errors.New("progress: cannot connect to kafka")
@@ -74,7 +79,7 @@ func open(ctx context.Context, brokers []string, sc *sarama.Config, topic string
 		client.Close()
 		return nil, fmt.Errorf("progress: create kafka admin client: %w", err)
 	}
-	if err := s.ensureTopic(ctx, create); err != nil {
+	if _, err := s.ensureTopic(ctx, create); err != nil {
 		s.admin.Close()
 		return nil, err
 	}
@@ -97,33 +102,43 @@ func (s *Store) Close() error {
 	return perr
 }
 
+// Recreate makes the topic again after a read found it missing (see
+// ErrTopicMissing), as Open would, and waits for its leader. created is
+// false when the topic existed after all: a broker that had just restarted
+// did not know it yet.
+func (s *Store) Recreate(ctx context.Context) (created bool, err error) {
+	return s.ensureTopic(ctx, true)
+}
+
 // ensureTopic creates the topic when it is missing. A missing topic the
 // brokers refuse to create is ErrTopic, with the command that creates it.
-func (s *Store) ensureTopic(ctx context.Context, create bool) error {
+func (s *Store) ensureTopic(ctx context.Context, create bool) (created bool, err error) {
 	meta, err := s.admin.DescribeTopics([]string{s.topic})
 	if err != nil {
-		return fmt.Errorf("progress: describe topic %s: %w", s.topic, err)
+		return false, fmt.Errorf("progress: describe topic %s: %w", s.topic, err)
 	}
 	exists := len(meta) == 1 && errors.Is(meta[0].Err, sarama.ErrNoError)
 	if !exists && len(meta) == 1 && !errors.Is(meta[0].Err, sarama.ErrUnknownTopicOrPartition) {
 		if errors.Is(meta[0].Err, sarama.ErrTopicAuthorizationFailed) {
-			return fmt.Errorf("%w: %s: kafka refused to describe it (%v): grant the relay's user Describe, Read and Write on it: %s",
+			return false, fmt.Errorf("%w: %s: kafka refused to describe it (%v): grant the relay's user Describe, Read and Write on it: %s",
 				ErrTopic, s.topic, meta[0].Err, s.aclCommand())
 		}
-		return fmt.Errorf("progress: describe topic %s: %w", s.topic, meta[0].Err)
+		return false, fmt.Errorf("progress: describe topic %s: %w", s.topic, meta[0].Err)
 	}
 	if !exists && !create {
-		return fmt.Errorf("%w: %s does not exist (a relay creates it on its first run)", ErrTopic, s.topic)
+		return false, fmt.Errorf("%w: %s does not exist (a relay creates it on its first run)", ErrTopic, s.topic)
 	}
 	if !exists {
-		if err := s.createTopic(); err != nil {
-			return err
+		if created, err = s.createTopic(); err != nil {
+			return false, err
 		}
 	}
-	return s.awaitLeader(ctx)
+	return created, s.awaitLeader(ctx)
 }
 
-func (s *Store) createTopic() error {
+// createTopic creates the topic; created is false when a describe that
+// lagged behind the controller called it missing and it existed.
+func (s *Store) createTopic() (created bool, err error) {
 	detail := &sarama.TopicDetail{
 		NumPartitions:     1,
 		ReplicationFactor: s.replicationFactor(),
@@ -131,11 +146,11 @@ func (s *Store) createTopic() error {
 		// at each start stays short: the active segment is never compacted.
 		ConfigEntries: map[string]*string{"cleanup.policy": ptr("compact"), "segment.bytes": ptr(strconv.Itoa(segmentBytes))},
 	}
-	err := s.admin.CreateTopic(s.topic, detail, false)
+	err = s.admin.CreateTopic(s.topic, detail, false)
 	if err == nil || errors.Is(err, sarama.ErrTopicAlreadyExists) {
-		return nil
+		return err == nil, nil
 	}
-	return fmt.Errorf("%w: %s does not exist and kafka refused to create it (%v): create it with\n  %s\nor grant the relay's user Create on it: %s",
+	return false, fmt.Errorf("%w: %s does not exist and kafka refused to create it (%v): create it with\n  %s\nor grant the relay's user Create on it: %s",
 		ErrTopic, s.topic, err, s.CreateCommand(), s.aclCommand())
 }
 

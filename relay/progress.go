@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -79,6 +80,9 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	reset := r.cfg.Progress.Reset && !p.resetDone
 	p.mu.Unlock()
 	rec, found, err := store.Latest(ctx, key)
+	if errors.Is(err, progress.ErrTopicMissing) {
+		rec, found, err = r.remakeProgressTopic(ctx, store, key)
+	}
 	if reset && errors.Is(err, progress.ErrBadRecord) {
 		// The reset overwrites it below; it need not decode.
 		r.log.Warn().Err(err).Msg("--reset-progress: ignoring a progress record that cannot be used")
@@ -138,6 +142,30 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	p.mu.Unlock()
 	r.metrics.progress.started(d.Source)
 	return d.Start, nil
+}
+
+// remakeProgressTopic answers a progress topic the brokers lost while this
+// process ran (deleted, or gone with a broker's data): the store was opened
+// by an earlier session, so nothing else would make it again, and every
+// later session would stop on it. It makes the topic again and reads it once
+// more. The slot stays the authority on where to start, and the record only
+// ever moves that point forward: without a record the session starts from
+// the slot, and re-delivers what came after it.
+func (r *Relay) remakeProgressTopic(ctx context.Context, store *progress.Store, key []byte) (progress.Record, bool, error) {
+	created, err := store.Recreate(ctx)
+	if err != nil {
+		return progress.Record{}, false, fmt.Errorf("make the missing progress topic again: %w", err)
+	}
+	if created {
+		msg := "the progress topic was missing on the brokers (deleted, or lost with a broker's data); made it again. This session starts from the slot's confirmed position, and events after it are re-delivered"
+		if r.cfg.exactlyOnce() {
+			msg = "the progress topic was missing on the brokers (deleted, or lost with a broker's data); made it again. This session starts from the slot's confirmed position: events after it that Kafka had already committed are sent again, and read_committed consumers may see those twice (dedupe by event_id)"
+		}
+		r.log.Warn().Str("topic", store.Topic()).Msg(msg)
+	} else {
+		r.log.Info().Str("topic", store.Topic()).Msg("the progress topic was missing on a broker that had just restarted, and exists again; reading it once more")
+	}
+	return store.Latest(ctx, key)
 }
 
 // progressStore opens the store and its writer on first use. Only the

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,37 +14,26 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
-// clockTick is USER_HZ, the unit of utime and stime in /proc/<pid>/stat;
-// it is 100 on every Linux architecture Go supports.
-const clockTick = 100
-
-// cpuSeconds is utime+stime of a process, from /proc/<pid>/stat.
+// cpuSeconds is the CPU time a process has used so far, all its threads
+// (exited ones included), in nanoseconds: the kernel's per-process CPU clock
+// (clock_getcpuclockid(3)). utime and stime in /proc/<pid>/stat count in
+// ticks of 10 ms, which read 0 for a drain of a few milliseconds.
 func cpuSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
+	// The clock id of a process's CPU clock, as glibc makes it:
+	// (~pid << 3) | CPUCLOCK_SCHED.
+	clock := int32((^pid)<<3 | 2)
+	var ts syscall.Timespec
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, uintptr(clock), uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		return 0, fmt.Errorf("cpu clock of process %d: %w", pid, errno)
 	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("malformed stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, errors.New("short stat")
-	}
-	// Fields 14 and 15 of stat; f starts at field 3.
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, errors.New("malformed stat times")
-	}
-	return float64(u+s) / clockTick, nil
+	return float64(ts.Nano()) / 1e9, nil
 }
 
 // memKB reads a field such as VmHWM or VmRSS of /proc/<pid>/status, in KiB.
@@ -133,7 +121,7 @@ type DrainRun struct {
 	AckedSeconds float64 `json:"acked_seconds,omitempty"`
 	// StreamingAfter: until the relay logged "streaming".
 	StreamingAfter float64 `json:"streaming_after_seconds,omitempty"`
-	// CPUSeconds is the reader's utime+stime from "streaming" to the end
+	// CPUSeconds is the reader's CPU time from "streaming" to the end
 	// (pg_recvlogical: whole run).
 	CPUSeconds    float64 `json:"cpu_seconds"`
 	CPUUsPerEvent float64 `json:"cpu_us_per_event"`

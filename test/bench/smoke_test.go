@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -45,70 +46,6 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatalf("latest.json: %v", err)
 	}
-	if len(r.Problems) > 0 {
-		t.Errorf("the bench reported problems: %q", r.Problems)
-	}
-
-	if len(r.Ceiling) != 2 {
-		t.Fatalf("catch-up measured %d shapes, want 2", len(r.Ceiling))
-	}
-	for _, sh := range r.Ceiling {
-		readers := map[string]bool{}
-		for _, run := range sh.Runs {
-			readers[run.label()] = true
-			if run.Events != rows || run.EventsPerSec <= 0 {
-				t.Errorf("%s, %s: %d events at %.0f/s; want all %d drained", sh.Shape, run.label(), run.Events, run.EventsPerSec, rows)
-			}
-			if run.Reader == "relay/kfake" && (run.CPUUsPerEvent <= 0 || run.PeakRSSMB <= 0) {
-				t.Errorf("%s, %s: CPU %.1f µs/event, peak RSS %.1f MB; want both measured", sh.Shape, run.label(), run.CPUUsPerEvent, run.PeakRSSMB)
-			}
-		}
-		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake"} {
-			if !readers[want] {
-				t.Errorf("%s: no %s drain among %v", sh.Shape, want, readers)
-			}
-		}
-	}
-
-	for part, phases := range map[string][]LatencyResult{"live latency": r.Latency, "producer floor": r.Floor} {
-		if len(phases) != 1 || len(phases[0].Phases) != 1 || phases[0].Phases[0].Measured == 0 {
-			t.Errorf("%s: want one broker with one measured rate, got %+v", part, phases)
-		}
-	}
-
-	if r.Steady == nil {
-		t.Fatal("no steady-rate part")
-	}
-	steady := map[string]SteadyRun{}
-	for _, run := range r.Steady.Runs {
-		steady[run.Reader] = run
-	}
-	for _, reader := range []string{"pg_recvlogical", "floor-sarama/kfake", "floor-franz-go/kfake", "relay/kfake"} {
-		if run, ok := steady[reader]; !ok || run.Rate != 500 || run.Events == 0 || run.CPUUsPerEvent <= 0 {
-			t.Errorf("steady rate, %s: %+v; want a measured run at 500/s", reader, run)
-		}
-	}
-	if run := steady["relay/kfake"]; run.P99Ms <= 0 || run.BrokerCPUUsPerEvent <= 0 || run.PostgresCPUUsPerEvent <= 0 {
-		t.Errorf("steady rate, relay: p99 %.2f ms, broker %.1f µs/event, PostgreSQL %.1f µs/event; want all measured", run.P99Ms, run.BrokerCPUUsPerEvent, run.PostgresCPUUsPerEvent)
-	}
-
-	if r.EOS == nil {
-		t.Fatal("no exactly-once part")
-	}
-	modes := map[string]bool{}
-	for _, run := range r.EOS.Runs {
-		if run.Events > 0 && run.P99Ms > 0 {
-			modes[run.Mode] = true
-		}
-	}
-	if !modes["at-least-once"] || !modes["exactly-once"] {
-		t.Errorf("exactly-once part measured modes %v; want both", modes)
-	}
-
-	if len(r.Reconcile) != 1 || !r.Reconcile[0].Correct {
-		t.Errorf("reconcile part: %+v; want one correct run", r.Reconcile)
-	}
-
 	md, err := os.ReadFile(filepath.Join(results, "latest.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -117,12 +54,89 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(hist), "reduced-size check") {
-		t.Errorf("history.md lacks the run's line:\n%s", hist)
+	for _, p := range unmeasured(r, rows, string(md), string(hist)) {
+		t.Error(p)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile"} {
-		if !strings.Contains(string(md), "\n"+heading) {
-			t.Errorf("latest.md has no section %q", heading)
+}
+
+// unmeasured lists what a reduced-size run of every part failed to
+// measure: one line per part, run and value.
+func unmeasured(r Results, rows int, md, hist string) []string {
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	if len(r.Problems) > 0 {
+		bad("the bench reported problems: %q", r.Problems)
+	}
+
+	if len(r.Ceiling) != 2 {
+		bad("catch-up measured %d shapes, want 2", len(r.Ceiling))
+	}
+	for _, sh := range r.Ceiling {
+		readers := map[string]bool{}
+		for _, run := range sh.Runs {
+			readers[run.label()] = true
+			if run.Events != rows || run.EventsPerSec <= 0 {
+				bad("%s, %s: %d events at %.0f/s; want all %d drained", sh.Shape, run.label(), run.Events, run.EventsPerSec, rows)
+			}
+			if run.Reader == "relay/kfake" && (run.CPUUsPerEvent <= 0 || run.PeakRSSMB <= 0) {
+				bad("%s, %s: CPU %.1f µs/event, peak RSS %.1f MB; want both measured", sh.Shape, run.label(), run.CPUUsPerEvent, run.PeakRSSMB)
+			}
+		}
+		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake"} {
+			if !readers[want] {
+				bad("%s: no %s drain among %v", sh.Shape, want, readers)
+			}
 		}
 	}
+
+	for part, phases := range map[string][]LatencyResult{"live latency": r.Latency, "producer floor": r.Floor} {
+		if len(phases) != 1 || len(phases[0].Phases) != 1 || phases[0].Phases[0].Measured == 0 {
+			bad("%s: want one broker with one measured rate, got %+v", part, phases)
+		}
+	}
+
+	if r.Steady == nil {
+		bad("no steady-rate part")
+	} else {
+		steady := map[string]SteadyRun{}
+		for _, run := range r.Steady.Runs {
+			steady[run.Reader] = run
+		}
+		for _, reader := range []string{"pg_recvlogical", "floor-sarama/kfake", "floor-franz-go/kfake", "relay/kfake"} {
+			if run, ok := steady[reader]; !ok || run.Rate != 500 || run.Events == 0 || run.CPUUsPerEvent <= 0 {
+				bad("steady rate, %s: %+v; want a measured run at 500/s", reader, run)
+			}
+		}
+		if run := steady["relay/kfake"]; run.P99Ms <= 0 || run.BrokerCPUUsPerEvent <= 0 || run.PostgresCPUUsPerEvent <= 0 {
+			bad("steady rate, relay: p99 %.2f ms, broker %.1f µs/event, PostgreSQL %.1f µs/event; want all measured", run.P99Ms, run.BrokerCPUUsPerEvent, run.PostgresCPUUsPerEvent)
+		}
+	}
+
+	if r.EOS == nil {
+		bad("no exactly-once part")
+	} else {
+		modes := map[string]bool{}
+		for _, run := range r.EOS.Runs {
+			if run.Events > 0 && run.P99Ms > 0 {
+				modes[run.Mode] = true
+			}
+		}
+		if !modes["at-least-once"] || !modes["exactly-once"] {
+			bad("exactly-once part measured modes %v; want both", modes)
+		}
+	}
+
+	if len(r.Reconcile) != 1 || !r.Reconcile[0].Correct {
+		bad("reconcile part: %+v; want one correct run", r.Reconcile)
+	}
+
+	if !strings.Contains(hist, "reduced-size check") {
+		bad("history.md lacks the run's line:\n%s", hist)
+	}
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile"} {
+		if !strings.Contains(md, "\n"+heading) {
+			bad("latest.md has no section %q", heading)
+		}
+	}
+	return out
 }

@@ -43,7 +43,7 @@ type SteadyRun struct {
 	Events       int     `json:"events"`
 	Seconds      float64 `json:"seconds"`
 	AchievedRate float64 `json:"achieved_rate"`
-	// CPUUsPerEvent is the reader's own utime+stime over Seconds.
+	// CPUUsPerEvent is the reader's own CPU time over Seconds.
 	CPUUsPerEvent float64 `json:"cpu_us_per_event"`
 	PeakRSSMB     float64 `json:"peak_rss_mb,omitempty"`
 	// BrokerCPUUsPerEvent: the JVM for Apache Kafka, kfake's own process
@@ -87,7 +87,7 @@ type SteadyResult struct {
 
 const steadyMethod = "single-row transactions committed (synchronous_commit=on) on an open-loop schedule by enough connections to hold the rate; " +
 	"after a warm-up at the same rate, the measured span runs from the first measured commit until an independent franz-go consumer read the last record. " +
-	"Each relay is a subprocess with default flags on a fresh slot and topic; CPU is utime+stime from /proc/<pid>/stat over the span"
+	"Each relay is a subprocess with default flags on a fresh slot and topic; CPU is the process's CPU clock (all threads, in nanoseconds) over the span"
 
 // steadyInsertSQL takes the event_id from the writer, so the consumer's
 // event_id header finds the commit time.
@@ -283,7 +283,7 @@ func (w written) held(rate int, d time.Duration) bool {
 	return float64(w.n) >= 0.97*float64(rate)*d.Seconds() && w.lateP99Ms <= 50
 }
 
-// cpuOf sums utime+stime of processes that may have exited (they count 0).
+// cpuOf sums the CPU time of processes that may have exited (they count 0).
 func cpuOf(pids ...int) float64 {
 	total := 0.0
 	for _, pid := range pids {

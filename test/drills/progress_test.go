@@ -465,3 +465,43 @@ func tail(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// A broker restart that came too soon after the relay created its progress
+// topic left the relay looping on "read progress from outbox-relay.progress:
+// find the partition's start: ... topic or partition that does not exist"
+// for good: the store is opened once per process, so a progress topic that
+// disappears is never made again. Here the topic is deleted while the relay
+// streams, and the stream is restarted by ending its walsender. The relay
+// must make the topic again, warn, start from the slot (the authority), and
+// deliver what is committed afterwards.
+func TestDrillProgressTopicMissingWhenTheStreamRestarts(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	w, _ := newKfakeWorld(t, pg)
+	rng := newRand(t)
+	conn := w.connect()
+	relay := w.startRelay()
+	if err := w.writeTxns(conn, rng, 10, 3, 20); err != nil {
+		t.Fatal(err)
+	}
+	w.waitSettled(time.Minute)
+	w.waitProgressAt(w.confirmedFlush())
+
+	harness.DeleteTopic(t, w.brokers, progressTopic)
+	streams := strings.Count(relay.Output(), harness.LogStreaming)
+	pid := w.walsenderPID()
+	w.db.Exec(t, "SELECT pg_terminate_backend($1)", pid)
+	if err := w.writeTxns(conn, rng, 10, 3, 20); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, time.Minute, "the relay streams again after its progress topic disappeared", func() bool {
+		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
+	})
+	if relay.Exited() {
+		t.Fatalf("relay exited:\n%s", relay.Output())
+	}
+	w.checkDelivery(w.waitSettled(time.Minute))
+	if !strings.Contains(relay.Output(), "progress topic was missing") {
+		t.Fatalf("the relay did not warn that it made its progress topic again:\n%s", relay.Output())
+	}
+	w.waitProgressAt(w.confirmedFlush())
+}

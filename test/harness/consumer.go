@@ -3,6 +3,7 @@ package harness
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -82,6 +83,22 @@ func CreateTopic(t testing.TB, brokers []string, name string, partitions int32, 
 	}
 }
 
+// DeleteTopic deletes a topic through the Kafka admin API.
+func DeleteTopic(t testing.TB, brokers []string, name string) {
+	t.Helper()
+	adm, closeAdm := adminClient(t, brokers)
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := adm.DeleteTopic(ctx, name)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("delete topic %s: %v %s", name, err, resp.ErrMessage)
+	}
+}
+
 // EndOffsets returns the high watermark of every partition of topic.
 func EndOffsets(t testing.TB, brokers []string, topic string) map[int32]int64 {
 	t.Helper()
@@ -135,6 +152,30 @@ func ConsumeEventIDs(t testing.TB, brokers []string, topicRegex string, want []s
 		return fmt.Sprintf("%d of %d wanted event ids missing: %s", len(missing), len(want), sampleIDs(missing, 20))
 	}
 	return consume(t, brokers, topicRegex, timeout, done, describe)
+}
+
+// ConsumeToEnd reads topic from the start up to the end offsets it has
+// when the call begins, and returns every record. It is for topics written
+// without transactions: a commit marker at a partition's end is never
+// returned as a record, so such a partition would not be read to its end.
+func ConsumeToEnd(t testing.TB, brokers []string, topic string, timeout time.Duration) []Record {
+	t.Helper()
+	ends := EndOffsets(t, brokers, topic)
+	next := make(map[int32]int64, len(ends))
+	seen := 0
+	done := func(all []Record) bool {
+		for _, r := range all[seen:] {
+			next[r.Partition] = max(next[r.Partition], r.Offset+1)
+		}
+		seen = len(all)
+		for p, end := range ends {
+			if next[p] < end {
+				return false
+			}
+		}
+		return true
+	}
+	return ConsumeUntil(t, brokers, "^"+regexp.QuoteMeta(topic)+"$", timeout, done)
 }
 
 func consume(t testing.TB, brokers []string, topicRegex string, timeout time.Duration,

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// measuredResults is what a reduced-size run of every part reports when
+// each part measured what it should.
+func measuredResults(rows int) Results {
+	drains := func() []DrainRun {
+		return []DrainRun{
+			{Reader: "pg_recvlogical", Events: rows, EventsPerSec: 1000},
+			{Reader: "pg_recvlogical", Variant: "after", Events: rows, EventsPerSec: 1000},
+			{Reader: "relay/kfake", Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4.2, PeakRSSMB: 19.2},
+		}
+	}
+	phase := []LatencyPhase{{TargetRate: 500, Measured: 1000}}
+	steady := func(reader, mode string) SteadyRun {
+		return SteadyRun{Reader: reader, Mode: mode, Rate: 500, Events: 1000, CPUUsPerEvent: 50,
+			P99Ms: 8, BrokerCPUUsPerEvent: 30, PostgresCPUUsPerEvent: 40}
+	}
+	return Results{
+		Ceiling: []ShapeResult{{Shape: "single-row", Runs: drains()}, {Shape: "100-row", Runs: drains()}},
+		Latency: []LatencyResult{{Broker: "kfake", Phases: phase}},
+		Floor:   []LatencyResult{{Broker: "kfake", Phases: phase}},
+		Steady: &SteadyResult{Runs: []SteadyRun{steady("pg_recvlogical", ""), steady("floor-sarama/kfake", ""),
+			steady("floor-franz-go/kfake", ""), steady("relay/kfake", "")}},
+		EOS:       &EOSResult{Runs: []SteadyRun{steady("relay/kfake", "at-least-once"), steady("relay/kfake", "exactly-once")}},
+		Reconcile: []ReconcileResult{{Correct: true}},
+	}
+}
+
+const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n"
+
+// A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
+// The bench read it in 10 ms clock ticks, so it often reported 0, and the
+// reduced-size test failed by chance. The clock is finer now, but a part
+// that reports zero CPU measured nothing, and the check must still fail.
+func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
+	const rows = 1000
+	if got := unmeasured(measuredResults(rows), rows, measuredMarkdown, "reduced-size check"); len(got) != 0 {
+		t.Fatalf("a fully measured run was refused: %q", got)
+	}
+	for _, c := range []struct {
+		name  string
+		unset func(*Results)
+		want  string
+	}{
+		{"catch-up relay CPU", func(r *Results) { r.Ceiling[1].Runs[2].CPUUsPerEvent = 0 }, "100-row, relay/kfake: CPU 0.0 µs/event"},
+		{"steady relay CPU", func(r *Results) { r.Steady.Runs[3].CPUUsPerEvent = 0 }, "steady rate, relay/kfake"},
+		{"steady broker CPU", func(r *Results) { r.Steady.Runs[3].BrokerCPUUsPerEvent = 0 }, "broker 0.0 µs/event"},
+		{"steady PostgreSQL CPU", func(r *Results) { r.Steady.Runs[3].PostgresCPUUsPerEvent = 0 }, "PostgreSQL 0.0 µs/event"},
+		{"pg_recvlogical CPU", func(r *Results) { r.Steady.Runs[0].CPUUsPerEvent = 0 }, "steady rate, pg_recvlogical"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := measuredResults(rows)
+			c.unset(&r)
+			got := unmeasured(r, rows, measuredMarkdown, "reduced-size check")
+			if len(got) != 1 || !strings.Contains(got[0], c.want) {
+				t.Fatalf("with %s at zero the check said %q; want one line containing %q", c.name, got, c.want)
+			}
+		})
+	}
+}
