@@ -14,26 +14,17 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
-// cpuSeconds is the CPU time a process has used so far, all its threads
-// (exited ones included), in nanoseconds: the kernel's per-process CPU clock
-// (clock_getcpuclockid(3)). utime and stime in /proc/<pid>/stat count in
-// ticks of 10 ms, which read 0 for a drain of a few milliseconds.
+// cpuSeconds is the CPU time a process has used so far, in seconds.
 func cpuSeconds(pid int) (float64, error) {
-	// The clock id of a process's CPU clock, as glibc makes it:
-	// (~pid << 3) | CPUCLOCK_SCHED.
-	clock := int32((^pid)<<3 | 2)
-	var ts syscall.Timespec
-	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, uintptr(clock), uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
-		return 0, fmt.Errorf("cpu clock of process %d: %w", pid, errno)
-	}
-	return float64(ts.Nano()) / 1e9, nil
+	d, err := harness.ProcessCPU(pid)
+	return d.Seconds(), err
 }
 
 // memKB reads a field such as VmHWM or VmRSS of /proc/<pid>/status, in KiB.
