@@ -254,9 +254,19 @@ func (a *Admin) requireFailoverSupport(ctx context.Context) error {
 		return fmt.Errorf("read server version: %w", err)
 	}
 	if version < 170000 {
-		return precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %d.%d: drop the flag, or upgrade", version/10000, version%10000/100)
+		return precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %s: drop the flag, or upgrade", releaseName(version))
 	}
 	return nil
+}
+
+// releaseName spells server_version_num as PostgreSQL names the release:
+// 150018 is 15.18; before version 10 the minor had two places, 90624 is
+// 9.6.24.
+func releaseName(versionNum int) string {
+	if versionNum >= 100000 {
+		return fmt.Sprintf("%d.%d", versionNum/10000, versionNum%10000)
+	}
+	return fmt.Sprintf("%d.%d.%d", versionNum/10000, versionNum/100%100, versionNum%100)
 }
 
 // DropSlot drops the slot. Only an explicit operator flag leads here.

@@ -66,3 +66,13 @@ func TestBranchPoint(t *testing.T) {
 		t.Error("timeline 1 without history must match itself without bound")
 	}
 }
+
+// The --slot-failover refusal said "this server is 15.0" for 15.18 and
+// "16.0" for 16.10: it split server_version_num as numbered before 10.
+func TestReleaseName(t *testing.T) {
+	for num, want := range map[int]string{150018: "15.18", 160010: "16.10", 170005: "17.5", 180001: "18.1", 100000: "10.0", 90624: "9.6.24"} {
+		if got := releaseName(num); got != want {
+			t.Errorf("releaseName(%d) = %q, want %q", num, got, want)
+		}
+	}
+}

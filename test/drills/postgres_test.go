@@ -3,6 +3,7 @@ package drills
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -143,6 +144,17 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
 	t.Logf("%d cuts, reconnect times %v; %d records for %d events", cuts, reconnects, len(records), w.CommittedCount())
+	// Each cut ends a session that streamed: a separate outage, which
+	// starts again from the shortest delay instead of counting on.
+	restarts := regexp.MustCompile(`"attempt":(\d+)[^\n]*"message":"stream stopped`).FindAllStringSubmatch(relay.Output(), -1)
+	if len(restarts) < cuts {
+		t.Fatalf("%d stream restarts logged for %d cuts:\n%s", len(restarts), cuts, relay.Output())
+	}
+	for i, m := range restarts {
+		if m[1] != "1" {
+			t.Errorf("restart %d after a session that streamed is attempt %s, want 1: the delay grew across separate outages", i+1, m[1])
+		}
+	}
 }
 
 // TestDrillSlotInvalidated lets PostgreSQL invalidate the relay's slot

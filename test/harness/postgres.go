@@ -161,7 +161,39 @@ func newPostgres(opts PGOptions) (_ *Postgres, err error) {
 	if err := p.startFresh(); err != nil {
 		return nil, err
 	}
+	if want, _ := RequestedPGMajor(); want != 0 {
+		// A wrong server here would pass every test while proving nothing
+		// about the version asked for.
+		got, err := p.major()
+		if err != nil {
+			return nil, err
+		}
+		if got != want {
+			return nil, fmt.Errorf("%s=%d, but the server in %s is PostgreSQL %d", PGVersionEnv, want, bin, got)
+		}
+	}
 	return p, nil
+}
+
+// Major is the server's major version (15, 16, ...).
+func (p *Postgres) Major(t testing.TB) int {
+	t.Helper()
+	v, err := p.major()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func (p *Postgres) major() (int, error) {
+	var num int
+	err := p.withConn("postgres", func(ctx context.Context, conn *pgx.Conn) error {
+		return conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&num)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("server version: %w", err)
+	}
+	return num / 10000, nil
 }
 
 // newClusterDir makes the directories of a cluster that has no data yet,
@@ -788,6 +820,12 @@ func (p *Postgres) SlotConfirmedFlushLSN(t testing.TB, db, slot string) string {
 
 // pgBinDir finds the directory with initdb, pg_ctl and postgres.
 func pgBinDir() (string, error) {
+	if major, err := RequestedPGMajor(); err != nil || major != 0 {
+		if err != nil {
+			return "", err
+		}
+		return versionedPGBinDir(major)
+	}
 	if d := os.Getenv(PGBinEnv); d != "" {
 		return d, nil
 	}

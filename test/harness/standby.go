@@ -3,7 +3,9 @@ package harness
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"testing"
 )
@@ -83,4 +85,91 @@ func (p *Postgres) Promote(t testing.TB) {
 	if out, err := p.pgRun("pg_ctl", "promote", "-D", p.dataDir, "-w", "-t", "90", "-s"); err != nil {
 		t.Fatalf("pg_ctl promote: %v: %s\nlog tail:\n%s", err, out, p.LogTail(20))
 	}
+}
+
+// CopyStandby makes a streaming standby of p without pg_basebackup, which
+// the fetched 16-18 servers come without: it creates the physical slot
+// physSlot on p, stops p cleanly, copies its data directory, and starts p
+// again and the copy as its standby, streaming from physSlot under the
+// application_name physSlot (so synchronous_standby_names may name it).
+// settings go into the standby's own configuration, after the harness's:
+// e.g. sync_replication_slots and hot_standby_feedback for failover slots.
+// The primary's synchronized_standby_slots is cleared there, or a promoted
+// standby would wait for a slot it does not have.
+//
+// The standby is stopped and deleted when the test ends.
+func (p *Postgres) CopyStandby(t testing.TB, physSlot string, settings map[string]string) *Postgres {
+	t.Helper()
+	p.Exec(t, "SELECT pg_create_physical_replication_slot($1)", physSlot)
+	major := p.Major(t)
+	p.Stop(t)
+	c, err := p.copyStandby(physSlot, settings, major)
+	if err != nil {
+		t.Fatalf("standby by copy: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("standby log tail (%s):\n%s", c.logFile, c.LogTail(50))
+		}
+		c.close()
+	})
+	p.Start(t)
+	c.StartNew(t)
+	return c
+}
+
+func (p *Postgres) copyStandby(physSlot string, settings map[string]string, major int) (_ *Postgres, err error) {
+	c, err := newClusterDir(p.bin, p.runAs)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	if out, err := exec.Command("cp", "-a", p.dataDir, c.dataDir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("copy the data directory: %w: %s", err, out)
+	}
+	// The copy must not believe it runs, nor own the primary's slots.
+	if err := os.Remove(filepath.Join(c.dataDir, "postmaster.pid")); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	slots, err := filepath.Glob(filepath.Join(c.dataDir, "pg_replslot", "*"))
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range slots {
+		if err := os.RemoveAll(s); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.writeOwned(filepath.Join(c.dataDir, "standby.signal"), ""); err != nil {
+		return nil, err
+	}
+	conf := fmt.Sprintf("\nunix_socket_directories = '%s'\n", c.sockDir) +
+		// dbname: slot synchronisation connects to a database.
+		fmt.Sprintf("primary_conninfo = 'host=127.0.0.1 port=%d user=postgres dbname=postgres application_name=%s'\n", p.Port(), physSlot) +
+		fmt.Sprintf("primary_slot_name = '%s'\n", physSlot) +
+		"synchronous_standby_names = ''\n"
+	if major >= 17 {
+		conf += "synchronized_standby_slots = ''\n"
+	}
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		conf += fmt.Sprintf("%s = '%s'\n", k, settings[k])
+	}
+	auto := filepath.Join(c.dataDir, "postgresql.auto.conf")
+	prev, err := os.ReadFile(auto)
+	if err != nil {
+		return nil, fmt.Errorf("read postgresql.auto.conf: %w", err)
+	}
+	if err := c.writeOwned(auto, string(prev)+conf); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

@@ -16,8 +16,14 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 	if v := cluster.QueryInt64(t, "SELECT current_setting('server_version_num')::int"); v >= 170000 {
 		t.Skipf("PostgreSQL %d supports failover slots; this test is about older servers", v)
 	}
+	// The refusal names the server's release as PostgreSQL does (15.18),
+	// not as numbered before version 10 (it said 15.0).
+	release := strings.Fields(cluster.QueryString(t, "SELECT current_setting('server_version')"))[0]
 	check := func(t *testing.T, e *env, what string, code int, out string) {
 		t.Helper()
+		if !strings.Contains(out, "this server is "+release+":") {
+			t.Errorf("%s --slot-failover does not name the server's release %s:\n%s", what, release, harness.LastLines(out, 10))
+		}
 		if code == 0 {
 			t.Errorf("%s --slot-failover exited 0 on PostgreSQL < 17:\n%s", what, out)
 		}
