@@ -101,6 +101,31 @@ func EndOffsets(t testing.TB, brokers []string, topic string) map[int32]int64 {
 	return out
 }
 
+// CommittedOffsets returns the offsets consumer group has committed for
+// topic, by partition (absent: nothing committed), as the group
+// coordinator reports them.
+func CommittedOffsets(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
+	t.Helper()
+	adm, closeAdm := adminClient(t, brokers)
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fetched, err := adm.FetchOffsetsForTopics(ctx, group, topic)
+	if err == nil {
+		err = fetched.Error()
+	}
+	if err != nil {
+		t.Fatalf("committed offsets of group %s: %v", group, err)
+	}
+	out := make(map[int32]int64)
+	fetched.Each(func(o kadm.OffsetResponse) {
+		if o.At >= 0 {
+			out[o.Partition] = o.At
+		}
+	})
+	return out
+}
+
 // ConsumeUntil reads every topic matching topicRegex from the beginning
 // (read_committed, so aborted transactional records are not seen) until
 // done returns true for everything read so far, and returns those records.
