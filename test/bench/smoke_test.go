@@ -28,7 +28,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	}
 	results := filepath.Join(dir, "results")
 	const rows = 1000
-	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--broker", "kfake",
+	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
 		"--relay-bin", harness.BuildRelay(t), "--out", results, "--note", "reduced-size check")
@@ -109,6 +109,17 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 		t.Errorf("reconcile part: %+v; want one correct run", r.Reconcile)
 	}
 
+	writer := map[string]WriterResult{}
+	for _, x := range r.Writer {
+		writer[x.Mode] = x
+	}
+	if x := writer["batch"]; x.Events != rows || x.EventsPerSec <= 0 || x.StatementsTxn != 1 {
+		t.Errorf("writer part, batch: %+v; want %d events at one statement per transaction", x, rows)
+	}
+	if x := writer["single"]; x.Events != rows || x.EventsPerSec <= 0 || x.StatementsTxn != float64(x.PerTxn) {
+		t.Errorf("writer part, one INSERT per event: %+v; want %d events at one statement per event", x, rows)
+	}
+
 	md, err := os.ReadFile(filepath.Join(results, "latest.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +131,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	if !strings.Contains(string(hist), "reduced-size check") {
 		t.Errorf("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile"} {
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer"} {
 		if !strings.Contains(string(md), "\n"+heading) {
 			t.Errorf("latest.md has no section %q", heading)
 		}
