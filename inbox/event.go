@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
 )
 
 // Header is one Kafka record header, as any client hands it over.
@@ -27,7 +29,7 @@ type Event struct {
 
 // VersionHeader is the header the writer (package outbox) puts the
 // aggregate's version in.
-const VersionHeader = "aggregate_version"
+const VersionHeader = outbox.VersionHeader
 
 // ErrNoEventID means a record lacks the event_id header: it did not come
 // from the relay, and the inbox cannot tell a re-delivery of it.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 func newWriter(t *testing.T) *outbox.Writer {
@@ -122,16 +122,6 @@ func TestWriterRefusesWhatTheRelayWouldNot(t *testing.T) {
 	}
 }
 
-// statementCounter counts the statements a connection sends: with no
-// pipelining, each is one round trip.
-type statementCounter struct{ n atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // A batch goes in one statement per 1,000 events, in order, and each row is
 // what the relay publishes: the caller's ID kept, others UUIDv7 in time
 // order, headers and the aggregate version as Kafka headers.
@@ -142,7 +132,7 @@ func TestWriterBatchRowsAsTheRelayReadsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counter := &statementCounter{}
+	counter := &harness.StatementCounter{}
 	cfg.Tracer = counter
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -169,12 +159,12 @@ func TestWriterBatchRowsAsTheRelayReadsThem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := counter.n.Load()
+	before := counter.Count()
 	ids, err := w.Write(ctx, tx, events...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := counter.n.Load() - before; got != 3 {
+	if got := counter.Count() - before; got != 3 {
 		t.Errorf("%d events took %d statements, want 3 (one per 1,000)", n, got)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // WriterResult is one mode of the writer part: how fast a service can put
@@ -23,16 +23,6 @@ type WriterResult struct {
 	Statements    int64   `json:"statements"` // INSERTs sent, BEGIN and COMMIT not counted
 	StatementsTxn float64 `json:"statements_per_txn"`
 }
-
-// statementCounter counts statements a connection sends; with no
-// pipelining each is one round trip.
-type statementCounter struct{ n atomic.Int64 }
-
-func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // writerBatch is the events per transaction of the writer part: a service
 // writing a modest burst in one business transaction.
@@ -52,7 +42,7 @@ func (b *bench) writerPart(ctx context.Context) ([]WriterResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	counter := &statementCounter{}
+	counter := &harness.StatementCounter{}
 	cfg.Tracer = counter
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
@@ -73,7 +63,6 @@ func (b *bench) writerPart(ctx context.Context) ([]WriterResult, error) {
 		}
 		for _, mode := range modes {
 			res := WriterResult{Mode: mode, Events: n, PerTxn: writerBatch}
-			before := counter.n.Load()
 			start := time.Now()
 			events := make([]outbox.Event, writerBatch)
 			for done := 0; done < n; done += writerBatch {
@@ -81,12 +70,13 @@ func (b *bench) writerPart(ctx context.Context) ([]WriterResult, error) {
 					events[i] = outbox.Event{AggregateType: "order", AggregateID: fmt.Sprintf("agg-%d", (done+i)%b.o.aggregates),
 						EventType: "order.updated", Payload: payload, Headers: map[string]string{"tenant": "acme"}}
 				}
-				if err := writeTxn(ctx, conn, w, events, mode == "batch", counter); err != nil {
+				statements, err := writeTxn(ctx, conn, w, events, mode == "batch", counter)
+				if err != nil {
 					return out, fmt.Errorf("writer, %s: %w", mode, err)
 				}
+				res.Statements += statements
 			}
 			res.Seconds = time.Since(start).Seconds()
-			res.Statements = counter.n.Load() - before
 			res.EventsPerSec = float64(n) / res.Seconds
 			res.StatementsTxn = float64(res.Statements) / float64(n/writerBatch)
 			b.logf("writer, %s: %d events in transactions of %d, %.0f events/s, %.1f INSERT statements per transaction",
@@ -98,15 +88,15 @@ func (b *bench) writerPart(ctx context.Context) ([]WriterResult, error) {
 }
 
 // writeTxn writes events in one transaction: with one Write (batch), or
-// one Write per event, which is one INSERT each. The counter leaves out
-// BEGIN and COMMIT, which both modes pay alike.
-func writeTxn(ctx context.Context, conn *pgx.Conn, w *outbox.Writer, events []outbox.Event, batch bool, counter *statementCounter) error {
+// one Write per event, which is one INSERT each. It returns the statements
+// the writes sent, without BEGIN and COMMIT, which both modes pay alike.
+func writeTxn(ctx context.Context, conn *pgx.Conn, w *outbox.Writer, events []outbox.Event, batch bool, counter *harness.StatementCounter) (int64, error) {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer tx.Rollback(ctx)
-	counter.n.Add(-1) // BEGIN
+	before := counter.Count()
 	if batch {
 		_, err = w.Write(ctx, tx, events...)
 	} else {
@@ -117,10 +107,10 @@ func writeTxn(ctx context.Context, conn *pgx.Conn, w *outbox.Writer, events []ou
 		}
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
-	counter.n.Add(-1) // COMMIT
-	return tx.Commit(ctx)
+	statements := counter.Count() - before
+	return statements, tx.Commit(ctx)
 }
 
 // writerMarkdown is the results section of the writer part.
