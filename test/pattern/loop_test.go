@@ -141,10 +141,11 @@ func (d drill) run(t *testing.T) {
 	writerRng := mrand.New(mrand.NewPCG(rng.Uint64(), 2))
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- write(db.DSN(), writerRng, d.aggregates, chunks, l) }()
+	waitWriter := sync.OnceValue(func() error { return <-writerDone })
 	closeChunks := sync.OnceFunc(func() { close(chunks) })
 	defer func() {
 		closeChunks()
-		<-writerDone
+		waitWriter()
 	}()
 
 	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: "pattern.{aggregate_type}"}.
@@ -212,10 +213,9 @@ func (d drill) run(t *testing.T) {
 	}
 	chunks <- d.events - (rounds+1)*chunk
 	closeChunks()
-	if err := <-writerDone; err != nil {
+	if err := waitWriter(); err != nil {
 		t.Fatalf("writer: %v", err)
 	}
-	writerDone <- nil // for the deferred wait
 
 	l.mu.Lock()
 	var committed []string
