@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -103,7 +105,8 @@ func EndOffsets(t testing.TB, brokers []string, topic string) map[int32]int64 {
 
 // CommittedOffsets returns the offsets consumer group has committed for
 // topic, by partition (absent: nothing committed), as the group
-// coordinator reports them.
+// coordinator reports them. A group the coordinator does not know yet has
+// committed nothing.
 func CommittedOffsets(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
 	t.Helper()
 	adm, closeAdm := adminClient(t, brokers)
@@ -113,6 +116,9 @@ func CommittedOffsets(t testing.TB, brokers []string, group, topic string) map[i
 	fetched, err := adm.FetchOffsetsForTopics(ctx, group, topic)
 	if err == nil {
 		err = fetched.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return map[int32]int64{}
 	}
 	if err != nil {
 		t.Fatalf("committed offsets of group %s: %v", group, err)
