@@ -14,8 +14,9 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/outbox-relay
 
-# A private PostgreSQL and an in-process Kafka broker, the relay between them,
-# and records printed as a plain Kafka consumer reads them.
+# A private PostgreSQL and an in-process Kafka broker; a service writing with
+# package outbox, the relay (SIGKILLed once half-way), and a consumer applying
+# the events through package inbox, printing each and the duplicates skipped.
 demo: build
 	$(GO) run ./cmd/outbox-relay-demo --relay $(BIN)
 
@@ -37,7 +38,7 @@ test-norace:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(NORACE_DRILLS)' ./test/drills/
 
 test-unit:
-	$(GO) test -race -count=1 ./lsn/ ./publisher/ ./replication/ ./migrations/ ./relay/ ./reconcile/ ./cmd/...
+	$(GO) test -race -count=1 ./lsn/ ./publisher/ ./replication/ ./migrations/ ./relay/ ./reconcile/ ./outbox/ ./inbox/... ./cmd/...
 	$(GO) test -count=1 -run '$(NORACE_PUBLISHER)' ./publisher/
 
 # Full-size failure drills (50,000 events, 20 SIGKILLs, ...): minutes, not for CI.

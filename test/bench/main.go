@@ -59,6 +59,7 @@ type options struct {
 	floorLingers  []time.Duration
 	quick         bool
 	reconcileRows int
+	writerEvents  int
 	shapes        string
 }
 
@@ -86,6 +87,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.StringVar(&o.rates, "rates", "1000,5000,max", "live-latency commit rates per second; max = as fast as the writers go")
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
 	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
+	fs.IntVar(&o.writerEvents, "writer-events", 200_000, "events each mode of the writer part writes")
 	fs.StringVar(&o.steadyRates, "steady-rates", "500,2000,5000", "commit rates per second of the steady-rate part")
 	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
 	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
@@ -102,7 +104,7 @@ func parseOptions(args []string) (*options, error) {
 	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
 	fs.StringVar(&o.shapes, "shapes", "single,batch100", "comma-separated catch-up shapes to measure: single (single-row transactions), batch100 (100-row transactions)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos")
+	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos, writer")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -147,6 +149,9 @@ func parseOptions(args []string) (*options, error) {
 		}
 		if !set["reconcile-rows"] {
 			o.reconcileRows = 100_000
+		}
+		if !set["writer-events"] {
+			o.writerEvents = 20_000
 		}
 		if !set["skip"] {
 			*skip = "bigtxn"
@@ -328,7 +333,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["writer"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
@@ -407,6 +412,13 @@ func (b *bench) run(ctx context.Context) error {
 				return fmt.Errorf("reconcile, %s: %w", br.name, err)
 			}
 			b.res.Reconcile = append(b.res.Reconcile, rr)
+		}
+	}
+	if !b.o.skip["writer"] {
+		wr, err := b.writerPart(ctx)
+		b.res.Writer = wr
+		if err != nil {
+			return err
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()

@@ -42,6 +42,7 @@ type Results struct {
 	Steady    *SteadyResult     `json:"steady,omitempty"`
 	Allocs    []GoBenchResult   `json:"allocs,omitempty"`
 	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
+	Writer    []WriterResult    `json:"writer,omitempty"`
 	Problems  []string          `json:"problems,omitempty"`
 	Duration  string            `json:"duration"`
 }
@@ -374,6 +375,7 @@ func (r *Results) markdown() string {
 		}
 	}
 	r.reconcileMarkdown(w)
+	r.writerMarkdown(w)
 	return b.String()
 }
 

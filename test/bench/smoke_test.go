@@ -29,7 +29,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	}
 	results := filepath.Join(dir, "results")
 	const rows = 1000
-	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--broker", "kfake",
+	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
 		"--relay-bin", harness.BuildRelay(t), "--out", results, "--note", "reduced-size check")
@@ -130,10 +130,21 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 		bad("reconcile part: %+v; want one correct run", r.Reconcile)
 	}
 
+	writer := map[string]WriterResult{}
+	for _, x := range r.Writer {
+		writer[x.Mode] = x
+	}
+	if x := writer["batch"]; x.Events != rows || x.EventsPerSec <= 0 || x.StatementsTxn != 1 {
+		bad("writer part, batch: %+v; want %d events at one statement per transaction", x, rows)
+	}
+	if x := writer["single"]; x.Events != rows || x.EventsPerSec <= 0 || x.StatementsTxn != float64(x.PerTxn) {
+		bad("writer part, one INSERT per event: %+v; want %d events at one statement per event", x, rows)
+	}
+
 	if !strings.Contains(hist, "reduced-size check") {
 		bad("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile"} {
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer"} {
 		if !strings.Contains(md, "\n"+heading) {
 			bad("latest.md has no section %q", heading)
 		}

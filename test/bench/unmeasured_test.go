@@ -28,10 +28,12 @@ func measuredResults(rows int) Results {
 			steady("floor-franz-go/kfake", ""), steady("relay/kfake", "")}},
 		EOS:       &EOSResult{Runs: []SteadyRun{steady("relay/kfake", "at-least-once"), steady("relay/kfake", "exactly-once")}},
 		Reconcile: []ReconcileResult{{Correct: true}},
+		Writer: []WriterResult{{Mode: "batch", Events: rows, EventsPerSec: 9000, PerTxn: 100, StatementsTxn: 1},
+			{Mode: "single", Events: rows, EventsPerSec: 4000, PerTxn: 100, StatementsTxn: 100}},
 	}
 }
 
-const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n"
+const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n"
 
 // A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
 // The bench read it in 10 ms clock ticks, so it often reported 0, and the

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -115,6 +117,35 @@ func EndOffsets(t testing.TB, brokers []string, topic string) map[int32]int64 {
 	}
 	out := make(map[int32]int64)
 	listed.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
+}
+
+// CommittedOffsets returns the offsets consumer group has committed for
+// topic, by partition (absent: nothing committed), as the group
+// coordinator reports them. A group the coordinator does not know yet has
+// committed nothing.
+func CommittedOffsets(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
+	t.Helper()
+	adm, closeAdm := adminClient(t, brokers)
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fetched, err := adm.FetchOffsetsForTopics(ctx, group, topic)
+	if err == nil {
+		err = fetched.Error()
+	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		return map[int32]int64{}
+	}
+	if err != nil {
+		t.Fatalf("committed offsets of group %s: %v", group, err)
+	}
+	out := make(map[int32]int64)
+	fetched.Each(func(o kadm.OffsetResponse) {
+		if o.At >= 0 {
+			out[o.Partition] = o.At
+		}
+	})
 	return out
 }
 

@@ -5,15 +5,16 @@
 //   - postgres.go: throwaway PostgreSQL clusters (wal_level=logical) on
 //     127.0.0.1, run as the postgres OS user when the tests run as root,
 //     with helpers for databases, connections, SQL, the current WAL
-//     position, replication slot state and LSN comparison, and
-//     stop/crash/restart drills.
+//     position, replication slot state and LSN comparison,
+//     stop/crash/restart drills, and a pgx tracer that counts statements.
 //   - kfake.go: in-process Kafka clusters (franz-go's kfake) with produce
 //     fault injection (fail, fail after append, cut, hold).
 //   - consumer.go: an independent franz-go consumer, Kafka's Java key
-//     partitioning, and delivery checks (loss, duplicates, per-aggregate
-//     order, header times).
-//   - process.go: building the relay binary once, running it as a child
-//     process with captured output, and Main, the TestMain helper.
+//     partitioning, delivery checks (loss, duplicates, per-aggregate
+//     order, header times), and a consumer group's committed offsets.
+//   - process.go: building the relay binary (or another program of the
+//     module) once, running it as a child process with captured output,
+//     and Main, the TestMain helper.
 //   - relay.go: the relay's command-line flags for a test (RelayFlags),
 //     running migrate and other short commands, starting run until it
 //     streams, its admin URL, peak RSS, and parsing its JSON log lines.

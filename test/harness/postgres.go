@@ -916,3 +916,20 @@ func (s *SharedPostgres) Get(t testing.TB) *Postgres {
 	}
 	return s.pg
 }
+
+// StatementCounter is a pgx tracer that counts the statements a
+// connection sends; without pipelining each is one round trip. Set it as
+// pgx.ConnConfig.Tracer.
+type StatementCounter struct{ n atomic.Int64 }
+
+// Count is how many statements were sent so far.
+func (c *StatementCounter) Count() int64 { return c.n.Load() }
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (c *StatementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (c *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

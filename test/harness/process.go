@@ -219,9 +219,14 @@ func procStatFields(pid int) []string {
 	return strings.Fields(string(b[i+1:]))
 }
 
-// relayBuild caches BuildRelay's result for the test binary: building the
-// relay once rather than per test keeps suites fast.
-var relayBuild struct {
+// builds caches each program's build for the test binary: building once
+// rather than per test keeps suites fast.
+var builds struct {
+	mu sync.Mutex
+	m  map[string]*build
+}
+
+type build struct {
 	once sync.Once
 	path string
 	out  string
@@ -234,16 +239,31 @@ var relayBuild struct {
 // compiler output.
 func BuildRelay(t testing.TB) string {
 	t.Helper()
-	relayBuild.once.Do(func() {
-		relayBuild.path, relayBuild.out, relayBuild.err = buildRelay()
-	})
-	if relayBuild.err != nil {
-		t.Fatalf("build relay: %v\n%s", relayBuild.err, relayBuild.out)
-	}
-	return relayBuild.path
+	return BuildProgram(t, "./cmd/outbox-relay")
 }
 
-func buildRelay() (path, output string, err error) {
+// BuildProgram is BuildRelay for any main package of the module, given as
+// a path from the module root (e.g. "./test/pattern/consumer").
+func BuildProgram(t testing.TB, pkg string) string {
+	t.Helper()
+	builds.mu.Lock()
+	if builds.m == nil {
+		builds.m = map[string]*build{}
+	}
+	b := builds.m[pkg]
+	if b == nil {
+		b = &build{}
+		builds.m[pkg] = b
+	}
+	builds.mu.Unlock()
+	b.once.Do(func() { b.path, b.out, b.err = buildProgram(pkg) })
+	if b.err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, b.err, b.out)
+	}
+	return b.path
+}
+
+func buildProgram(pkg string) (path, output string, err error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", "", err
@@ -257,15 +277,15 @@ func buildRelay() (path, output string, err error) {
 	if err != nil {
 		return "", "", fmt.Errorf("find go tool: %w", err)
 	}
-	path = filepath.Join(dir, "outbox-relay")
+	path = filepath.Join(dir, filepath.Base(pkg))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "build", "-o", path, "./cmd/outbox-relay")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", path, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return "", string(out), fmt.Errorf("go build ./cmd/outbox-relay: %w", err)
+		return "", string(out), fmt.Errorf("go build %s: %w", pkg, err)
 	}
 	return path, string(out), nil
 }

@@ -1,0 +1,353 @@
+// Package inbox applies events from the relay exactly once, as far as the
+// consumer's own database is concerned. At-least-once delivery re-delivers
+// events after crashes and restarts, and a consumer that crashes after its
+// database commit but before its Kafka offset commit sees the same records
+// again, in either delivery mode. So each event is applied in one local
+// transaction that also records its event_id in a processed-events table:
+// a re-delivered event finds its record and is skipped, and an error rolls
+// back the record together with the effect.
+//
+// The record must live in the same database, and commit in the same
+// transaction, as the side effect; a record kept elsewhere (a cache, another
+// database) brings back the dual write the outbox removed. It must also be
+// kept at least as long as any event can be re-delivered: see Prune.
+//
+// Optionally the inbox checks each aggregate's version (the
+// aggregate_version header the writer in package outbox sets): a version
+// already applied is skipped, one that skips a version is held back until
+// its predecessor arrives (or refused), and a predecessor missing for
+// longer than a limit is reported.
+//
+// The core takes any Kafka client's headers and value (Parse). Package
+// inboxsarama adapts it to a sarama consumer group and marks each offset
+// only after the event's transaction committed.
+package inbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Handler applies one event using tx, the transaction that also records
+// it. It must do all its database work through tx and must not commit or
+// roll it back. An error rolls back the record and every effect.
+type Handler func(ctx context.Context, tx pgx.Tx, ev Event) error
+
+// Beginner starts a transaction: *pgx.Conn, *pgxpool.Pool and pgx.Tx
+// (a savepoint) all are.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// GapPolicy says what happens to an event whose aggregate version skips
+// one.
+type GapPolicy int
+
+const (
+	// HoldGaps records the event and parks it; it is applied in the same
+	// transaction as its predecessor, once that arrives. The consumer
+	// moves on to later records meanwhile.
+	HoldGaps GapPolicy = iota
+	// RefuseGaps returns ErrVersionGap and records nothing, so the event
+	// comes back on the next delivery. With a Kafka consumer that retries
+	// (inboxsarama) the partition stops until an operator acts: the
+	// predecessor of an event can only arrive later on the same partition.
+	RefuseGaps
+)
+
+// ErrVersionGap is returned, wrapped, for a refused gap (RefuseGaps).
+var ErrVersionGap = errors.New("aggregate version gap")
+
+// Config configures an Inbox.
+type Config struct {
+	// Consumer names this consumer. Different consumers of the same
+	// events, even sharing the tables, each apply every event once.
+	Consumer string
+	// Tables are the inbox's tables (see SQL).
+	Tables Tables
+	// CheckVersions turns on the per-aggregate version checks. Events
+	// without the aggregate_version header are applied without a check.
+	CheckVersions bool
+	// Gaps is the policy for a version that skips one.
+	Gaps GapPolicy
+	// MissingAfter is how long an event may wait for its predecessor
+	// before the predecessor is reported missing; default 5 minutes.
+	MissingAfter time.Duration
+	// OnMissingPredecessor, if set, is called (outside any transaction)
+	// when Handle parks an event whose aggregate has waited longer than
+	// MissingAfter. Overdue lists all such aggregates.
+	OnMissingPredecessor func(Missing)
+	// RetentionFloor is the youngest age Prune will delete: the topics'
+	// retention plus the longest replay you expect (a reconcile
+	// --republish window, a consumer reset to an old offset). Prune
+	// refuses to run without it.
+	RetentionFloor time.Duration
+	// Metrics, if set, counts outcomes.
+	Metrics *Metrics
+	// Now is the clock for parked events and the missing limit; default
+	// time.Now.
+	Now func() time.Time
+}
+
+// Outcome is what Handle did with an event.
+type Outcome int
+
+const (
+	// Applied: the handler ran and committed.
+	Applied Outcome = iota + 1
+	// Duplicate: the event_id was recorded already; nothing ran.
+	Duplicate
+	// Stale: the aggregate had this version already; recorded, nothing ran.
+	Stale
+	// Parked: the predecessor is missing; the event waits (HoldGaps).
+	Parked
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Stale:
+		return "stale"
+	case Parked:
+		return "parked"
+	}
+	return "unknown"
+}
+
+// Result reports one Handle call.
+type Result struct {
+	Outcome Outcome
+	// Released counts parked successors applied in the same transaction.
+	Released int
+}
+
+// Missing is an aggregate waiting for a version.
+type Missing struct {
+	AggregateType, AggregateID string
+	// Applied is the last version applied; Waiting the lowest version
+	// parked, so the versions in between are missing.
+	Applied, Waiting int64
+	// Since is when the oldest parked event of the aggregate arrived.
+	Since time.Time
+}
+
+// Inbox applies events once per consumer.
+type Inbox struct {
+	cfg    Config
+	tables Tables
+	m      *Metrics
+}
+
+// New checks cfg and returns an Inbox.
+func New(cfg Config) (*Inbox, error) {
+	if cfg.Consumer == "" {
+		return nil, errors.New("inbox: Config.Consumer is empty; name the consumer (e.g. the service and its purpose)")
+	}
+	t := cfg.Tables.withDefaults()
+	if err := t.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MissingAfter <= 0 {
+		cfg.MissingAfter = 5 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Gaps != HoldGaps && cfg.Gaps != RefuseGaps {
+		return nil, fmt.Errorf("inbox: Config.Gaps %d: want HoldGaps or RefuseGaps", cfg.Gaps)
+	}
+	m := cfg.Metrics
+	if m == nil {
+		m = NewMetrics(cfg.Consumer) // counted, just not exported
+	}
+	return &Inbox{cfg: cfg, tables: t, m: m}, nil
+}
+
+// Metrics returns the inbox's counters.
+func (ib *Inbox) Metrics() *Metrics { return ib.m }
+
+// Handle applies ev once: in one transaction begun on db it records the
+// event_id, skips a duplicate, checks the version if configured, runs h and
+// commits. Any error rolls everything back; then the event was not applied
+// and must be handled again (do not commit its offset).
+func (ib *Inbox) Handle(ctx context.Context, db Beginner, ev Event, h Handler) (Result, error) {
+	if ev.ID == "" {
+		return Result{}, ErrNoEventID
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("event %s: begin: %w", ev.ID, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	res, missing, err := ib.apply(ctx, tx, ev, h)
+	if err != nil {
+		return Result{}, err
+	}
+	if res.Outcome == Duplicate {
+		// Nothing was written; ending the transaction either way is the same.
+		ib.m.duplicates.Add(1)
+		return res, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Result{}, fmt.Errorf("event %s: commit: %w", ev.ID, err)
+	}
+	switch res.Outcome {
+	case Applied:
+		ib.m.applied.Add(int64(1 + res.Released))
+	case Stale:
+		ib.m.staleVersions.Add(1)
+	case Parked:
+		ib.m.gaps.Add(1)
+	}
+	if missing != nil {
+		ib.m.missingReports.Add(1)
+		if ib.cfg.OnMissingPredecessor != nil {
+			ib.cfg.OnMissingPredecessor(*missing)
+		}
+	}
+	return res, nil
+}
+
+func (ib *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (Result, *Missing, error) {
+	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.processed()+` (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		ib.cfg.Consumer, ev.ID)
+	if err != nil {
+		return Result{}, nil, fmt.Errorf("event %s: record: %w", ev.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return Result{Outcome: Duplicate}, nil, nil
+	}
+	if !ib.cfg.CheckVersions || ev.Version == 0 {
+		if err := ib.run(ctx, tx, ev, h); err != nil {
+			return Result{}, nil, err
+		}
+		return Result{Outcome: Applied}, nil, nil
+	}
+	applied, err := ib.lockVersion(ctx, tx, ev)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	switch {
+	case ev.Version <= applied:
+		return Result{Outcome: Stale}, nil, nil
+	case ev.Version > applied+1:
+		if ib.cfg.Gaps == RefuseGaps {
+			ib.m.gaps.Add(1)
+			return Result{}, nil, fmt.Errorf("event %s: %s %s version %d arrived after version %d: %w",
+				ev.ID, ev.AggregateType, ev.AggregateID, ev.Version, applied, ErrVersionGap)
+		}
+		missing, err := ib.park(ctx, tx, ev, applied)
+		if err != nil {
+			return Result{}, nil, err
+		}
+		return Result{Outcome: Parked}, missing, nil
+	}
+	if err := ib.run(ctx, tx, ev, h); err != nil {
+		return Result{}, nil, err
+	}
+	released, last, err := ib.release(ctx, tx, ev, h)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+ib.tables.versions()+` SET version = $4
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, last); err != nil {
+		return Result{}, nil, fmt.Errorf("event %s: store version: %w", ev.ID, err)
+	}
+	return Result{Outcome: Applied, Released: released}, nil, nil
+}
+
+func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, ev Event, h Handler) error {
+	if err := h(ctx, tx, ev); err != nil {
+		ib.m.handlerErrors.Add(1)
+		return fmt.Errorf("event %s: handler: %w", ev.ID, err)
+	}
+	return nil
+}
+
+// lockVersion returns the aggregate's applied version (0 for a new one) and
+// locks its row, so two consumers handling the same aggregate at once (a
+// rebalance) take turns.
+func (ib *Inbox) lockVersion(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.versions()+` (consumer, aggregate_type, aggregate_id, version)
+		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`, ib.cfg.Consumer, ev.AggregateType, ev.AggregateID); err != nil {
+		return 0, fmt.Errorf("event %s: read version: %w", ev.ID, err)
+	}
+	var applied int64
+	if err := tx.QueryRow(ctx, `SELECT version FROM `+ib.tables.versions()+`
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`,
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID).Scan(&applied); err != nil {
+		return 0, fmt.Errorf("event %s: read version: %w", ev.ID, err)
+	}
+	return applied, nil
+}
+
+// park keeps an event until its predecessor arrives, and reports the
+// aggregate when its oldest parked event has waited past the limit.
+func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (*Missing, error) {
+	headers, err := json.Marshal(ev.Headers)
+	if err != nil {
+		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+	}
+	now := ib.cfg.Now()
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.parked()+`
+		(consumer, aggregate_type, aggregate_id, version, event_id, event_type, payload, headers, parked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, headers, now); err != nil {
+		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+	}
+	m := Missing{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Applied: applied}
+	if err := tx.QueryRow(ctx, `SELECT min(version), min(parked_at) FROM `+ib.tables.parked()+`
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID).Scan(&m.Waiting, &m.Since); err != nil {
+		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+	}
+	if now.Sub(m.Since) < ib.cfg.MissingAfter {
+		return nil, nil
+	}
+	return &m, nil
+}
+
+// release applies, in order, the parked successors that ev makes
+// contiguous, and returns how many and the last version applied.
+func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (int, int64, error) {
+	last := ev.Version
+	released := 0
+	for {
+		next := Event{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Version: last + 1}
+		var headers []byte
+		err := tx.QueryRow(ctx, `DELETE FROM `+ib.tables.parked()+`
+			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version = $4
+			RETURNING event_id, event_type, payload, headers`,
+			ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, next.Version).Scan(&next.ID, &next.EventType, &next.Payload, &headers)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return released, last, nil
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("event %s: release version %d: %w", ev.ID, next.Version, err)
+		}
+		if err := json.Unmarshal(headers, &next.Headers); err != nil {
+			return 0, 0, fmt.Errorf("event %s: release version %d: %w", ev.ID, next.Version, err)
+		}
+		if err := ib.run(ctx, tx, next, h); err != nil {
+			return 0, 0, err
+		}
+		released++
+		last = next.Version
+	}
+}
+
+// Querier runs statements: *pgx.Conn, *pgxpool.Pool and pgx.Tx all are.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}

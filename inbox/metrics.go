@@ -1,0 +1,81 @@
+package inbox
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics counts what an Inbox did. Register it with a Prometheus
+// registry; Counts reads the same numbers without one.
+type Metrics struct {
+	applied, duplicates, staleVersions, gaps, handlerErrors, missingReports atomic.Int64
+	missing                                                                 atomic.Int64
+	collectors                                                              []prometheus.Collector
+}
+
+// Counts is a snapshot of Metrics.
+type Counts struct {
+	Applied int64 // events whose handler ran and committed
+	// Duplicates are re-delivered events skipped by their event_id;
+	// StaleVersions are events skipped because their aggregate version was
+	// already applied.
+	Duplicates, StaleVersions int64
+	VersionGaps               int64 // events that arrived before their predecessor
+	HandlerErrors             int64 // handler calls that failed (each rolled back)
+	MissingReports            int64 // predecessors reported missing past the limit
+	MissingPredecessors       int64 // aggregates waiting past the limit at the last Overdue call
+}
+
+// NewMetrics returns the collectors for one consumer; the consumer name is
+// a constant label.
+func NewMetrics(consumer string) *Metrics {
+	m := &Metrics{}
+	labels := prometheus.Labels{"consumer": consumer}
+	counter := func(name, help string, v *atomic.Int64, extra prometheus.Labels) {
+		l := prometheus.Labels{}
+		for k, x := range labels {
+			l[k] = x
+		}
+		for k, x := range extra {
+			l[k] = x
+		}
+		m.collectors = append(m.collectors, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: name, Help: help, ConstLabels: l,
+		}, func() float64 { return float64(v.Load()) }))
+	}
+	counter("inbox_events_applied_total", "Events whose handler ran and committed with their processed-event record.", &m.applied, nil)
+	counter("inbox_duplicates_skipped_total", "Events skipped without running the handler: a re-delivered event_id, or a version already applied.", &m.duplicates, prometheus.Labels{"reason": "event_id"})
+	counter("inbox_duplicates_skipped_total", "Events skipped without running the handler: a re-delivered event_id, or a version already applied.", &m.staleVersions, prometheus.Labels{"reason": "version"})
+	counter("inbox_version_gaps_total", "Events that arrived before their aggregate's previous version (held back or refused).", &m.gaps, nil)
+	counter("inbox_handler_errors_total", "Handler calls that returned an error; each rolled back its record and effect.", &m.handlerErrors, nil)
+	counter("inbox_missing_predecessor_reports_total", "Times an event waited on a predecessor longer than the limit.", &m.missingReports, nil)
+	m.collectors = append(m.collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inbox_missing_predecessors", ConstLabels: labels,
+		Help: "Aggregates whose next version has been missing longer than the limit, at the last check.",
+	}, func() float64 { return float64(m.missing.Load()) }))
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.collectors {
+		c.Collect(ch)
+	}
+}
+
+// Counts returns the current values.
+func (m *Metrics) Counts() Counts {
+	return Counts{
+		Applied: m.applied.Load(), Duplicates: m.duplicates.Load(), StaleVersions: m.staleVersions.Load(),
+		VersionGaps: m.gaps.Load(), HandlerErrors: m.handlerErrors.Load(),
+		MissingReports: m.missingReports.Load(), MissingPredecessors: m.missing.Load(),
+	}
+}

@@ -1,0 +1,294 @@
+// Package outbox writes events into the relay's outbox table inside the
+// caller's own database transaction, so an event exists exactly when the
+// business change it describes does.
+//
+// The writer enforces the contract the relay reads (the table migrate
+// creates, the columns the relay publishes, the header rules), so an event
+// the relay could not publish fails here, in the service, with an error that
+// names the event and the field, instead of being quarantined later.
+//
+// Event IDs are stable: the caller's own ID when it has one (derive it from
+// the request, so the service's retries keep it), otherwise a time-ordered
+// UUID (version 7), which keeps the primary-key index compact.
+//
+// Many events go to the table in one statement per 1,000 events, not one
+// round trip each.
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultTable is the outbox table migrate creates.
+const DefaultTable = "public.outbox_events"
+
+// VersionHeader is the Kafka header that carries Event.AggregateVersion.
+// The writer puts it into the row's headers column, which the relay sends
+// as headers, so the relay and the table need nothing else.
+const VersionHeader = "aggregate_version"
+
+// reservedHeaders are the headers every record carries already; a row's
+// own headers may not use them. The list is the relay's
+// (publisher.ReservedHeaders, checked by a test) and the table's CHECK.
+var reservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "schema_version", "occurred_at"}
+
+// maxRowsPerStatement keeps a statement far below PostgreSQL's 65,535
+// parameters (8 per row) and its plan small.
+const maxRowsPerStatement = 1000
+
+// Event is one event to write.
+type Event struct {
+	// ID is the event_id, a UUID. Leave it empty to get a new UUIDv7; set
+	// it (for example a UUID derived from the request's idempotency key)
+	// when a retry of the same request must produce the same event.
+	ID string
+	// AggregateType, AggregateID and EventType are required. AggregateID
+	// is the Kafka key: events of one aggregate keep their order.
+	AggregateType string
+	AggregateID   string
+	EventType     string
+	// SchemaVersion is the payload's schema version; 0 means 1.
+	SchemaVersion int
+	// Payload is the record's value, a JSON document.
+	Payload []byte
+	// Headers are extra Kafka headers (tenant, traceparent, ...). The
+	// relay's own header names and VersionHeader are refused.
+	Headers map[string]string
+	// OccurredAt is when the business fact happened; zero means the
+	// transaction's start (now()).
+	OccurredAt time.Time
+	// AggregateVersion, when above 0, is the aggregate's version after
+	// this event. It travels as the aggregate_version header, so a
+	// consumer can ignore an old version and notice a missing one (see
+	// package inbox). Versions of one aggregate must grow by one per event.
+	AggregateVersion int64
+}
+
+// Writer writes events into one outbox table. It holds no connection and
+// is safe for concurrent use.
+type Writer struct {
+	table string // quoted, schema-qualified
+	name  string // as the caller wrote it, for errors
+}
+
+// New returns a writer for the outbox table "schema.table" (schema defaults
+// to public); an empty name means DefaultTable.
+func New(table string) (*Writer, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) == 1 {
+		parts = []string{"public", parts[0]}
+	}
+	if len(parts) != 2 {
+		return nil, fmt.Errorf("outbox table %q: want schema.table, e.g. %s", table, DefaultTable)
+	}
+	for _, p := range parts {
+		if p == "" || len(p) > 63 || strings.ContainsRune(p, 0) {
+			return nil, fmt.Errorf("outbox table %q: each part must be 1 to 63 bytes with no NUL byte", table)
+		}
+	}
+	return &Writer{table: pgx.Identifier(parts).Sanitize(), name: table}, nil
+}
+
+// Write inserts the events into the outbox table within tx, in the order
+// given, and returns their event IDs. Nothing is written unless every
+// event is valid. Commit or roll back tx as usual: the events share its
+// fate.
+func (w *Writer) Write(ctx context.Context, tx pgx.Tx, events ...Event) ([]string, error) {
+	return w.write(ctx, events, func(ctx context.Context, query string, args []any) error {
+		_, err := tx.Exec(ctx, query, args...)
+		return err
+	})
+}
+
+// WriteSQL is Write for a database/sql transaction (with the pgx stdlib
+// driver or lib/pq).
+func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]string, error) {
+	return w.write(ctx, events, func(ctx context.Context, query string, args []any) error {
+		_, err := tx.ExecContext(ctx, query, args...)
+		return err
+	})
+}
+
+type execFunc func(ctx context.Context, query string, args []any) error
+
+func (w *Writer) write(ctx context.Context, events []Event, exec execFunc) ([]string, error) {
+	rows := make([]row, len(events))
+	ids := make([]string, len(events))
+	for i := range events {
+		r, err := prepare(&events[i])
+		if err != nil {
+			return nil, fmt.Errorf("outbox event %d of %d: %w", i+1, len(events), err)
+		}
+		rows[i], ids[i] = r, r.id
+	}
+	for start := 0; start < len(rows); start += maxRowsPerStatement {
+		chunk := rows[start:min(start+maxRowsPerStatement, len(rows))]
+		query, args := w.insert(chunk)
+		if err := exec(ctx, query, args); err != nil {
+			return nil, fmt.Errorf("insert %d events into %s: %w", len(chunk), w.name, err)
+		}
+	}
+	return ids, nil
+}
+
+// row is an event ready for the INSERT.
+type row struct {
+	id            string
+	aggregateType string
+	aggregateID   string
+	eventType     string
+	schemaVersion int
+	payload       string
+	headers       *string
+	occurredAt    *time.Time
+}
+
+// columns of the INSERT, in order; the optional ones are sent only when an
+// event of the statement sets them, so a table without them works too.
+const insertPrefix = "event_id, aggregate_type, aggregate_id, event_type, payload"
+
+// insert builds one multi-row INSERT. Parameters take their types from
+// the table's columns, so uuid or text ids, jsonb or json payloads and
+// either timestamp type all work.
+func (w *Writer) insert(rows []row) (string, []any) {
+	var withVersion, withHeaders, withTime bool
+	for _, r := range rows {
+		withVersion = withVersion || r.schemaVersion != 1
+		withHeaders = withHeaders || r.headers != nil
+		withTime = withTime || r.occurredAt != nil
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO ")
+	b.WriteString(w.table)
+	b.WriteString(" (" + insertPrefix)
+	if withVersion {
+		b.WriteString(", schema_version")
+	}
+	if withHeaders {
+		b.WriteString(", headers")
+	}
+	if withTime {
+		b.WriteString(", occurred_at")
+	}
+	b.WriteString(") VALUES ")
+	args := make([]any, 0, len(rows)*8)
+	param := func(v any) string {
+		args = append(args, v)
+		return "$" + strconv.Itoa(len(args))
+	}
+	for i, r := range rows {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('(')
+		b.WriteString(param(r.id) + "," + param(r.aggregateType) + "," + param(r.aggregateID) + "," +
+			param(r.eventType) + "," + param(r.payload))
+		if withVersion {
+			b.WriteString("," + param(r.schemaVersion))
+		}
+		if withHeaders {
+			b.WriteString("," + param(r.headers))
+		}
+		if withTime {
+			if r.occurredAt == nil {
+				b.WriteString(",DEFAULT")
+			} else {
+				b.WriteString("," + param(*r.occurredAt))
+			}
+		}
+		b.WriteByte(')')
+	}
+	return b.String(), args
+}
+
+// prepare checks an event against the relay's rules and fills in what the
+// caller left to the writer.
+func prepare(ev *Event) (row, error) {
+	id := ev.ID
+	if id == "" {
+		id = NewID()
+	} else if !isUUID(id) {
+		return row{}, fmt.Errorf("event ID %q is not a UUID (the outbox table's event_id is uuid)", id)
+	} else {
+		// PostgreSQL prints uuids in lower case, and the relay publishes
+		// that text: the returned ID must match the event_id header.
+		id = strings.ToLower(id)
+	}
+	r := row{id: id, aggregateType: ev.AggregateType, aggregateID: ev.AggregateID, eventType: ev.EventType, schemaVersion: ev.SchemaVersion}
+	for _, f := range [...]struct{ name, value string }{
+		{"AggregateType", ev.AggregateType}, {"AggregateID", ev.AggregateID}, {"EventType", ev.EventType},
+	} {
+		if f.value == "" {
+			return row{}, fmt.Errorf("event %s: %s is empty; the relay needs it for the topic, key and headers", id, f.name)
+		}
+		if strings.ContainsRune(f.value, 0) {
+			return row{}, fmt.Errorf("event %s: %s holds a NUL byte, which PostgreSQL text cannot store", id, f.name)
+		}
+	}
+	if r.schemaVersion == 0 {
+		r.schemaVersion = 1
+	}
+	if r.schemaVersion < 0 {
+		return row{}, fmt.Errorf("event %s: SchemaVersion %d is negative", id, ev.SchemaVersion)
+	}
+	if len(ev.Payload) == 0 || !json.Valid(ev.Payload) {
+		return row{}, fmt.Errorf("event %s: Payload is not a JSON document (the relay publishes the payload column, jsonb)", id)
+	}
+	r.payload = string(ev.Payload)
+	if ev.AggregateVersion < 0 {
+		return row{}, fmt.Errorf("event %s: AggregateVersion %d is negative", id, ev.AggregateVersion)
+	}
+	if len(ev.Headers) > 0 || ev.AggregateVersion > 0 {
+		headers := make(map[string]string, len(ev.Headers)+1)
+		for k, v := range ev.Headers {
+			if err := checkHeader(k, v); err != nil {
+				return row{}, fmt.Errorf("event %s: %w", id, err)
+			}
+			headers[k] = v
+		}
+		if ev.AggregateVersion > 0 {
+			headers[VersionHeader] = strconv.FormatInt(ev.AggregateVersion, 10)
+		}
+		b, err := json.Marshal(headers)
+		if err != nil {
+			return row{}, fmt.Errorf("event %s: encode headers: %w", id, err)
+		}
+		s := string(b)
+		r.headers = &s
+	}
+	if !ev.OccurredAt.IsZero() {
+		t := ev.OccurredAt
+		r.occurredAt = &t
+	}
+	return r, nil
+}
+
+// errReserved says which header a row may not set.
+var errReserved = errors.New("is set by the relay for every record and may not be a row header")
+
+func checkHeader(name, value string) error {
+	for _, r := range reservedHeaders {
+		if name == r {
+			return fmt.Errorf("header %q %w", name, errReserved)
+		}
+	}
+	if name == VersionHeader {
+		return fmt.Errorf("header %q is written from Event.AggregateVersion; set that instead", name)
+	}
+	if strings.ContainsRune(name, 0) || strings.ContainsRune(value, 0) {
+		return fmt.Errorf("header %q holds a NUL byte, which jsonb cannot store", name)
+	}
+	return nil
+}

@@ -1,0 +1,16 @@
+package outbox
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// The writer refuses the headers the relay would refuse: a list that drifts
+// lets an event through here that the relay then quarantines.
+func TestReservedHeadersAreTheRelays(t *testing.T) {
+	if !slices.Equal(reservedHeaders, publisher.ReservedHeaders) {
+		t.Fatalf("writer reserves %v, the relay %v", reservedHeaders, publisher.ReservedHeaders)
+	}
+}

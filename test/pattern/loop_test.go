@@ -1,0 +1,426 @@
+package pattern
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+const (
+	topic      = "pattern.account"
+	partitions = 6
+	group      = "ledger"
+)
+
+// TestDrillWriterRelayInbox is the end-to-end drill of the pattern. A
+// writer commits business rows (an account's version) and their events
+// through package outbox over many aggregates, and rolls back one
+// transaction in eight after writing its events. The relay is SIGKILLed
+// several times, with a PostgreSQL immediate shutdown and restart after
+// every other kill. Two consumer processes in one group apply the events
+// through package inbox, with version checks, into a side-effect table,
+// and each is SIGKILLed mid-stream several times. At the end the side-effect
+// table must hold every committed event exactly once, in per-aggregate
+// version order, and nothing of a rolled-back transaction; the consumers
+// must have skipped duplicates, so the dedupe path ran.
+//
+// Reduced: 3,000 events over 100 aggregates, 3 relay kills, 2 kills of each
+// consumer; OUTBOX_RELAY_DRILL_SIZE=full: 30,000 events over 1,000
+// aggregates, 8 relay kills, 5 kills of each consumer. It runs once with
+// the relay at least once and once with --delivery exactly-once (the
+// consumers then read with read_committed).
+func TestDrillWriterRelayInbox(t *testing.T) {
+	for _, mode := range []struct {
+		name          string
+		relayArgs     []string
+		readCommitted bool
+	}{
+		{"at-least-once", nil, false},
+		{"exactly-once", []string{"--delivery", "exactly-once", "--transaction-interval", "50ms"}, true},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			d := drill{
+				events: sized(3_000, 30_000), aggregates: sized(100, 1_000),
+				relayKills: sized(3, 8), consumerKills: sized(2, 5),
+				relayArgs: mode.relayArgs, readCommitted: mode.readCommitted,
+			}
+			d.run(t)
+		})
+	}
+}
+
+type drill struct {
+	events, aggregates, relayKills, consumerKills int
+	relayArgs                                     []string
+	readCommitted                                 bool
+}
+
+// ledger is what the writer committed and rolled back.
+type ledger struct {
+	mu        sync.Mutex
+	committed map[string]bool     // event id -> committed
+	order     map[string][]string // aggregate -> event ids in version order
+	aborted   []string
+	abortedTx int
+}
+
+func (l *ledger) commit(ids, aggs []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, id := range ids {
+		l.committed[id] = true
+		l.order[aggs[i]] = append(l.order[aggs[i]], id)
+	}
+}
+
+func (l *ledger) abort(ids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.aborted = append(l.aborted, ids...)
+	l.abortedTx++
+}
+
+func (l *ledger) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.committed)
+}
+
+func (d drill) run(t *testing.T) {
+	began := time.Now()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("OUTBOX_RELAY_DRILL_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("OUTBOX_RELAY_DRILL_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("random seed %d (set OUTBOX_RELAY_DRILL_SEED=%d to replay)", seed, seed)
+	rng := mrand.New(mrand.NewPCG(seed, 1))
+
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	relayBin := harness.BuildRelay(t)
+	consumerBin := harness.BuildProgram(t, "./test/pattern/consumer")
+	slot := db.Name()
+	harness.Migrate(t, relayBin, harness.RelayFlags{DSN: db.DSN(), Slot: slot}.Args("migrate"))
+	ddl, err := inbox.SQL(inbox.Tables{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Exec(t, ddl)
+	db.Exec(t, `CREATE TABLE accounts (id text PRIMARY KEY, version bigint NOT NULL)`)
+	db.Exec(t, `INSERT INTO accounts SELECT 'acct-' || i, 0 FROM generate_series(1, $1::int) i`, d.aggregates)
+	db.Exec(t, `CREATE TABLE effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, event_id text NOT NULL,
+		aggregate_id text NOT NULL, version bigint NOT NULL, pid int NOT NULL)`)
+
+	k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
+	k.CreateTopic(t, topic, partitions, nil)
+	brokers := k.Brokers()
+
+	// The writer commits one chunk per round, so writing spans the kills.
+	l := &ledger{committed: map[string]bool{}, order: map[string][]string{}}
+	rounds := max(d.relayKills, 2*d.consumerKills)
+	chunk := d.events / (rounds + 1)
+	chunks := make(chan int, rounds+1)
+	writerRng := mrand.New(mrand.NewPCG(rng.Uint64(), 2))
+	writerDone := make(chan error, 1)
+	go func() { writerDone <- write(db.DSN(), writerRng, d.aggregates, chunks, l) }()
+	waitWriter := sync.OnceValue(func() error { return <-writerDone })
+	closeChunks := sync.OnceFunc(func() { close(chunks) })
+	defer func() {
+		closeChunks()
+		waitWriter()
+	}()
+
+	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: "pattern.{aggregate_type}"}.
+		Args("run", d.relayArgs...)
+	startRelay := func() *harness.Process {
+		return harness.StartProcess(t, relayBin, relayArgs, []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	}
+	consumerArgs := []string{"--brokers", strings.Join(brokers, ","), "--dsn", db.DSN(), "--group", group, "--topic", topic,
+		"--read-committed=" + strconv.FormatBool(d.readCommitted)}
+	var lives []*harness.Process // every consumer life, for its counters
+	startConsumer := func() *harness.Process {
+		p := harness.StartProcess(t, consumerBin, consumerArgs, nil)
+		lives = append(lives, p)
+		return p
+	}
+	kafkaRecords := func() int64 {
+		var n int64
+		for _, o := range harness.EndOffsets(t, brokers, topic) {
+			n += o
+		}
+		return n
+	}
+	applied := func() int64 { return db.QueryInt64(t, `SELECT count(*) FROM effects`) }
+
+	chunks <- chunk
+	relay := startRelay()
+	consumers := [2]*harness.Process{startConsumer(), startConsumer()}
+	pgRestarts, consumerKillsDone := 0, 0
+	for round := 0; round < rounds; round++ {
+		chunks <- chunk
+		if round < d.relayKills {
+			// Kill once the relay has published a random share of a chunk
+			// in this life: mid-stream, with acknowledgements in flight.
+			from, target := kafkaRecords(), int64(1+rng.IntN(max(chunk/2, 1)))
+			harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("relay life %d publishes %d records", round+1, target), func() bool {
+				return relay.Exited() || kafkaRecords()-from >= target
+			})
+			if relay.Exited() {
+				t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
+			}
+			relay.Kill()
+			if round%2 == 0 {
+				pg.StopImmediate(t)
+				pg.Start(t)
+				pgRestarts++
+			}
+			relay = startRelay()
+		}
+		if round < 2*d.consumerKills {
+			// Kill one consumer while it applies records: some of what it
+			// committed to the database has no offset committed yet.
+			victim := round % 2
+			from, target := applied(), int64(1+rng.IntN(max(chunk/3, 1)))
+			harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("consumers apply %d more events", target), func() bool {
+				return consumers[victim].Exited() || applied()-from >= target
+			})
+			if consumers[victim].Exited() {
+				t.Fatalf("consumer exited on its own:\n%s", harness.LastLines(consumers[victim].Output(), 30))
+			}
+			consumers[victim].Kill()
+			consumerKillsDone++
+			consumers[victim] = startConsumer()
+		}
+		t.Logf("round %d: %d events committed, %d records in Kafka, %d effects", round+1, l.count(), kafkaRecords(), applied())
+	}
+	chunks <- d.events - (rounds+1)*chunk
+	closeChunks()
+	if err := waitWriter(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+
+	l.mu.Lock()
+	var committed []string
+	for id := range l.committed {
+		committed = append(committed, id)
+	}
+	l.mu.Unlock()
+	harness.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d committed events are applied", len(committed)), func() bool {
+		if relay.Exited() {
+			t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
+		}
+		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects WHERE event_id = ANY($1)`, committed) == int64(len(committed))
+	})
+	for _, c := range consumers {
+		if err := c.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		if code, err := c.Wait(time.Minute); err != nil || code != 0 {
+			t.Fatalf("consumer stopped with %d, %v:\n%s", code, err, harness.LastLines(c.Output(), 30))
+		}
+	}
+
+	// Exactly once: no event's effect twice, nothing rolled back applied.
+	if n := db.QueryInt64(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) twice`); n != 0 {
+		t.Errorf("%d events applied more than once", n)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM effects WHERE event_id = ANY($1)`, l.aborted); n != 0 {
+		t.Errorf("%d effects of rolled-back transactions", n)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM effects`); n != int64(len(committed)) {
+		t.Errorf("%d effects for %d committed events", n, len(committed))
+	}
+	// Per-aggregate order: each aggregate's effects, in the order they were
+	// applied, are its events in version order.
+	rows, err := db.Connect(t).Query(context.Background(), `SELECT aggregate_id, event_id, version FROM effects ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for rows.Next() {
+		var agg, id string
+		var version int64
+		if err := rows.Scan(&agg, &id, &version); err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(len(got[agg]) + 1); version != want {
+			t.Errorf("%s: version %d applied as its #%d effect", agg, version, want)
+		}
+		got[agg] = append(got[agg], id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for agg, ids := range l.order {
+		if strings.Join(got[agg], ",") != strings.Join(ids, ",") {
+			t.Errorf("%s: applied %d events in an order other than committed (%d events)", agg, len(got[agg]), len(ids))
+		}
+	}
+
+	// What the consumers counted, each life up to its last line.
+	var sum inbox.Counts
+	for _, p := range lives {
+		c := lastCounts(p.Output())
+		sum.Applied += c.Applied
+		sum.Duplicates += c.Duplicates
+		sum.StaleVersions += c.StaleVersions
+		sum.VersionGaps += c.VersionGaps
+		sum.HandlerErrors += c.HandlerErrors
+	}
+	if sum.Duplicates+sum.StaleVersions == 0 {
+		t.Errorf("the consumers skipped no duplicate: the dedupe path never ran")
+	}
+	records := kafkaRecords()
+	t.Logf("%d events committed over %d aggregates (%d events in %d rolled-back transactions), %d Kafka offsets used; "+
+		"%d relay kills, %d PostgreSQL immediate restarts, %d consumer kills; consumers counted %d applied, %d duplicates skipped "+
+		"(%d by version), %d version gaps, %d handler errors; 0 effects applied twice; %v",
+		len(committed), d.aggregates, len(l.aborted), l.abortedTx, records, d.relayKills, pgRestarts, consumerKillsDone,
+		sum.Applied, sum.Duplicates, sum.StaleVersions, sum.VersionGaps, sum.HandlerErrors, time.Since(began).Round(time.Second))
+}
+
+// lastCounts is the last counter line a consumer life printed.
+func lastCounts(out string) inbox.Counts {
+	var c inbox.Counts
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if err := json.Unmarshal([]byte(lines[i]), &c); err == nil && strings.HasPrefix(lines[i], `{"Applied"`) {
+			return c
+		}
+	}
+	return inbox.Counts{}
+}
+
+// write is the service: each transaction bumps the version of one to three
+// accounts and writes one event per bump with the outbox writer, and one
+// transaction in eight is rolled back after writing. It survives
+// PostgreSQL restarts: a transaction that fails is rolled back, and one
+// whose COMMIT got no answer is looked up after reconnecting.
+func write(dsn string, rng *mrand.Rand, aggregates int, chunks <-chan int, l *ledger) error {
+	ctx := context.Background()
+	w, err := outbox.New("")
+	if err != nil {
+		return err
+	}
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(ctx)
+		}
+	}()
+	reconnect := func() error {
+		if conn != nil {
+			conn.Close(ctx)
+			conn = nil
+		}
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			c, err := pgx.Connect(ctx, dsn)
+			if err == nil {
+				conn = c
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("reconnect: %w", err)
+			}
+			time.Sleep(50 * time.Millisecond) // retry pacing, not synchronisation
+		}
+	}
+	if err := reconnect(); err != nil {
+		return err
+	}
+	for n := range chunks {
+		for n > 0 {
+			size := min(n, 1+rng.IntN(3))
+			ids := make([]string, size)
+			aggs := make([]string, size)
+			for i := range ids {
+				ids[i] = outbox.NewID()
+				aggs[i] = fmt.Sprintf("acct-%d", 1+rng.IntN(aggregates))
+			}
+			rollback := rng.IntN(8) == 0
+			outcome, err := writeTxn(ctx, conn, w, ids, aggs, rollback)
+			if err != nil {
+				if err := reconnect(); err != nil {
+					return err
+				}
+				if outcome == inDoubt {
+					var found int
+					if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])`, ids).Scan(&found); err != nil {
+						return fmt.Errorf("look up a transaction in doubt: %w", err)
+					}
+					if found == size {
+						outcome = committed
+					} else if found == 0 {
+						outcome = aborted
+					} else {
+						return fmt.Errorf("%d of %d events of one transaction committed", found, size)
+					}
+				}
+			}
+			switch outcome {
+			case committed:
+				l.commit(ids, aggs)
+				n -= size
+			case aborted:
+				l.abort(ids)
+			}
+		}
+	}
+	return nil
+}
+
+type txnOutcome int
+
+const (
+	committed txnOutcome = iota
+	aborted
+	inDoubt
+)
+
+func writeTxn(ctx context.Context, conn *pgx.Conn, w *outbox.Writer, ids, aggs []string, rollback bool) (txnOutcome, error) {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return aborted, err
+	}
+	defer tx.Rollback(ctx)
+	events := make([]outbox.Event, len(ids))
+	for i := range ids {
+		var version int64
+		if err := tx.QueryRow(ctx, `UPDATE accounts SET version = version + 1 WHERE id = $1 RETURNING version`, aggs[i]).Scan(&version); err != nil {
+			return aborted, err
+		}
+		events[i] = outbox.Event{ID: ids[i], AggregateType: "account", AggregateID: aggs[i], EventType: "Bumped",
+			Payload: fmt.Appendf(nil, `{"version": %d}`, version), AggregateVersion: version}
+	}
+	if _, err := w.Write(ctx, tx, events...); err != nil {
+		return aborted, err
+	}
+	if rollback {
+		return aborted, tx.Rollback(ctx)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			return aborted, err
+		}
+		return inDoubt, err
+	}
+	return committed, nil
+}
