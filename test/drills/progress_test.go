@@ -246,13 +246,14 @@ func restartMidStream(t *testing.T, mode string) {
 		m, err := off.read(w.topics())
 		return err == nil && sumOffsets(m) >= before
 	})
+	major := pg.Major(t)
 	if mode == "fast" {
 		pg.Stop(t)
 	} else {
 		pg.StopImmediate(t)
 	}
 	werr := pw.halt() // the stop ends it; its last COMMIT is in doubt until reconcileLedger
-	t.Logf("PostgreSQL %d stopped (-m %s) with %d events committed (writer stopped on: %v)", pg.Major(t), mode, w.CommittedCount(), werr)
+	t.Logf("PostgreSQL %d stopped (-m %s) with %d events committed (writer stopped on: %v)", major, mode, w.CommittedCount(), werr)
 	streams := strings.Count(relay.Output(), harness.LogStreaming)
 	pg.Start(t)
 	harness.WaitFor(t, 2*time.Minute, "the relay streams again", func() bool {
@@ -279,7 +280,7 @@ func restartMidStream(t *testing.T, mode string) {
 		again += n - 1
 	}
 	t.Logf("PostgreSQL %d, -m %s: %d events committed, %d re-delivered after the restart (bound %d: in-flight %d + 2 status intervals at %.0f events/s)",
-		pg.Major(t), mode, w.CommittedCount(), again, bound, maxInFlight, rate)
+		major, mode, w.CommittedCount(), again, bound, maxInFlight, rate)
 	if again > bound {
 		t.Fatalf("%d events re-delivered after a PostgreSQL restart (-m %s); the bound is %d", again, mode, bound)
 	}
