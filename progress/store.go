@@ -119,6 +119,8 @@ func (s *Store) ensureTopic(ctx context.Context, create bool) error {
 		if err := s.createTopic(); err != nil {
 			return err
 		}
+	} else if err := s.checkLayout(meta[0]); err != nil {
+		return err
 	}
 	return s.awaitLeader(ctx)
 }

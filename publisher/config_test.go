@@ -55,3 +55,27 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// Issue 24.1: a progress topic the template can produce would mix
+// progress records and events in one compacted topic.
+func TestTemplateCanName(t *testing.T) {
+	for _, tc := range []struct {
+		template, topic string
+		want            bool
+	}{
+		{"same.topic", "same.topic", true},
+		{"same.topic", "other.topic", false},
+		{"outbox.event.{aggregate_type}", "outbox.event.pub", true},
+		{"outbox.event.{aggregate_type}", "outbox.event.", false}, // a placeholder is never empty
+		{"outbox.event.{aggregate_type}", "outbox-relay.progress", false},
+		{"{aggregate_type}", "outbox-relay.progress", true},
+		{"{aggregate_type}.{event_type}", "a.b.c", true},
+		{"{aggregate_type}.{event_type}", "nodot", false},
+		{"x.{event_type}", "xy.z", false}, // '.' is literal, not any character
+	} {
+		got, err := TemplateCanName(tc.template, tc.topic)
+		if err != nil || got != tc.want {
+			t.Errorf("TemplateCanName(%q, %q) = %v, %v; want %v", tc.template, tc.topic, got, err, tc.want)
+		}
+	}
+}

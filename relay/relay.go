@@ -143,7 +143,27 @@ func (c Config) Validate() error {
 	if err := c.ValidateDelivery(); err != nil {
 		return err
 	}
+	if err := c.validateProgressTopic(); err != nil {
+		return err
+	}
 	return c.Retention.validate()
+}
+
+// validateProgressTopic refuses a progress topic that an event could be
+// routed to. Events and progress records would then share a topic: the
+// relay creates it compacted, so Kafka would keep only the last event of
+// each aggregate, and consumers would read progress records as events.
+func (c Config) validateProgressTopic() error {
+	if c.Progress.Topic == "" {
+		return nil
+	}
+	clash, err := publisher.TemplateCanName(c.Publisher.TopicTemplate, c.Progress.Topic)
+	if err != nil || !clash {
+		return nil // a bad --topic is reported by the publisher's own check
+	}
+	return fmt.Errorf("--progress-topic %s: --topic %s can name it, so events and progress records would share one topic (compacted: Kafka would keep only the last event of each aggregate, and consumers would read progress records as events); "+
+		"choose a progress topic the template can never produce (the default is %s), or give --topic a fixed prefix or suffix",
+		c.Progress.Topic, c.Publisher.TopicTemplate, progress.DefaultTopic)
 }
 
 // Relay runs stream sessions until its context ends or a fatal error.
