@@ -218,7 +218,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, publisher.ErrAuth) ||
+		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) || errors.Is(err, publisher.ErrAuth) ||
 		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
 		isProgressFatal(err)
 }
@@ -264,6 +264,9 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
 			return nil
+		}
+		if errors.Is(err, replication.ErrPublicationGone) {
+			err = r.publicationGoneError(err)
 		}
 		if IsFatal(err) {
 			r.setState(StateFailed, err)
