@@ -39,6 +39,10 @@ type Config struct {
 
 	// ShutdownTimeout bounds the wait for in-flight acks on SIGTERM.
 	ShutdownTimeout time.Duration
+	// KafkaStallTimeout is how long events in flight may wait with no
+	// acknowledgement from Kafka before /readyz says not ready and a
+	// warning is logged.
+	KafkaStallTimeout time.Duration
 
 	BackoffMin time.Duration
 	BackoffMax time.Duration
@@ -103,6 +107,7 @@ func DefaultConfig() Config {
 		ReadTick:          2 * time.Millisecond,
 		StatusMaxInterval: 10 * time.Second,
 		ShutdownTimeout:   30 * time.Second,
+		KafkaStallTimeout: 30 * time.Second,
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  OnPermanentQuarantine,
@@ -127,6 +132,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
 		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
+	}
+	if c.KafkaStallTimeout <= 0 {
+		return fmt.Errorf("--kafka-stall-timeout %s: must be positive", c.KafkaStallTimeout)
 	}
 	if c.MaxInFlightEvents < 1 {
 		return fmt.Errorf("--max-in-flight-events %d: must be at least 1", c.MaxInFlightEvents)
@@ -246,6 +254,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	go func() {
 		defer background.Done()
 		r.PollSlot(bgCtx, 5*time.Second)
+	}()
+	background.Add(1)
+	go func() {
+		defer background.Done()
+		r.watchStall(bgCtx, time.Second)
 	}()
 	return r.restartLoop(ctx)
 }

@@ -178,10 +178,14 @@ func (r *Relay) Status() Status {
 	return s
 }
 
-// Ready reports whether the relay is streaming, and why not.
+// Ready reports whether the relay is streaming with Kafka acknowledging,
+// and why not.
 func (r *Relay) Ready() (bool, string) {
 	s := r.Status()
 	if s.State == StateStreaming {
+		if reason := r.stallReason(time.Now()); reason != "" {
+			return false, reason
+		}
 		return true, ""
 	}
 	reason := string(s.State)

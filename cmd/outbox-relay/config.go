@@ -126,6 +126,7 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&c.ReadTick, "read-tick", c.ReadTick, "while keeping up, wait this long after a transaction before reading again, so several go out per wake-up and produce request: less CPU at steady rates for up to this much latency (0: read at once)")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often a moved confirmed position is reported to PostgreSQL")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight acks")
+	fs.DurationVar(&c.KafkaStallTimeout, "kafka-stall-timeout", c.KafkaStallTimeout, "how long events in flight may wait with no Kafka acknowledgement before /readyz says not ready and a warning is logged (again at this interval)")
 	fs.DurationVar(&c.Retention.After, "retention", 0, "delete published outbox rows older than this, e.g. 168h (0: never)")
 	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "keep rows this much younger than the confirmed position's commit time; longer than your longest transaction")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
