@@ -24,6 +24,9 @@ func (c Config) Validate() error {
 	if !version.IsAtLeast(sarama.V0_11_0_0) {
 		return fmt.Errorf("--kafka-version %s: the relay needs 0.11 or newer for its idempotent producer", c.KafkaVersion)
 	}
+	if c.Timeout <= 0 {
+		return fmt.Errorf("--kafka-timeout %s: must be positive", c.Timeout)
+	}
 	if err := c.Security.validate(); err != nil {
 		return err
 	}

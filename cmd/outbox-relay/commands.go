@@ -116,7 +116,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "outbox-relay: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-	return cmd(ctx, args[1:], stdout, stderr)
+	if args[0] == "run" {
+		// run stops on its own: it drains within --shutdown-timeout.
+		return cmd(ctx, args[1:], stdout, stderr)
+	}
+	return untilInterrupted(ctx, args[0], func() int { return cmd(ctx, args[1:], stdout, stderr) }, stderr)
+}
+
+// interruptGrace is how long a one-shot command may take to stop after
+// SIGINT or SIGTERM before it is abandoned.
+const interruptGrace = 3 * time.Second
+
+// untilInterrupted runs a one-shot command, and once ctx ends (SIGINT,
+// SIGTERM) gives it interruptGrace to return. Some of the Kafka client's
+// waits take no context, so a command blocked on a silent broker would
+// otherwise ignore the signal until its timeout.
+func untilInterrupted(ctx context.Context, command string, cmd func() int, stderr io.Writer) int {
+	done := make(chan int, 1)
+	go func() { done <- cmd() }()
+	select {
+	case code := <-done:
+		return code
+	case <-ctx.Done():
+	}
+	select {
+	case code := <-done:
+		return code
+	case <-time.After(interruptGrace):
+		fmt.Fprintf(stderr, "outbox-relay %s: interrupted while waiting on Kafka or PostgreSQL; stopped without finishing. Nothing is lost: run it again\n", command)
+		return exitFailure
+	}
 }
 
 // setup parses a command's flags and returns its positional arguments,
