@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/IBM/sarama"
@@ -53,20 +54,42 @@ func validateTopicTemplate(template string) error {
 	return nil
 }
 
-// validate checks TLS files and SASL settings the way New applies them.
+// validate checks TLS files and SASL settings the way New applies them,
+// and refuses settings that would silently connect with less security than
+// asked for: a TLS file without --kafka-tls (plaintext), SASL credentials
+// without a mechanism (unauthenticated), PLAIN without TLS (the password
+// in the clear) unless explicitly allowed.
 func (s Security) validate() error {
 	if s.TLS {
 		if _, err := s.tlsConfig(); err != nil {
 			return fmt.Errorf("--kafka-tls: %w", err)
 		}
+	} else {
+		for _, set := range []struct {
+			flag string
+			on   bool
+		}{
+			{"--kafka-tls-ca", s.CA != ""}, {"--kafka-tls-cert", s.Cert != ""}, {"--kafka-tls-key", s.Key != ""},
+			{"--kafka-tls-server-name", s.ServerName != ""}, {"--kafka-tls-insecure-skip-verify", s.InsecureSkipVerify},
+		} {
+			if set.on {
+				return fmt.Errorf("%s is set but --kafka-tls is not: the relay would connect in plaintext; add --kafka-tls, or remove %s", set.flag, set.flag)
+			}
+		}
 	}
 	if s.SASLMechanism == "" {
+		if s.SASLUser != "" || s.SASLPassword != "" {
+			return errors.New("a SASL user or password is set but --kafka-sasl-mechanism is not: the relay would connect unauthenticated; set --kafka-sasl-mechanism to PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
+		}
 		return nil
 	}
 	saslOnly := s
 	saslOnly.TLS = false
 	if err := saslOnly.apply(sarama.NewConfig()); err != nil {
 		return fmt.Errorf("--kafka-sasl-mechanism %s: %w", s.SASLMechanism, err)
+	}
+	if s.SASLMechanism == "PLAIN" && !s.TLS && !s.AllowPlainWithoutTLS {
+		return errors.New("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the password in the clear: add --kafka-tls, or use SCRAM, or, for a network you trust, --kafka-sasl-plain-without-tls")
 	}
 	return nil
 }

@@ -79,3 +79,17 @@ func TestTemplateCanName(t *testing.T) {
 		}
 	}
 }
+
+// Issue 24.7: PLAIN over plaintext is refused unless asked for by name.
+func TestPlainWithoutTLSNeedsItsFlag(t *testing.T) {
+	c := DefaultConfig()
+	c.Brokers = []string{"127.0.0.1:9092"}
+	c.Security.SASLMechanism, c.Security.SASLUser, c.Security.SASLPassword = "PLAIN", "relay", "pw"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--kafka-sasl-plain-without-tls") {
+		t.Fatalf("PLAIN without TLS: %v", err)
+	}
+	c.Security.AllowPlainWithoutTLS = true
+	if err := c.Validate(); err != nil {
+		t.Fatalf("PLAIN without TLS, allowed: %v", err)
+	}
+}

@@ -359,6 +359,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := o.relay.ValidateDelivery(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}
+	if len(o.relay.Publisher.Brokers) > 0 {
+		if err := o.relay.Publisher.Validate(); err != nil {
+			return usageError(stderr, "status", err, o.relay.Replication.DSN)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	info, err := relay.ReadSlot(ctx, o.relay.Replication)

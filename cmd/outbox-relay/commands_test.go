@@ -83,6 +83,10 @@ func TestExitCodeContract(t *testing.T) {
 // Settings Kafka would refuse in every session stop run at start-up with
 // exit 2 and the flag's name, instead of failing each session forever.
 func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
+	password := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(password, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := []string{"run", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", ""}
 	for _, tc := range []struct {
 		flags []string
@@ -95,6 +99,13 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 		{[]string{"--kafka-version", "banana"}, "--kafka-version"},
 		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay"}, "--kafka-sasl-mechanism"},
 		{[]string{"--quarantine-table", "a.b.c"}, "--quarantine-table"},
+		// Issue 24.7: each of these streamed with less security than asked
+		// for (plaintext, unauthenticated, a password in the clear).
+		{[]string{"--kafka-tls-ca", "/nonexistent/ca.pem"}, "--kafka-tls-ca is set but --kafka-tls is not"},
+		{[]string{"--kafka-tls-cert", "/nonexistent/c.pem", "--kafka-tls-key", "/nonexistent/k.pem"}, "--kafka-tls-cert is set but --kafka-tls is not"},
+		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify is set but --kafka-tls is not"},
+		{[]string{"--kafka-sasl-user", "relay", "--kafka-sasl-password-file", "/dev/null"}, "--kafka-sasl-mechanism is not"},
+		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay", "--kafka-sasl-password-file", password}, "--kafka-sasl-plain-without-tls"},
 		{[]string{"--delivery", "exactly-twice"}, "--delivery"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "0s"}, "--transaction-interval"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "1h"}, "--transaction-interval"},

@@ -116,6 +116,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&c.Security.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "DANGEROUS: accept any broker certificate")
 	fs.StringVar(&c.Security.SASLMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 	fs.StringVar(&c.Security.SASLUser, "kafka-sasl-user", "", "SASL user name")
+	fs.BoolVar(&c.Security.AllowPlainWithoutTLS, "kafka-sasl-plain-without-tls", false, "DANGEROUS: allow SASL PLAIN without --kafka-tls, which sends the password in the clear")
 	fs.StringVar(&o.saslPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (or set OUTBOX_RELAY_KAFKA_SASL_PASSWORD)")
 }
 
