@@ -167,9 +167,16 @@ func setup(command string, args []string, maxArgs int, stderr io.Writer) (*optio
 	return o, positional, -1
 }
 
+// logLevels are the levels --log-level takes. zerolog knows more, but
+// trace adds nothing here, and fatal, panic and disabled would hide the
+// error line a failing command ends with.
+var logLevels = map[string]zerolog.Level{
+	"debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel, "error": zerolog.ErrorLevel,
+}
+
 func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
+	lvl, ok := logLevels[level]
+	if !ok {
 		return zerolog.Nop(), fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
 	}
 	var out io.Writer = stderr

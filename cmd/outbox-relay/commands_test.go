@@ -310,3 +310,21 @@ func TestLogDurationsWithUnits(t *testing.T) {
 		t.Errorf("log line %s", buf.String())
 	}
 }
+
+// Issue 24.9: --log-level took trace, fatal, panic and disabled although
+// its help lists four values, and with disabled or panic a failing command
+// exited 1 printing nothing. Only the four listed levels are taken.
+func TestLogLevelTakesOnlyTheListedLevels(t *testing.T) {
+	for _, level := range []string{"trace", "fatal", "panic", "disabled", "INFO", ""} {
+		code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--log-level", level)
+		if code != exitUsage || !strings.Contains(stderr, "--log-level") {
+			t.Errorf("--log-level %q: exit %d, want %d naming --log-level:\n%s", level, code, exitUsage, stderr)
+		}
+	}
+	for _, level := range []string{"debug", "info", "warn", "error"} {
+		code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--log-level", level)
+		if code != exitFailure || !strings.Contains(stderr, "outbox-relay migrate:") {
+			t.Errorf("--log-level %s against a dead server: exit %d, want %d with the error as the last line:\n%s", level, code, exitFailure, stderr)
+		}
+	}
+}
