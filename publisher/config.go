@@ -3,6 +3,9 @@ package publisher
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 
 	"github.com/IBM/sarama"
 )
@@ -12,6 +15,11 @@ import (
 // work would fail every session and keep the relay retrying forever instead
 // of stopping it with an error that names the flag.
 func (c Config) Validate() error {
+	for _, b := range c.Brokers {
+		if err := validBroker(b); err != nil {
+			return fmt.Errorf("--kafka-brokers %q: %w; want host:port, e.g. kafka-1:9092 (comma-separated, no scheme)", b, err)
+		}
+	}
 	if err := validateTopicTemplate(c.TopicTemplate); err != nil {
 		return fmt.Errorf("--topic: %w", err)
 	}
@@ -90,6 +98,26 @@ func (s Security) validate() error {
 	}
 	if s.SASLMechanism == "PLAIN" && !s.TLS && !s.AllowPlainWithoutTLS {
 		return errors.New("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the password in the clear: add --kafka-tls, or use SCRAM, or, for a network you trust, --kafka-sasl-plain-without-tls")
+	}
+	return nil
+}
+
+// validBroker checks a bootstrap address the way the client dials it, so
+// an address that can never connect stops the relay at start instead of
+// failing every connection attempt.
+func validBroker(addr string) error {
+	if strings.Contains(addr, "://") {
+		return errors.New("a URL scheme is not part of a broker address")
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" || strings.ContainsAny(host, " /\t") {
+		return fmt.Errorf("host %q is not a host name or IP address", host)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
 	}
 	return nil
 }

@@ -93,3 +93,17 @@ func TestPlainWithoutTLSNeedsItsFlag(t *testing.T) {
 		t.Fatalf("PLAIN without TLS, allowed: %v", err)
 	}
 }
+
+// Issue 24.10: addresses the client can never dial are refused at start.
+func TestValidBroker(t *testing.T) {
+	for _, ok := range []string{"kafka-1:9092", "127.0.0.1:19092", "[::1]:9092", "k.example.com:1"} {
+		if err := validBroker(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"not a broker", "http://127.0.0.1:19092", "k1", "k1:", ":9092", "k1:0", "k1:65536", "k1:x"} {
+		if err := validBroker(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -106,6 +106,12 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify is set but --kafka-tls is not"},
 		{[]string{"--kafka-sasl-user", "relay", "--kafka-sasl-password-file", "/dev/null"}, "--kafka-sasl-mechanism is not"},
 		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay", "--kafka-sasl-password-file", password}, "--kafka-sasl-plain-without-tls"},
+		// Issue 24.10: run retried these forever ("missing port in address").
+		{[]string{"--kafka-brokers", "not a broker"}, `--kafka-brokers "not a broker"`},
+		{[]string{"--kafka-brokers", "http://127.0.0.1:19092"}, `--kafka-brokers "http://127.0.0.1:19092"`},
+		{[]string{"--kafka-brokers", "k1:9092,k2"}, `--kafka-brokers "k2"`},
+		{[]string{"--kafka-brokers", "k1:99999"}, `--kafka-brokers "k1:99999"`},
+		{[]string{"--kafka-brokers", "k1:"}, `--kafka-brokers "k1:"`},
 		{[]string{"--delivery", "exactly-twice"}, "--delivery"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "0s"}, "--transaction-interval"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "1h"}, "--transaction-interval"},
