@@ -207,6 +207,7 @@ func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	warnUnknownEnv(fs.Output())
 	if o.configFile != "" {
 		if err := applyConfigFile(fs, o.configFile, func(name string) bool {
 			return explicit[name] || fromEnv[name] || name == "config"
@@ -215,6 +216,23 @@ func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
 		}
 	}
 	return positional, o.finish()
+}
+
+// warnUnknownEnv warns about OUTBOX_RELAY_ variables that set nothing,
+// such as a misspelt flag name: the same typo as a config file key is
+// refused. Only a warning, since the environment may hold variables meant
+// for other tools.
+func warnUnknownEnv(w io.Writer) {
+	known := map[string]bool{envName("kafka-sasl-password"): true}
+	for name := range knownFlagNames() {
+		known[envName(name)] = true
+	}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "OUTBOX_RELAY_") && !known[name] {
+			fmt.Fprintf(w, "outbox-relay: warning: environment variable %s is not a flag of any command and sets nothing (flags map to OUTBOX_RELAY_<FLAG NAME>, e.g. OUTBOX_RELAY_KAFKA_BROKERS)\n", name)
+		}
+	}
 }
 
 // parseInterleaved is fs.Parse that goes on past positional arguments.
@@ -351,11 +369,18 @@ func readConfigFile(path string) ([]configValue, error) {
 		return nil, fmt.Errorf("config file %s: want a map of flag names to values, e.g. pg-dsn: postgres://...", path)
 	}
 	out := make([]configValue, 0, len(top.Content)/2)
+	lineOf := map[string]int{}
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		key, value := top.Content[i], top.Content[i+1]
 		if key.Kind != yaml.ScalarNode {
 			return nil, fmt.Errorf("config file %s: line %d: keys are flag names, e.g. pg-dsn", path, key.Line)
 		}
+		// yaml.v3 refuses a repeated key only when decoding into a map;
+		// reading nodes, the last one would silently win.
+		if first, ok := lineOf[key.Value]; ok {
+			return nil, fmt.Errorf("config file %s: line %d: key %s is already set on line %d; keep one", path, key.Line, key.Value, first)
+		}
+		lineOf[key.Value] = key.Line
 		if value.Kind == yaml.ScalarNode && value.Tag == "!!null" {
 			continue
 		}
