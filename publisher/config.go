@@ -33,6 +33,14 @@ func (c Config) Validate() error {
 	if !version.IsAtLeast(sarama.V0_11_0_0) {
 		return fmt.Errorf("--kafka-version %s: the relay needs 0.11 or newer for its idempotent producer", c.KafkaVersion)
 	}
+	// sarama would take these silently (a retry count below 1 became 1 here,
+	// a backoff cap of 0 or less retried at once): refuse them instead.
+	if c.RetryMax < 1 {
+		return fmt.Errorf("--kafka-retry-max %d: must be at least 1 (the idempotent producer needs retries; the default is %d)", c.RetryMax, DefaultConfig().RetryMax)
+	}
+	if c.RetryBackoffMax <= 0 {
+		return fmt.Errorf("--kafka-retry-backoff-max %s: must be positive (the default is %s)", c.RetryBackoffMax, DefaultConfig().RetryBackoffMax)
+	}
 	if c.Timeout <= 0 {
 		return fmt.Errorf("--kafka-timeout %s: must be positive", c.Timeout)
 	}

@@ -106,6 +106,11 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify is set but --kafka-tls is not"},
 		{[]string{"--kafka-sasl-user", "relay", "--kafka-sasl-password-file", "/dev/null"}, "--kafka-sasl-mechanism is not"},
 		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay", "--kafka-sasl-password-file", password}, "--kafka-sasl-plain-without-tls"},
+		// Issue 24.12: these were clamped or taken without a word.
+		{[]string{"--kafka-retry-max", "0"}, "--kafka-retry-max 0"},
+		{[]string{"--kafka-retry-max", "-1"}, "--kafka-retry-max -1"},
+		{[]string{"--kafka-retry-backoff-max", "0s"}, "--kafka-retry-backoff-max 0s"},
+		{[]string{"--kafka-retry-backoff-max", "-5s"}, "--kafka-retry-backoff-max -5s"},
 		// Issue 24.10: run retried these forever ("missing port in address").
 		{[]string{"--kafka-brokers", "not a broker"}, `--kafka-brokers "not a broker"`},
 		{[]string{"--kafka-brokers", "http://127.0.0.1:19092"}, `--kafka-brokers "http://127.0.0.1:19092"`},
