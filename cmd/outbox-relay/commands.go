@@ -272,19 +272,30 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := validateNames(o); err != nil {
 		return usageError(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
+	if o.slotOnly && o.skipSlot {
+		return usageError(stderr, "migrate", errors.New("--slot-only and --skip-slot contradict each other: give one of them"), "")
+	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
 		Quarantine: o.relay.QuarantineTable}
 	if o.printSQL {
-		script, err := migrations.SQL(names)
-		if err != nil {
-			return usageError(stderr, "migrate", err, "")
+		// The same parts a migrate with these flags would create.
+		var script string
+		if !o.slotOnly {
+			tables, err := migrations.SQL(names)
+			if err != nil {
+				return usageError(stderr, "migrate", err, "")
+			}
+			script = tables
 		}
-		slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
-		if err != nil {
-			return usageError(stderr, "migrate", err, "")
+		if !o.skipSlot {
+			slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
+			if err != nil {
+				return usageError(stderr, "migrate", err, "")
+			}
+			script += slotSQL
 		}
-		fmt.Fprint(stdout, script+slotSQL)
+		fmt.Fprint(stdout, script)
 		return exitOK
 	}
 	if err := o.relay.Replication.Validate(); err != nil {

@@ -339,3 +339,28 @@ func TestLogLevelTakesOnlyTheListedLevels(t *testing.T) {
 		}
 	}
 }
+
+// Issue 24.13: migrate --slot-only --skip-slot exited 0 doing nothing,
+// --print-sql was documented as "without the slot" but printed it, and
+// --print-sql --slot-only printed all the table SQL. The flags now
+// contradict loudly, and --print-sql prints what migrate with the same
+// flags would create.
+func TestMigrateFlagsAgree(t *testing.T) {
+	if code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--slot-only", "--skip-slot"); code != exitUsage || !strings.Contains(stderr, "--slot-only and --skip-slot") {
+		t.Errorf("--slot-only --skip-slot: exit %d, want %d:\n%s", code, exitUsage, stderr)
+	}
+	const slot, table = "pg_create_logical_replication_slot", "CREATE TABLE"
+	for _, tc := range []struct {
+		flags           []string
+		tables, slotSQL bool
+	}{
+		{nil, true, true},
+		{[]string{"--skip-slot"}, true, false},
+		{[]string{"--slot-only"}, false, true},
+	} {
+		code, stdout, stderr := runCaptured(append([]string{"migrate", "--print-sql"}, tc.flags...)...)
+		if code != exitOK || strings.Contains(stdout, table) != tc.tables || strings.Contains(stdout, slot) != tc.slotSQL {
+			t.Errorf("--print-sql %v: exit %d, want tables %v and slot %v:\n%s%s", tc.flags, code, tc.tables, tc.slotSQL, stdout, stderr)
+		}
+	}
+}

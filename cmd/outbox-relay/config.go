@@ -162,7 +162,7 @@ func publishFlags(fs *flag.FlagSet, o *options) {
 }
 
 func migrateFlags(fs *flag.FlagSet, o *options) {
-	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL (without the slot) and exit, for teams that run their own migration tool")
+	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL and exit, for teams that run their own migration tool: the tables, publication and slot; with --skip-slot without the slot, with --slot-only the slot alone")
 	fs.BoolVar(&o.skipSlot, "skip-slot", false, "do not create the replication slot (create it later with the relay's role)")
 	fs.BoolVar(&o.slotOnly, "slot-only", false, "only create the replication slot (run as the relay's REPLICATION role)")
 }
