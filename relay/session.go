@@ -97,7 +97,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	s.newSink = newSink
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.deliveryMode()).
-		Str("status_every", s.keepaliveEvery.String()).Msg("streaming")
+		Str("status_interval", r.cfg.StatusInterval.String()).Str("keepalive_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()
 	}

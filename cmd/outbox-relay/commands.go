@@ -317,13 +317,19 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 			return failure(stderr, "migrate", err, dsn)
 		}
 		defer conn.Close(context.Background())
-		if err := migrations.Apply(ctx, conn, names); err != nil {
+		created, err := migrations.Apply(ctx, conn, names)
+		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
 		if err := admin.CheckColumns(ctx); err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
-		log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication).Msg("schema is up to date")
+		ev := log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication)
+		if len(created) > 0 {
+			ev.Strs("created", created).Msg("created the schema objects that were missing")
+		} else {
+			ev.Msg("schema is up to date")
+		}
 	}
 	if o.skipSlot {
 		return exitOK
