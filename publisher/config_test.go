@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -105,5 +106,14 @@ func TestValidBroker(t *testing.T) {
 		if err := validBroker(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// Issue 24.15: the quarantine log said "the relay will not skip the event"
+// while the stream went on past it.
+func TestPermanentAdviceSaysWhereTheEventIs(t *testing.T) {
+	advice := (&Error{Class: ClassPermanent, Err: errors.New("refused")}).Advice()
+	if strings.Contains(advice, "will not skip") || !strings.Contains(advice, "quarantine replay") {
+		t.Errorf("advice %q", advice)
 	}
 }

@@ -364,3 +364,17 @@ func TestMigrateFlagsAgree(t *testing.T) {
 		}
 	}
 }
+
+// Issue 24.15: `quarantine replay not-a-uuid` said the event "is not
+// quarantined" (exit 1) instead of calling the id invalid (exit 2).
+func TestReplayRefusesAnIDThatIsNoUUID(t *testing.T) {
+	code, _, stderr := runCaptured("quarantine", "replay", "not-a-uuid", "--pg-dsn", deadDSN(t), "--kafka-brokers", "k:1")
+	if code != exitUsage || !strings.Contains(stderr, `"not-a-uuid" is not an event id`) {
+		t.Errorf("exit %d, want %d calling the id invalid:\n%s", code, exitUsage, stderr)
+	}
+	for _, id := range []string{"6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f", "{6F1C2D3E4B5A4C7D8E9F0A1B2C3D4E5F}"} {
+		if !isUUID(id) {
+			t.Errorf("%s refused", id)
+		}
+	}
+}
