@@ -123,15 +123,16 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate'))"); err != nil {
 		return nil, fmt.Errorf("lock for migration: %w", err)
 	}
-	objects := []struct{ what, exists string }{
-		{"outbox table " + store.Table{Schema: n.Schema, Name: n.Table}.String(),
-			"SELECT to_regclass(" + quoteLiteral(store.Table{Schema: n.Schema, Name: n.Table}.Quoted()) + ") IS NOT NULL"},
-		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = " + quoteLiteral(n.Publication) + ")"},
-		{"quarantine table " + quarantine.String(), "SELECT to_regclass(" + quoteLiteral(quarantine.Quoted()) + ") IS NOT NULL"},
+	outbox := store.Table{Schema: n.Schema, Name: n.Table}
+	const tableExists = "SELECT to_regclass($1) IS NOT NULL"
+	objects := []struct{ what, exists, arg string }{
+		{"outbox table " + outbox.String(), tableExists, outbox.Quoted()},
+		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", n.Publication},
+		{"quarantine table " + quarantine.String(), tableExists, quarantine.Quoted()},
 	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
-		if err := tx.QueryRow(ctx, o.exists).Scan(&existed[i]); err != nil {
+		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
 			return nil, fmt.Errorf("look up %s: %w", o.what, err)
 		}
 	}
@@ -147,9 +148,4 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		}
 	}
 	return created, nil
-}
-
-// quoteLiteral quotes s as an SQL string literal.
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
