@@ -169,7 +169,7 @@ func TestFlagsAfterPositionalArguments(t *testing.T) {
 	}
 	// Through the command: the flags after the id are used, so the replay
 	// gets as far as connecting (exit 1), not "--pg-dsn is required" (2).
-	code, _, stderr := runCaptured("quarantine", "replay", "some-id", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1")
+	code, _, stderr := runCaptured("quarantine", "replay", "6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1")
 	if code != exitFailure || strings.Contains(stderr, "required") {
 		t.Errorf("exit %d: %s", code, stderr)
 	}
