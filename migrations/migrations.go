@@ -103,26 +103,49 @@ func SlotSQL(slot string) (string, error) {
 	return fmt.Sprintf("-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", slot), nil
 }
 
-// Apply runs the migrations in one transaction. A transaction-scoped advisory
-// lock keeps two instances that migrate at once from racing.
-func Apply(ctx context.Context, conn *pgx.Conn, n Names) error {
+// Apply runs the migrations in one transaction and returns the objects it
+// created, none when the schema was already in place. A transaction-scoped
+// advisory lock keeps two instances that migrate at once from racing.
+func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err error) {
 	script, err := SQL(n)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	quarantine, err := n.QuarantineTable()
+	if err != nil {
+		return nil, err
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin migration: %w", err)
+		return nil, fmt.Errorf("begin migration: %w", err)
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate'))"); err != nil {
-		return fmt.Errorf("lock for migration: %w", err)
+		return nil, fmt.Errorf("lock for migration: %w", err)
+	}
+	outbox := store.Table{Schema: n.Schema, Name: n.Table}
+	const tableExists = "SELECT to_regclass($1) IS NOT NULL"
+	objects := []struct{ what, exists, arg string }{
+		{"outbox table " + outbox.String(), tableExists, outbox.Quoted()},
+		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", n.Publication},
+		{"quarantine table " + quarantine.String(), tableExists, quarantine.Quoted()},
+	}
+	existed := make([]bool, len(objects))
+	for i, o := range objects {
+		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
+			return nil, fmt.Errorf("look up %s: %w", o.what, err)
+		}
 	}
 	if _, err := tx.Exec(ctx, script); err != nil {
-		return fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; see the README's SQL for running it with your own tool)", err)
+		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; see the README's SQL for running it with your own tool)", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit migration: %w", err)
+		return nil, fmt.Errorf("commit migration: %w", err)
 	}
-	return nil
+	for i, o := range objects {
+		if !existed[i] {
+			created = append(created, o.what)
+		}
+	}
+	return created, nil
 }

@@ -74,9 +74,15 @@ func TestSQLAppliesWithOddNames(t *testing.T) {
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA "my schema"`); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 2 {
-		if err := Apply(ctx, conn, names); err != nil {
+	// Issue 24.14: migrate said "schema is up to date" after creating
+	// everything; Apply now says what it created.
+	for i, want := range []int{3, 0} {
+		created, err := Apply(ctx, conn, names)
+		if err != nil {
 			t.Fatalf("apply %d: %v", i+1, err)
+		}
+		if len(created) != want {
+			t.Errorf("apply %d created %q, want %d objects", i+1, created, want)
 		}
 	}
 	for _, c := range []struct{ what, query string }{

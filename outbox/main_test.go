@@ -38,7 +38,8 @@ func migrate(dsn string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	return migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay"})
+	_, err = migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay"})
+	return err
 }
 
 // migratedDB is a database of the test's own with the outbox table.

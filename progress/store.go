@@ -132,6 +132,8 @@ func (s *Store) ensureTopic(ctx context.Context, create bool) (created bool, err
 		if created, err = s.createTopic(); err != nil {
 			return false, err
 		}
+	} else if err := s.checkLayout(meta[0]); err != nil {
+		return false, err
 	}
 	return created, s.awaitLeader(ctx)
 }

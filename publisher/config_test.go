@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -53,5 +54,66 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		if err := c.Validate(); err != nil {
 			t.Errorf("--topic %q refused: %v", ok, err)
 		}
+	}
+}
+
+// Issue 24.1: a progress topic the template can produce would mix
+// progress records and events in one compacted topic.
+func TestTemplateCanName(t *testing.T) {
+	for _, tc := range []struct {
+		template, topic string
+		want            bool
+	}{
+		{"same.topic", "same.topic", true},
+		{"same.topic", "other.topic", false},
+		{"outbox.event.{aggregate_type}", "outbox.event.pub", true},
+		{"outbox.event.{aggregate_type}", "outbox.event.", false}, // a placeholder is never empty
+		{"outbox.event.{aggregate_type}", "outbox-relay.progress", false},
+		{"{aggregate_type}", "outbox-relay.progress", true},
+		{"{aggregate_type}.{event_type}", "a.b.c", true},
+		{"{aggregate_type}.{event_type}", "nodot", false},
+		{"x.{event_type}", "xy.z", false}, // '.' is literal, not any character
+	} {
+		got, err := TemplateCanName(tc.template, tc.topic)
+		if err != nil || got != tc.want {
+			t.Errorf("TemplateCanName(%q, %q) = %v, %v; want %v", tc.template, tc.topic, got, err, tc.want)
+		}
+	}
+}
+
+// Issue 24.7: PLAIN over plaintext is refused unless asked for by name.
+func TestPlainWithoutTLSNeedsItsFlag(t *testing.T) {
+	c := DefaultConfig()
+	c.Brokers = []string{"127.0.0.1:9092"}
+	c.Security.SASLMechanism, c.Security.SASLUser, c.Security.SASLPassword = "PLAIN", "relay", "pw"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--kafka-sasl-plain-without-tls") {
+		t.Fatalf("PLAIN without TLS: %v", err)
+	}
+	c.Security.AllowPlainWithoutTLS = true
+	if err := c.Validate(); err != nil {
+		t.Fatalf("PLAIN without TLS, allowed: %v", err)
+	}
+}
+
+// Issue 24.10: addresses the client can never dial are refused at start.
+func TestValidBroker(t *testing.T) {
+	for _, ok := range []string{"kafka-1:9092", "127.0.0.1:19092", "[::1]:9092", "k.example.com:1"} {
+		if err := validBroker(ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"not a broker", "http://127.0.0.1:19092", "k1", "k1:", ":9092", "k1:0", "k1:65536", "k1:x"} {
+		if err := validBroker(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// Issue 24.15: the quarantine log said "the relay will not skip the event"
+// while the stream went on past it.
+func TestPermanentAdviceSaysWhereTheEventIs(t *testing.T) {
+	advice := (&Error{Class: ClassPermanent, Err: errors.New("refused")}).Advice()
+	if strings.Contains(advice, "will not skip") || !strings.Contains(advice, "quarantine replay") {
+		t.Errorf("advice %q", advice)
 	}
 }

@@ -54,8 +54,11 @@ func (e *Error) Advice() string {
 		return "fix --topic or the row's aggregate_type/event_type so the topic name is valid"
 	case errors.Is(e.Err, sarama.ErrTopicAuthorizationFailed), errors.Is(e.Err, sarama.ErrClusterAuthorizationFailed):
 		return "grant the relay's Kafka principal Write and Describe on the topic"
+	case errors.Is(e.Err, ErrUnmappedRow):
+		return "PostgreSQL decodes this row with the columns of its time, so no ALTER TABLE lets the stream pass it: it goes to the quarantine table (under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
+			"The row is still in the outbox table: fill the missing values in the quarantine table from it (UPDATE ... FROM the outbox table, by event_id), then run `outbox-relay quarantine replay`"
 	case e.Class == ClassPermanent:
-		return "fix the row or the topic; the relay will not skip the event"
+		return "fix the row or the topic, then `outbox-relay quarantine replay` it; the event is kept in the quarantine table (or, under --on-permanent-error halt, the relay stops on it), never dropped"
 	}
 	return "the relay re-streams from its confirmed position"
 }

@@ -55,6 +55,11 @@ type Config struct {
 	// steady rates: it halves the broker's CPU per event against sending
 	// each event in a request of its own (see docs/operations.md).
 	Linger time.Duration
+	// Timeout bounds every wait for a broker: connecting, each request's
+	// answer, and a metadata lookup over all brokers and retries. A broker
+	// that accepts connections and never answers then fails the attempt
+	// instead of holding it for minutes.
+	Timeout time.Duration
 
 	Security Security
 
@@ -74,6 +79,7 @@ func DefaultConfig() Config {
 		RetryMax:        10000,
 		RetryBackoffMax: 5 * time.Second,
 		Linger:          2 * time.Millisecond,
+		Timeout:         30 * time.Second,
 		TopicWait:       10 * time.Second,
 	}
 }

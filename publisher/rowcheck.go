@@ -1,6 +1,21 @@
 package publisher
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrUnmappedRow marks a row written while the outbox table lacked a
+// column every record needs. The caller quarantines or halts on it like
+// any row CheckRow refuses.
+var ErrUnmappedRow = errors.New("row cannot be published")
+
+// UnmappedRow is the error of such a row, with the reason the decoder gave
+// and the row's WAL position.
+func UnmappedRow(ev *Event, reason string, at fmt.Stringer) *Error {
+	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+		Err: fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at)}
+}
 
 // CheckRow refuses an event that lacks a value every record needs: the
 // key (aggregate_id), the values topics and headers are made of

@@ -24,6 +24,9 @@ type Security struct {
 	SASLMechanism string // "", PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
 	SASLUser      string
 	SASLPassword  string
+	// AllowPlainWithoutTLS accepts SASL PLAIN over a plaintext connection,
+	// which sends the password in the clear.
+	AllowPlainWithoutTLS bool
 }
 
 func (s Security) apply(sc *sarama.Config) error {

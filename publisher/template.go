@@ -2,6 +2,7 @@ package publisher
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -78,4 +79,26 @@ func validTopicName(name string) error {
 		}
 	}
 	return nil
+}
+
+// TemplateCanName reports whether some outbox row could make the topic
+// template produce topic. A placeholder stands for any value a row may
+// hold; the row check refuses empty ones, so each stands for at least one
+// character.
+func TemplateCanName(template, topic string) (bool, error) {
+	t, err := parseTopicTemplate(template)
+	if err != nil {
+		return false, err
+	}
+	var pattern strings.Builder
+	pattern.WriteString("^")
+	for _, p := range t.parts {
+		if p.field != nil {
+			pattern.WriteString("(?s:.+)")
+		} else {
+			pattern.WriteString(regexp.QuoteMeta(p.literal))
+		}
+	}
+	pattern.WriteString("$")
+	return regexp.MustCompile(pattern.String()).MatchString(topic), nil
 }

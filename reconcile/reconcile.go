@@ -11,6 +11,7 @@ package reconcile
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -125,6 +126,29 @@ type Report struct {
 
 // Unrepaired is how many missing events are still missing.
 func (r *Report) Unrepaired() int64 { return int64(len(r.Missing)) - r.Republished }
+
+// MarshalJSON writes every empty list as [], never null, so a script can
+// iterate over any field without a check.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type plain Report // without this method
+	p := plain(r)
+	orEmpty(&p.Topics)
+	orEmpty(&p.Missing)
+	orEmpty(&p.Duplicated)
+	orEmpty(&p.Quarantined)
+	orEmpty(&p.Phantoms)
+	orEmpty(&p.MissingTopics)
+	orEmpty(&p.TruncatedPartitions)
+	orEmpty(&p.RepublishQuarantined)
+	orEmpty(&p.RepublishFailed)
+	return json.Marshal(p)
+}
+
+func orEmpty[T any](s *[]T) {
+	if *s == nil {
+		*s = []T{}
+	}
+}
 
 // ErrBadWindow marks a window that cannot be compared.
 var ErrBadWindow = errors.New("bad window")

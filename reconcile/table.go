@@ -215,13 +215,60 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 
 // outboxColumns are read in the text forms the replication stream
 // delivers, so a republished record is byte for byte what `run` sends.
-const outboxColumns = `event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text,
-	payload::text, headers::text, occurred_at::text`
+// The optional ones may be missing from the table: run maps columns by
+// name and takes a missing one as NULL, and so does republish.
+var outboxColumns = []struct {
+	name, expr string
+	optional   bool
+}{
+	{"event_id", "event_id::text", false},
+	{"aggregate_type", "aggregate_type", false},
+	{"aggregate_id", "aggregate_id", false},
+	{"event_type", "event_type", false},
+	{"schema_version", "schema_version::text", true},
+	{"payload", "payload::text", false},
+	{"headers", "headers::text", true},
+	{"occurred_at", "occurred_at::text", true},
+}
+
+// selectList is outboxColumns as a SELECT list for this table, with NULL
+// for each optional column it lacks.
+func (t *table) selectList(ctx context.Context) (string, error) {
+	rows, err := t.conn.Query(ctx, `SELECT attname FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, t.outbox)
+	if err != nil {
+		return "", fmt.Errorf("read the outbox table's columns: %w", err)
+	}
+	present := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return "", fmt.Errorf("read the outbox table's columns: %w", err)
+		}
+		present[name] = true
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("read the outbox table's columns: %w", err)
+	}
+	exprs := make([]string, len(outboxColumns))
+	for i, c := range outboxColumns {
+		exprs[i] = c.expr
+		if c.optional && !present[c.name] {
+			exprs[i] = "NULL::text"
+		}
+	}
+	return strings.Join(exprs, ", "), nil
+}
 
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
-	rows, err := t.conn.Query(ctx, "SELECT "+outboxColumns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
+	columns, err := t.selectList(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read the window's rows: %w", err)

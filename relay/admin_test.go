@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -105,5 +106,29 @@ func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 		if results[i].Err == nil || !strings.Contains(results[i].Err.Error(), "NULL or empty "+want) {
 			t.Errorf("event %d: %v, want refused for its %s", i, results[i].Err, want)
 		}
+	}
+}
+
+// Issue 24.15: /readyz kept "slot in use by PID ..." as its reason after
+// that process had gone and the relay was connecting again.
+func TestReadyReasonDropsAnErrorTheRelayMovedPast(t *testing.T) {
+	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
+	busy := fmt.Errorf("%w: replication slot \"s\" is active for PID 4242", replication.ErrSlotBusy)
+	r.setState(StateWaitingForSlot, busy)
+	if ready, reason := r.Ready(); ready || !strings.Contains(reason, "PID 4242") {
+		t.Fatalf("waiting for the slot: %v %q", ready, reason)
+	}
+	r.setState(StateConnecting, nil)
+	if ready, reason := r.Ready(); ready || reason != string(StateConnecting) {
+		t.Errorf("connecting after the holder left: %v %q, want %q alone", ready, reason, StateConnecting)
+	}
+	if st := r.Status(); st.LastError == "" {
+		t.Error("/slot lost last_error")
+	}
+	// Any other error still explains a relay that is connecting again.
+	r.setState(StateBackingOff, fmt.Errorf("connect: dial tcp 127.0.0.1:1: connection refused"))
+	r.setState(StateConnecting, nil)
+	if _, reason := r.Ready(); !strings.Contains(reason, "connection refused") {
+		t.Errorf("connecting after a failure: %q, want the failure", reason)
 	}
 }

@@ -281,7 +281,7 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 			s.rowSeen = true
 			s.relay.metrics.CommitToReceive.Observe(s.clock.Now().Sub(s.commitTime).Seconds())
 		}
-		return s.publish(ctx, &msg.Row)
+		return s.publish(ctx, &msg.Row, msg.WALStart)
 	case replication.KindCommit:
 		if !s.inTxn {
 			return errors.New("replication stream: commit outside a transaction")
@@ -348,13 +348,19 @@ func eventOf(row *replication.Row, txn lsn.TxnID, commitTime time.Time) publishe
 	}
 }
 
-// publish builds and sends one outbox row. The row aliases the source's
-// read buffer, which stays valid because nothing is received until it is
-// sent.
-func (s *streamer) publish(ctx context.Context, row *replication.Row) error {
+// publish builds and sends one outbox row, found at WAL position at. The
+// row aliases the source's read buffer, which stays valid because nothing
+// is received until it is sent.
+func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN) error {
 	ev := &s.event
 	*ev = eventOf(row, s.txn, s.commitTime)
-	rec, err := s.build(ev)
+	var rec *publisher.Record
+	var err error
+	if row.Unmapped != "" {
+		err = publisher.UnmappedRow(ev, row.Unmapped, at)
+	} else {
+		rec, err = s.build(ev)
+	}
 	var pending *publisher.TopicPendingError
 	if errors.As(err, &pending) {
 		rec, err = s.awaitTopic(ctx, ev, pending)

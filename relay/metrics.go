@@ -25,6 +25,7 @@ type Metrics struct {
 	SlotLag           prometheus.Gauge
 	SlotActive        prometheus.Gauge
 	OldestUnpublished prometheus.Gauge
+	KafkaStall        prometheus.Gauge
 	// CommitToAck observes commit-to-ack latency in seconds. It is an
 	// Observer so a benchmark can record exact values instead.
 	CommitToAck prometheus.Observer
@@ -77,6 +78,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_slot_active", Help: "1 when a process is streaming from the slot."}),
 		OldestUnpublished: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_oldest_unpublished_event_age_seconds", Help: "Age of the oldest event sent and not yet acknowledged."}),
+		KafkaStall: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_kafka_stall_seconds", Help: "How long the events in flight have waited with no acknowledgement from Kafka; 0 when none wait."}),
 
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table."}),
@@ -104,7 +107,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.CommitToReceive = commitToReceive
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
-			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished,
+			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished, m.KafkaStall,
 			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)

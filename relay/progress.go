@@ -179,7 +179,8 @@ func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
 	if store != nil {
 		return store, nil
 	}
-	store, err := openProgress(ctx, r.cfg, progress.Open)
+	store, err := await(ctx, func() (*progress.Store, error) { return openProgress(ctx, r.cfg, progress.Open) },
+		func(s *progress.Store) { s.Close() })
 	if err != nil {
 		return nil, err
 	}

@@ -39,6 +39,10 @@ type Config struct {
 
 	// ShutdownTimeout bounds the wait for in-flight acks on SIGTERM.
 	ShutdownTimeout time.Duration
+	// KafkaStallTimeout is how long events in flight may wait with no
+	// acknowledgement from Kafka before /readyz says not ready and a
+	// warning is logged.
+	KafkaStallTimeout time.Duration
 
 	BackoffMin time.Duration
 	BackoffMax time.Duration
@@ -103,6 +107,7 @@ func DefaultConfig() Config {
 		ReadTick:          2 * time.Millisecond,
 		StatusMaxInterval: 10 * time.Second,
 		ShutdownTimeout:   30 * time.Second,
+		KafkaStallTimeout: 30 * time.Second,
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  OnPermanentQuarantine,
@@ -128,6 +133,9 @@ func (c Config) Validate() error {
 	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
 		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
 	}
+	if c.KafkaStallTimeout <= 0 {
+		return fmt.Errorf("--kafka-stall-timeout %s: must be positive", c.KafkaStallTimeout)
+	}
 	if c.MaxInFlightEvents < 1 {
 		return fmt.Errorf("--max-in-flight-events %d: must be at least 1", c.MaxInFlightEvents)
 	}
@@ -143,7 +151,27 @@ func (c Config) Validate() error {
 	if err := c.ValidateDelivery(); err != nil {
 		return err
 	}
+	if err := c.validateProgressTopic(); err != nil {
+		return err
+	}
 	return c.Retention.validate()
+}
+
+// validateProgressTopic refuses a progress topic that an event could be
+// routed to. Events and progress records would then share a topic: the
+// relay creates it compacted, so Kafka would keep only the last event of
+// each aggregate, and consumers would read progress records as events.
+func (c Config) validateProgressTopic() error {
+	if c.Progress.Topic == "" {
+		return nil
+	}
+	clash, err := publisher.TemplateCanName(c.Publisher.TopicTemplate, c.Progress.Topic)
+	if err != nil || !clash {
+		return nil // a bad --topic is reported by the publisher's own check
+	}
+	return fmt.Errorf("--progress-topic %s: --topic %s can name it, so events and progress records would share one topic (compacted: Kafka would keep only the last event of each aggregate, and consumers would read progress records as events); "+
+		"choose a progress topic the template can never produce (the default is %s), or give --topic a fixed prefix or suffix",
+		c.Progress.Topic, c.Publisher.TopicTemplate, progress.DefaultTopic)
 }
 
 // Relay runs stream sessions until its context ends or a fatal error.
@@ -198,7 +226,7 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, publisher.ErrAuth) ||
+		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) || errors.Is(err, publisher.ErrAuth) ||
 		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
 		isProgressFatal(err)
 }
@@ -227,6 +255,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer background.Done()
 		r.PollSlot(bgCtx, 5*time.Second)
 	}()
+	background.Add(1)
+	go func() {
+		defer background.Done()
+		r.watchStall(bgCtx, time.Second)
+	}()
 	return r.restartLoop(ctx)
 }
 
@@ -244,6 +277,9 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
 			return nil
+		}
+		if errors.Is(err, replication.ErrPublicationGone) {
+			err = r.publicationGoneError(err)
 		}
 		if IsFatal(err) {
 			r.setState(StateFailed, err)

@@ -36,6 +36,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		}
 		return pub, nil
 	}
+	// connectSink is newSink for this session's start, given up when ctx
+	// ends; waitForKafka makes its own producers.
+	connectSink := func() (sink, error) {
+		return await(ctx, newSink, func(s sink) { s.Close(time.Second) })
+	}
 	var snk sink
 	start, senderTimeout, err := r.prepare(ctx, func(s replication.System) error {
 		sys = s
@@ -45,7 +50,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		// Fence before the progress is read: an older producer that
 		// committed after the read would make it stale.
 		var err error
-		snk, err = newSink()
+		snk, err = connectSink()
 		return err
 	})
 	closeSink := func() {
@@ -70,7 +75,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.MaxInFlightEvents+2)
 	}
 	if snk == nil {
-		if snk, err = newSink(); err != nil {
+		if snk, err = connectSink(); err != nil {
 			quarantine.stopIfStarted()
 			return false, err
 		}
@@ -92,7 +97,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	s.newSink = newSink
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.deliveryMode()).
-		Str("status_every", s.keepaliveEvery.String()).Msg("streaming")
+		Str("status_interval", r.cfg.StatusInterval.String()).Str("keepalive_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()
 	}

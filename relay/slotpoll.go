@@ -161,12 +161,15 @@ func (p *slotPoller) countQuarantined(ctx context.Context) {
 // slotPolicy is what a session may do about the slot: once this relay
 // has streamed from it, it must still exist.
 func (r *Relay) slotPolicy() replication.SlotPolicy {
+	// What this process confirmed, or else the progress record it started
+	// from: the error for a vanished slot prints that time.
+	lastCommit := r.lastKnownCommit()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return replication.SlotPolicy{
 		RecreateLost:        r.cfg.RecreateLostSlot,
 		MustExist:           r.status.streamed,
-		LastConfirmedCommit: r.status.confirmedCommitTime,
+		LastConfirmedCommit: lastCommit,
 	}
 }
 

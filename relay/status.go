@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -46,6 +47,9 @@ type Status struct {
 	tracker             *lsn.Tracker
 	received            lsn.LSN
 	confirmedCommitTime time.Time // survives sessions, for retention
+	// lastErrorBusy says LastError is the slot being held by another
+	// process, which explains only the wait for it.
+	lastErrorBusy bool
 	// streamed is set once a session of this process streamed: from then
 	// on a missing slot means lost events, not a first start.
 	streamed bool
@@ -89,6 +93,7 @@ func (r *Relay) setState(state State, err error) {
 	r.metrics.setState(state)
 	if err != nil {
 		r.status.LastError = err.Error()
+		r.status.lastErrorBusy = errors.Is(err, replication.ErrSlotBusy)
 	}
 	if state != StateStreaming && state != StateDraining {
 		r.status.tracker = nil
@@ -178,14 +183,24 @@ func (r *Relay) Status() Status {
 	return s
 }
 
-// Ready reports whether the relay is streaming, and why not.
+// Ready reports whether the relay is streaming with Kafka acknowledging,
+// and why not.
 func (r *Relay) Ready() (bool, string) {
 	s := r.Status()
 	if s.State == StateStreaming {
+		if reason := r.stallReason(time.Now()); reason != "" {
+			return false, reason
+		}
 		return true, ""
 	}
 	reason := string(s.State)
-	if s.LastError != "" {
+	// "slot in use by PID ..." explains only the wait for the slot: once
+	// the relay moved on (connecting, say), it would name a process that
+	// is gone. /slot keeps it as last_error.
+	r.mu.Lock()
+	busy := r.status.lastErrorBusy
+	r.mu.Unlock()
+	if s.LastError != "" && (!busy || s.State == StateWaitingForSlot) {
 		reason += ": " + s.LastError
 	}
 	return false, reason

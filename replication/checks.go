@@ -132,7 +132,8 @@ func (a *Admin) Check(ctx context.Context) error {
 	var pubInsert, allTables bool
 	err = a.conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", a.cfg.Publication).Scan(&pubInsert, &allTables)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return precondition("publication %q does not exist: run `outbox-relay migrate` (or CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')), or fix --publication",
+		return precondition("publication %q does not exist: run `outbox-relay migrate` (or CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')), or fix --publication. "+
+			"If it was dropped while the slot still had WAL to read, the slot cannot pass the changes written without it even once it exists again; the relay then stops with the steps to take",
 			a.cfg.Publication, quoteIdent(a.cfg.Publication), quoteIdent(schema), quoteIdent(table))
 	}
 	if err != nil {

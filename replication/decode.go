@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -61,6 +63,12 @@ var requiredFields = []string{"event_id", "aggregate_type", "aggregate_id", "eve
 // or a column the table does not have.
 type Row struct {
 	Values [numFields][]byte
+	// Unmapped says why the row cannot be published as it is: the table
+	// lacked a required column when the row was written. Values holds the
+	// columns it did have. PostgreSQL decodes a row with the columns of
+	// its time, so a later ALTER TABLE never changes this: the row must be
+	// set aside, or the stream can never pass it.
+	Unmapped string
 }
 
 // Message is one decoded replication message. Receive reuses it.
@@ -85,6 +93,9 @@ type Message struct {
 type relation struct {
 	outbox  bool
 	fieldOf []int8 // column position -> field, or -1
+	// unmapped is set for an outbox relation that lacks a required
+	// column; its rows carry it as Row.Unmapped.
+	unmapped string
 }
 
 // decoder turns pgoutput protocol version 1 messages into Messages.
@@ -161,6 +172,7 @@ func (d *decoder) relation(b []byte) error {
 	b = b[3:]
 	rel := &relation{outbox: namespace == d.schema && name == d.table, fieldOf: make([]int8, ncols)}
 	seen := make(map[string]bool, ncols)
+	names := make([]string, 0, ncols)
 	for i := 0; i < ncols; i++ {
 		if len(b) < 1 {
 			return fmt.Errorf("relation %s.%s column %d: %w", namespace, name, i, errShort)
@@ -171,6 +183,7 @@ func (d *decoder) relation(b []byte) error {
 			return fmt.Errorf("relation %s.%s column %d: %w", namespace, name, i, errShort)
 		}
 		b = b[8:] // type OID and modifier
+		names = append(names, col)
 		rel.fieldOf[i] = -1
 		if f, ok := columnNames[col]; ok {
 			rel.fieldOf[i] = int8(f)
@@ -178,10 +191,18 @@ func (d *decoder) relation(b []byte) error {
 		}
 	}
 	if rel.outbox {
+		var missing []string
 		for _, col := range requiredFields {
 			if !seen[col] {
-				return fmt.Errorf("outbox table %s.%s has no column %q: the relay needs event_id, aggregate_type, aggregate_id, event_type and payload", namespace, name, col)
+				missing = append(missing, strconv.Quote(col))
 			}
+		}
+		if len(missing) > 0 {
+			// Not an error: failing here would fail every session at the
+			// same place, since the slot re-sends this relation with each
+			// row written under it.
+			rel.unmapped = fmt.Sprintf("outbox table %s.%s had no column %s when this row was written (its columns then: %s); the relay needs event_id, aggregate_type, aggregate_id, event_type and payload",
+				namespace, name, strings.Join(missing, ", "), strings.Join(names, ", "))
 		}
 	}
 	d.relations[oid] = rel
@@ -207,7 +228,7 @@ func (d *decoder) insert(b []byte, m *Message) error {
 	ncols := int(binary.BigEndian.Uint16(b[5:]))
 	b = b[7:]
 	m.Kind = KindRow
-	m.Row = Row{}
+	m.Row = Row{Unmapped: rel.unmapped}
 	for i := 0; i < ncols; i++ {
 		if len(b) < 1 {
 			return fmt.Errorf("insert column %d: %w", i, errShort)

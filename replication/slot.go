@@ -102,7 +102,7 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 	}
 	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
 		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. "+
-		"Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s` to find and publish the events of the gap",
+		"Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them",
 		ErrSlotMissing, a.cfg.Slot, Describe(a.cfg.DSN), since)
 }
 

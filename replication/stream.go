@@ -16,6 +16,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
+// ErrPublicationGone marks a stream the walsender ended because the
+// publication did not exist where the slot decodes. PostgreSQL decodes
+// each change with the catalog as it was when the change was written, so
+// a publication dropped while the slot still had WAL to read stops that
+// slot at the same change on every start, even after it is created again.
+// Retrying cannot fix it.
+var ErrPublicationGone = errors.New("publication missing in the WAL the slot must decode")
+
 // Stream is one replication connection streaming the slot. It is used from
 // one goroutine.
 type Stream struct {
@@ -101,6 +109,9 @@ func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 	case *pgproto3.CopyData:
 		return s.decodeCopyData(raw.Data)
 	case *pgproto3.ErrorResponse:
+		if raw.Code == "42704" && strings.HasPrefix(raw.Message, "publication ") {
+			return nil, fmt.Errorf("%w: the server stopped the stream of slot %q: %s", ErrPublicationGone, s.cfg.Slot, raw.Message)
+		}
 		return nil, fmt.Errorf("replication stream: server error %s: %s", raw.Code, raw.Message)
 	case *pgproto3.CopyDone:
 		return nil, errors.New("replication stream: the server ended the stream")

@@ -91,8 +91,11 @@ func (q *Quarantine) check(ctx context.Context, outboxTable string, access Acces
 		return fmt.Errorf("look up quarantine table: %w", err)
 	}
 	if !exists {
-		return fmt.Errorf("%w: quarantine table %s does not exist: run `outbox-relay migrate`, or use --on-permanent-error halt",
-			replication.ErrPrecondition, quoted)
+		advice := "run `outbox-relay migrate`, or fix --quarantine-table"
+		if access == ForRelay {
+			advice = "run `outbox-relay migrate`, or use --on-permanent-error halt"
+		}
+		return fmt.Errorf("%w: quarantine table %s does not exist: %s", replication.ErrPrecondition, quoted, advice)
 	}
 	var role string
 	var missing []string

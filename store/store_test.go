@@ -142,3 +142,20 @@ func TestQuarantinePayloadColumnFitsTheOutbox(t *testing.T) {
 		t.Fatalf("Count after Remove: %d, %v", n, err)
 	}
 }
+
+// Issue 24.15: `quarantine list` against a missing quarantine table
+// suggested --on-permanent-error, a flag of run only.
+func TestMissingQuarantineTableAdviceFitsTheCommand(t *testing.T) {
+	db := migrated(t)
+	cfg := replication.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	table := store.Table{Schema: "public", Name: "no_such_quarantine"}
+	ctx := context.Background()
+	for access, want := range map[store.Access]string{
+		store.ForRelay: "--on-permanent-error halt", store.ForList: "--quarantine-table", store.ForReplay: "--quarantine-table",
+	} {
+		_, err := store.OpenQuarantine(ctx, cfg, table, access)
+		if err == nil || !strings.Contains(err.Error(), want) || access != store.ForRelay && strings.Contains(err.Error(), "--on-permanent-error") {
+			t.Errorf("access %d: %v, want advice naming %s only", access, err, want)
+		}
+	}
+}

@@ -116,7 +116,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "outbox-relay: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-	return cmd(ctx, args[1:], stdout, stderr)
+	if args[0] == "run" {
+		// run stops on its own: it drains within --shutdown-timeout.
+		return cmd(ctx, args[1:], stdout, stderr)
+	}
+	return untilInterrupted(ctx, args[0], func() int { return cmd(ctx, args[1:], stdout, stderr) }, stderr)
+}
+
+// interruptGrace is how long a one-shot command may take to stop after
+// SIGINT or SIGTERM before it is abandoned.
+const interruptGrace = 3 * time.Second
+
+// untilInterrupted runs a one-shot command, and once ctx ends (SIGINT,
+// SIGTERM) gives it interruptGrace to return. Some of the Kafka client's
+// waits take no context, so a command blocked on a silent broker would
+// otherwise ignore the signal until its timeout.
+func untilInterrupted(ctx context.Context, command string, cmd func() int, stderr io.Writer) int {
+	done := make(chan int, 1)
+	go func() { done <- cmd() }()
+	select {
+	case code := <-done:
+		return code
+	case <-ctx.Done():
+	}
+	select {
+	case code := <-done:
+		return code
+	case <-time.After(interruptGrace):
+		fmt.Fprintf(stderr, "outbox-relay %s: interrupted while waiting on Kafka or PostgreSQL; stopped without finishing. Nothing is lost: run it again\n", command)
+		return exitFailure
+	}
 }
 
 // setup parses a command's flags and returns its positional arguments,
@@ -138,9 +167,16 @@ func setup(command string, args []string, maxArgs int, stderr io.Writer) (*optio
 	return o, positional, -1
 }
 
+// logLevels are the levels --log-level takes. zerolog knows more, but
+// trace adds nothing here, and fatal, panic and disabled would hide the
+// error line a failing command ends with.
+var logLevels = map[string]zerolog.Level{
+	"debug": zerolog.DebugLevel, "info": zerolog.InfoLevel, "warn": zerolog.WarnLevel, "error": zerolog.ErrorLevel,
+}
+
 func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil || level == "" {
+	lvl, ok := logLevels[level]
+	if !ok {
 		return zerolog.Nop(), fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
 	}
 	var out io.Writer = stderr
@@ -236,19 +272,30 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := validateNames(o); err != nil {
 		return usageError(stderr, "migrate", err, o.relay.Replication.DSN)
 	}
+	if o.slotOnly && o.skipSlot {
+		return usageError(stderr, "migrate", errors.New("--slot-only and --skip-slot contradict each other: give one of them"), "")
+	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
 		Quarantine: o.relay.QuarantineTable}
 	if o.printSQL {
-		script, err := migrations.SQL(names)
-		if err != nil {
-			return usageError(stderr, "migrate", err, "")
+		// The same parts a migrate with these flags would create.
+		var script string
+		if !o.slotOnly {
+			tables, err := migrations.SQL(names)
+			if err != nil {
+				return usageError(stderr, "migrate", err, "")
+			}
+			script = tables
 		}
-		slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
-		if err != nil {
-			return usageError(stderr, "migrate", err, "")
+		if !o.skipSlot {
+			slotSQL, err := migrations.SlotSQL(o.relay.Replication.Slot)
+			if err != nil {
+				return usageError(stderr, "migrate", err, "")
+			}
+			script += slotSQL
 		}
-		fmt.Fprint(stdout, script+slotSQL)
+		fmt.Fprint(stdout, script)
 		return exitOK
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
@@ -270,13 +317,19 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 			return failure(stderr, "migrate", err, dsn)
 		}
 		defer conn.Close(context.Background())
-		if err := migrations.Apply(ctx, conn, names); err != nil {
+		created, err := migrations.Apply(ctx, conn, names)
+		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
 		if err := admin.CheckColumns(ctx); err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
-		log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication).Msg("schema is up to date")
+		ev := log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication)
+		if len(created) > 0 {
+			ev.Strs("created", created).Msg("created the schema objects that were missing")
+		} else {
+			ev.Msg("schema is up to date")
+		}
 	}
 	if o.skipSlot {
 		return exitOK
@@ -329,6 +382,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if err := o.relay.ValidateDelivery(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
+	}
+	if len(o.relay.Publisher.Brokers) > 0 {
+		if err := o.relay.Publisher.Validate(); err != nil {
+			return usageError(stderr, "status", err, o.relay.Replication.DSN)
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

@@ -83,6 +83,10 @@ func TestExitCodeContract(t *testing.T) {
 // Settings Kafka would refuse in every session stop run at start-up with
 // exit 2 and the flag's name, instead of failing each session forever.
 func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
+	password := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(password, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := []string{"run", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", ""}
 	for _, tc := range []struct {
 		flags []string
@@ -95,6 +99,24 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 		{[]string{"--kafka-version", "banana"}, "--kafka-version"},
 		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay"}, "--kafka-sasl-mechanism"},
 		{[]string{"--quarantine-table", "a.b.c"}, "--quarantine-table"},
+		// Issue 24.7: each of these streamed with less security than asked
+		// for (plaintext, unauthenticated, a password in the clear).
+		{[]string{"--kafka-tls-ca", "/nonexistent/ca.pem"}, "--kafka-tls-ca is set but --kafka-tls is not"},
+		{[]string{"--kafka-tls-cert", "/nonexistent/c.pem", "--kafka-tls-key", "/nonexistent/k.pem"}, "--kafka-tls-cert is set but --kafka-tls is not"},
+		{[]string{"--kafka-tls-insecure-skip-verify"}, "--kafka-tls-insecure-skip-verify is set but --kafka-tls is not"},
+		{[]string{"--kafka-sasl-user", "relay", "--kafka-sasl-password-file", "/dev/null"}, "--kafka-sasl-mechanism is not"},
+		{[]string{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "relay", "--kafka-sasl-password-file", password}, "--kafka-sasl-plain-without-tls"},
+		// Issue 24.12: these were clamped or taken without a word.
+		{[]string{"--kafka-retry-max", "0"}, "--kafka-retry-max 0"},
+		{[]string{"--kafka-retry-max", "-1"}, "--kafka-retry-max -1"},
+		{[]string{"--kafka-retry-backoff-max", "0s"}, "--kafka-retry-backoff-max 0s"},
+		{[]string{"--kafka-retry-backoff-max", "-5s"}, "--kafka-retry-backoff-max -5s"},
+		// Issue 24.10: run retried these forever ("missing port in address").
+		{[]string{"--kafka-brokers", "not a broker"}, `--kafka-brokers "not a broker"`},
+		{[]string{"--kafka-brokers", "http://127.0.0.1:19092"}, `--kafka-brokers "http://127.0.0.1:19092"`},
+		{[]string{"--kafka-brokers", "k1:9092,k2"}, `--kafka-brokers "k2"`},
+		{[]string{"--kafka-brokers", "k1:99999"}, `--kafka-brokers "k1:99999"`},
+		{[]string{"--kafka-brokers", "k1:"}, `--kafka-brokers "k1:"`},
 		{[]string{"--delivery", "exactly-twice"}, "--delivery"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "0s"}, "--transaction-interval"},
 		{[]string{"--delivery", "exactly-once", "--transaction-interval", "1h"}, "--transaction-interval"},
@@ -147,7 +169,7 @@ func TestFlagsAfterPositionalArguments(t *testing.T) {
 	}
 	// Through the command: the flags after the id are used, so the replay
 	// gets as far as connecting (exit 1), not "--pg-dsn is required" (2).
-	code, _, stderr := runCaptured("quarantine", "replay", "some-id", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1")
+	code, _, stderr := runCaptured("quarantine", "replay", "6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1")
 	if code != exitFailure || strings.Contains(stderr, "required") {
 		t.Errorf("exit %d: %s", code, stderr)
 	}
@@ -297,5 +319,62 @@ func TestLogDurationsWithUnits(t *testing.T) {
 	log.Info().Dur("status_every", time.Second).Dur("retry_in", 349200*time.Microsecond).Send()
 	if !strings.Contains(buf.String(), `"status_every":"1s"`) || !strings.Contains(buf.String(), `"retry_in":"349.2ms"`) {
 		t.Errorf("log line %s", buf.String())
+	}
+}
+
+// Issue 24.9: --log-level took trace, fatal, panic and disabled although
+// its help lists four values, and with disabled or panic a failing command
+// exited 1 printing nothing. Only the four listed levels are taken.
+func TestLogLevelTakesOnlyTheListedLevels(t *testing.T) {
+	for _, level := range []string{"trace", "fatal", "panic", "disabled", "INFO", ""} {
+		code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--log-level", level)
+		if code != exitUsage || !strings.Contains(stderr, "--log-level") {
+			t.Errorf("--log-level %q: exit %d, want %d naming --log-level:\n%s", level, code, exitUsage, stderr)
+		}
+	}
+	for _, level := range []string{"debug", "info", "warn", "error"} {
+		code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--log-level", level)
+		if code != exitFailure || !strings.Contains(stderr, "outbox-relay migrate:") {
+			t.Errorf("--log-level %s against a dead server: exit %d, want %d with the error as the last line:\n%s", level, code, exitFailure, stderr)
+		}
+	}
+}
+
+// Issue 24.13: migrate --slot-only --skip-slot exited 0 doing nothing,
+// --print-sql was documented as "without the slot" but printed it, and
+// --print-sql --slot-only printed all the table SQL. The flags now
+// contradict loudly, and --print-sql prints what migrate with the same
+// flags would create.
+func TestMigrateFlagsAgree(t *testing.T) {
+	if code, _, stderr := runCaptured("migrate", "--pg-dsn", deadDSN(t), "--slot-only", "--skip-slot"); code != exitUsage || !strings.Contains(stderr, "--slot-only and --skip-slot") {
+		t.Errorf("--slot-only --skip-slot: exit %d, want %d:\n%s", code, exitUsage, stderr)
+	}
+	const slot, table = "pg_create_logical_replication_slot", "CREATE TABLE"
+	for _, tc := range []struct {
+		flags           []string
+		tables, slotSQL bool
+	}{
+		{nil, true, true},
+		{[]string{"--skip-slot"}, true, false},
+		{[]string{"--slot-only"}, false, true},
+	} {
+		code, stdout, stderr := runCaptured(append([]string{"migrate", "--print-sql"}, tc.flags...)...)
+		if code != exitOK || strings.Contains(stdout, table) != tc.tables || strings.Contains(stdout, slot) != tc.slotSQL {
+			t.Errorf("--print-sql %v: exit %d, want tables %v and slot %v:\n%s%s", tc.flags, code, tc.tables, tc.slotSQL, stdout, stderr)
+		}
+	}
+}
+
+// Issue 24.15: `quarantine replay not-a-uuid` said the event "is not
+// quarantined" (exit 1) instead of calling the id invalid (exit 2).
+func TestReplayRefusesAnIDThatIsNoUUID(t *testing.T) {
+	code, _, stderr := runCaptured("quarantine", "replay", "not-a-uuid", "--pg-dsn", deadDSN(t), "--kafka-brokers", "k:1")
+	if code != exitUsage || !strings.Contains(stderr, `"not-a-uuid" is not an event id`) {
+		t.Errorf("exit %d, want %d calling the id invalid:\n%s", code, exitUsage, stderr)
+	}
+	for _, id := range []string{"6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f", "{6F1C2D3E4B5A4C7D8E9F0A1B2C3D4E5F}"} {
+		if !isUUID(id) {
+			t.Errorf("%s refused", id)
+		}
 	}
 }

@@ -104,8 +104,9 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&c.Compression, "compression", c.Compression, "record compression: none, gzip, snappy, lz4, zstd")
 	fs.StringVar(&c.KafkaVersion, "kafka-version", c.KafkaVersion, "Kafka protocol version to speak (0.11 or newer)")
 	fs.IntVar(&c.MaxMessageBytes, "kafka-max-message-bytes", c.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
-	fs.IntVar(&c.RetryMax, "kafka-retry-max", c.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot")
+	fs.IntVar(&c.RetryMax, "kafka-retry-max", c.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot (at least 1; under --delivery exactly-once it is not used: a record gets the retries that fit in 20 s, then its Kafka transaction aborts and is re-streamed)")
 	fs.DurationVar(&c.RetryBackoffMax, "kafka-retry-backoff-max", c.RetryBackoffMax, "cap of the producer's exponential retry backoff")
+	fs.DurationVar(&c.Timeout, "kafka-timeout", c.Timeout, "bound on every wait for a broker: connecting, each request's answer, a metadata lookup; a broker that accepts connections and never answers fails a command within about three times this (connect, then each request's answer)")
 	fs.DurationVar(&c.Linger, "kafka-linger", c.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
 	fs.BoolVar(&c.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
 	fs.StringVar(&c.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")
@@ -115,6 +116,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&c.Security.InsecureSkipVerify, "kafka-tls-insecure-skip-verify", false, "DANGEROUS: accept any broker certificate")
 	fs.StringVar(&c.Security.SASLMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512")
 	fs.StringVar(&c.Security.SASLUser, "kafka-sasl-user", "", "SASL user name")
+	fs.BoolVar(&c.Security.AllowPlainWithoutTLS, "kafka-sasl-plain-without-tls", false, "DANGEROUS: allow SASL PLAIN without --kafka-tls, which sends the password in the clear")
 	fs.StringVar(&o.saslPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (or set OUTBOX_RELAY_KAFKA_SASL_PASSWORD)")
 }
 
@@ -126,6 +128,7 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&c.ReadTick, "read-tick", c.ReadTick, "while keeping up, wait this long after a transaction before reading again, so several go out per wake-up and produce request: less CPU at steady rates for up to this much latency (0: read at once)")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often a moved confirmed position is reported to PostgreSQL")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long SIGTERM waits for in-flight acks")
+	fs.DurationVar(&c.KafkaStallTimeout, "kafka-stall-timeout", c.KafkaStallTimeout, "how long events in flight may wait with no Kafka acknowledgement before /readyz says not ready and a warning is logged (again at this interval)")
 	fs.DurationVar(&c.Retention.After, "retention", 0, "delete published outbox rows older than this, e.g. 168h (0: never)")
 	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "keep rows this much younger than the confirmed position's commit time; longer than your longest transaction")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
@@ -159,7 +162,7 @@ func publishFlags(fs *flag.FlagSet, o *options) {
 }
 
 func migrateFlags(fs *flag.FlagSet, o *options) {
-	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL (without the slot) and exit, for teams that run their own migration tool")
+	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL and exit, for teams that run their own migration tool: the tables, publication and slot; with --skip-slot without the slot, with --slot-only the slot alone")
 	fs.BoolVar(&o.skipSlot, "skip-slot", false, "do not create the replication slot (create it later with the relay's role)")
 	fs.BoolVar(&o.slotOnly, "slot-only", false, "only create the replication slot (run as the relay's REPLICATION role)")
 }
@@ -204,6 +207,7 @@ func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	warnUnknownEnv(fs.Output())
 	if o.configFile != "" {
 		if err := applyConfigFile(fs, o.configFile, func(name string) bool {
 			return explicit[name] || fromEnv[name] || name == "config"
@@ -212,6 +216,23 @@ func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
 		}
 	}
 	return positional, o.finish()
+}
+
+// warnUnknownEnv warns about OUTBOX_RELAY_ variables that set nothing,
+// such as a misspelt flag name: the same typo as a config file key is
+// refused. Only a warning, since the environment may hold variables meant
+// for other tools.
+func warnUnknownEnv(w io.Writer) {
+	known := map[string]bool{envName("kafka-sasl-password"): true}
+	for name := range knownFlagNames() {
+		known[envName(name)] = true
+	}
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "OUTBOX_RELAY_") && !known[name] {
+			fmt.Fprintf(w, "outbox-relay: warning: environment variable %s is not a flag of any command and sets nothing (flags map to OUTBOX_RELAY_<FLAG NAME>, e.g. OUTBOX_RELAY_KAFKA_BROKERS)\n", name)
+		}
+	}
 }
 
 // parseInterleaved is fs.Parse that goes on past positional arguments.
@@ -348,11 +369,18 @@ func readConfigFile(path string) ([]configValue, error) {
 		return nil, fmt.Errorf("config file %s: want a map of flag names to values, e.g. pg-dsn: postgres://...", path)
 	}
 	out := make([]configValue, 0, len(top.Content)/2)
+	lineOf := map[string]int{}
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		key, value := top.Content[i], top.Content[i+1]
 		if key.Kind != yaml.ScalarNode {
 			return nil, fmt.Errorf("config file %s: line %d: keys are flag names, e.g. pg-dsn", path, key.Line)
 		}
+		// yaml.v3 refuses a repeated key only when decoding into a map;
+		// reading nodes, the last one would silently win.
+		if first, ok := lineOf[key.Value]; ok {
+			return nil, fmt.Errorf("config file %s: line %d: key %s is already set on line %d; keep one", path, key.Line, key.Value, first)
+		}
+		lineOf[key.Value] = key.Line
 		if value.Kind == yaml.ScalarNode && value.Tag == "!!null" {
 			continue
 		}

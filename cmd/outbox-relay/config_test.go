@@ -105,3 +105,35 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version: %d %q", code, stdout.String())
 	}
 }
+
+// Issue 24.11: a config file with pg-dsn twice silently used the last one.
+func TestConfigFileRepeatedKeyIsRefused(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	os.WriteFile(file, []byte("pg-dsn: postgres://a/db\nkafka-brokers: k:1\npg-dsn: postgres://b/db\n"), 0o600)
+	o := &options{}
+	_, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--config", file})
+	if err == nil || !strings.Contains(err.Error(), "line 3: key pg-dsn is already set on line 1") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Issue 24.11: OUTBOX_RELAY_KAFKA_BROKERZ=x was ignored without a word,
+// while the same typo as a file key is refused.
+func TestUnknownEnvironmentVariableIsWarnedAbout(t *testing.T) {
+	t.Setenv("OUTBOX_RELAY_KAFKA_BROKERZ", "x")
+	t.Setenv("OUTBOX_RELAY_KAFKA_BROKERS", "k:1")
+	t.Setenv("OUTBOX_RELAY_KAFKA_SASL_PASSWORD", "pw")
+	var stderr bytes.Buffer
+	o := &options{}
+	if _, err := parse(newFlagSet("migrate", o, &stderr), o, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := stderr.String()
+	if !strings.Contains(out, "OUTBOX_RELAY_KAFKA_BROKERZ is not a flag") {
+		t.Errorf("no warning about the misspelt variable:\n%s", out)
+	}
+	// A flag of another command, and the password, are not typos.
+	if strings.Contains(out, "OUTBOX_RELAY_KAFKA_BROKERS ") || strings.Contains(out, "SASL_PASSWORD") {
+		t.Errorf("warned about a known variable:\n%s", out)
+	}
+}

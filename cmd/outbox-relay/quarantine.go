@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -141,8 +142,29 @@ func validateQuarantine(o *options, sub string, ids []string) error {
 	if o.replayAll == (len(ids) > 0) {
 		return errors.New("give event ids, or --all")
 	}
+	for _, id := range ids {
+		if !isUUID(id) {
+			return fmt.Errorf("%q is not an event id: event ids are UUIDs, as `outbox-relay quarantine list` shows them", id)
+		}
+	}
 	if len(o.relay.Publisher.Brokers) == 0 {
 		return errors.New("--kafka-brokers is required")
 	}
 	return o.relay.Publisher.Validate()
+}
+
+// isUUID reports whether s is a UUID in a form PostgreSQL's uuid type
+// takes: 32 hex digits, optionally with hyphens and braces.
+func isUUID(s string) bool {
+	s = strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")
+	s = strings.ReplaceAll(s, "-", "")
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+			return false
+		}
+	}
+	return true
 }

@@ -84,6 +84,9 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if err == nil {
 		// The same checks as run: reconcile reads and publishes with run's
 		// settings, and the flags it does not take keep their valid defaults.
+		// It neither reads nor writes progress, so a --progress-topic it
+		// does not take must not refuse its --topic.
+		o.relay.Progress.Topic = ""
 		err = validateRun(o.relay)
 	}
 	if err != nil {

@@ -60,7 +60,7 @@ func (b *bench) createDB(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	defer conn.Close(context.Background())
-	if err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication}); err != nil {
+	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication}); err != nil {
 		return "", err
 	}
 	if _, err := conn.Exec(ctx, fillProcedure); err != nil {

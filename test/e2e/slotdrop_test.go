@@ -89,7 +89,7 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 		t.Fatalf("relay exited %d (%v), want 1:\n%s", code, err, p.Output())
 	}
 	out := p.Output()
-	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20") {
+	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20", "--republish") {
 		t.Errorf("the exit does not name the slot, the way back and the last confirmed commit time:\n%s", out)
 	}
 	if strings.Contains(out, "created the replication slot") {

@@ -149,6 +149,43 @@ func CommittedOffsets(t testing.TB, brokers []string, group, topic string) map[i
 	return out
 }
 
+// TopicRecords says whether topic exists and how many records its
+// partitions hold (end minus start offsets), for a test that must show
+// nothing was written to a topic.
+func TopicRecords(t testing.TB, brokers []string, topic string) (exists bool, records int64) {
+	t.Helper()
+	adm, closeAdm := adminClient(t, brokers)
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	topics, err := adm.ListTopics(ctx, topic)
+	if err != nil {
+		t.Fatalf("list topic %s: %v", topic, err)
+	}
+	if !topics.Has(topic) {
+		return false, 0
+	}
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		t.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		t.Fatalf("start offsets of %s: %v", topic, err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		start, _ := starts.Lookup(topic, o.Partition)
+		records += o.Offset - start.Offset
+	})
+	return true, records
+}
+
 // ConsumeUntil reads every topic matching topicRegex from the beginning
 // (read_committed, so aborted transactional records are not seen) until
 // done returns true for everything read so far, and returns those records.

@@ -282,3 +282,59 @@ func TestIdleRelayUsesLittleCPU(t *testing.T) {
 		t.Errorf("idle relay used %.2fs of CPU in %v, more than 5%% of one core (%.2fs)", used, elapsed.Round(time.Millisecond), limit)
 	}
 }
+
+// Issue 24.4: with Kafka not answering, /readyz said 200 ready for 100 s
+// while the oldest in-flight age rose from 7 s to 108 s, and in
+// exactly-once mode nothing was logged for 90 s. Once events wait longer
+// than --kafka-stall-timeout with no acknowledgement, /readyz is 503 with
+// the reason, a warning is logged at the start and again at that interval,
+// and outbox_relay_kafka_stall_seconds shows it; all of it clears once
+// Kafka acknowledges again.
+func TestKafkaStallMakesReadyzNotReady(t *testing.T) {
+	for _, delivery := range []string{"at-least-once", "exactly-once"} {
+		t.Run(delivery, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.migrate()
+			// From the environment: a relay that did not know the setting
+			// would still start, and the test would fail on what it does.
+			p := e.start(e.args("run", "--delivery", delivery), "OUTBOX_RELAY_KAFKA_STALL_TIMEOUT=2s")
+			p.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
+			base := p.AdminURL(t)
+			ids := insert(t, e.db.DSN(), "order", 2)
+			harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+			if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
+				t.Fatalf("/readyz before the stall: %d %q", code, body)
+			}
+
+			release := e.kafka.HoldProduce()
+			defer release()
+			ids = append(ids, insert(t, e.db.DSN(), "order", 5)...)
+			var body string
+			harness.WaitFor(t, 30*time.Second, "/readyz 503 naming the stall", func() bool {
+				var code int
+				code, body = harness.HTTPGet(t, base+"/readyz")
+				return code == http.StatusServiceUnavailable && strings.Contains(body, "kafka-stalled") && strings.Contains(body, "events in flight")
+			})
+			// The gauge is sampled once a second, /readyz at each request.
+			harness.WaitFor(t, 10*time.Second, "outbox_relay_kafka_stall_seconds at 2 or more", func() bool {
+				return harness.Metric(t, base, "outbox_relay_kafka_stall_seconds") >= 2
+			})
+			const warning = "kafka has not acknowledged any event for longer than --kafka-stall-timeout"
+			harness.WaitFor(t, 30*time.Second, "the stall warning, repeated", func() bool {
+				return strings.Count(p.Output(), warning) >= 2
+			})
+
+			release()
+			harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, 2*time.Minute)
+			harness.WaitFor(t, time.Minute, "/readyz 200 after Kafka answered", func() bool {
+				code, _ := harness.HTTPGet(t, base+"/readyz")
+				return code == http.StatusOK
+			})
+			p.WaitForOutput(t, "kafka acknowledges again after a stall", 30*time.Second)
+			harness.WaitFor(t, 10*time.Second, "the stall gauge back to 0", func() bool {
+				return harness.Metric(t, base, "outbox_relay_kafka_stall_seconds") == 0
+			})
+		})
+	}
+}

@@ -242,3 +242,30 @@ func TestNewSlotLogsReconcileCommand(t *testing.T) {
 		t.Fatalf("the logged command exited %d listing %v; want 3 and exactly %v", code, rep.Missing, lost)
 	}
 }
+
+// Issue 24.8: after ALTER TABLE ... DROP COLUMN headers, `reconcile
+// --republish` failed with `column "headers" does not exist` while run
+// and report-only reconcile worked; its query also named schema_version
+// and occurred_at. The optional columns are now read only when the table
+// has them, as run reads them by name.
+func TestRepublishWithoutOptionalColumns(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot") // no slot: every row is missing from Kafka
+	e.db.Exec(t, "ALTER TABLE outbox_events DROP COLUMN headers, DROP COLUMN schema_version, DROP COLUMN occurred_at")
+	ids := make([]string, 3)
+	for i := range ids {
+		ids[i] = harness.NewUUID()
+		e.db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, 'order', $2, 'Placed', $3::jsonb)`, ids[i], fmt.Sprintf("order-%d", i), fmt.Sprintf(`{"n": %d}`, i))
+	}
+	code, rep := e.reconcile("--since", "1h", "--until", "0s", "--republish")
+	if code != 0 || rep.Republished != int64(len(ids)) {
+		t.Fatalf("reconcile --republish exited %d with %d republished, want 0 and %d: %+v", code, rep.Republished, len(ids), rep)
+	}
+	records := e.consumeAll(ids)
+	for _, r := range records {
+		if _, ok := r.Headers["tenant"]; ok {
+			t.Errorf("record %s carries a header the row did not have: %v", r.EventID(), r.Headers)
+		}
+	}
+}

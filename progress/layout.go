@@ -1,0 +1,57 @@
+package progress
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/IBM/sarama"
+)
+
+// checkLayout refuses an existing progress topic that is not what the
+// relay would have created. With more than one partition the newest record
+// of a key need not be the last one read; without compaction the record
+// can be deleted by retention; and a topic that is neither was most likely
+// meant for something else, such as events, whose consumers would then
+// read progress records.
+func (s *Store) checkLayout(meta *sarama.TopicMetadata) error {
+	var problems []string
+	if n := len(meta.Partitions); n != 1 {
+		problems = append(problems, fmt.Sprintf("it has %d partitions, not 1", n))
+	}
+	policy, err := s.cleanupPolicy()
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(strings.Split(policy, ","), "compact") {
+		problems = append(problems, fmt.Sprintf("its cleanup.policy is %q, not compact", policy))
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s exists but %s, so it is not a progress topic the relay made (is it an event topic?). "+
+		"Point --progress-topic at a topic of its own: a missing one is created as\n  %s\n"+
+		"Only if %s holds nothing but this relay's progress, fix it in place instead (kafka-configs.sh --alter --add-config cleanup.policy=compact; a topic's partitions cannot be reduced)",
+		ErrTopic, s.topic, strings.Join(problems, " and "), s.CreateCommand(), s.topic)
+}
+
+// cleanupPolicy reads the topic's cleanup.policy.
+func (s *Store) cleanupPolicy() (string, error) {
+	entries, err := s.admin.DescribeConfig(sarama.ConfigResource{
+		Type: sarama.TopicResource, Name: s.topic, ConfigNames: []string{"cleanup.policy"},
+	})
+	if errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
+		return "", fmt.Errorf("%w: %s: kafka refused to describe its configuration (%v), which the relay checks at start: grant the relay's user DescribeConfigs on it: %s --operation DescribeConfigs",
+			ErrTopic, s.topic, err, s.aclCommand())
+	}
+	if err != nil {
+		return "", fmt.Errorf("progress: describe configuration of topic %s: %w", s.topic, err)
+	}
+	for _, e := range entries {
+		if e.Name == "cleanup.policy" {
+			return e.Value, nil
+		}
+	}
+	return "delete", nil // Kafka's default when the broker reports none
+}

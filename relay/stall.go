@@ -1,0 +1,76 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// kafkaStall is how long the events in flight have waited with no
+// acknowledgement from Kafka: since the later of the last ack and the
+// oldest unacknowledged send. It is zero unless the relay streams with
+// events in flight, so a catch-up whose acks keep coming, or an event
+// just sent after an idle hour, never counts as a stall.
+func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) {
+	r.mu.Lock()
+	tracker, state := r.status.tracker, r.status.State
+	r.mu.Unlock()
+	if tracker == nil || state != StateStreaming {
+		return 0, 0
+	}
+	st := tracker.Stats()
+	if st.InFlightEvents == 0 || st.OldestInFlight.IsZero() {
+		return 0, 0
+	}
+	from := st.OldestInFlight
+	if last := r.lastAck.get(); last.After(from) {
+		from = last
+	}
+	return max(0, now.Sub(from)), st.InFlightEvents
+}
+
+// stallReason is why /readyz says not ready during a stall, "" when Kafka
+// acknowledges within the configured time.
+func (r *Relay) stallReason(now time.Time) string {
+	stalled, inFlight := r.kafkaStall(now)
+	if stalled < r.cfg.KafkaStallTimeout {
+		return ""
+	}
+	return fmt.Sprintf("kafka-stalled: no acknowledgement from Kafka for %s with %d events in flight (--kafka-stall-timeout %s)",
+		stalled.Round(time.Second), inFlight, r.cfg.KafkaStallTimeout)
+}
+
+// watchStall keeps the stall gauge and logs a stall when it starts, every
+// --kafka-stall-timeout while it lasts, and when it ends. It runs apart
+// from the read loop, so a loop blocked on Kafka is still reported.
+func (r *Relay) watchStall(ctx context.Context, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	var stalledSince, lastWarned time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			r.metrics.KafkaStall.Set(0)
+			return
+		case now := <-t.C:
+			stalled, inFlight := r.kafkaStall(now)
+			r.metrics.KafkaStall.Set(stalled.Seconds())
+			switch {
+			case stalled >= r.cfg.KafkaStallTimeout:
+				if stalledSince.IsZero() {
+					stalledSince = now.Add(-stalled)
+				}
+				if now.Sub(lastWarned) >= r.cfg.KafkaStallTimeout {
+					lastWarned = now
+					r.log.Warn().Str("stalled_for", stalled.Round(time.Second).String()).Int("in_flight_events", inFlight).
+						Strs("kafka_brokers", r.cfg.Publisher.Brokers).
+						Msg("kafka has not acknowledged any event for longer than --kafka-stall-timeout: /readyz reports not ready until it does. Check the brokers and the relay's network path to them; events wait in the slot meanwhile and nothing is lost")
+				}
+			case !stalledSince.IsZero():
+				r.log.Info().Str("stalled_for", now.Sub(stalledSince).Round(time.Second).String()).
+					Msg("kafka acknowledges again after a stall")
+				stalledSince, lastWarned = time.Time{}, time.Time{}
+			}
+		}
+	}
+}

@@ -1,0 +1,84 @@
+package e2e
+
+import (
+	"context"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+var reconcileSince = regexp.MustCompile("outbox-relay reconcile --since (\\S+) --republish")
+
+// Issue 24.3: with the relay streaming, DROP PUBLICATION and one insert
+// made it exit 1 saying to run `migrate`; after migrate created the
+// publication again, it looped forever on `publication "outbox_relay" does
+// not exist`, because PostgreSQL decodes that WAL with the catalog of its
+// time. The relay now stops at once, every time, with the real way out: a
+// new slot from now, and reconcile from a time it fills in. Following it
+// delivers every event.
+func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	p := e.startRelay()
+	conn := e.db.Connect(t)
+	ctx := context.Background()
+	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	written := e.db.CurrentLSN(t)
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
+		return harness.LSNAtMost(written, e.confirmedFlush())
+	})
+
+	if _, err := conn.Exec(ctx, "DROP PUBLICATION outbox_relay"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeEvents(conn, 1, 1, 1); err != nil { // only reconcile can deliver this one
+		t.Fatal(err)
+	}
+	wayOut := func(p *harness.Process) string {
+		t.Helper()
+		code, err := p.Wait(time.Minute)
+		if err != nil {
+			p.Kill()
+			t.Fatalf("relay after DROP PUBLICATION: %v; output tail:\n%s", err, harness.LastLines(p.Output(), 20))
+		}
+		out := p.Output()
+		m := reconcileSince.FindStringSubmatch(out)
+		if code != 1 || m == nil || !outputHas(out, `publication \"outbox_relay\" does not exist`, "pg_drop_replication_slot('"+e.slot+"')", "outbox-relay migrate") {
+			t.Fatalf("exit %d, want 1 with the way out (drop the slot, migrate, reconcile from a time):\n%s", code, out)
+		}
+		since, err := time.Parse(time.RFC3339, m[1])
+		if err != nil || time.Since(since) > 2*time.Hour || since.After(time.Now()) {
+			t.Fatalf("reconcile --since %q is not the last confirmed commit time less the margin", m[1])
+		}
+		return m[1]
+	}
+	wayOut(p)
+
+	// The advice of the missing-publication check alone: migrate creates
+	// the publication again. The slot still cannot pass the gap, and the
+	// relay must say so again instead of looping.
+	e.migrate()
+	since := wayOut(e.startRelayNoWait())
+
+	// The way out, as printed.
+	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+	e.migrate()
+	e.startRelay()
+	if err := e.writeEvents(conn, 2, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	code, out := harness.RunCommand(t, e.bin, e.args("reconcile", "--kafka-brokers", e.kafka.BrokerList(), "--since", since, "--until", "0s", "--republish"),
+		"OUTBOX_RELAY_LOG_LEVEL=warn")
+	if code != 0 {
+		t.Fatalf("reconcile --republish exited %d:\n%s", code, out)
+	}
+	// Republished events land after later ones of their aggregate (the
+	// README says so), so only loss is checked here.
+	ids, _ := e.Committed()
+	harness.CheckNoLoss(t, harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute), ids)
+}

@@ -1,0 +1,94 @@
+package ops
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// silentEnv is a migrated database with a few outbox rows, and a broker
+// address that accepts TCP and never answers.
+func silentEnv(t *testing.T) (*env, *harness.SilentListener) {
+	t.Helper()
+	e := newEnvNoKafka(t)
+	silent := harness.StartSilentListener(t)
+	e.brokers = []string{silent.Addr()}
+	e.migrate()
+	insert(t, e.db.DSN(), "order", 3)
+	return e, silent
+}
+
+// silentCommands are the commands that wait on Kafka, with what each needs.
+func silentCommands(e *env) map[string][]string {
+	kafka := []string{"--kafka-brokers", strings.Join(e.brokers, ",")}
+	return map[string][]string{
+		"status":            e.args("status", kafka...),
+		"quarantine replay": append([]string{"quarantine"}, e.args("replay", append(kafka, "--all")...)...),
+		"reconcile":         e.args("reconcile", append(kafka, "--since", "1h", "--until", "0s")...),
+	}
+}
+
+// Issue 24.5: against a broker that accepts TCP and never answers,
+// status, quarantine replay --all and reconcile each took 361 s. Every
+// Kafka wait is now bounded by --kafka-timeout, and the error names the
+// broker.
+func TestCommandsAgainstSilentBrokerEndWithinKafkaTimeout(t *testing.T) {
+	e, silent := silentEnv(t)
+	const timeout = 3 * time.Second
+	for name, args := range silentCommands(e) {
+		started := time.Now()
+		// From the environment: a relay that did not know the setting
+		// would still run, and show how long it waits.
+		p := harness.StartProcess(t, e.bin, args, []string{"OUTBOX_RELAY_KAFKA_TIMEOUT=" + timeout.String()})
+		// The stated bound is about three timeouts; the margin is start-up
+		// and PostgreSQL.
+		limit := 3*timeout + 5*time.Second
+		code, err := p.Wait(limit)
+		took := time.Since(started)
+		if err != nil {
+			p.Kill()
+			t.Errorf("%s: still running after %v against a silent broker", name, limit)
+			continue
+		}
+		t.Logf("%s: exit %d after %v", name, code, took.Round(time.Millisecond))
+		if code == 0 || !strings.Contains(p.Output(), silent.Addr()) {
+			t.Errorf("%s: exit %d, want a failure naming the broker %s:\n%s", name, code, silent.Addr(), p.Output())
+		}
+	}
+	if silent.Accepted() == 0 {
+		t.Error("no command connected to the silent broker")
+	}
+}
+
+// Issue 24.5: a SIGINT 20 s into a wait on a silent broker was ignored,
+// and `run --delivery exactly-once` ignored SIGTERM for 351 s (systemd
+// would SIGKILL it). Each now stops within seconds of the signal.
+func TestSignalsStopCommandsWaitingOnSilentBroker(t *testing.T) {
+	e, silent := silentEnv(t)
+	const grace = 5 * time.Second
+	stopWithin := func(name string, args []string, sig os.Signal) {
+		t.Helper()
+		before := silent.Accepted()
+		p := harness.StartProcess(t, e.bin, args, nil)
+		// Once connected, it waits for an answer that never comes.
+		harness.WaitFor(t, 30*time.Second, name+" connecting to the silent broker", func() bool { return silent.Accepted() > before })
+		sent := time.Now()
+		if err := p.Signal(sig); err != nil {
+			t.Fatalf("%s: signal: %v", name, err)
+		}
+		if _, err := p.Wait(grace); err != nil {
+			p.Kill()
+			t.Errorf("%s: still running %v after %v", name, grace, sig)
+			return
+		}
+		t.Logf("%s: stopped %v after %v", name, time.Since(sent).Round(time.Millisecond), sig)
+	}
+	for name, args := range silentCommands(e) {
+		stopWithin(name, args, syscall.SIGINT)
+	}
+	stopWithin("run --delivery exactly-once", e.args("run", "--delivery", "exactly-once"), syscall.SIGTERM)
+}
