@@ -176,14 +176,17 @@ func (s *SlotInfo) Lost() bool {
 
 // Slot reads the slot's state; ok is false when it does not exist. It reads
 // the row as JSON so it works across server versions whose views differ.
+// On a standby, which refuses pg_current_wal_lsn(), the WAL position is the
+// last one replayed.
 func (a *Admin) Slot(ctx context.Context) (info *SlotInfo, ok bool, err error) {
 	var raw []byte
 	err = a.conn.QueryRow(ctx, `
+		WITH w AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
 		SELECT to_jsonb(s) || jsonb_build_object(
-			'current_wal_lsn', pg_current_wal_lsn()::text,
-			'retained_wal_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn),
-			'lag_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))
-		FROM pg_replication_slots s WHERE slot_name = $1`, a.cfg.Slot).Scan(&raw)
+			'current_wal_lsn', w.lsn::text,
+			'retained_wal_bytes', pg_wal_lsn_diff(w.lsn, s.restart_lsn),
+			'lag_bytes', pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn))
+		FROM pg_replication_slots s, w WHERE slot_name = $1`, a.cfg.Slot).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
