@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -146,19 +147,23 @@ func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
 
 // SlotInfo is the server's view of the slot, from pg_replication_slots.
 type SlotInfo struct {
-	Name              string   `json:"slot_name"`
-	Plugin            string   `json:"plugin"`
-	Database          string   `json:"database"`
-	Active            bool     `json:"active"`
-	ActivePID         *int     `json:"active_pid"`
-	RestartLSN        *string  `json:"restart_lsn"`
-	ConfirmedFlushLSN *string  `json:"confirmed_flush_lsn"`
-	WALStatus         *string  `json:"wal_status"`
-	SafeWALSize       *int64   `json:"safe_wal_size"`
-	Failover          *bool    `json:"failover,omitempty"`
-	CurrentLSN        string   `json:"current_wal_lsn"`
-	RetainedWALBytes  *float64 `json:"retained_wal_bytes"`
-	LagBytes          *float64 `json:"lag_bytes"`
+	Name              string  `json:"slot_name"`
+	Plugin            string  `json:"plugin"`
+	Database          string  `json:"database"`
+	Active            bool    `json:"active"`
+	ActivePID         *int    `json:"active_pid"`
+	RestartLSN        *string `json:"restart_lsn"`
+	ConfirmedFlushLSN *string `json:"confirmed_flush_lsn"`
+	WALStatus         *string `json:"wal_status"`
+	SafeWALSize       *int64  `json:"safe_wal_size"`
+	Failover          *bool   `json:"failover,omitempty"`
+	// InvalidationReason is why the server invalidated the slot
+	// (PostgreSQL 17+): wal_removed, rows_removed, wal_level_insufficient,
+	// or idle_timeout (18).
+	InvalidationReason *string  `json:"invalidation_reason,omitempty"`
+	CurrentLSN         string   `json:"current_wal_lsn"`
+	RetainedWALBytes   *float64 `json:"retained_wal_bytes"`
+	LagBytes           *float64 `json:"lag_bytes"`
 }
 
 // Confirmed returns the slot's confirmed_flush_lsn.
@@ -171,7 +176,39 @@ func (s *SlotInfo) Confirmed() (lsn.LSN, error) {
 
 // Lost reports whether the server invalidated the slot.
 func (s *SlotInfo) Lost() bool {
-	return s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil && s.Plugin != ""
+	return s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil && s.Plugin != "" ||
+		s.InvalidationReason != nil
+}
+
+// Invalidation says how the server shows the slot invalidated
+// (invalidation_reason on 17+, wal_status) and what that means; "" when the
+// slot is not lost.
+func (s *SlotInfo) Invalidation() string {
+	if !s.Lost() {
+		return ""
+	}
+	var shown []string
+	if s.InvalidationReason != nil {
+		shown = append(shown, "invalidation_reason="+*s.InvalidationReason)
+	}
+	if s.WALStatus != nil {
+		shown = append(shown, "wal_status="+*s.WALStatus)
+	}
+	why := "PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)"
+	if s.InvalidationReason != nil {
+		switch *s.InvalidationReason {
+		case "idle_timeout":
+			why = "no relay streamed from it for longer than idle_replication_slot_timeout"
+		case "rows_removed":
+			why = "catalog rows it needed were removed (on a standby: turn hot_standby_feedback on and use a physical slot)"
+		case "wal_level_insufficient":
+			why = "wal_level on the primary was lowered below logical"
+		case "wal_removed":
+		default:
+			why = "PostgreSQL invalidated it"
+		}
+	}
+	return strings.Join(shown, ", ") + ": " + why
 }
 
 // Slot reads the slot's state; ok is false when it does not exist. It reads
@@ -224,9 +261,9 @@ func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
 // CheckSlot verifies an existing slot can serve the relay.
 func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
 	if info.Lost() {
-		return fmt.Errorf("%w: slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed while the relay was behind may never reach Kafka. "+
+		return fmt.Errorf("%w: slot %q is invalidated (%s), so events committed while the relay was behind or down may never reach Kafka. "+
 			"Reconcile the outbox table against Kafka for that period, then drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay with --recreate-lost-slot, or run migrate",
-			ErrSlotLost, info.Name, info.Name)
+			ErrSlotLost, info.Name, info.Invalidation(), info.Name)
 	}
 	if info.Plugin != "pgoutput" {
 		return precondition("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)

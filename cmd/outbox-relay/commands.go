@@ -284,6 +284,13 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := admin.Check(ctx); err != nil {
 		return failure(stderr, "migrate", fmt.Errorf("before creating the slot: %w", err), dsn)
 	}
+	limits, err := admin.SlotLimits(ctx)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	for _, w := range limits.Warnings() {
+		log.Warn().Str("slot", o.relay.Replication.Slot).Msg(w)
+	}
 	info, exists, err := admin.Slot(ctx)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
