@@ -160,10 +160,14 @@ type SlotInfo struct {
 	// InvalidationReason is why the server invalidated the slot
 	// (PostgreSQL 17+): wal_removed, rows_removed, wal_level_insufficient,
 	// or idle_timeout (18).
-	InvalidationReason *string  `json:"invalidation_reason,omitempty"`
-	CurrentLSN         string   `json:"current_wal_lsn"`
-	RetainedWALBytes   *float64 `json:"retained_wal_bytes"`
-	LagBytes           *float64 `json:"lag_bytes"`
+	InvalidationReason *string `json:"invalidation_reason,omitempty"`
+	Temporary          bool    `json:"temporary"`
+	// Synced marks, on a standby (PostgreSQL 17+), a slot copied from the
+	// primary by slot synchronisation.
+	Synced           *bool    `json:"synced,omitempty"`
+	CurrentLSN       string   `json:"current_wal_lsn"`
+	RetainedWALBytes *float64 `json:"retained_wal_bytes"`
+	LagBytes         *float64 `json:"lag_bytes"`
 }
 
 // Confirmed returns the slot's confirmed_flush_lsn.
@@ -315,4 +319,40 @@ func (a *Admin) DropSlot(ctx context.Context) error {
 		return fmt.Errorf("drop slot %s: %w", a.cfg.Slot, err)
 	}
 	return nil
+}
+
+// FailoverWarning says why the slot would not survive a failover, when the
+// server shows it; "" otherwise. A standby synchronises a failover slot
+// only once the primary's slot has moved past the WAL the standby keeps
+// (until then PostgreSQL logs "could not synchronize replication slot"
+// and keeps a temporary copy that promotion drops), and only a consumer
+// moves a slot. On the primary that shows as a failover slot nobody
+// streams from that has decoded no transaction; on a standby, as the slot
+// missing or temporary. exists says whether info was found.
+func (a *Admin) FailoverWarning(ctx context.Context, info *SlotInfo, exists bool) (string, error) {
+	var inRecovery bool
+	if err := a.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return "", fmt.Errorf("read pg_is_in_recovery(): %w", err)
+	}
+	const fix = "start the relay on the primary: once it streams, the slot moves and the standby synchronises it within seconds (see \"PostgreSQL standbys and failover\" in docs/operations.md)"
+	if inRecovery {
+		switch {
+		case !exists:
+			return fmt.Sprintf("slot %q is not on this standby: a failover to it would lose the slot. It must be a failover slot (`migrate --slot-failover`, PostgreSQL 17+) and this standby needs sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name and a dbname in primary_conninfo; if all that is so, %s", a.cfg.Slot, fix), nil
+		case info.Synced != nil && *info.Synced && info.Temporary:
+			return fmt.Sprintf("slot %q is not synchronised to this standby yet (a temporary copy, which promotion drops; the standby logs \"could not synchronize replication slot\"): the slot on the primary has not moved past the WAL this standby keeps; %s", a.cfg.Slot, fix), nil
+		}
+		return "", nil
+	}
+	if !exists || info.Failover == nil || !*info.Failover || info.Active {
+		return "", nil
+	}
+	var txns int64
+	if err := a.conn.QueryRow(ctx, "SELECT coalesce((SELECT total_txns FROM pg_stat_replication_slots WHERE slot_name = $1), 0)", a.cfg.Slot).Scan(&txns); err != nil {
+		return "", fmt.Errorf("read pg_stat_replication_slots: %w", err)
+	}
+	if txns > 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("failover slot %q has decoded no transaction since it was created (or since its statistics were reset) and nothing streams from it: a standby cannot synchronise a slot that does not move (it logs \"could not synchronize replication slot\"), so a failover now would lose it; %s", a.cfg.Slot, fix), nil
 }

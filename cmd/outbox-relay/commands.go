@@ -339,11 +339,14 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	info, err := relay.ReadSlot(ctx, o.relay.Replication)
+	info, failoverWarning, err := relay.ReadSlot(ctx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery}
+	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery, FailoverWarning: failoverWarning}
+	if failoverWarning != "" {
+		fmt.Fprintf(stderr, "outbox-relay status: warning: %s\n", failoverWarning)
+	}
 	if report.Delivery == "" {
 		report.Delivery = relay.DeliveryAtLeastOnce
 	}
