@@ -30,10 +30,11 @@ test: lint kafka postgres
 
 # The whole suite runs on PostgreSQL 15 (Debian's). These run again on every
 # other supported major, fetched by test/postgres/fetch.sh: the core
-# end-to-end tests, the restart and crash drills in both delivery modes, and
-# the failover-slot drill (17 and 18; it skips on older servers).
+# end-to-end tests, the restart and crash drills in both delivery modes, the
+# standby and slot-invalidation drills, and the failover-slot drills (each
+# skips on a server that lacks what it tests).
 PG_VERSIONS ?= 16 17 18
-PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestSlotFailoverNeedsPostgres17)$$
+PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestDrillRelayWaitsForPromotion|TestDrillSlotInvalidated|TestDrillSlotIdleTimeout|TestDrillFailoverSlotNotSyncedStatus|TestSlotFailoverNeedsPostgres17)$$
 test-postgres-versions: postgres
 	@set -e; for v in $(PG_VERSIONS); do \
 		echo "== PostgreSQL $$v"; start=$$(date +%s); \

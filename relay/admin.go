@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
@@ -41,21 +42,30 @@ func (r *Relay) slotReport(now time.Time) SlotReport {
 }
 
 // ReadSlot reads the slot's state from PostgreSQL on a short-lived
-// connection. It works whether or not a relay is streaming.
-func ReadSlot(ctx context.Context, cfg replication.Config) (*replication.SlotInfo, error) {
+// connection, with a warning when the slot would not survive a failover
+// (see replication.Admin.FailoverWarning). It works whether or not a relay
+// is streaming, on a primary or a standby.
+func ReadSlot(ctx context.Context, cfg replication.Config) (info *replication.SlotInfo, failoverWarning string, err error) {
 	admin, err := replication.Connect(ctx, cfg)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer admin.Close(context.Background())
 	info, ok, err := admin.Slot(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	failoverWarning, err = admin.FailoverWarning(ctx, info, ok)
+	if err != nil {
+		return nil, "", err
 	}
 	if !ok {
-		return nil, &slotMissingError{slot: cfg.Slot}
+		if failoverWarning != "" {
+			return nil, "", errors.New(failoverWarning)
+		}
+		return nil, "", &slotMissingError{slot: cfg.Slot}
 	}
-	return info, nil
+	return info, failoverWarning, nil
 }
 
 type slotMissingError struct{ slot string }

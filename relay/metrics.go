@@ -131,7 +131,7 @@ var latencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .
 // states are the values of outbox_relay_state's label, all exported so a
 // query never misses a series.
 var states = []State{StateStarting, StateConnecting, StateStreaming, StateWaitingForSlot,
-	StateBackingOff, StateDraining, StateStopped, StateFailed}
+	StateWaitingForPromotion, StateBackingOff, StateDraining, StateStopped, StateFailed}
 
 // setState makes state the one outbox_relay_state series at 1.
 func (m *Metrics) setState(state State) {

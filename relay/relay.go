@@ -266,7 +266,9 @@ func (r *Relay) Run(ctx context.Context) error {
 // restartLoop runs sessions until ctx ends or a fatal error.
 func (r *Relay) restartLoop(ctx context.Context) error {
 	attempt := 0
-	standby := false
+	// waiting is the waiting state last logged at info level: one line
+	// per wait, not one per poll.
+	var waiting State
 	// fencedInARow counts fences with no session in between that found
 	// the slot held: the one who fenced this relay is then not streaming
 	// this slot.
@@ -324,19 +326,19 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		if errors.Is(err, replication.ErrSlotBusy) {
 			fencedInARow = 0
 		}
-		if errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced) {
-			// A standby: poll often enough to take over within seconds.
+		if state, msg := waitingState(err); state != "" {
+			// A standby, of another relay or of a PostgreSQL standby: poll
+			// often enough to take over within seconds.
 			wait = backoff.Delay(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
 			ev := r.log.Debug()
-			if !standby {
-				ev = r.log.Info() // once per wait, not every poll
+			if waiting != state {
+				ev = r.log.Info()
 			}
-			standby = true
-			r.setState(StateWaitingForSlot, err)
-			ev.Err(err).Str("retry_in", wait.String()).
-				Msg("slot is held by another process; waiting to take over (this instance is a standby)")
+			waiting = state
+			r.setState(state, err)
+			ev.Err(err).Str("retry_in", wait.String()).Msg(msg)
 		} else {
-			standby = false
+			waiting = ""
 			r.setState(StateBackingOff, err)
 			r.metrics.Restarts.Inc()
 			msg := "could not start streaming; retrying"
@@ -355,4 +357,18 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// waitingState is the state a session's error leaves the relay waiting in,
+// and what to log when the wait begins; "" when the error is a failure.
+func waitingState(err error) (State, string) {
+	switch {
+	case errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced):
+		return StateWaitingForSlot, "slot is held by another process; waiting to take over (this instance is a standby)"
+	case errors.Is(err, replication.ErrStandby):
+		// Promotion is what a failover does; the relay streams from the
+		// promoted server at its next poll.
+		return StateWaitingForPromotion, "the PostgreSQL server is a hot standby; waiting for it to be promoted, then streaming from it"
+	}
+	return "", ""
 }

@@ -138,6 +138,9 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 		return 0, 0, err
 	}
 	defer admin.Close(context.Background())
+	if err := admin.RequirePrimary(ctx); err != nil {
+		return 0, 0, err
+	}
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
 	}

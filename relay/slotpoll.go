@@ -42,6 +42,7 @@ type slotPoller struct {
 	quarantine *store.Quarantine // nil until opened, or when events are never quarantined
 	walState   string            // the wal_status last logged about
 	failing    bool              // the last read failed, and that was logged
+	limitsRead bool              // the slot limits were read and warned about
 }
 
 func (p *slotPoller) close() {
@@ -112,6 +113,9 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 	if info.WALStatus != nil {
 		walStatus = *info.WALStatus
 	}
+	if info.Lost() {
+		walStatus = "lost" // invalidated for a reason other than removed WAL
+	}
 	m.setWALStatus(walStatus)
 	p.noteWALStatus(info, walStatus)
 }
@@ -126,11 +130,29 @@ func (p *slotPoller) read(ctx context.Context) (*replication.SlotInfo, bool, err
 		}
 		p.admin = admin
 	}
+	if !p.limitsRead {
+		p.warnSlotLimits(ctx)
+	}
 	info, exists, err := p.admin.Slot(ctx)
 	if err != nil {
 		p.closeSlot()
 	}
 	return info, exists, err
+}
+
+// warnSlotLimits warns once per process about settings that invalidate
+// the slot while the relay is down; a failed read is tried again at the
+// next poll.
+func (p *slotPoller) warnSlotLimits(ctx context.Context) {
+	limits, err := p.admin.SlotLimits(ctx)
+	if err != nil {
+		p.relay.log.Debug().Str("error", replication.RedactError(err.Error(), p.relay.cfg.Replication.DSN)).Msg("cannot read the slot limits")
+		return
+	}
+	p.limitsRead = true
+	for _, w := range limits.Warnings() {
+		p.relay.log.Warn().Msg(w)
+	}
 }
 
 // countQuarantined sets the quarantined gauge and status from the table.
@@ -226,7 +248,7 @@ func (p *slotPoller) noteWALStatus(info *replication.SlotInfo, walStatus string)
 			ev = ev.Float64("retained_wal_bytes", *info.RetainedWALBytes)
 		}
 		if walStatus == "lost" {
-			ev.Msg("PostgreSQL invalidated the replication slot (max_slot_wal_keep_size): events in the removed WAL can no longer be delivered; see docs/operations.md")
+			ev.Msg("PostgreSQL invalidated the replication slot (" + info.Invalidation() + "): events it no longer holds can no longer be delivered; see docs/operations.md")
 		} else {
 			ev.Msg("the replication slot holds more WAL than max_slot_wal_keep_size allows: PostgreSQL will invalidate it at the next checkpoint unless the relay catches up")
 		}

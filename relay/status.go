@@ -18,10 +18,13 @@ const (
 	StateConnecting     State = "connecting"
 	StateStreaming      State = "streaming"
 	StateWaitingForSlot State = "waiting-for-slot"
-	StateBackingOff     State = "backing-off"
-	StateDraining       State = "draining"
-	StateStopped        State = "stopped"
-	StateFailed         State = "failed"
+	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
+	// cannot serve the relay's slot until it is promoted.
+	StateWaitingForPromotion State = "waiting-for-promotion"
+	StateBackingOff          State = "backing-off"
+	StateDraining            State = "draining"
+	StateStopped             State = "stopped"
+	StateFailed              State = "failed"
 )
 
 // Status is the relay's own view, for the admin endpoint.

@@ -98,6 +98,25 @@ func connectError(err error, dsn string) error {
 	return fmt.Errorf("connect to %s: %s", where, RedactError(err.Error(), dsn))
 }
 
+// ErrStandby marks a server in recovery, a hot standby: it refuses
+// pg_current_wal_lsn() and writes, so the relay cannot stream from it until
+// it is promoted. Waiting for that is not an error the operator must fix.
+var ErrStandby = errors.New("server is a standby")
+
+// RequirePrimary refuses a server in recovery with ErrStandby, naming it.
+func (a *Admin) RequirePrimary(ctx context.Context) error {
+	var inRecovery bool
+	if err := a.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return fmt.Errorf("read pg_is_in_recovery(): %w", err)
+	}
+	if inRecovery {
+		return fmt.Errorf("%w: %s is a hot standby (pg_is_in_recovery() is true) and the relay streams from a primary: waiting for it to be promoted. "+
+			"If it should not be, point --pg-dsn at the primary, or list every server in it with target_session_attrs=read-write",
+			ErrStandby, Describe(a.cfg.DSN))
+	}
+	return nil
+}
+
 // Check verifies everything streaming needs and says what to change when
 // something is missing.
 func (a *Admin) Check(ctx context.Context) error {

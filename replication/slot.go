@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -146,19 +147,27 @@ func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
 
 // SlotInfo is the server's view of the slot, from pg_replication_slots.
 type SlotInfo struct {
-	Name              string   `json:"slot_name"`
-	Plugin            string   `json:"plugin"`
-	Database          string   `json:"database"`
-	Active            bool     `json:"active"`
-	ActivePID         *int     `json:"active_pid"`
-	RestartLSN        *string  `json:"restart_lsn"`
-	ConfirmedFlushLSN *string  `json:"confirmed_flush_lsn"`
-	WALStatus         *string  `json:"wal_status"`
-	SafeWALSize       *int64   `json:"safe_wal_size"`
-	Failover          *bool    `json:"failover,omitempty"`
-	CurrentLSN        string   `json:"current_wal_lsn"`
-	RetainedWALBytes  *float64 `json:"retained_wal_bytes"`
-	LagBytes          *float64 `json:"lag_bytes"`
+	Name              string  `json:"slot_name"`
+	Plugin            string  `json:"plugin"`
+	Database          string  `json:"database"`
+	Active            bool    `json:"active"`
+	ActivePID         *int    `json:"active_pid"`
+	RestartLSN        *string `json:"restart_lsn"`
+	ConfirmedFlushLSN *string `json:"confirmed_flush_lsn"`
+	WALStatus         *string `json:"wal_status"`
+	SafeWALSize       *int64  `json:"safe_wal_size"`
+	Failover          *bool   `json:"failover,omitempty"`
+	// InvalidationReason is why the server invalidated the slot
+	// (PostgreSQL 17+): wal_removed, rows_removed, wal_level_insufficient,
+	// or idle_timeout (18).
+	InvalidationReason *string `json:"invalidation_reason,omitempty"`
+	Temporary          bool    `json:"temporary"`
+	// Synced marks, on a standby (PostgreSQL 17+), a slot copied from the
+	// primary by slot synchronisation.
+	Synced           *bool    `json:"synced,omitempty"`
+	CurrentLSN       string   `json:"current_wal_lsn"`
+	RetainedWALBytes *float64 `json:"retained_wal_bytes"`
+	LagBytes         *float64 `json:"lag_bytes"`
 }
 
 // Confirmed returns the slot's confirmed_flush_lsn.
@@ -171,19 +180,54 @@ func (s *SlotInfo) Confirmed() (lsn.LSN, error) {
 
 // Lost reports whether the server invalidated the slot.
 func (s *SlotInfo) Lost() bool {
-	return s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil && s.Plugin != ""
+	return s.WALStatus != nil && *s.WALStatus == "lost" || s.RestartLSN == nil && s.Plugin != "" ||
+		s.InvalidationReason != nil
+}
+
+// Invalidation says how the server shows the slot invalidated
+// (invalidation_reason on 17+, wal_status) and what that means; "" when the
+// slot is not lost.
+func (s *SlotInfo) Invalidation() string {
+	if !s.Lost() {
+		return ""
+	}
+	var shown []string
+	if s.InvalidationReason != nil {
+		shown = append(shown, "invalidation_reason="+*s.InvalidationReason)
+	}
+	if s.WALStatus != nil {
+		shown = append(shown, "wal_status="+*s.WALStatus)
+	}
+	why := "PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)"
+	if s.InvalidationReason != nil {
+		switch *s.InvalidationReason {
+		case "idle_timeout":
+			why = "no relay streamed from it for longer than idle_replication_slot_timeout"
+		case "rows_removed":
+			why = "catalog rows it needed were removed (on a standby: turn hot_standby_feedback on and use a physical slot)"
+		case "wal_level_insufficient":
+			why = "wal_level on the primary was lowered below logical"
+		case "wal_removed":
+		default:
+			why = "PostgreSQL invalidated it"
+		}
+	}
+	return strings.Join(shown, ", ") + ": " + why
 }
 
 // Slot reads the slot's state; ok is false when it does not exist. It reads
 // the row as JSON so it works across server versions whose views differ.
+// On a standby, which refuses pg_current_wal_lsn(), the WAL position is the
+// last one replayed.
 func (a *Admin) Slot(ctx context.Context) (info *SlotInfo, ok bool, err error) {
 	var raw []byte
 	err = a.conn.QueryRow(ctx, `
+		WITH w AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END AS lsn)
 		SELECT to_jsonb(s) || jsonb_build_object(
-			'current_wal_lsn', pg_current_wal_lsn()::text,
-			'retained_wal_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn),
-			'lag_bytes', pg_wal_lsn_diff(pg_current_wal_lsn(), s.confirmed_flush_lsn))
-		FROM pg_replication_slots s WHERE slot_name = $1`, a.cfg.Slot).Scan(&raw)
+			'current_wal_lsn', w.lsn::text,
+			'retained_wal_bytes', pg_wal_lsn_diff(w.lsn, s.restart_lsn),
+			'lag_bytes', pg_wal_lsn_diff(w.lsn, s.confirmed_flush_lsn))
+		FROM pg_replication_slots s, w WHERE slot_name = $1`, a.cfg.Slot).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}
@@ -221,9 +265,9 @@ func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
 // CheckSlot verifies an existing slot can serve the relay.
 func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
 	if info.Lost() {
-		return fmt.Errorf("%w: slot %q has wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so events committed while the relay was behind may never reach Kafka. "+
+		return fmt.Errorf("%w: slot %q is invalidated (%s), so events committed while the relay was behind or down may never reach Kafka. "+
 			"Reconcile the outbox table against Kafka for that period, then drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay with --recreate-lost-slot, or run migrate",
-			ErrSlotLost, info.Name, info.Name)
+			ErrSlotLost, info.Name, info.Invalidation(), info.Name)
 	}
 	if info.Plugin != "pgoutput" {
 		return precondition("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)
@@ -275,4 +319,40 @@ func (a *Admin) DropSlot(ctx context.Context) error {
 		return fmt.Errorf("drop slot %s: %w", a.cfg.Slot, err)
 	}
 	return nil
+}
+
+// FailoverWarning says why the slot would not survive a failover, when the
+// server shows it; "" otherwise. A standby synchronises a failover slot
+// only once the primary's slot has moved past the WAL the standby keeps
+// (until then PostgreSQL logs "could not synchronize replication slot"
+// and keeps a temporary copy that promotion drops), and only a consumer
+// moves a slot. On the primary that shows as a failover slot nobody
+// streams from that has decoded no transaction; on a standby, as the slot
+// missing or temporary. exists says whether info was found.
+func (a *Admin) FailoverWarning(ctx context.Context, info *SlotInfo, exists bool) (string, error) {
+	var inRecovery bool
+	if err := a.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
+		return "", fmt.Errorf("read pg_is_in_recovery(): %w", err)
+	}
+	const fix = "start the relay on the primary: once it streams, the slot moves and the standby synchronises it within seconds (see \"PostgreSQL standbys and failover\" in docs/operations.md)"
+	if inRecovery {
+		switch {
+		case !exists:
+			return fmt.Sprintf("slot %q is not on this standby: a failover to it would lose the slot. It must be a failover slot (`migrate --slot-failover`, PostgreSQL 17+) and this standby needs sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name and a dbname in primary_conninfo; if all that is so, %s", a.cfg.Slot, fix), nil
+		case info.Synced != nil && *info.Synced && info.Temporary:
+			return fmt.Sprintf("slot %q is not synchronised to this standby yet (a temporary copy, which promotion drops; the standby logs \"could not synchronize replication slot\"): the slot on the primary has not moved past the WAL this standby keeps; %s", a.cfg.Slot, fix), nil
+		}
+		return "", nil
+	}
+	if !exists || info.Failover == nil || !*info.Failover || info.Active {
+		return "", nil
+	}
+	var txns int64
+	if err := a.conn.QueryRow(ctx, "SELECT coalesce((SELECT total_txns FROM pg_stat_replication_slots WHERE slot_name = $1), 0)", a.cfg.Slot).Scan(&txns); err != nil {
+		return "", fmt.Errorf("read pg_stat_replication_slots: %w", err)
+	}
+	if txns > 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("failover slot %q has decoded no transaction since it was created (or since its statistics were reset) and nothing streams from it: a standby cannot synchronise a slot that does not move (it logs \"could not synchronize replication slot\"), so a failover now would lose it; %s", a.cfg.Slot, fix), nil
 }

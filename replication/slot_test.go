@@ -134,3 +134,45 @@ func TestExistingRowsGivesTheNewestRow(t *testing.T) {
 		t.Fatalf("ExistingRows without created_at: %+v, %v; want 2 rows and no time", rows, err)
 	}
 }
+
+// The warnings say how long the relay may be down before a limit
+// invalidates its slot, and say nothing when no limit is set.
+func TestSlotLimitsWarnings(t *testing.T) {
+	if w := (SlotLimits{CheckpointTimeout: 5 * time.Minute}).Warnings(); len(w) != 0 {
+		t.Errorf("no limit set, yet warnings: %q", w)
+	}
+	w := SlotLimits{IdleTimeout: 10 * time.Minute, CheckpointTimeout: 5 * time.Minute, MaxWALKeepBytes: 2 << 30}.Warnings()
+	if len(w) != 2 {
+		t.Fatalf("want one warning per limit, got %q", w)
+	}
+	for i, want := range []string{"Keep every outage of the relay shorter than 10m0s", "only for as long as the server takes to write 2048 MB of WAL"} {
+		if !strings.Contains(w[i], want) {
+			t.Errorf("warning %d %q does not say %q", i, w[i], want)
+		}
+	}
+}
+
+// PostgreSQL 17+ names why it invalidated a slot; the relay's error gives
+// that name and what it means, and still counts the slot as lost when
+// wal_status does not say lost (an idle timeout keeps the WAL).
+func TestSlotInvalidationNamesTheReason(t *testing.T) {
+	str := func(s string) *string { return &s }
+	restart := str("0/1000000")
+	for _, c := range []struct {
+		info SlotInfo
+		want string
+	}{
+		{SlotInfo{Plugin: "pgoutput", RestartLSN: restart, WALStatus: str("reserved")}, ""},
+		{SlotInfo{Plugin: "pgoutput", WALStatus: str("lost")}, "wal_status=lost: PostgreSQL removed WAL it still needed (max_slot_wal_keep_size)"},
+		{SlotInfo{Plugin: "pgoutput", WALStatus: str("lost"), InvalidationReason: str("wal_removed")}, "invalidation_reason=wal_removed, wal_status=lost: PostgreSQL removed WAL"},
+		{SlotInfo{Plugin: "pgoutput", RestartLSN: restart, InvalidationReason: str("idle_timeout")}, "invalidation_reason=idle_timeout: no relay streamed from it for longer than idle_replication_slot_timeout"},
+		{SlotInfo{Plugin: "pgoutput", RestartLSN: restart, InvalidationReason: str("rows_removed")}, "invalidation_reason=rows_removed: catalog rows"},
+	} {
+		if got := c.info.Invalidation(); !strings.HasPrefix(got, c.want) || (c.want == "") != (got == "") {
+			t.Errorf("%+v: Invalidation() = %q, want it to begin %q", c.info, got, c.want)
+		}
+		if c.info.Lost() != (c.want != "") {
+			t.Errorf("%+v: Lost() = %v", c.info, c.info.Lost())
+		}
+	}
+}

@@ -337,6 +337,13 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := admin.Check(ctx); err != nil {
 		return failure(stderr, "migrate", fmt.Errorf("before creating the slot: %w", err), dsn)
 	}
+	limits, err := admin.SlotLimits(ctx)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	for _, w := range limits.Warnings() {
+		log.Warn().Str("slot", o.relay.Replication.Slot).Msg(w)
+	}
 	info, exists, err := admin.Slot(ctx)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
@@ -390,11 +397,14 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	info, err := relay.ReadSlot(ctx, o.relay.Replication)
+	info, failoverWarning, err := relay.ReadSlot(ctx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery}
+	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery, FailoverWarning: failoverWarning}
+	if failoverWarning != "" {
+		fmt.Fprintf(stderr, "outbox-relay status: warning: %s\n", failoverWarning)
+	}
 	if report.Delivery == "" {
 		report.Delivery = relay.DeliveryAtLeastOnce
 	}

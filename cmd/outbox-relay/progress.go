@@ -13,8 +13,10 @@ import (
 // progress.
 type statusReport struct {
 	*replication.SlotInfo
-	Delivery string                `json:"delivery"`
-	Progress *relay.ProgressReport `json:"progress,omitempty"`
+	Delivery string `json:"delivery"`
+	// FailoverWarning says why the slot would not survive a failover.
+	FailoverWarning string                `json:"failover_warning,omitempty"`
+	Progress        *relay.ProgressReport `json:"progress,omitempty"`
 }
 
 // progressReport reads the progress record and where a relay starting now

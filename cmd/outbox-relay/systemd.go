@@ -20,7 +20,8 @@ import (
 //
 // READY=1 goes once the relay does its job: when a session first streams,
 // or when it settles as the standby of another instance that holds the
-// slot. A standby is a healthy, started service; without READY=1 systemd
+// slot, or of a PostgreSQL standby it waits to see promoted. A standby is
+// a healthy, started service; without READY=1 systemd
 // would kill it at TimeoutStartSec and start it again, forever. Until then
 // the unit stays "activating" and TimeoutStartSec bounds how long a relay
 // that cannot reach PostgreSQL or Kafka at start may take.
@@ -183,7 +184,7 @@ func (n *systemdNotifier) observe(s relay.Status, now time.Time, backoffMax time
 		n.lastStatus = text
 		msgs = append(msgs, text)
 	}
-	if s.State == relay.StateWaitingForSlot && !n.readySent {
+	if (s.State == relay.StateWaitingForSlot || s.State == relay.StateWaitingForPromotion) && !n.readySent {
 		n.readySent = true
 		msgs = append([]string{"READY=1"}, msgs...)
 	}
@@ -204,7 +205,7 @@ func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax 
 		in = 0 // the relay has not changed state since it was created
 	}
 	switch s.State {
-	case relay.StateBackingOff, relay.StateWaitingForSlot:
+	case relay.StateBackingOff, relay.StateWaitingForSlot, relay.StateWaitingForPromotion:
 		return in < backoffMax+watchdog
 	case relay.StateStarting, relay.StateConnecting:
 		return in < watchdog
@@ -222,7 +223,7 @@ func statusText(s relay.Status) string {
 	case relay.StateWaitingForSlot:
 		text = "standby: " + text
 		fallthrough
-	case relay.StateBackingOff, relay.StateFailed:
+	case relay.StateBackingOff, relay.StateWaitingForPromotion, relay.StateFailed:
 		if s.LastError != "" {
 			text += ": " + s.LastError
 		}

@@ -115,3 +115,62 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 		standby.Major(t), map[bool]string{false: "at-least-once", true: "exactly-once"}[exactlyOnce],
 		n.CommittedCount(), len(records), redelivered, followed.Round(time.Millisecond))
 }
+
+// TestDrillFailoverSlotNotSyncedStatus: a failover slot that nothing
+// consumes never synchronises to the standby (PostgreSQL logs "could not
+// synchronize replication slot" there, and promotion drops its temporary
+// copy), which an operator who ran `migrate --slot-failover` and starts the
+// relay later meets only at the failover. `outbox-relay status` must say so,
+// on the primary and on the standby, and stop saying it once the relay
+// streamed and the standby holds the slot. PostgreSQL 17+; skips before.
+func TestDrillFailoverSlotNotSyncedStatus(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	if v := pg.Major(t); v < 17 {
+		t.Skipf("PostgreSQL %d has no failover slots; run with %s=17 or 18 (make test does)", v, harness.PGVersionEnv)
+	}
+	rng := newRand(t)
+	w := newWorld(t, pg, nil)
+	k := startKfake(t, harness.KfakeOptions{}, w.topics())
+	w.brokers = k.Brokers()
+	standby := pg.CopyStandby(t, physicalSlot, map[string]string{"sync_replication_slots": "on", "hot_standby_feedback": "on"})
+	harness.Migrate(t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", "--slot-failover"))
+	status := func(on *harness.Postgres) string {
+		t.Helper()
+		_, out := harness.RunCommand(t, w.bin, harness.RelayFlags{DSN: on.DB(w.db.Name()).DSN(), Slot: w.slot}.Args("status"))
+		return out
+	}
+
+	if out := status(pg); !strings.Contains(out, "has decoded no transaction since it was created") || !strings.Contains(out, `"failover_warning"`) {
+		t.Errorf("status on the primary does not warn that the unconsumed failover slot cannot synchronise:\n%s", out)
+	}
+	var onStandby string
+	harness.WaitFor(t, time.Minute, "the standby to try to synchronise the slot", func() bool {
+		return strings.Contains(standby.LogTail(200), "could not synchronize replication slot")
+	})
+	onStandby = status(standby)
+	if !strings.Contains(onStandby, "not synchronised to this standby yet") && !strings.Contains(onStandby, "is not on this standby") {
+		t.Errorf("status on the standby does not say the slot is not synchronised:\n%s", onStandby)
+	}
+	for _, line := range strings.Split(onStandby, "\n") {
+		if strings.Contains(line, "standby") {
+			t.Logf("status on the standby before the relay ran: %s", line)
+			break
+		}
+	}
+
+	relay := w.startRelay("--slot-failover")
+	defer relay.Kill()
+	conn := w.connect()
+	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
+		t.Fatal(err)
+	}
+	w.waitSettled(time.Minute)
+	harness.WaitFor(t, time.Minute, "the standby to hold the synchronised slot", func() bool {
+		return standby.QueryString(t, "SELECT coalesce((SELECT (synced AND NOT temporary)::text FROM pg_replication_slots WHERE slot_name = $1), '')", w.slot) == "true"
+	})
+	for what, out := range map[string]string{"primary": status(pg), "standby": status(standby)} {
+		if strings.Contains(out, "failover_warning") || strings.Contains(out, "warning:") {
+			t.Errorf("status on the %s still warns once the relay streamed and the standby synchronised the slot:\n%s", what, out)
+		}
+	}
+}

@@ -159,7 +159,9 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 
 // TestDrillSlotInvalidated lets PostgreSQL invalidate the relay's slot
 // (max_slot_wal_keep_size exceeded while the relay was down: wal_status =
-// lost). The events in the removed WAL are gone from the slot, so the relay
+// lost, and on 17+ invalidation_reason = wal_removed, which the relay must
+// name). The relay warns at start how little WAL it may fall behind by.
+// The events in the removed WAL are gone from the slot, so the relay
 // must refuse to start, loudly, explaining that events may have been lost
 // and what the operator can do, and must never silently create a new slot
 // (which would hide the loss). With --recreate-lost-slot it recreates the
@@ -175,6 +177,9 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	w, _ := newKfakeWorld(t, pg)
 	conn := w.connect()
 	relay := w.startRelay()
+	harness.WaitFor(t, time.Minute, "the relay's warning about max_slot_wal_keep_size", func() bool {
+		return strings.Contains(relay.Output(), "max_slot_wal_keep_size is 1 MB: the relay may be down or behind only for as long as the server takes to write 1 MB of WAL")
+	})
 	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +216,11 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	if code == 0 {
 		t.Errorf("relay exited 0 on an invalidated slot; want non-zero")
 	}
-	for _, want := range []string{"wal_status=lost", "may never reach Kafka", "--recreate-lost-slot", w.slot} {
+	wants := []string{"wal_status=lost", "may never reach Kafka", "--recreate-lost-slot", w.slot}
+	if pg.Major(t) >= 17 {
+		wants = append(wants, "invalidation_reason=wal_removed") // the server's own word for it
+	}
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("relay's failure does not say %q; output:\n%s", want, out)
 		}
