@@ -35,16 +35,25 @@ func TestDrillFailoverSlotPromotion(t *testing.T) {
 	}
 }
 
-func failoverDrill(t *testing.T, exactlyOnce bool) {
-	pg := harness.StartPostgres(t, harness.PGOptions{})
+// failoverPair starts a primary and, by copy, its streaming standby with
+// slot synchronisation on, and a world (with kfake) on the primary. It
+// skips below PostgreSQL 17, which has no failover slots.
+func failoverPair(t *testing.T) (w *world, pg, standby *harness.Postgres) {
+	t.Helper()
+	pg = harness.StartPostgres(t, harness.PGOptions{})
 	if v := pg.Major(t); v < 17 {
 		t.Skipf("PostgreSQL %d has no failover slots; run with %s=17 or 18 (make test does)", v, harness.PGVersionEnv)
 	}
-	rng := newRand(t)
-	w := newWorld(t, pg, nil)
+	w = newWorld(t, pg, nil)
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
 	w.brokers = k.Brokers()
-	standby := pg.CopyStandby(t, physicalSlot, map[string]string{"sync_replication_slots": "on", "hot_standby_feedback": "on"})
+	standby = pg.CopyStandby(t, physicalSlot, map[string]string{"sync_replication_slots": "on", "hot_standby_feedback": "on"})
+	return w, pg, standby
+}
+
+func failoverDrill(t *testing.T, exactlyOnce bool) {
+	w, pg, standby := failoverPair(t)
+	rng := newRand(t)
 	pg.Exec(t, fmt.Sprintf("ALTER SYSTEM SET synchronized_standby_slots = '%s'", physicalSlot))
 	pg.Exec(t, fmt.Sprintf("ALTER SYSTEM SET synchronous_standby_names = '%s'", physicalSlot))
 	pg.Exec(t, "SELECT pg_reload_conf()")
@@ -124,15 +133,8 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 // on the primary and on the standby, and stop saying it once the relay
 // streamed and the standby holds the slot. PostgreSQL 17+; skips before.
 func TestDrillFailoverSlotNotSyncedStatus(t *testing.T) {
-	pg := harness.StartPostgres(t, harness.PGOptions{})
-	if v := pg.Major(t); v < 17 {
-		t.Skipf("PostgreSQL %d has no failover slots; run with %s=17 or 18 (make test does)", v, harness.PGVersionEnv)
-	}
+	w, pg, standby := failoverPair(t)
 	rng := newRand(t)
-	w := newWorld(t, pg, nil)
-	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	standby := pg.CopyStandby(t, physicalSlot, map[string]string{"sync_replication_slots": "on", "hot_standby_feedback": "on"})
 	harness.Migrate(t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", "--slot-failover"))
 	status := func(on *harness.Postgres) string {
 		t.Helper()

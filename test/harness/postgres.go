@@ -107,12 +107,7 @@ func StartPostgres(t testing.TB, opts PGOptions) *Postgres {
 	if err != nil {
 		t.Fatalf("start postgres: %v", err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("postgres log tail (%s):\n%s", p.logFile, p.LogTail(50))
-		}
-		p.close()
-	})
+	p.closeWithTest(t, "postgres")
 	return p
 }
 

@@ -27,13 +27,19 @@ func (p *Postgres) BaseBackup(t testing.TB, standby bool) *Postgres {
 	if err != nil {
 		t.Fatalf("base backup: %v", err)
 	}
+	c.closeWithTest(t, "backup cluster")
+	return c
+}
+
+// closeWithTest stops and deletes the cluster when the test ends, logging
+// the tail of its server log if the test failed.
+func (p *Postgres) closeWithTest(t testing.TB, what string) {
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("backup cluster log tail (%s):\n%s", c.logFile, c.LogTail(50))
+			t.Logf("%s log tail (%s):\n%s", what, p.logFile, p.LogTail(50))
 		}
-		c.close()
+		p.close()
 	})
-	return c
 }
 
 func (p *Postgres) baseBackup(standby bool) (_ *Postgres, err error) {
@@ -107,12 +113,7 @@ func (p *Postgres) CopyStandby(t testing.TB, physSlot string, settings map[strin
 	if err != nil {
 		t.Fatalf("standby by copy: %v", err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("standby log tail (%s):\n%s", c.logFile, c.LogTail(50))
-		}
-		c.close()
-	})
+	c.closeWithTest(t, "standby")
 	p.Start(t)
 	c.StartNew(t)
 	return c
