@@ -1,7 +1,8 @@
 -- Events Kafka will never accept as they are (too large, invalid topic, not
 -- authorized), kept whole so nothing is lost and the line does not stop.
 -- `outbox-relay quarantine list` shows them; `quarantine replay` publishes
--- them again with the same event_id and removes each only after Kafka's ack.
+-- them again with the same event_id and, only after Kafka's ack, marks each
+-- replayed (003).
 CREATE TABLE IF NOT EXISTS {{quarantine}} (
     event_id        uuid        PRIMARY KEY,
     aggregate_type  text        NOT NULL,

@@ -129,12 +129,20 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		{"outbox table " + outbox.String(), tableExists, outbox.Quoted()},
 		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", n.Publication},
 		{"quarantine table " + quarantine.String(), tableExists, quarantine.Quoted()},
+		// A quarantine table from before replay kept its events gets these.
+		{"columns replayed_at, replayed_topic of " + quarantine.String(),
+			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'replayed_at' AND NOT attisdropped)",
+			quarantine.Quoted()},
 	}
+	const quarantineTable, replayColumns = 2, 3 // in objects
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
 			return nil, fmt.Errorf("look up %s: %w", o.what, err)
 		}
+	}
+	if !existed[quarantineTable] {
+		existed[replayColumns] = true // a new table comes with them: not worth a line of their own
 	}
 	if _, err := tx.Exec(ctx, script); err != nil {
 		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; see the README's SQL for running it with your own tool)", err)

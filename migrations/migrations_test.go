@@ -96,6 +96,19 @@ func TestSQLAppliesWithOddNames(t *testing.T) {
 			t.Errorf("%s: %d found, want 1", c.what, n)
 		}
 	}
+	// Issue 24.6: a quarantine table from before replay kept its events
+	// gets the columns that record a replay, and migrate names them.
+	if _, err := conn.Exec(ctx, `ALTER TABLE "my schema"."refused ""events""" DROP COLUMN replayed_at, DROP COLUMN replayed_topic`); err != nil {
+		t.Fatal(err)
+	}
+	created, err := Apply(ctx, conn, names)
+	if err != nil || len(created) != 1 || !strings.Contains(created[0], "replayed_at, replayed_topic") {
+		t.Errorf("apply to a quarantine table without the replay columns: created %q, %v; want the columns named", created, err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = '"my schema"."refused ""events"""'::regclass
+		AND attname IN ('replayed_at', 'replayed_topic') AND NOT attisdropped`); n != 2 {
+		t.Errorf("%d replay columns after migrate, want 2", n)
+	}
 	// The check constraint works under its quoted name.
 	_, err = conn.Exec(ctx, `INSERT INTO "my schema"."out""box events" (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES (gen_random_uuid(), 'a', '1', 'e', '{}', '{"event_id": "x"}')`)

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -100,9 +101,16 @@ type Report struct {
 	Missing []EventID `json:"missing"`
 	// Duplicated are rows with more than one record.
 	Duplicated []EventID `json:"delivered_more_than_once"`
-	// Quarantined are rows with no record that the quarantine table holds.
+	// Quarantined are rows with no record that the quarantine table holds
+	// and replay has not delivered yet.
 	Quarantined []EventID `json:"quarantined"`
-	Phantoms    []Phantom `json:"phantoms"`
+	// ReplayedNotFound are rows `quarantine replay` delivered (Kafka
+	// acknowledged them to the topic the quarantine table records) whose
+	// record was not read back there, e.g. retention deleted it. They are
+	// not missing and never republished. A replayed record that was read
+	// back counts as found.
+	ReplayedNotFound []EventID `json:"replayed_not_found"`
+	Phantoms         []Phantom `json:"phantoms"`
 
 	// UncheckedRows have an event_id that is not a uuid, so no record can
 	// be matched to them; UnidentifiedRecords are records in the phantom
@@ -136,6 +144,7 @@ func (r Report) MarshalJSON() ([]byte, error) {
 	orEmpty(&p.Missing)
 	orEmpty(&p.Duplicated)
 	orEmpty(&p.Quarantined)
+	orEmpty(&p.ReplayedNotFound)
 	orEmpty(&p.Phantoms)
 	orEmpty(&p.MissingTopics)
 	orEmpty(&p.TruncatedPartitions)
@@ -192,6 +201,16 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	replayedTo, err := table.replayedTopics(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, topic := range replayedTo {
+		if !slices.Contains(topics, topic) {
+			topics = append(topics, topic)
+		}
+	}
+	slices.Sort(topics)
 	rep.Topics = topics
 	progress.enter("rows", rowTotal)
 	rows, unchecked, err := table.windowIDs(ctx, rowTotal, &progress.done)
@@ -247,7 +266,7 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 		}
 	}
 	rows = nil // the set is done with; let a long republish run without it
-	rep.Missing, rep.Quarantined, err = table.splitQuarantined(ctx, absent)
+	rep.Missing, rep.Quarantined, rep.ReplayedNotFound, err = table.splitQuarantined(ctx, absent)
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,9 @@ type table struct {
 	cfg        Config
 	outbox     string // quoted
 	quarantine string // quoted; empty when the table does not exist
-	idType     string // the event_id column's type, for id lookups
+	// replayedColumns: the quarantine table records what replay delivered.
+	replayedColumns bool
+	idType          string // the event_id column's type, for id lookups
 }
 
 func openTable(ctx context.Context, cfg Config) (*table, error) {
@@ -54,6 +56,12 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 		}
 		if exists {
 			t.quarantine = q
+			err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+				WHERE attrelid = to_regclass($1) AND attname = 'replayed_topic' AND NOT attisdropped)`, q).Scan(&t.replayedColumns)
+			if err != nil {
+				conn.Close(context.Background())
+				return nil, fmt.Errorf("look up quarantine table: %w", err)
+			}
 		}
 	}
 	return t, nil
@@ -136,8 +144,12 @@ func (t *table) oldestRow(ctx context.Context) (time.Time, error) {
 	return *oldest, nil
 }
 
-// present returns which of ids a table holds, looked up in batches.
-func (t *table) present(ctx context.Context, tableName, idType string, ids []EventID) (sortedIDs, error) {
+// present returns which of ids a table holds, looked up in batches; a
+// non-empty condition narrows the rows that count.
+func (t *table) present(ctx context.Context, tableName, condition, idType string, ids []EventID) (sortedIDs, error) {
+	if condition != "" {
+		condition += " AND "
+	}
 	var found sortedIDs
 	text := make([]string, 0, min(len(ids), lookupBatch))
 	for start := 0; start < len(ids); start += lookupBatch {
@@ -145,7 +157,7 @@ func (t *table) present(ctx context.Context, tableName, idType string, ids []Eve
 		for _, id := range ids[start:min(start+lookupBatch, len(ids))] {
 			text = append(text, id.String())
 		}
-		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE event_id = ANY($1::text[]::%s[])", tableName, idType), text)
+		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE %sevent_id = ANY($1::text[]::%s[])", tableName, condition, idType), text)
 		if err != nil {
 			return nil, fmt.Errorf("look up event ids in %s: %w", tableName, err)
 		}
@@ -172,7 +184,7 @@ func (t *table) phantoms(ctx context.Context, candidates []Phantom) ([]Phantom, 
 	}
 	slices.SortFunc(ids, compareIDs)
 	ids = slices.Compact(ids)
-	found, err := t.present(ctx, t.outbox, t.idType, ids)
+	found, err := t.present(ctx, t.outbox, "", t.idType, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -194,23 +206,53 @@ func (t *table) phantoms(ctx context.Context, candidates []Phantom) ([]Phantom, 
 	return out, nil
 }
 
-// splitQuarantined separates the rows the quarantine table holds.
-func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing, quarantined []EventID, err error) {
-	if t.quarantine == "" || len(absent) == 0 {
-		return absent, nil, nil
+// replayedTopics are the topics `quarantine replay` delivered window rows
+// to: a fixed event may go to another topic than its row routes to.
+func (t *table) replayedTopics(ctx context.Context) ([]string, error) {
+	if !t.replayedColumns {
+		return nil, nil
 	}
-	held, err := t.present(ctx, t.quarantine, "uuid", absent)
+	rows, err := t.conn.Query(ctx, "SELECT DISTINCT q.replayed_topic FROM "+t.quarantine+" q JOIN "+t.outbox+
+		" o ON o.event_id::text = q.event_id::text WHERE q.replayed_at IS NOT NULL AND o.created_at >= $1 AND o.created_at < $2",
+		t.cfg.Since, t.cfg.Until)
 	if err != nil {
-		return nil, nil, err
+		return nil, fmt.Errorf("read the topics replay delivered to: %w", err)
+	}
+	topics, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read the topics replay delivered to: %w", err)
+	}
+	return topics, nil
+}
+
+// splitQuarantined separates the rows the quarantine table holds: those
+// waiting for a replay, and those replay delivered (whose records were not
+// read back: retention, or a topic since deleted).
+func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing, quarantined, replayed []EventID, err error) {
+	if t.quarantine == "" || len(absent) == 0 {
+		return absent, nil, nil, nil
+	}
+	held, err := t.present(ctx, t.quarantine, "", "uuid", absent)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var delivered sortedIDs
+	if t.replayedColumns {
+		if delivered, err = t.present(ctx, t.quarantine, "replayed_at IS NOT NULL", "uuid", held); err != nil {
+			return nil, nil, nil, err
+		}
 	}
 	for _, id := range absent {
-		if held.has(id) {
+		switch {
+		case delivered.has(id):
+			replayed = append(replayed, id)
+		case held.has(id):
 			quarantined = append(quarantined, id)
-		} else {
+		default:
 			missing = append(missing, id)
 		}
 	}
-	return missing, quarantined, nil
+	return missing, quarantined, replayed, nil
 }
 
 // outboxColumns are read in the text forms the replication stream

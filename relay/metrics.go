@@ -82,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_kafka_stall_seconds", Help: "How long the events in flight have waited with no acknowledgement from Kafka; 0 when none wait."}),
 
 		Quarantined: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table."}),
+			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table waiting for a replay."}),
 		OrderBreaks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_order_breaks_total", Help: "Times a producer failure may have let later records of a partition land before re-delivered earlier ones."}, []string{"topic", "partition"}),
 		RetentionDeleted: prometheus.NewCounter(prometheus.CounterOpts{

@@ -17,7 +17,7 @@ import (
 type ReplayResult struct {
 	EventID string `json:"event_id"`
 	Topic   string `json:"topic"`
-	Err     error  `json:"-"` // nil: acknowledged by Kafka and removed from quarantine
+	Err     error  `json:"-"` // nil: acknowledged by Kafka and marked replayed
 }
 
 // replayOutcomes collects the producer's answer for each replayed event,
@@ -68,8 +68,8 @@ func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
 }
 
 // Replay publishes quarantined events again, with their original event_id,
-// key and headers, and removes each from quarantine only after Kafka
-// acknowledged it. An event that fails again, or fails the read loop's row
+// key and headers, and marks each replayed, with its topic, only after
+// Kafka acknowledged it. An event that fails again, or fails the read loop's row
 // checks, stays quarantined. A replayed event lands after any later events
 // of its aggregate.
 func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
@@ -137,7 +137,7 @@ func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarant
 			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
 			continue
 		}
-		r.Err = quarantine.Remove(ctx, r.EventID)
+		r.Err = quarantine.MarkReplayed(ctx, r.EventID, r.Topic)
 	}
 	return results, closeErr
 }

@@ -30,6 +30,10 @@ type Quarantined struct {
 	Attempts      int       `json:"attempts"`
 	FirstFailedAt time.Time `json:"first_failed_at"`
 	LastFailedAt  time.Time `json:"last_failed_at"`
+	// ReplayedAt is when Kafka acknowledged the event's replay to
+	// ReplayedTopic; nil while it waits for one.
+	ReplayedAt    *time.Time `json:"replayed_at,omitempty"`
+	ReplayedTopic string     `json:"replayed_topic,omitempty"`
 }
 
 // Access is what a caller does with the quarantine table; Open checks the
@@ -41,7 +45,7 @@ const (
 	ForRelay Access = iota
 	// ForList reads them (quarantine list, the metrics poller).
 	ForList
-	// ForReplay reads and removes them (quarantine replay).
+	// ForReplay reads them and marks them replayed (quarantine replay).
 	ForReplay
 )
 
@@ -51,7 +55,7 @@ func (a Access) privileges() []string {
 		// INSERT ... ON CONFLICT DO UPDATE reads the row it updates.
 		return []string{"SELECT", "INSERT", "UPDATE"}
 	case ForReplay:
-		return []string{"SELECT", "DELETE"}
+		return []string{"SELECT", "UPDATE"}
 	}
 	return []string{"SELECT"}
 }
@@ -66,6 +70,9 @@ type Quarantine struct {
 	// payloadCast is the cast Put applies to the payload: none for a text
 	// column, which takes any payload the outbox holds.
 	payloadCast string
+	// replayedColumns is whether the table has replayed_at and
+	// replayed_topic; a table from before them holds no replayed event.
+	replayedColumns bool
 }
 
 // OpenQuarantine connects to the database and checks the quarantine table
@@ -112,6 +119,15 @@ func (q *Quarantine) check(ctx context.Context, outboxTable string, access Acces
 		return fmt.Errorf("%w: role %q lacks %s on the quarantine table %s: run GRANT %s ON %s TO %s; as the table's owner",
 			replication.ErrPrecondition, role, strings.Join(missing, ", "), quoted,
 			strings.Join(access.privileges(), ", "), quoted, pgx.Identifier{role}.Sanitize())
+	}
+	replayedAt, err := q.columnType(ctx, quoted, "replayed_at")
+	if err != nil {
+		return err
+	}
+	q.replayedColumns = replayedAt != ""
+	if access == ForReplay && !q.replayedColumns {
+		return fmt.Errorf("%w: the quarantine table %s has no column replayed_at, where replay records what it delivered: run `outbox-relay migrate` to add it",
+			replication.ErrPrecondition, quoted)
 	}
 	if access != ForRelay {
 		return nil
@@ -170,7 +186,8 @@ func (q *Quarantine) Close() error { return q.conn.Close(context.Background()) }
 
 // Put stores an event, or counts one more attempt of an event already
 // there. It returns once the row is committed, so the caller may then let
-// the slot pass the event.
+// the slot pass the event. An event already replayed stays replayed: Kafka
+// holds it, and this is the original row sent again (a re-stream).
 func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -204,28 +221,51 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	return nil
 }
 
-// Count returns how many events are quarantined.
+// pending narrows a query to the events not replayed yet.
+func (q *Quarantine) pending() string {
+	if !q.replayedColumns {
+		return ""
+	}
+	return " WHERE replayed_at IS NULL"
+}
+
+// Count returns how many events wait for a replay.
 func (q *Quarantine) Count(ctx context.Context) (int64, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var n int64
-	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.table.Quoted()).Scan(&n); err != nil {
+	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.table.Quoted()+q.pending()).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count quarantined events: %w", err)
 	}
 	return n, nil
 }
 
-// List returns quarantined events, oldest first; eventID narrows it to one.
-func (q *Quarantine) List(ctx context.Context, eventID string) ([]Quarantined, error) {
+// Selection is which quarantined events List returns.
+type Selection struct {
+	// EventID narrows the list to one event, replayed or not.
+	EventID string
+	// Replayed adds the events replay delivered to those still waiting.
+	Replayed bool
+}
+
+// List returns quarantined events, oldest first.
+func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	replayed := "NULL::timestamptz, ''"
+	if q.replayedColumns {
+		replayed = "replayed_at, COALESCE(replayed_topic, '')"
+	}
 	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
 		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), topic, error_class, error_message, attempts,
-		first_failed_at, last_failed_at FROM ` + q.table.Quoted()
+		first_failed_at, last_failed_at, ` + replayed + ` FROM ` + q.table.Quoted()
 	var args []any
-	if eventID != "" {
+	switch {
+	case sel.EventID != "":
 		query += " WHERE event_id::text = $1"
-		args = append(args, eventID)
+		args = append(args, sel.EventID)
+	case !sel.Replayed:
+		query += q.pending()
 	}
 	rows, err := q.conn.Query(ctx, query+" ORDER BY first_failed_at, event_id", args...)
 	if err != nil {
@@ -236,7 +276,8 @@ func (q *Quarantine) List(ctx context.Context, eventID string) ([]Quarantined, e
 	for rows.Next() {
 		var e Quarantined
 		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload,
-			&e.Headers, &e.OccurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt); err != nil {
+			&e.Headers, &e.OccurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
+			&e.ReplayedAt, &e.ReplayedTopic); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)
 		}
 		out = append(out, e)
@@ -247,13 +288,15 @@ func (q *Quarantine) List(ctx context.Context, eventID string) ([]Quarantined, e
 	return out, nil
 }
 
-// Remove deletes an event from quarantine; call it only after Kafka
-// acknowledged the replayed event.
-func (q *Quarantine) Remove(ctx context.Context, eventID string) error {
+// MarkReplayed records that Kafka acknowledged the event's replay to topic;
+// call it only after that ack. The row stays, so reconcile knows the event
+// was delivered and where.
+func (q *Quarantine) MarkReplayed(ctx context.Context, eventID, topic string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if _, err := q.conn.Exec(ctx, "DELETE FROM "+q.table.Quoted()+" WHERE event_id::text = $1", eventID); err != nil {
-		return fmt.Errorf("remove event %s from quarantine: %w", eventID, err)
+	if _, err := q.conn.Exec(ctx, "UPDATE "+q.table.Quoted()+" SET replayed_at = now(), replayed_topic = $2 WHERE event_id::text = $1",
+		eventID, topic); err != nil {
+		return fmt.Errorf("mark event %s replayed: %w", eventID, err)
 	}
 	return nil
 }

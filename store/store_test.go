@@ -97,6 +97,8 @@ func TestOpenQuarantineNamesTheMissingGrant(t *testing.T) {
 			t.Fatalf("access %d after %s: %v", access, grant, err)
 		}
 		q.Close()
+		// Replay's grant is a subset of the relay's: start each access bare.
+		db.Exec(t, "REVOKE ALL ON outbox_quarantine FROM quarantine_user")
 	}
 }
 
@@ -128,18 +130,18 @@ func TestQuarantinePayloadColumnFitsTheOutbox(t *testing.T) {
 	if err := q.Put(ctx, e); err != nil {
 		t.Fatalf("Put it again: %v", err)
 	}
-	got, err := q.List(ctx, e.EventID)
+	got, err := q.List(ctx, store.Selection{EventID: e.EventID})
 	if err != nil || len(got) != 1 || got[0].Payload != e.Payload || got[0].Attempts != 2 {
 		t.Fatalf("List: %+v, %v; want the payload as stored, 2 attempts", got, err)
 	}
 	if n, err := q.Count(ctx); err != nil || n != 1 {
 		t.Fatalf("Count: %d, %v", n, err)
 	}
-	if err := q.Remove(ctx, e.EventID); err != nil {
+	if err := q.MarkReplayed(ctx, e.EventID, "t2"); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := q.Count(ctx); err != nil || n != 0 {
-		t.Fatalf("Count after Remove: %d, %v", n, err)
+		t.Fatalf("Count after MarkReplayed: %d, %v", n, err)
 	}
 }
 

@@ -30,6 +30,7 @@ type options struct {
 	// quarantine
 	asJSON        bool
 	replayAll     bool
+	listReplayed  bool
 	replayTimeout time.Duration
 	// reconcile, and run's periodic check
 	reconcile reconcileOptions
@@ -169,10 +170,11 @@ func migrateFlags(fs *flag.FlagSet, o *options) {
 
 func listFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&o.listReplayed, "replayed", false, "also list the events replay delivered, with when and to which topic")
 }
 
 func replayFlags(fs *flag.FlagSet, o *options) {
-	fs.BoolVar(&o.replayAll, "all", false, "replay every quarantined event")
+	fs.BoolVar(&o.replayAll, "all", false, "replay every quarantined event not replayed yet")
 	fs.DurationVar(&o.replayTimeout, "replay-timeout", o.replayTimeout, "how long to wait for Kafka's acknowledgements")
 }
 

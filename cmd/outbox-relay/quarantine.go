@@ -17,12 +17,14 @@ import (
 )
 
 const quarantineUsage = `usage:
-  outbox-relay quarantine list [--json] [flags]
+  outbox-relay quarantine list [--json] [--replayed] [flags]
   outbox-relay quarantine replay <event_id>... | --all [flags]
 
 replay publishes quarantined events again with their original event_id, key
-and headers, and removes each from quarantine only after Kafka acknowledged
-it. Fix the cause first (topic limits, topic name, ACLs).
+and headers, and marks each replayed (with the topic) only after Kafka
+acknowledged it; reconcile then counts it as delivered. Fix the cause first
+(topic limits, topic name, ACLs). list shows the events waiting for a replay;
+--replayed adds those replayed.
 `
 
 func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -63,7 +65,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	defer quarantine.Close()
 
 	if sub == "list" {
-		events, err := quarantine.List(ctx, "")
+		events, err := quarantine.List(ctx, store.Selection{Replayed: o.listReplayed})
 		if err != nil {
 			return failure(stderr, command, err, dsn)
 		}
@@ -74,26 +76,43 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			return exitOK
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "EVENT_ID\tTOPIC\tCLASS\tATTEMPTS\tLAST_FAILED\tERROR")
+		replayedColumn := ""
+		if o.listReplayed {
+			replayedColumn = "REPLAYED\t"
+		}
+		fmt.Fprintln(w, "EVENT_ID\tTOPIC\tCLASS\tATTEMPTS\tLAST_FAILED\t"+replayedColumn+"ERROR")
+		replayed := 0
 		for _, e := range events {
 			msg := e.ErrorMessage
 			if len(msg) > 120 {
 				msg = msg[:117] + "..."
 			}
+			if o.listReplayed {
+				state := "-"
+				if e.ReplayedAt != nil {
+					replayed++
+					state = e.ReplayedAt.UTC().Format(time.RFC3339) + " to " + e.ReplayedTopic
+				}
+				msg = state + "\t" + msg
+			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%s\n", e.EventID, e.Topic, e.ErrorClass, e.Attempts,
 				e.LastFailedAt.UTC().Format(time.RFC3339), msg)
 		}
 		w.Flush()
-		fmt.Fprintf(stdout, "%d quarantined event(s)\n", len(events))
+		if o.listReplayed {
+			fmt.Fprintf(stdout, "%d quarantined event(s), %d of them replayed\n", len(events), replayed)
+		} else {
+			fmt.Fprintf(stdout, "%d quarantined event(s) waiting for a replay (--replayed also lists those replayed)\n", len(events))
+		}
 		return exitOK
 	}
 
 	var events []relay.Quarantined
 	if o.replayAll {
-		events, err = quarantine.List(ctx, "")
+		events, err = quarantine.List(ctx, store.Selection{})
 	} else {
 		for _, id := range ids {
-			one, lerr := quarantine.List(ctx, id)
+			one, lerr := quarantine.List(ctx, store.Selection{EventID: id})
 			if lerr != nil {
 				err = lerr
 				break
@@ -120,7 +139,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			fmt.Fprintf(stdout, "REPLAYED  %s to %s\n", r.EventID, r.Topic)
 		}
 	}
-	fmt.Fprintf(stdout, "%d replayed, %d still quarantined\n", len(results)-failed, failed)
+	fmt.Fprintf(stdout, "%d replayed, %d still waiting for a replay\n", len(results)-failed, failed)
 	if failed > 0 {
 		return exitFailure
 	}

@@ -179,6 +179,10 @@ func printReport(w io.Writer, rep *reconcile.Report, republished bool) {
 	fmt.Fprintf(w, "delivered >1 time %d\n", len(rep.Duplicated))
 	listIDs(w, rep.Duplicated, shown)
 	fmt.Fprintf(w, "quarantined       %d (not missing; see `outbox-relay quarantine list`)\n", len(rep.Quarantined))
+	if len(rep.ReplayedNotFound) > 0 {
+		fmt.Fprintf(w, "replayed          %d (quarantine replay delivered them, but their records were not read back; not missing, never republished; see `outbox-relay quarantine list --replayed`)\n", len(rep.ReplayedNotFound))
+		listIDs(w, rep.ReplayedNotFound, shown)
+	}
 	fmt.Fprintf(w, "phantoms          %d (records with no row; reported, never deleted)\n", len(rep.Phantoms))
 	for i, p := range rep.Phantoms {
 		if i == shown {

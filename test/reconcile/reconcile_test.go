@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,6 +141,54 @@ func TestQuarantinedIsNotMissing(t *testing.T) {
 	if code != 0 || len(rep.Missing) != 0 || !sameSet(rep.Quarantined, []string{bigID}) || rep.Found != int64(len(small)) {
 		t.Fatalf("reconcile exited %d, missing %v, quarantined %v, found %d; want 0, none, [%s], %d",
 			code, rep.Missing, rep.Quarantined, rep.Found, bigID, len(small))
+	}
+}
+
+// Issue 24.6: replay deleted the quarantine row, so after an event was
+// fixed in the quarantine table and replayed to another topic, reconcile
+// reported it missing (exit 3) and --republish sent the original row again,
+// which was quarantined again. Replay now keeps the row, marked with the
+// topic it delivered to: reconcile finds the record there, and neither
+// reports nor republishes the event.
+func TestReplayedFixIsDelivered(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	e.startRelay()
+	before := e.commit(2, "order")
+	bad := e.commit(1, "a b") // "outbox.event.a b": not a valid topic name
+	after := e.commit(2, "order")
+	e.consumeAll(append(before, after...))
+	harness.WaitFor(t, 30*time.Second, "run quarantines the event with the invalid topic", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+	})
+
+	// The docs' fix: correct the row in the quarantine table, then replay.
+	e.db.Exec(t, "UPDATE outbox_quarantine SET aggregate_type = 'fixed_ab'")
+	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"}, e.command("replay", "--all")...))
+	if code != 0 || !strings.Contains(out, "to outbox.event.fixed_ab") {
+		t.Fatalf("quarantine replay exited %d, want 0 and a delivery to outbox.event.fixed_ab:\n%s", code, out)
+	}
+	e.consumeAll(bad)
+
+	code, rep := e.reconcile(window...)
+	if code != 0 || len(rep.Missing) != 0 || len(rep.Quarantined) != 0 || rep.Found != 5 {
+		t.Fatalf("reconcile exited %d, missing %v, quarantined %v, found %d; want 0, none, none, 5",
+			code, rep.Missing, rep.Quarantined, rep.Found)
+	}
+	code, rep = e.reconcile(append([]string{"--republish"}, window...)...)
+	if code != 0 || rep.Republished != 0 || len(rep.RepublishQuarantined) != 0 || len(rep.Missing) != 0 {
+		t.Fatalf("reconcile --republish exited %d, republished %d, quarantined %v, missing %v; want 0 and nothing sent",
+			code, rep.Republished, rep.RepublishQuarantined, rep.Missing)
+	}
+	if topic := e.db.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE replayed_at IS NOT NULL"); topic != "outbox.event.fixed_ab" {
+		t.Fatalf("the quarantine table records the replay to %q, want outbox.event.fixed_ab", topic)
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL OR attempts > 1"); n != 0 {
+		t.Fatalf("%d events quarantined again after reconcile --republish", n)
+	}
+	fixed := harness.ConsumeToEnd(t, e.kafka.Brokers(), "outbox.event.fixed_ab", time.Minute)
+	if len(fixed) != 1 || fixed[0].EventID() != bad[0] || string(fixed[0].Key) != "a b-0" {
+		t.Fatalf("outbox.event.fixed_ab holds %d records (%v), want the fixed event %s once", len(fixed), fixed, bad[0])
 	}
 }
 
