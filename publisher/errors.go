@@ -45,7 +45,10 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Advice tells the operator what to do about the error.
 func (e *Error) Advice() string {
+	var size *LocalSizeError
 	switch {
+	case errors.As(e.Err, &size) && size.LoweredTo > 0 && size.Size <= min(size.TopicMax-recordBatchOverhead, size.ProducerMax):
+		return "the topic takes it, but the producer's batches were lowered for another topic: replay it on its own (`outbox-relay quarantine replay <event_id>`)"
 	case errors.Is(e.Err, sarama.ErrMessageSizeTooLarge), isLocalSize(e.Err):
 		return "raise the topic's max.message.bytes (and --kafka-max-message-bytes), or shrink the event"
 	case errors.Is(e.Err, sarama.ErrUnknownTopicOrPartition):
@@ -100,12 +103,20 @@ func Classify(err error) Class {
 // LocalSizeError is a record the publisher refused before sending it: it is
 // larger than the topic or the producer accepts. No broker saw it.
 type LocalSizeError struct {
-	Size, Limit, TopicMax, ProducerMax int
+	Size, Limit, TopicMax int
+	// ProducerMax is --kafka-max-message-bytes as given; LoweredTo, when
+	// set, is the smaller batch size the producer uses since another topic
+	// took only that.
+	ProducerMax, LoweredTo int
 }
 
 func (e *LocalSizeError) Error() string {
-	return fmt.Sprintf("record too large: %d bytes, over the limit of %d the relay checks before sending, so no broker saw it (topic max.message.bytes %d, producer --kafka-max-message-bytes %d)",
-		e.Size, e.Limit, e.TopicMax, e.ProducerMax)
+	lowered := ""
+	if e.LoweredTo > 0 {
+		lowered = fmt.Sprintf(", lowered to %d for a topic that takes smaller batches", e.LoweredTo)
+	}
+	return fmt.Sprintf("record too large: %d bytes, over the limit of %d the relay checks before sending, so no broker saw it (topic max.message.bytes %d, producer --kafka-max-message-bytes %d%s)",
+		e.Size, e.Limit, e.TopicMax, e.ProducerMax, lowered)
 }
 
 // OrderMayBreak reports whether re-delivering the failed record may put it

@@ -36,6 +36,10 @@ type Config struct {
 	// partition, and so the largest record it sends. Keep it at or below the
 	// smallest max.message.bytes of the target topics.
 	MaxMessageBytes int
+	// BatchLimit, when set below MaxMessageBytes, is what the producer uses
+	// instead: a topic takes smaller batches (see BatchLimitError). Errors
+	// still quote MaxMessageBytes, the value the operator gave.
+	BatchLimit int
 
 	// RetryMax bounds sarama's own retries of one record. sarama keeps a
 	// partition's records in order only while it is still retrying them:
@@ -252,7 +256,7 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
 	sc.Producer.Partitioner = newJavaPartitioner
-	sc.Producer.MaxMessageBytes = cfg.MaxMessageBytes
+	sc.Producer.MaxMessageBytes = cfg.batchBytes()
 	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true
 	if err := sc.Validate(); err != nil {
@@ -292,9 +296,12 @@ func (p *Publisher) Build(ev *Event) (*Record, error) {
 	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
-	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.MaxMessageBytes); r.size > limit {
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1,
-			Err: &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: p.cfg.MaxMessageBytes}}
+	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.batchBytes()); r.size > limit {
+		sizeErr := &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: p.cfg.MaxMessageBytes}
+		if p.cfg.batchBytes() < p.cfg.MaxMessageBytes {
+			sizeErr.LoweredTo = p.cfg.batchBytes()
+		}
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
 	}
 	return r, nil
 }
@@ -474,7 +481,7 @@ func (p *Publisher) discover(name string) (*topicInfo, error) {
 		}
 	}
 
-	t := &topicInfo{name: name, maxBytes: p.cfg.MaxMessageBytes + recordBatchOverhead}
+	t := &topicInfo{name: name, maxBytes: p.cfg.batchBytes() + recordBatchOverhead}
 	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
 		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
 	})
@@ -489,15 +496,23 @@ func (p *Publisher) discover(name string) (*topicInfo, error) {
 			}
 		}
 	}
-	if t.maxBytes-recordBatchOverhead < p.cfg.MaxMessageBytes {
+	if t.maxBytes-recordBatchOverhead < p.cfg.batchBytes() {
 		return nil, &BatchLimitError{Topic: name, MaxMessageBytes: t.maxBytes - recordBatchOverhead}
 	}
 	p.log.Debug().Str("topic", name).Int("max_message_bytes", t.maxBytes).Msg("topic ready")
 	return t, nil
 }
 
+// batchBytes is the batch size the producer builds.
+func (c Config) batchBytes() int {
+	if c.BatchLimit > 0 && c.BatchLimit < c.MaxMessageBytes {
+		return c.BatchLimit
+	}
+	return c.MaxMessageBytes
+}
+
 // BatchLimitError says a topic accepts smaller batches than the producer
-// builds. The caller restarts with MaxMessageBytes lowered to the limit;
+// builds. The caller restarts with BatchLimit lowered to the limit;
 // otherwise a batch of small records could exceed the topic's limit.
 type BatchLimitError struct {
 	Topic           string

@@ -129,7 +129,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			if cerr != nil {
 				return cerr
 			}
-			pubCfg.MaxMessageBytes = limit.MaxMessageBytes
+			pubCfg.BatchLimit = limit.MaxMessageBytes
 			if pub, err = publisher.New(pubCfg, log); err != nil {
 				return err
 			}

@@ -101,7 +101,7 @@ func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarant
 			if cerr := pub.Close(timeout); cerr != nil {
 				return nil, cerr
 			}
-			cfg.MaxMessageBytes = limit.MaxMessageBytes
+			cfg.BatchLimit = limit.MaxMessageBytes
 			if pub, err = publisher.New(cfg, log); err != nil {
 				return nil, err
 			}

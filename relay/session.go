@@ -19,7 +19,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.setState(StateConnecting, nil)
 	pubCfg := r.cfg.Publisher
 	r.mu.Lock()
-	pubCfg.MaxMessageBytes = r.batchLimit
+	pubCfg.BatchLimit = r.batchLimit
 	r.mu.Unlock()
 	var sys replication.System
 	newSink := func() (sink, error) {

@@ -165,3 +165,37 @@ func retentionRuns(t *testing.T, admin string) float64 {
 	t.Helper()
 	return harness.Metric(t, admin, "outbox_relay_retention_runs_total")
 }
+
+// Issue 24.15: once a topic with a small max.message.bytes lowered the
+// replay's producer limit, a later refusal quoted that lowered value as
+// "--kafka-max-message-bytes", which the operator never gave. The error
+// quotes the flag as given, says what lowered the limit, and advises
+// replaying the event on its own, which then delivers it.
+func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.small", partitions, map[string]string{"max.message.bytes": "2000"})
+	e.kafka.CreateTopic(t, "outbox.event.big", partitions, nil)
+	e.migrate("--skip-slot")
+	small, big := harness.NewUUID(), harness.NewUUID()
+	// The small topic's event comes first, so its limit lowers the producer's.
+	e.db.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, topic,
+		error_class, error_message, first_failed_at) VALUES
+		($1, 'small', 's-1', 'Happened', '{"n": 1}', 'outbox.event.small', 'permanent', 'test', now() - interval '1 minute'),
+		($2, 'big', 'b-1', 'Happened', jsonb_build_object('blob', $3::text), 'outbox.event.big', 'permanent', 'test', now())`,
+		small, big, randomText(5000))
+	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"},
+		e.args("replay", "--all", "--kafka-brokers", e.kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
+	if code != 1 || !strings.Contains(out, "REPLAYED  "+small) || !strings.Contains(out, "FAILED    "+big) {
+		t.Fatalf("replay exited %d, want 1 with %s replayed and %s failed:\n%s", code, small, big, out)
+	}
+	if !strings.Contains(out, "--kafka-max-message-bytes 1000000, lowered to ") || !strings.Contains(out, "replay it on its own") {
+		t.Fatalf("the refusal does not quote --kafka-max-message-bytes as given (1000000) and the lowered limit:\n%s", out)
+	}
+	// As the advice says, replayed on its own it goes through.
+	code, out = harness.RunCommand(t, e.bin, append([]string{"quarantine"},
+		e.args("replay", big, "--kafka-brokers", e.kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
+	if code != 0 || !strings.Contains(out, "REPLAYED  "+big) {
+		t.Fatalf("replaying the big event on its own exited %d, want 0:\n%s", code, out)
+	}
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{small, big}, time.Minute)
+}
