@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -34,6 +35,26 @@ type Quarantined struct {
 	// ReplayedTopic; nil while it waits for one.
 	ReplayedAt    *time.Time `json:"replayed_at,omitempty"`
 	ReplayedTopic string     `json:"replayed_topic,omitempty"`
+
+	// occurredAt is OccurredAt as a time, for JSON; OccurredAt keeps
+	// PostgreSQL's text, which a replay sends in the header as run does.
+	occurredAt *time.Time
+}
+
+// MarshalJSON writes every time as RFC 3339 in UTC, like the relay's other
+// JSON, occurred_at included.
+func (e Quarantined) MarshalJSON() ([]byte, error) {
+	type plain Quarantined // without this method
+	p := plain(e)
+	p.FirstFailedAt, p.LastFailedAt = p.FirstFailedAt.UTC(), p.LastFailedAt.UTC()
+	if p.ReplayedAt != nil {
+		replayed := p.ReplayedAt.UTC()
+		p.ReplayedAt = &replayed
+	}
+	if e.occurredAt != nil {
+		p.OccurredAt = e.occurredAt.UTC().Format(time.RFC3339Nano)
+	}
+	return json.Marshal(p)
 }
 
 // Access is what a caller does with the quarantine table; Open checks the
@@ -257,7 +278,7 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 		replayed = "replayed_at, COALESCE(replayed_topic, '')"
 	}
 	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
-		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), topic, error_class, error_message, attempts,
+		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), occurred_at, topic, error_class, error_message, attempts,
 		first_failed_at, last_failed_at, ` + replayed + ` FROM ` + q.table.Quoted()
 	var args []any
 	switch {
@@ -276,7 +297,7 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	for rows.Next() {
 		var e Quarantined
 		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload,
-			&e.Headers, &e.OccurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
+			&e.Headers, &e.OccurredAt, &e.occurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
 			&e.ReplayedAt, &e.ReplayedTopic); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -198,4 +199,35 @@ func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
 		t.Fatalf("replaying the big event on its own exited %d, want 0:\n%s", code, out)
 	}
 	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{small, big}, time.Minute)
+}
+
+// Issue 24.15: `quarantine list --json` mixed time formats: occurred_at in
+// PostgreSQL's text form ("2026-12-01 12:30:00+05:30"), the failure times
+// in the command's local zone. Every time is RFC 3339 in UTC, whatever the
+// host's time zone.
+func TestQuarantineListJSONTimesAreUTC(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot")
+	id := harness.NewUUID()
+	e.db.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, occurred_at,
+		topic, error_class, error_message) VALUES ($1, 'order', 'o-1', 'Happened', '{}', '2026-12-01 12:30:00.25+05:30',
+		'outbox.event.order', 'permanent', 'test')`, id)
+	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"}, e.args("list", "--json")...),
+		"TZ=Asia/Kolkata")
+	if code != 0 {
+		t.Fatalf("quarantine list exited %d:\n%s", code, out)
+	}
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil || len(listed) != 1 {
+		t.Fatalf("quarantine list --json: %v\n%s", err, out)
+	}
+	rfc3339UTC := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$`)
+	for _, field := range []string{"occurred_at", "first_failed_at", "last_failed_at"} {
+		if v, _ := listed[0][field].(string); !rfc3339UTC.MatchString(v) {
+			t.Errorf("%s is %q, want RFC 3339 in UTC", field, v)
+		}
+	}
+	if got := listed[0]["occurred_at"]; got != "2026-12-01T07:00:00.25Z" {
+		t.Errorf("occurred_at is %v, want 2026-12-01T07:00:00.25Z", got)
+	}
 }
