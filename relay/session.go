@@ -3,6 +3,8 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -148,7 +150,9 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	if err != nil {
 		return 0, 0, err
 	}
-	slot, err := admin.PrepareSlot(ctx, r.slotPolicy())
+	policy := r.slotPolicy()
+	policy.BeforeCreate = r.checkKafka
+	slot, err := admin.PrepareSlot(ctx, policy)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -162,4 +166,17 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	}
 	start, err = r.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
+}
+
+// checkKafka connects to the brokers once before the relay creates its
+// slot: a slot no relay streams from holds WAL for good, so a run that
+// cannot reach Kafka (a wrong address or password) must not leave one.
+func (r *Relay) checkKafka(ctx context.Context) error {
+	r.log.Info().Strs("brokers", r.cfg.Publisher.Brokers).Msg("the replication slot does not exist: checking Kafka before creating it")
+	client, err := await(ctx, func() (io.Closer, error) { return publisher.NewReadClient(r.cfg.Publisher) },
+		func(c io.Closer) { c.Close() })
+	if err != nil {
+		return fmt.Errorf("the replication slot was not created, as Kafka is not reachable yet: %w", err)
+	}
+	return client.Close()
 }

@@ -38,6 +38,9 @@ type SlotPolicy struct {
 	// process confirmed, named in the error when the slot is missing so the
 	// operator knows where the gap starts. Zero when unknown.
 	LastConfirmedCommit time.Time
+	// BeforeCreate, when set, runs before a slot is created (or a lost one
+	// dropped to be recreated); its error leaves the slot as it was.
+	BeforeCreate func(context.Context) error
 }
 
 // SlotStart is where a session starts streaming, and what happened to the
@@ -63,6 +66,12 @@ func (a *Admin) PrepareSlot(ctx context.Context, policy SlotPolicy) (SlotStart, 
 	}
 	if !exists && policy.MustExist {
 		return SlotStart{}, a.missingSlotError(policy.LastConfirmedCommit)
+	}
+	create := !exists || (slot.Lost() && policy.RecreateLost)
+	if create && policy.BeforeCreate != nil {
+		if err := policy.BeforeCreate(ctx); err != nil {
+			return SlotStart{}, err
+		}
 	}
 	var start SlotStart
 	if exists && slot.Lost() && policy.RecreateLost {

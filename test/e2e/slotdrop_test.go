@@ -102,3 +102,34 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 		t.Error("/readyz went back to 200 after the slot was dropped")
 	}
 }
+
+// Issue 24.14: a first run that never reached Kafka (a wrong password the
+// broker answers with EOF, a wrong address) created its slot all the same,
+// and the unused slot held WAL. The relay now checks Kafka before it
+// creates a slot: while Kafka cannot be reached there is none, and once it
+// can, the slot is created and events flow.
+func TestSlotIsNotCreatedBeforeKafkaAnswers(t *testing.T) {
+	e := newEnv(t)
+	e.migrate("--skip-slot")
+	unreachable := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	flags := harness.RelayFlags{DSN: e.db.DSN(), Slot: e.slot, Brokers: []string{unreachable}, AdminAddr: "127.0.0.1:0"}
+	p := harness.StartProcess(t, e.bin, flags.Args("run"), nil)
+	p.WaitForOutput(t, "retry_in", time.Minute) // the first attempt failed and waits for the next
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Fatalf("the relay created its slot though it never reached Kafka:\n%s", harness.LastLines(p.Output(), 10))
+	}
+	if !strings.Contains(p.Output(), "replication slot was not created") {
+		t.Fatalf("the log does not say the slot was not created:\n%s", harness.LastLines(p.Output(), 10))
+	}
+	if code, err := p.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("relay exited %d (%v) on SIGTERM", code, err)
+	}
+
+	e.startRelay()
+	ctx := context.Background()
+	if err := e.Commit(ctx, e.db.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Placed", Payload: `{}`}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
+}
