@@ -1,19 +1,62 @@
 package publisher
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
+	"time"
 
 	"github.com/IBM/sarama"
 )
 
 // ConnectError explains a failure to connect to the brokers. An
 // authentication or certificate failure wraps ErrAuth: retrying in the same
-// process cannot fix it.
-func ConnectError(brokers []string, err error) error {
+// process cannot fix it. Under --kafka-tls it asks each broker, in
+// plaintext, whether it speaks Kafka that way: a plaintext listener fails
+// the TLS handshake only with a timeout or a closed connection, which names
+// nothing.
+func ConnectError(cfg Config, err error) error {
 	if authFailure(err) {
-		return fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, brokers, err)
+		return fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
 	}
-	return fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up; each wait is bounded by --kafka-timeout, and a listener that accepts connections but never answers, such as a plaintext port under --kafka-tls, fails this way)", brokers, err)
+	if cfg.Security.TLS {
+		for _, broker := range cfg.Brokers {
+			if answersPlaintext(broker, min(cfg.Timeout, 3*time.Second)) {
+				return fmt.Errorf("connect to kafka broker %s: %w: the listener answers Kafka requests without TLS, so it does not speak TLS: drop --kafka-tls, or point --kafka-brokers at the brokers' TLS listener", broker, err)
+			}
+		}
+	}
+	return fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up; each wait is bounded by --kafka-timeout)", cfg.Brokers, err)
+}
+
+// answersPlaintext sends broker an ApiVersions request (v0) without TLS and
+// reports whether a Kafka response to it comes back within timeout.
+func answersPlaintext(broker string, timeout time.Duration) bool {
+	if timeout <= 0 {
+		timeout = 3 * time.Second
+	}
+	conn, err := net.DialTimeout("tcp", broker, timeout)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(timeout))
+	const correlationID = 0x6f727270 // arbitrary; the response must echo it
+	clientID := "outbox-relay-tls-probe"
+	req := binary.BigEndian.AppendUint16(nil, 18) // ApiVersions
+	req = binary.BigEndian.AppendUint16(req, 0)
+	req = binary.BigEndian.AppendUint32(req, correlationID)
+	req = binary.BigEndian.AppendUint16(req, uint16(len(clientID)))
+	req = append(binary.BigEndian.AppendUint32(nil, uint32(len(req)+len(clientID))), append(req, clientID...)...)
+	if _, err := conn.Write(req); err != nil {
+		return false
+	}
+	var head [8]byte // size, correlation id
+	if _, err := io.ReadFull(conn, head[:]); err != nil {
+		return false
+	}
+	return binary.BigEndian.Uint32(head[4:]) == correlationID
 }
 
 // ClientConfig returns a sarama configuration that reaches the brokers the

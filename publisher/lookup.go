@@ -1,8 +1,6 @@
 package publisher
 
 import (
-	"fmt"
-
 	"github.com/IBM/sarama"
 )
 
@@ -38,10 +36,7 @@ func NewReadClient(cfg Config) (sarama.Client, error) {
 	sc.Consumer.Return.Errors = true
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
-		if authFailure(err) {
-			return nil, fmt.Errorf("%w: kafka brokers %v refused the credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
-		}
-		return nil, fmt.Errorf("connect to kafka brokers %v: %w (check --kafka-brokers, TLS and SASL settings, and that the brokers are up)", cfg.Brokers, err)
+		return nil, ConnectError(cfg, err)
 	}
 	return client, nil
 }

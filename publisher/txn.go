@@ -317,7 +317,7 @@ func NewTxn(cfg Config, tcfg TxnConfig, handler Handler, log zerolog.Logger) (*T
 func connect(cfg Config, sc *sarama.Config) (sarama.Client, sarama.ClusterAdmin, error) {
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
-		return nil, nil, ConnectError(cfg.Brokers, err)
+		return nil, nil, ConnectError(cfg, err)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {

@@ -205,7 +205,7 @@ func openProgress(ctx context.Context, cfg Config,
 	}
 	store, err := open(ctx, cfg.Publisher.Brokers, sc, cfg.Progress.Topic)
 	if errors.Is(err, progress.ErrConnect) {
-		return nil, publisher.ConnectError(cfg.Publisher.Brokers, err)
+		return nil, publisher.ConnectError(cfg.Publisher, err)
 	}
 	return store, err
 }

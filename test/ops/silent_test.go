@@ -92,3 +92,23 @@ func TestSignalsStopCommandsWaitingOnSilentBroker(t *testing.T) {
 	}
 	stopWithin("run --delivery exactly-once", e.args("run", "--delivery", "exactly-once"), syscall.SIGTERM)
 }
+
+// Issue 24.5: `status --kafka-tls` against a plaintext listener took 121 s
+// and said only "i/o timeout". It now ends within the stated bound and says
+// the listener does not speak TLS.
+func TestKafkaTLSAgainstPlaintextListenerSaysSo(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	const timeout = 3 * time.Second
+	started := time.Now()
+	code, out := harness.RunCommand(t, e.bin, e.args("status", "--kafka-brokers", strings.Join(e.brokers, ","), "--kafka-tls"),
+		"OUTBOX_RELAY_KAFKA_TIMEOUT="+timeout.String())
+	took := time.Since(started)
+	t.Logf("status --kafka-tls against plaintext: exit %d after %v", code, took.Round(time.Millisecond))
+	if code != 1 || !strings.Contains(out, "does not speak TLS") || !strings.Contains(out, e.brokers[0]) {
+		t.Fatalf("status exited %d, want 1 saying the listener %s does not speak TLS:\n%s", code, e.brokers[0], out)
+	}
+	if limit := 3*timeout + 5*time.Second; took > limit {
+		t.Errorf("status took %v, over the stated bound of about three --kafka-timeout (%v)", took, limit)
+	}
+}
