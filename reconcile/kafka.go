@@ -39,16 +39,18 @@ type scanResult struct {
 func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, phantomSince time.Time,
 	progress *counters, log zerolog.Logger) (*scanResult, error) {
 	res := &scanResult{}
+	progress.enter("kafka", 0)
 	if len(topics) == 0 {
-		progress.enter("kafka", 0)
 		return res, nil
 	}
+	progress.waitOn(fmt.Sprintf("connecting to brokers %v", cfg.Kafka.Brokers))
 	client, err := publisher.NewReadClient(cfg.Kafka)
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
 
+	progress.waitOn(fmt.Sprintf("partition offsets of %d topic(s)", len(topics)))
 	ranges, missing, err := partitionRanges(client, topics, cfg.Since.Add(-cfg.Margin))
 	if err != nil {
 		return nil, err

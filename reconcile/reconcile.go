@@ -70,6 +70,10 @@ type Progress struct {
 	Done    int64
 	Total   int64 // 0 when unknown
 	Elapsed time.Duration
+	// WaitingOn says what Kafka has not answered yet (connecting, reading
+	// offsets, records or acknowledgements that stopped coming); empty
+	// while the comparison is not waiting on Kafka.
+	WaitingOn string
 }
 
 // Phantom is a record in the window whose event_id has no row in the table.
@@ -164,16 +168,21 @@ var ErrBadWindow = errors.New("bad window")
 
 // counters are what progress reports, updated by the workers.
 type counters struct {
-	phase atomic.Pointer[string]
-	done  atomic.Int64
-	total atomic.Int64
+	phase   atomic.Pointer[string]
+	done    atomic.Int64
+	total   atomic.Int64
+	waiting atomic.Pointer[string]
 }
 
 func (c *counters) enter(phase string, total int64) {
 	c.done.Store(0)
 	c.total.Store(total)
 	c.phase.Store(&phase)
+	c.waitOn("")
 }
+
+// waitOn names the Kafka call the comparison is blocked in; "" when none.
+func (c *counters) waitOn(what string) { c.waiting.Store(&what) }
 
 // Run compares the window and, when asked, republishes what is missing.
 func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
@@ -293,12 +302,26 @@ func reportProgress(cfg Config, c *counters, started time.Time) (stop func()) {
 		defer close(finished)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
+		var last Progress
 		for {
 			select {
 			case <-done:
 				return
 			case <-tick.C:
-				cfg.Progress(Progress{Phase: *c.phase.Load(), Done: c.done.Load(), Total: c.total.Load(), Elapsed: time.Since(started)})
+				p := Progress{Phase: *c.phase.Load(), Done: c.done.Load(), Total: c.total.Load(), Elapsed: time.Since(started),
+					WaitingOn: *c.waiting.Load()}
+				if p.WaitingOn == "" && p.Phase == last.Phase && p.Done == last.Done && p.Done < p.Total {
+					// Reading partitions or awaiting acks, and nothing came
+					// since the last report.
+					switch p.Phase {
+					case "kafka":
+						p.WaitingOn = "records: no partition delivered any since the last report"
+					case "republish":
+						p.WaitingOn = "acknowledgements: none arrived since the last report"
+					}
+				}
+				last = p
+				cfg.Progress(p)
 			}
 		}
 	}()

@@ -91,10 +91,12 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		r.quarantine = q
 	}
 	pubCfg := cfg.Kafka
+	progress.waitOn(fmt.Sprintf("connecting to brokers %v", cfg.Kafka.Brokers))
 	pub, err := publisher.New(pubCfg, log)
 	if err != nil {
 		return err
 	}
+	progress.waitOn("")
 	pub.Dispatch(r)
 	closeTimeout := 5 * time.Second
 	defer func() {
@@ -164,6 +166,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		close(acksIn)
 	}()
 	if err == nil {
+		progress.waitOn("acknowledgements of the events sent")
 		select {
 		case <-acksIn:
 		case <-time.After(cfg.Republish.AckTimeout):

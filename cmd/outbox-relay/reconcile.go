@@ -256,7 +256,12 @@ func (b *progressBar) update(log zerolog.Logger) func(reconcile.Progress) {
 				return
 			}
 			lastLog = time.Now()
-			log.Info().Str("phase", p.Phase).Int64("done", p.Done).Int64("total", p.Total).Dur("elapsed", p.Elapsed).Msg("reconcile progress")
+			ev := log.Info().Str("phase", p.Phase).Int64("done", p.Done).Int64("total", p.Total).Dur("elapsed", p.Elapsed)
+			if p.WaitingOn != "" {
+				ev.Str("waiting_on", "kafka: "+p.WaitingOn).Msg("reconcile progress: waiting on Kafka")
+				return
+			}
+			ev.Msg("reconcile progress")
 			return
 		}
 		b.mu.Lock()
@@ -276,8 +281,12 @@ func (b *progressBar) clear() {
 
 // renderBar draws "kafka [=====>      ]  45%  450000/1000000  12s".
 func renderBar(p reconcile.Progress, width int) string {
+	waiting := ""
+	if p.WaitingOn != "" {
+		waiting = "  waiting on kafka: " + p.WaitingOn
+	}
 	if p.Total <= 0 {
-		return fmt.Sprintf("%-9s %d  %s", p.Phase, p.Done, p.Elapsed.Round(time.Second))
+		return fmt.Sprintf("%-9s %d  %s%s", p.Phase, p.Done, p.Elapsed.Round(time.Second), waiting)
 	}
 	frac := min(float64(p.Done)/float64(p.Total), 1)
 	filled := int(frac * float64(width))
@@ -285,7 +294,7 @@ func renderBar(p reconcile.Progress, width int) string {
 	if filled < width {
 		bar += ">" + strings.Repeat(" ", width-filled-1)
 	}
-	return fmt.Sprintf("%-9s [%s] %3.0f%%  %d/%d  %s", p.Phase, bar, frac*100, p.Done, p.Total, p.Elapsed.Round(time.Second))
+	return fmt.Sprintf("%-9s [%s] %3.0f%%  %d/%d  %s%s", p.Phase, bar, frac*100, p.Done, p.Total, p.Elapsed.Round(time.Second), waiting)
 }
 
 // startPeriodicReconcile runs the background comparison on its own

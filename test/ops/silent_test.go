@@ -112,3 +112,19 @@ func TestKafkaTLSAgainstPlaintextListenerSaysSo(t *testing.T) {
 		t.Errorf("status took %v, over the stated bound of about three --kafka-timeout (%v)", took, limit)
 	}
 }
+
+// Issue 24.5: while reconcile waited on a silent broker, its progress log
+// went on reporting the finished row phase every 10 s, which hid the
+// wait. Each progress line now says when it waits on Kafka, and for what.
+func TestReconcileProgressSaysItWaitsOnKafka(t *testing.T) {
+	e, silent := silentEnv(t)
+	p := harness.StartProcess(t, e.bin, e.args("reconcile", "--kafka-brokers", silent.Addr(), "--since", "1h", "--until", "0s",
+		"--progress-interval", "200ms"), []string{"OUTBOX_RELAY_KAFKA_TIMEOUT=3s"})
+	if code, err := p.Wait(time.Minute); err != nil || code != 1 {
+		t.Fatalf("reconcile against a silent broker exited %d (%v), want 1:\n%s", code, err, p.Output())
+	}
+	want := `"waiting_on":"kafka: connecting to brokers [` + silent.Addr() + `]"`
+	if !strings.Contains(p.Output(), want) || !strings.Contains(p.Output(), "reconcile progress: waiting on Kafka") {
+		t.Fatalf("no progress line says reconcile waits on Kafka (want %s):\n%s", want, harness.LastLines(p.Output(), 10))
+	}
+}
