@@ -324,6 +324,21 @@ type Process struct {
 	unregister func()
 }
 
+// childEnviron is the test's environment without its OUTBOX_RELAY_
+// variables: those configure the test suite (OUTBOX_RELAY_REQUIRE_*,
+// OUTBOX_RELAY_PG_VERSION, ...), and the relay would read them as its own
+// settings, or warn that they set nothing. A test passes what a child
+// should get in env.
+func childEnviron() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOX_RELAY_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
 // StartProcess starts bin with args. env entries are added to the test's
 // own environment, later entries winning. Output is kept in memory and in a
 // log file; if the test fails, its tail is logged. The process (group) is
@@ -342,7 +357,7 @@ func StartProcess(t testing.TB, bin string, args []string, env []string) *Proces
 		done:    make(chan struct{}),
 	}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Env = append(childEnviron(), env...)
 	w := io.MultiWriter(p.out, logFile)
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
