@@ -157,6 +157,28 @@ func (k *Kfake) FailProduce(times int, errCode int16) *ProduceFault {
 	})
 }
 
+// FailProduceTo is FailProduce for produce requests that carry records of
+// a topic whose name starts with prefix; other produce requests pass and
+// are not counted. A fault meant for the relay's event producer then
+// cannot land on its progress writer instead.
+func (k *Kfake) FailProduceTo(prefix string, times int, errCode int16) *ProduceFault {
+	msg := "injected by test harness"
+	if e := kerr.ErrorForCode(errCode); e != nil {
+		msg = e.Error() + " (" + msg + ")"
+	}
+	toPrefix := func(req kmsg.Request) bool {
+		for _, t := range req.(*kmsg.ProduceRequest).Topics {
+			if strings.HasPrefix(t.Topic, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	return k.controlMatching(kmsg.Produce, times, toPrefix, func(req kmsg.Request) (kmsg.Response, error) {
+		return produceErrorResponse(req.(*kmsg.ProduceRequest), errCode, msg), nil
+	})
+}
+
 // CutProduce closes the connection on the next times produce requests
 // (times < 0: every one until Remove) instead of answering them. The
 // records are not appended; the client sees a broken connection with the

@@ -133,6 +133,12 @@ func (k *Kfake) RefuseRecordsWith(marker []byte, errCode int16) *ProduceFault {
 // function with KeepControl, rather than times functions, lets Remove take
 // effect at once. acks=0 produce requests pass untouched.
 func (k *Kfake) controlRequests(key kmsg.Key, times int, answer func(kmsg.Request) (kmsg.Response, error)) *ProduceFault {
+	return k.controlMatching(key, times, nil, answer)
+}
+
+// controlMatching is controlRequests for the requests match accepts (all
+// when match is nil); the others pass untouched and are not counted.
+func (k *Kfake) controlMatching(key kmsg.Key, times int, match func(kmsg.Request) bool, answer func(kmsg.Request) (kmsg.Response, error)) *ProduceFault {
 	var hits atomic.Int64
 	var removed atomic.Bool
 	f := &ProduceFault{
@@ -149,6 +155,10 @@ func (k *Kfake) controlRequests(key kmsg.Key, times int, answer func(kmsg.Reques
 		}
 		if produce, ok := req.(*kmsg.ProduceRequest); ok && produce.Acks == 0 {
 			return nil, nil, false // no response is expected, so none can fail
+		}
+		if match != nil && !match(req) {
+			k.c.KeepControl()
+			return nil, nil, false
 		}
 		n := hits.Add(1)
 		if times < 0 || n < int64(times) {
