@@ -236,6 +236,7 @@ type TxnPublisher struct {
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+	calls     sync.WaitGroup // producer calls whileWaiting started
 
 	committed, aborted, split, poisoned atomic.Uint64
 	statsMu                             sync.Mutex
@@ -486,8 +487,9 @@ func (t *TxnPublisher) Close(timeout time.Duration) error {
 	close(t.stop)
 	close(t.pub.quit)
 	var first error
-	if err := t.acquire(ctx); err != nil {
-		first = fmt.Errorf("close exactly-once producer: %w", err)
+	held := t.acquire(ctx) == nil
+	if !held {
+		first = fmt.Errorf("close exactly-once producer: a commit or abort still running after %s: %w", timeout, ctx.Err())
 	} else {
 		if t.open && t.broken == nil {
 			var err error
@@ -503,19 +505,34 @@ func (t *TxnPublisher) Close(timeout time.Duration) error {
 		t.broken = errors.New("exactly-once producer closed")
 		t.release()
 	}
-	closed := make(chan error, 1)
-	go func() { closed <- t.pub.producer.Close() }()
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		if !held {
+			// Whoever holds the turn gives up at its own deadline; after
+			// that nothing may begin a producer call.
+			t.turn <- struct{}{}
+			t.broken = errors.New("exactly-once producer closed")
+			t.release()
+		}
+		// A commit or abort given up on still runs, and sarama sends the
+		// end of a transaction on the producer's input: closing the
+		// producer under it would panic on the closed input.
+		t.calls.Wait()
+		_ = t.pub.producer.Close() // its errors were reported through the handler
+		t.wg.Wait()
+		t.pub.admin.Close()
+	}()
 	select {
 	case <-closed:
-		t.wg.Wait()
 	case <-ctx.Done():
 		// A broker that never answers must not hang shutdown; the
-		// producer's goroutines and ours end when it finally closes.
+		// producer closes, and our goroutines end, once the call under
+		// way returns.
 		if first == nil {
 			first = fmt.Errorf("close exactly-once producer: gave up after %s", timeout)
 		}
 	}
-	t.pub.admin.Close()
 	return first
 }
 
@@ -610,10 +627,7 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 		return t.spent(t.report(fmt.Errorf("kafka transaction committed without a failed record: %w", f.err), ClassRetriable))
 	}
 
-	for _, r := range t.batch {
-		t.handler.Acked(delivery(&r.msg))
-	}
-	t.cfg.Poison.committed(t.batch)
+	// Stats first, so whoever reads an ack also reads the commit in them.
 	t.committed.Add(1)
 	var last sourceEnd
 	if t.last != nil {
@@ -622,6 +636,10 @@ func (t *TxnPublisher) commit(ctx context.Context) error {
 		t.lastCommitted, t.lastCommitAt = last, time.Now()
 		t.statsMu.Unlock()
 	}
+	for _, r := range t.batch {
+		t.handler.Acked(delivery(&r.msg))
+	}
+	t.cfg.Poison.committed(t.batch)
 	if t.cfg.Observer != nil {
 		t.cfg.Observer.Committed(last.end, last.commitTime)
 	}
@@ -842,7 +860,11 @@ func (t *TxnPublisher) waitFor(ctx context.Context, wake <-chan struct{}, done f
 // sink is spent then anyway.
 func (t *TxnPublisher) whileWaiting(ctx context.Context, call func() error) error {
 	done := make(chan error, 1)
-	go func() { done <- call() }()
+	t.calls.Add(1)
+	go func() {
+		defer t.calls.Done()
+		done <- call()
+	}()
 	select {
 	case err := <-done:
 		return err

@@ -605,3 +605,49 @@ func TestPoisonMemory(t *testing.T) {
 		t.Fatal("the limit must forget the oldest refusal first")
 	}
 }
+
+// Close must never close the producer under a commit or an abort still
+// running: sarama sends the end of a transaction on the producer's input,
+// and a send on the closed input panics the whole process. Close gives up
+// waiting at its timeout, but the producer is closed only once the call it
+// gave up on has ended. Before, the relay crashed this way when a fenced
+// commit's abort came after a shutdown that had timed out.
+func TestTxnCloseNeverClosesTheProducerUnderACommit(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = time.Hour // only the explicit Commit below commits
+	txns := makeTxns("closecommit", 3, 2, 3)
+	log := &outcomeLog{}
+	s := w.sink(log)
+	if _, err := stream(context.Background(), s, txns); err != nil {
+		t.Fatal(err)
+	}
+	// The commit is held, then refused with an abortable error, so the
+	// sink aborts after Close gave up on it.
+	release := k.HoldRequests(kmsg.EndTxn)
+	defer release()
+	refused := k.FailTxnRequests(kmsg.EndTxn, 1, kerr.UnknownProducerID.Code)
+	committed := make(chan error, 1)
+	go func() { committed <- s.Commit(context.Background()) }()
+	if !harness.Poll(10*time.Second, func() bool { return k.HeldRequests() > 0 }) {
+		t.Fatal("the commit never reached the coordinator")
+	}
+	if err := s.Close(200 * time.Millisecond); err == nil {
+		t.Fatal("Close reported a clean end although a commit was still held")
+	}
+	release()
+	select {
+	case err := <-committed:
+		if !errors.Is(err, ErrTxnAborted) {
+			t.Fatalf("the refused commit returned %v; want ErrTxnAborted", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held commit never ended after its release")
+	}
+	if refused.Hits() != 1 {
+		t.Fatalf("the coordinator refused %d commits; want the 1 held one", refused.Hits())
+	}
+	if acked, failed := log.counts(); acked != 0 || failed != len(eventIDs(txns)) {
+		t.Fatalf("%d acked and %d failed; want every record of the aborted transaction failed", acked, failed)
+	}
+}
