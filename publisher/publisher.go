@@ -12,7 +12,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,10 +100,60 @@ type Delivery struct {
 	At time.Time
 }
 
-// Outcome is one record's result: acknowledged when Err is nil.
+// Item is one thing the read loop hands a sink, in WAL order: a record,
+// the end of a source transaction, or a flush. Exactly one field is set.
+// Records and ends travel on one channel so that a sink sees each end after
+// every record of its transaction, by construction.
+type Item struct {
+	Record *Record
+	End    *SourceEnd
+	// Flush asks a sink that holds acks until a Kafka transaction commits
+	// to commit now, in the middle of a source transaction if need be (a
+	// counted split). The loop sends it when its in-flight limits are
+	// full: it waits for acks then, and only a commit makes them.
+	Flush bool
+}
+
+// SourceEnd is the end of a source (PostgreSQL) transaction whose records
+// were all sent: the only place an exactly-once sink may end a Kafka
+// transaction, save for a split.
+type SourceEnd struct {
+	Txn        lsn.TxnID
+	End        lsn.LSN // the commit's end LSN
+	CommitTime time.Time
+	// Progress is the record to write in the Kafka transaction that ends
+	// here, built by the caller; nil writes none.
+	Progress *ProgressRecord
+}
+
+// ProgressRecord is the record that says how far Kafka holds the stream.
+type ProgressRecord struct {
+	Topic      string
+	Key, Value []byte
+}
+
+// Outcome is one record's result, acknowledged when Err is nil; or, when
+// KafkaTxn is set, the end of a Kafka transaction, reported by the exactly-once
+// sink after the outcomes of its records.
 type Outcome struct {
 	Delivery
-	Err *Error
+	Err      *Error
+	KafkaTxn *TxnReport
+}
+
+// TxnReport says how a Kafka transaction ended.
+type TxnReport struct {
+	Committed bool
+	// End and CommitTime are those of the last whole source transaction a
+	// committed Kafka transaction held, whose progress record it carried;
+	// zero when it held only part of a split one.
+	End        lsn.LSN
+	CommitTime time.Time
+	// Split says a source transaction too large for one Kafka transaction
+	// began to be committed in parts here (reported once per source
+	// transaction): read_committed consumers see its first part before
+	// the rest.
+	Split bool
 }
 
 // ErrAuth marks a Kafka authentication or certificate failure. Retrying in
@@ -131,59 +180,16 @@ func authFailure(err error) bool {
 type Publisher struct {
 	cfg      Config
 	log      zerolog.Logger
-	topics   *topicTemplate
-	client   sarama.Client
+	topics   *topicResolver
 	admin    sarama.ClusterAdmin
 	producer sarama.AsyncProducer
 
-	// Read and written only by the goroutine that calls Build.
-	known   map[string]*topicInfo
-	missing map[string]missingTopic
-	lookups map[string]*lookup
-
-	input    chan *Record
+	input    chan Item
 	outcomes chan Outcome
 	retries  atomic.Int64
 	quit     chan struct{} // closed by Close: outcomes are no longer wanted
 	closing  sync.Once
 	workers  sync.WaitGroup
-}
-
-// topicInfo is what the publisher learned of a topic on first use.
-type topicInfo struct {
-	name     string
-	maxBytes int // the topic's max.message.bytes
-}
-
-// missingTopic remembers that a topic was not there, so each event for it
-// does not wait out TopicWait again.
-type missingTopic struct {
-	err   *Error
-	until time.Time
-}
-
-// missingTopicExpiry is how long a topic found missing stays missing before
-// it is looked up again: long enough that a stream of events for it costs
-// one TopicWait per minute, short enough that a topic created by hand is
-// noticed soon.
-const missingTopicExpiry = time.Minute
-
-// lookup is one topic discovery running in the background.
-type lookup struct {
-	done  chan struct{}
-	topic *topicInfo // set before done is closed
-	err   error
-}
-
-// TopicPendingError says Build cannot build the record yet: its topic is
-// being looked up. Retry Build with the same event after Done is closed.
-type TopicPendingError struct {
-	Topic string
-	Done  <-chan struct{}
-}
-
-func (e *TopicPendingError) Error() string {
-	return "looking up topic " + e.Topic
 }
 
 // New connects to Kafka and starts the producer.
@@ -196,8 +202,7 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := newPublisher(cfg, log, topics)
-	p.input, p.outcomes = make(chan *Record), make(chan Outcome, outcomeBuffer)
+	p := &Publisher{cfg: cfg, log: log, input: make(chan Item), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{})}
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		p.retries.Add(1)
@@ -212,21 +217,12 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 		admin.Close()
 		return nil, fmt.Errorf("create kafka producer: %w", err)
 	}
-	p.client, p.admin, p.producer = client, admin, producer
+	p.topics = newTopicResolver(cfg, log, topics, client, admin)
+	p.admin, p.producer = admin, producer
 	p.workers.Add(2)
 	go p.forward()
 	go p.drainOutcomes()
 	return p, nil
-}
-
-// newPublisher is a Publisher not yet connected, with the state Build
-// needs.
-func newPublisher(cfg Config, log zerolog.Logger, topics *topicTemplate) *Publisher {
-	return &Publisher{
-		cfg: cfg, log: log, topics: topics,
-		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-		quit: make(chan struct{}),
-	}
 }
 
 // outcomeBuffer lets the producer report a burst of acks while the caller
@@ -287,24 +283,7 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
-func (p *Publisher) Build(ev *Event) (*Record, error) {
-	topic, err := p.topic(ev)
-	if err != nil {
-		return nil, err
-	}
-	r, err := build(ev, topic.name)
-	if err != nil {
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
-	}
-	if limit := min(topic.maxBytes-recordBatchOverhead, p.cfg.batchBytes()); r.size > limit {
-		sizeErr := &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: p.cfg.MaxMessageBytes}
-		if p.cfg.batchBytes() < p.cfg.MaxMessageBytes {
-			sizeErr.LoweredTo = p.cfg.batchBytes()
-		}
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
-	}
-	return r, nil
-}
+func (p *Publisher) Build(ev *Event) (*Record, error) { return p.topics.build(ev) }
 
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
@@ -328,15 +307,18 @@ func buildWait(ctx context.Context, build func(*Event) (*Record, error), ev *Eve
 	}
 }
 
-// Input takes built records to send. A send on it blocks while the
-// producer is full, so select on it alongside the caller's other duties.
-func (p *Publisher) Input() chan<- *Record { return p.input }
+// Input takes the read loop's items. Records are sent one by one, each
+// acknowledged as soon as Kafka stored it, so the ends of source
+// transactions and flushes change nothing here. A send on it blocks while
+// the producer is full, so select on it alongside the caller's other
+// duties.
+func (p *Publisher) Input() chan<- Item { return p.input }
 
 // Send hands a record to the producer, waiting while it is full, until ctx
 // ends. It is Input for callers without a loop of their own.
 func (p *Publisher) Send(ctx context.Context, r *Record) error {
 	select {
-	case p.input <- r:
+	case p.input <- Item{Record: r}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -374,133 +356,18 @@ func (p *Publisher) Dispatch(h Handler) <-chan struct{} {
 // since it was created.
 func (p *Publisher) Retries() int64 { return p.retries.Load() }
 
-// EndTxn is told where each source transaction ends. Records are sent and
-// acknowledged one by one, so there is nothing to do at a boundary.
-func (p *Publisher) EndTxn(lsn.TxnID, lsn.LSN, time.Time) {}
-
-// Flush has nothing to do: every record is acknowledged as soon as Kafka
-// stored it.
-func (p *Publisher) Flush() {}
-
-// forward feeds Input to the producer: sarama's input channel carries its
-// own message type, and keeping it out of the caller's hands lets another
-// sink stand in for this one.
+// forward feeds the records of Input to the producer: sarama's input
+// channel carries its own message type, and keeping it out of the caller's
+// hands lets another sink stand in for this one.
 func (p *Publisher) forward() {
 	defer p.workers.Done()
 	defer p.producer.AsyncClose()
 	in := p.producer.Input()
-	for r := range p.input {
-		in <- &r.msg
-	}
-}
-
-// topic resolves and, on first use, checks an event's topic.
-func (p *Publisher) topic(ev *Event) (*topicInfo, error) {
-	var scratch [256]byte
-	name := p.topics.appendName(scratch[:0], ev)
-	if t, ok := p.known[string(name)]; ok {
-		return t, nil
-	}
-	return p.lookUp(string(name), string(ev.EventID))
-}
-
-// lookUp answers from a finished or cached lookup of a topic met for the
-// first time, or starts one in the background: a slow or unreachable broker
-// can make a lookup take as long as sarama's metadata retries, and a topic
-// that is not created takes TopicWait.
-func (p *Publisher) lookUp(name, eventID string) (*topicInfo, error) {
-	if m, ok := p.missing[name]; ok {
-		if time.Now().Before(m.until) {
-			perm := *m.err
-			perm.EventID = eventID
-			return nil, &perm
-		}
-		delete(p.missing, name)
-	}
-	l, ok := p.lookups[name]
-	if !ok {
-		l = &lookup{done: make(chan struct{})}
-		p.lookups[name] = l
-		p.workers.Add(1)
-		go func() {
-			defer p.workers.Done()
-			l.topic, l.err = p.discover(name)
-			close(l.done)
-		}()
-	}
-	select {
-	case <-l.done:
-	default:
-		return nil, &TopicPendingError{Topic: name, Done: l.done}
-	}
-	delete(p.lookups, name)
-	if l.err != nil {
-		var perm *Error
-		if errors.As(l.err, &perm) {
-			if errors.Is(perm.Err, sarama.ErrUnknownTopicOrPartition) {
-				p.missing[name] = missingTopic{err: perm, until: time.Now().Add(missingTopicExpiry)}
-			}
-			copied := *perm
-			copied.EventID = eventID
-			return nil, &copied
-		}
-		return nil, l.err
-	}
-	p.known[name] = l.topic
-	return l.topic, nil
-}
-
-// discover checks that a topic exists and learns its max.message.bytes, so
-// an oversize record is caught before it is sent. Sent, it would fail its
-// whole batch and take innocent neighbours, and their order, down with it.
-func (p *Publisher) discover(name string) (*topicInfo, error) {
-	if err := validTopicName(name); err != nil {
-		return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1, Err: err}
-	}
-	deadline := time.Now().Add(p.cfg.TopicWait)
-	for {
-		err := p.client.RefreshMetadata(name)
-		if err == nil {
-			_, err = p.client.Partitions(name)
-		}
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) && !errors.Is(err, sarama.ErrLeaderNotAvailable) {
-			return nil, fmt.Errorf("look up topic %s: %w", name, err)
-		}
-		if time.Now().After(deadline) {
-			return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1,
-				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
-		}
-		// The broker may be creating the topic: poll its metadata.
-		select {
-		case <-time.After(200 * time.Millisecond):
-		case <-p.quit:
-			return nil, errors.New("look up topic " + name + ": publisher closed")
+	for it := range p.input {
+		if it.Record != nil {
+			in <- &it.Record.msg
 		}
 	}
-
-	t := &topicInfo{name: name, maxBytes: p.cfg.batchBytes() + recordBatchOverhead}
-	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
-		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
-	})
-	if err != nil {
-		p.log.Warn().Err(err).Str("topic", name).
-			Msg("could not read the topic's max.message.bytes; grant DescribeConfigs on the topic so oversize records are caught before they are sent")
-	}
-	for _, e := range entries {
-		if e.Name == "max.message.bytes" {
-			if v, err := strconv.Atoi(e.Value); err == nil {
-				t.maxBytes = v
-			}
-		}
-	}
-	if t.maxBytes-recordBatchOverhead < p.cfg.batchBytes() {
-		return nil, &BatchLimitError{Topic: name, MaxMessageBytes: t.maxBytes - recordBatchOverhead}
-	}
-	p.log.Debug().Str("topic", name).Int("max_message_bytes", t.maxBytes).Msg("topic ready")
-	return t, nil
 }
 
 // batchBytes is the batch size the producer builds.
@@ -602,10 +469,12 @@ func (p *Publisher) Close(timeout time.Duration) error {
 	p.closing.Do(func() {
 		close(p.quit)
 		close(p.input)
+		p.topics.stop()
 	})
 	drained := make(chan struct{})
 	go func() {
 		p.workers.Wait()
+		p.topics.wait()
 		close(drained)
 	}()
 	var err error

@@ -386,11 +386,11 @@ func TestLocalSizeCheckIsNotABrokerError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Publisher{cfg: Config{MaxMessageBytes: 1000}, topics: topics,
-		known: map[string]*topicInfo{"outbox.order": {name: "outbox.order", maxBytes: 300}}}
+	r := newTopicResolver(Config{MaxMessageBytes: 1000}, zerolog.Nop(), topics, nil, nil)
+	r.known["outbox.order"] = &topicInfo{name: "outbox.order", maxBytes: 300}
 	ev := sampleEvent()
 	ev.Payload = []byte(`"` + strings.Repeat("x", 400) + `"`)
-	_, err = p.Build(ev)
+	_, err = r.build(ev)
 	var perr *Error
 	if !errors.As(err, &perr) || perr.Class != ClassPermanent || perr.Partition != -1 {
 		t.Fatalf("Build: %v, want a permanent error before any partition", err)
@@ -456,7 +456,7 @@ func TestOutcomesComeBackOverTheChannel(t *testing.T) {
 	const n = 100
 	for i, r := range buildNumbered(ctx, t, p, n) {
 		select {
-		case p.Input() <- r:
+		case p.Input() <- Item{Record: r}:
 		case <-ctx.Done():
 			t.Fatalf("record %d of %d: the producer did not take it", i, n)
 		}

@@ -99,28 +99,35 @@ func BenchmarkCatchUp(b *testing.B) {
 					b.Fatal(err)
 				}
 				tcfg.Interval = interval
-				s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, zerolog.Nop())
+				s, err := NewTxnSink(benchConfig(k.Brokers()), tcfg, zerolog.Nop())
 				if err != nil {
 					b.Fatal(err)
 				}
-				defer func() { b.ReportMetric(float64(s.Stats().Committed), "txns"); s.Close(10 * time.Second) }()
-				if _, err := s.BuildWait(ctx, evs[0]); err != nil { // topic discovery, outside the measurement
+				d := drive(b, s)
+				defer func() { b.ReportMetric(float64(d.stats().committed), "txns") }()
+				if _, err := d.build(ctx, evs[0]); err != nil { // topic discovery, outside the measurement
 					b.Fatal(err)
 				}
 				send = func(i int) error {
-					r, err := s.BuildWait(ctx, evs[i])
+					r, err := d.build(ctx, evs[i])
 					if err != nil {
 						return err
 					}
-					if err := s.Send(ctx, r); err != nil {
+					if err := d.send(ctx, r); err != nil {
 						return err
 					}
 					if i%3 == 2 || i == len(evs)-1 {
-						return s.EndTxn(ctx, lsn.TxnID(i/3+1), lsn.LSN(i+1), time.Now())
+						return d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(i/3 + 1), End: lsn.LSN(i + 1), CommitTime: time.Now()}})
 					}
 					return nil
 				}
-				finish = func() error { return s.Commit(ctx) }
+				finish = func() error {
+					err := d.settle(ctx)
+					acked, failed := d.counts()
+					acks.acked.Add(int64(acked))
+					acks.failed.Add(int64(failed))
+					return err
+				}
 			}
 			b.ResetTimer()
 			began, cpu0 := time.Now(), cpuTime()
@@ -163,12 +170,11 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 			tcfg := DefaultTxnConfig()
 			tcfg.TransactionalID = "latency"
 			tcfg.Interval = interval
-			acks := &ackCounter{}
-			s, err := NewTxn(benchConfig(k.Brokers()), tcfg, acks, zerolog.Nop())
+			s, err := NewTxnSink(benchConfig(k.Brokers()), tcfg, zerolog.Nop())
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer s.Close(10 * time.Second)
+			d := drive(b, s)
 
 			total := int(rate * duration / time.Second)
 			latencies := make(chan time.Duration, total)
@@ -202,22 +208,22 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 						AggregateID: []byte("agg-" + strconv.Itoa(i%100)), EventType: []byte("Happened"),
 						SchemaVersion: []byte("1"), Payload: v[:], OccurredAt: []byte("2026-12-01 03:00:00+00"),
 					}
-					r, err := s.BuildWait(ctx, ev)
+					r, err := d.build(ctx, ev)
 					if err != nil {
 						b.Fatal(err)
 					}
-					if err := s.Send(ctx, r); err != nil {
+					if err := d.send(ctx, r); err != nil {
 						b.Fatal(err)
 					}
 					if i%3 != 0 {
-						if err := s.EndTxn(ctx, lsn.TxnID(i), lsn.LSN(i), time.Now()); err != nil {
+						if err := d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(i), End: lsn.LSN(i), CommitTime: time.Now()}}); err != nil {
 							b.Fatal(err)
 						}
 					}
 				}
 				time.Sleep(time.Millisecond) // pacing, not synchronisation
 			}
-			if err := s.EndTxn(ctx, lsn.TxnID(total), lsn.LSN(total), time.Now()); err != nil {
+			if err := d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(total), End: lsn.LSN(total), CommitTime: time.Now()}}); err != nil {
 				b.Fatal(err)
 			}
 			<-consumed
@@ -234,7 +240,7 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 			pct := func(p float64) float64 { return float64(all[int(p*float64(len(all)-1))].Microseconds()) / 1000 }
 			b.ReportMetric(pct(0.50), "p50-ms")
 			b.ReportMetric(pct(0.99), "p99-ms")
-			b.ReportMetric(float64(s.Stats().Committed)/duration.Seconds(), "txns/s")
+			b.ReportMetric(float64(d.stats().committed)/duration.Seconds(), "txns/s")
 		})
 	}
 }

@@ -1,62 +1,51 @@
 package publisher
 
 import (
-	"context"
 	"errors"
-	"math"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
-
-	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
-// TxnSink puts the exactly-once engine behind the channels a read loop
-// selects on, as Publisher does for the at-least-once producer: records go
-// in through Input, acks and failures come out of Outcomes, and nothing
-// here ever calls into the caller or blocks it on Kafka. A goroutine of its
-// own drives the Kafka transactions.
+// TxnSink is the exactly-once sink, behind the same channels as Publisher:
+// items go in through Input in WAL order, and outcomes come out of
+// Outcomes, the end of each Kafka transaction among them. Nothing here
+// calls into the caller or blocks it on Kafka.
 //
-// Acks come only once the Kafka transaction holding the record committed,
-// so a caller that bounds what is in flight must call Flush when its bound
-// is reached: otherwise it waits for acks that only a commit produces.
+// One goroutine owns all of its state. It waits on the caller's items, the
+// producer's acks and errors, the result of the commit or abort under way,
+// and its timer. Only the blocking CommitTxn or AbortTxn call runs on a
+// goroutine of its own, one at a time, whose result comes back as a
+// message.
+//
+// Acks come only once the Kafka transaction holding the record committed.
+// After any failure the sink is spent: every later record is reported
+// failed, and the caller closes it and re-streams with a new one. It must
+// re-stream from the progress record read back from Kafka with
+// read_committed, not from what this sink reported: when a commit's answer
+// is lost, the transaction may have committed although the sink reports its
+// records failed, and only the progress record, committed with them, tells.
 type TxnSink struct {
-	txn *TxnPublisher
+	cfg      TxnConfig
+	log      zerolog.Logger
+	topics   *topicResolver
+	admin    sarama.ClusterAdmin
+	producer sarama.AsyncProducer
+	retries  atomic.Int64
 
-	input chan *Record // holds inputQueue records
-	flush chan struct{}
-
-	// ends are source-transaction boundaries the loop reported that the
-	// driving goroutine has not applied yet. EndTxn never blocks the loop
-	// (a commit may be under way), so they queue here instead of on a
-	// channel.
-	endsMu   sync.Mutex
-	ends     []sourceEnd
-	endAdded chan struct{}
-
-	// queue holds outcomes until the forwarding goroutine hands them to
-	// Outcomes, so the engine never waits for the caller to read.
-	queueMu  sync.Mutex
-	queue    []Outcome
-	queued   chan struct{}
+	items    chan Item
 	outcomes chan Outcome
-
-	ctx       context.Context // ends when Close gives up waiting
-	cancel    context.CancelFunc
-	quit      chan struct{}
-	closeOnce sync.Once
-	closeErr  error
-	driving   sync.WaitGroup
-	reporting sync.WaitGroup
-
-	// afterDrain, when set (by tests only), runs on the driving goroutine
-	// after it took the queued records and before it applies the
-	// boundaries it saw: the moment the loop may hand over more of both.
-	afterDrain func()
+	closeBy  time.Time     // set by Close before it closes items
+	reported chan struct{} // closed once the owner reported its last outcome
+	done     chan struct{} // closed once the producer is closed
+	closing  sync.Once
 }
 
-// inputQueue is how many records wait on Input while a commit is under way,
+// inputQueue is how many items wait on Input while a commit is under way,
 // so the loop reads on instead of stalling on every commit. Measured side
 // by side on 300,000-event backlogs: 64 took 100-row transactions from
 // 0.83-0.86 to 0.85-0.93 of the at-least-once rate; a batch's worth
@@ -65,244 +54,598 @@ type TxnSink struct {
 const inputQueue = 64
 
 // NewTxnSink connects to Kafka, initialises the transactional producer
-// (fencing any older producer with the same transactional id) and starts
-// the sink's goroutines.
+// (which fences any older producer with the same transactional id and
+// aborts its open transaction) and starts the sink's goroutine.
 func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error) {
-	return newTxnSink(cfg, tcfg, log, nil)
-}
-
-func newTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger, afterDrain func()) (*TxnSink, error) {
-	s := &TxnSink{
-		input: make(chan *Record, inputQueue), flush: make(chan struct{}, 1), endAdded: make(chan struct{}, 1),
-		queued: make(chan struct{}, 1), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{}),
-		afterDrain: afterDrain,
+	if tcfg.TransactionalID == "" {
+		return nil, errors.New("exactly-once delivery needs a transactional id: set --transactional-id or let the relay derive it from the slot")
 	}
-	txn, err := NewTxn(cfg, tcfg, sinkHandler{s}, log)
+	tcfg = tcfg.withDefaults()
+	template, err := parseTopicTemplate(cfg.TopicTemplate)
 	if err != nil {
 		return nil, err
 	}
-	s.txn = txn
-	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.driving.Add(1)
-	go s.drive()
-	s.reporting.Add(1)
-	go s.forward()
+	sc, err := saramaConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sc.Producer.Transaction.ID = tcfg.TransactionalID
+	sc.Producer.Transaction.Timeout = tcfg.Timeout
+	// A record that cannot be written within MaxAge fails, which aborts
+	// the transaction and re-streams it: in this mode that duplicates
+	// nothing, while a longer wait would only meet the coordinator's own
+	// timeout abort.
+	sc.Producer.Retry.Max = retriesWithin(cfg.RetryBackoffMax, tcfg.MaxAge)
+	s := &TxnSink{
+		cfg: tcfg, log: log,
+		items: make(chan Item, inputQueue), outcomes: make(chan Outcome, outcomeBuffer),
+		reported: make(chan struct{}), done: make(chan struct{}),
+	}
+	// sarama treats a fatal AddPartitionsToTxn answer (PRODUCER_FENCED
+	// among them) like a broken connection and retries the batch, failing
+	// it only after Retry.Max backoffs. Once the producer is in its fatal
+	// state no retry can succeed, so skip the backoff and let the records
+	// fail at once with the real cause.
+	var self atomic.Pointer[sarama.AsyncProducer]
+	backoff := sc.Producer.Retry.BackoffFunc
+	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
+		if p := self.Load(); p != nil && (*p).TxnStatus()&sarama.ProducerTxnFlagFatalError != 0 {
+			return 0
+		}
+		s.retries.Add(1)
+		return backoff(retries, maxRetries)
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka transactional producer configuration: %w", err)
+	}
+	client, admin, err := connect(cfg, sc)
+	if err != nil {
+		return nil, err
+	}
+	// Creating the producer runs InitProducerID, which fences older
+	// producers with this transactional id and aborts their open
+	// transaction.
+	producer, err := sarama.NewAsyncProducerFromClient(client)
+	if err != nil {
+		admin.Close()
+		return nil, fmt.Errorf("init kafka transactional producer %q: %w (the principal needs Write and Describe on the transactional id, and the brokers transaction support)", tcfg.TransactionalID, err)
+	}
+	self.Store(&producer)
+	s.topics = newTopicResolver(cfg, log, template, client, admin)
+	s.admin, s.producer = admin, producer
+	go s.run()
+	log.Info().Str("transactional_id", tcfg.TransactionalID).Dur("transaction_interval", tcfg.Interval).
+		Msg("exactly-once producer initialised; older producers with this transactional id are fenced")
 	return s, nil
 }
 
-// Build checks an event and builds its record, as TxnPublisher.Build; it
-// never blocks.
-func (s *TxnSink) Build(ev *Event) (*Record, error) { return s.txn.Build(ev) }
+// Build turns an event into a record, rejecting before it joins a
+// transaction anything Kafka would refuse: the checks of Publisher.Build,
+// and events Kafka already refused inside an earlier transaction. It never
+// blocks, and must be called from one goroutine.
+func (s *TxnSink) Build(ev *Event) (*Record, error) {
+	if err := s.cfg.Poison.refused(ev.EventID); err != nil {
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
+	}
+	r, err := s.topics.build(ev)
+	if err == nil {
+		r.built = time.Now()
+	}
+	return r, err
+}
 
-// Input takes built records; see Publisher.Input.
-func (s *TxnSink) Input() chan<- *Record { return s.input }
+// Input takes the read loop's items, in WAL order.
+func (s *TxnSink) Input() chan<- Item { return s.items }
 
 // Outcomes delivers each record's ack, after its Kafka transaction
-// committed, or its failure. It is closed by Close.
+// committed, or its failure, then the report of that transaction's end. It
+// is closed by Close.
 func (s *TxnSink) Outcomes() <-chan Outcome { return s.outcomes }
 
-// EndTxn marks the end of the source transaction whose records were just
-// sent; the Kafka transaction may commit there. It never blocks.
-func (s *TxnSink) EndTxn(txn lsn.TxnID, end lsn.LSN, commitTime time.Time) {
-	s.endsMu.Lock()
-	s.ends = append(s.ends, sourceEnd{txn: txn, end: end, commitTime: commitTime})
-	s.endsMu.Unlock()
-	signal(s.endAdded)
-}
-
-// Flush asks for the open Kafka transaction to commit now, without
-// waiting: in the middle of a source transaction that splits it, which is
-// counted. The caller calls it when its in-flight limits are full.
-func (s *TxnSink) Flush() { signal(s.flush) }
-
 // Retries counts the producer's retries since the sink was made.
-func (s *TxnSink) Retries() int64 { return s.txn.Retries() }
+func (s *TxnSink) Retries() int64 { return s.retries.Load() }
 
-// Stats returns the counters of this sink's producer.
-func (s *TxnSink) Stats() TxnStats { return s.txn.Stats() }
-
-// Close stops taking records and ends the engine within timeout: a Kafka
+// Close stops taking items and ends the sink within timeout: a Kafka
 // transaction of whole source transactions commits, one ending inside a
-// source transaction aborts. Outcomes not read by then are dropped. It must
-// not be called while a send on Input may still happen.
+// source transaction aborts (its records are reported failed and
+// re-streamed later). Outcomes not read by then are dropped. It must not
+// be called while a send on Input may still happen.
+//
+// A commit or abort still unanswered at the timeout is given up on, and
+// the producer is closed only once it returned: sarama ends a transaction
+// by sending on the producer's input, which a closed producer has closed.
 func (s *TxnSink) Close(timeout time.Duration) error {
-	s.closeOnce.Do(func() { s.closeErr = s.close(timeout) })
-	return s.closeErr
-}
-
-func (s *TxnSink) close(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	close(s.input)
-	driven := make(chan struct{})
-	go func() {
-		s.driving.Wait()
-		close(driven)
-	}()
-	wait := time.NewTimer(timeout)
-	defer wait.Stop()
-	select {
-	case <-driven:
-	case <-wait.C:
-		// A commit stuck on a broker that never answers: give it up.
-		s.cancel()
-	}
-	err := s.txn.Close(max(time.Until(deadline), 100*time.Millisecond))
-	s.cancel()
-	close(s.quit)
-	s.reporting.Wait()
+	var err error
+	s.closing.Do(func() {
+		s.closeBy = time.Now().Add(timeout)
+		close(s.items)
+		wait := time.NewTimer(timeout)
+		defer wait.Stop()
+		select {
+		case <-s.done:
+		case <-wait.C:
+			err = fmt.Errorf("close exactly-once producer: gave up after %s; a commit or abort may still be under way", timeout)
+		}
+	})
 	return err
 }
 
-// drive applies records, boundaries and flushes to the engine, in the
-// order the loop made them, until Input is closed.
-func (s *TxnSink) drive() {
-	defer s.driving.Done()
+// phase is where the open Kafka transaction stands.
+type phase int
+
+const (
+	idle       phase = iota // no transaction open
+	open                    // taking records
+	committing              // CommitTxn under way (the progress record first, if any)
+	aborting                // AbortTxn under way
+)
+
+// isolation is how far a suspect record, one that may be poison, is: it is
+// sent alone, its outcome awaited, so a refusal names it.
+type isolation int
+
+const (
+	notIsolating isolation = iota
+	settleBefore           // the records before it must be answered first
+	settleAfter            // sent: its own answer is awaited
+)
+
+// owner is the state of the sink's goroutine; nothing else touches it.
+type owner struct {
+	*TxnSink
+	successes <-chan *sarama.ProducerMessage
+	errs      <-chan *sarama.ProducerError
+	timer     *time.Timer
+	armed     time.Time // what timer is set for; zero when stopped
+
+	phase    phase
+	began    time.Time
+	deadline time.Time // when the open transaction is due to commit
+	batch    []*Record
+	bytes    int
+	complete int        // len(batch) at the last end: records of whole source transactions
+	last     *SourceEnd // the last whole source transaction in the batch
+	due      bool       // the deadline passed mid source transaction: commit at its end
+	split    bool       // the current source transaction was already reported split
+	isolate  isolation
+	// isolatedAbort says the transaction aborts because the suspect sent
+	// alone failed, so a permanent refusal names it.
+	isolatedAbort bool
+
+	next     *sarama.ProducerMessage // the message to hand to the producer next
+	nextRec  *Record                 // its record; nil for the progress record
+	sent     int                     // messages handed to the producer in this transaction
+	answered int                     // their acks and errors so far
+	failures []failure
+
+	calling  bool       // a CommitTxn or AbortTxn goroutine is running
+	result   chan error // its result
+	returned bool       // the call under way in this phase returned
+	callErr  error
+	cause    error     // why the transaction aborts
+	endBy    time.Time // when waiting for the end gives up
+
+	broken  error // set once the sink is spent
+	closed  bool  // Input was closed
+	pending []Outcome
+}
+
+func (s *TxnSink) run() {
+	o := &owner{
+		TxnSink: s, successes: s.producer.Successes(), errs: s.producer.Errors(),
+		timer: time.NewTimer(time.Hour), result: make(chan error, 1),
+	}
+	o.timer.Stop()
+	o.loop()
+	// Outcomes are no longer wanted; what they concern is re-delivered.
+	close(s.outcomes)
+	close(s.reported)
+	if o.calling {
+		o.callErr = <-o.result
+	}
+	s.topics.stop()
+	_ = s.producer.Close() // its errors were reported as outcomes already
+	s.topics.wait()
+	s.admin.Close()
+	close(s.done)
+}
+
+// loop serves until Input is closed and the transaction under way ended, or
+// the close deadline passed.
+func (o *owner) loop() {
 	for {
+		if o.closed && o.phase == idle && len(o.pending) == 0 {
+			return
+		}
+		o.arm()
+		var items <-chan Item
+		if o.canTake() {
+			items = o.items
+		}
+		var in chan<- *sarama.ProducerMessage
+		if o.next != nil && o.isolate != settleBefore {
+			in = o.producer.Input()
+		}
+		var out chan<- Outcome
+		var first Outcome
+		if len(o.pending) > 0 {
+			out, first = o.outcomes, o.pending[0]
+		}
 		select {
-		case r, ok := <-s.input:
+		case it, ok := <-items:
 			if !ok {
-				s.applyEnds(math.MaxUint64)
-				return
+				o.closed = true
+				o.finishOnClose()
+				continue
 			}
-			s.take(r)
-		case <-s.endAdded:
-			if !s.takeReported() {
-				return
-			}
-		case <-s.flush:
-			if !s.takeReported() {
-				return // Close commits or aborts what is open
-			}
-			// A failure is reported through the handler already.
-			_ = s.txn.Commit(s.ctx)
+			o.take(it)
+		case in <- o.next:
+			o.handed()
+		case <-o.successes:
+			o.answered++
+			o.progress()
+		case perr := <-o.errs:
+			r, _ := perr.Msg.Metadata.(*Record)
+			o.failures = append(o.failures, failure{record: r, err: perr.Err})
+			o.answered++
+			o.progress()
+		case err := <-o.result:
+			o.calling, o.returned, o.callErr = false, true, err
+			o.progress()
+		case <-o.timer.C:
+			o.armed = time.Time{}
+			o.onTimer()
+		case out <- first:
+			o.pending[0] = Outcome{}
+			o.pending = o.pending[1:]
+		}
+		if o.closed && time.Now().After(o.closeBy) {
+			o.giveUp(fmt.Errorf("shutting down: %w", errors.New("the close timeout passed")))
+			return
 		}
 	}
 }
 
-// take applies one record from Input. Boundaries of earlier source
-// transactions come first; the one of r's own transaction, if the loop
-// already reported it, comes after r.
-func (s *TxnSink) take(r *Record) {
-	s.applyEnds(lsn.TxnID(r.txn))
-	s.send(r)
+// canTake says whether the next item may be taken now: not while a record
+// waits for the producer, a suspect's neighbours are answered, or the
+// transaction ends; a spent sink takes every item, to report it failed.
+func (o *owner) canTake() bool {
+	if o.closed {
+		return false
+	}
+	if o.broken != nil {
+		return o.phase == idle
+	}
+	return o.phase <= open && o.next == nil && o.isolate == notIsolating && len(o.failures) == 0
 }
 
-// takeReported applies every boundary reported so far, each after its
-// records. The loop sends a source transaction's records before it reports
-// the transaction's end, so the records of every boundary seen before the
-// queue is drained are in it; boundaries reported while it drains may
-// belong to records sent after that, and wait for the next wake-up, which
-// their report signals. Applied first, such a boundary would leave its
-// records waiting in a Kafka transaction for a boundary that already came:
-// on a quiet outbox, until the next event or the broker's abort at its
-// timeout. It reports false once Input is closed and empty.
-func (s *TxnSink) takeReported() bool {
-	s.endsMu.Lock()
-	upTo := lsn.TxnID(0)
-	if n := len(s.ends); n > 0 {
-		upTo = s.ends[n-1].txn + 1
+func (o *owner) take(it Item) {
+	switch {
+	case it.Record != nil:
+		o.record(it.Record)
+	case it.End != nil:
+		o.end(it.End)
+	case it.Flush:
+		if o.phase == open {
+			o.commit()
+		}
 	}
-	s.endsMu.Unlock()
-	open := s.takeQueued()
-	if s.afterDrain != nil {
-		s.afterDrain()
-	}
-	if !open {
-		upTo = math.MaxUint64 // closed and drained: every record is in
-	}
-	s.applyEnds(upTo)
-	return open
 }
 
-// takeQueued applies the records queued on Input until it is empty; see
-// takeReported for which boundaries may follow. It reports false once
-// Input is closed and empty.
-func (s *TxnSink) takeQueued() bool {
-	for {
-		select {
-		case r, ok := <-s.input:
-			if !ok {
-				return false
+func (o *owner) record(r *Record) {
+	if o.broken != nil {
+		o.failOne(r, o.broken)
+		return
+	}
+	if o.phase == idle {
+		if err := o.producer.BeginTxn(); err != nil {
+			o.spend(fmt.Errorf("begin kafka transaction: %w", err))
+			o.failOne(r, o.broken)
+			return
+		}
+		o.phase, o.began = open, time.Now()
+		o.deadline = commitDeadline(r.built, r.commitTime, o.began, o.cfg.Interval)
+	}
+	o.batch = append(o.batch, r)
+	o.bytes += r.size
+	o.next, o.nextRec = &r.msg, r
+	if o.cfg.Poison.suspect(r.eventID) {
+		o.isolate = settleBefore
+		o.progress()
+	}
+}
+
+// handed follows a message into the producer.
+func (o *owner) handed() {
+	o.next, o.nextRec, o.sent = nil, nil, o.sent+1
+	switch {
+	case o.phase == committing:
+		o.call(o.producer.CommitTxn) // the progress record is in
+	case o.isolate == settleAfter:
+		o.progress()
+	case len(o.batch) >= o.cfg.MaxEvents || o.bytes >= o.cfg.MaxBytes || time.Since(o.began) >= o.cfg.MaxAge:
+		o.commit()
+	}
+}
+
+func (o *owner) end(e *SourceEnd) {
+	if o.broken != nil || o.phase != open {
+		return // no records, or spent: nothing to commit
+	}
+	o.complete, o.split = len(o.batch), false
+	o.last = e
+	if o.due || len(o.batch) >= o.cfg.BatchEvents || o.bytes >= o.cfg.BatchBytes || !time.Now().Before(o.deadline) {
+		o.commit()
+	}
+}
+
+func (o *owner) onTimer() {
+	switch o.phase {
+	case open:
+		if o.complete == len(o.batch) {
+			o.commit()
+		} else {
+			o.due = true
+		}
+	case committing, aborting:
+		if time.Now().After(o.endBy) {
+			o.giveUp(fmt.Errorf("no answer from Kafka within the transaction timeout (%s); check the brokers, above all the one coordinating transactional id %q", o.cfg.Timeout, o.cfg.TransactionalID))
+		}
+	}
+}
+
+// arm sets the timer for the open transaction's deadline, or for giving up
+// on its end.
+func (o *owner) arm() {
+	var at time.Time
+	switch o.phase {
+	case open:
+		if !o.due {
+			at = o.deadline
+		}
+	case committing, aborting:
+		at = o.endBy
+	}
+	if o.closed && (at.IsZero() || o.closeBy.Before(at)) {
+		at = o.closeBy
+	}
+	if at.Equal(o.armed) {
+		return
+	}
+	o.armed = at
+	if at.IsZero() {
+		o.timer.Stop()
+		return
+	}
+	o.timer.Reset(time.Until(at))
+}
+
+// commit ends the open transaction with its progress record: the record
+// is handed to the producer, then CommitTxn runs. A transaction that holds
+// a failure aborts instead.
+func (o *owner) commit() {
+	if o.phase != open {
+		return
+	}
+	if len(o.failures) > 0 {
+		o.abort(nil)
+		return
+	}
+	if o.complete < len(o.batch) && !o.split {
+		o.split = true
+		o.report(Outcome{KafkaTxn: &TxnReport{Split: true}})
+		o.log.Warn().Int("records", len(o.batch)-o.complete).
+			Msg("a source transaction is larger than one Kafka transaction may hold: committing it in parts; read_committed consumers see its first part before the rest, and a crash before its last part re-delivers the committed parts")
+	}
+	o.phase, o.returned, o.endBy = committing, false, o.endDeadline()
+	if o.last != nil && o.last.Progress != nil {
+		p := o.last.Progress
+		o.next = &sarama.ProducerMessage{Topic: p.Topic, Key: sarama.ByteEncoder(p.Key), Value: sarama.ByteEncoder(p.Value)}
+		return // CommitTxn once the producer took it; see handed
+	}
+	o.call(o.producer.CommitTxn)
+}
+
+// abort aborts the open transaction; cause is what failed, when not a
+// record.
+func (o *owner) abort(cause error) {
+	o.phase, o.returned, o.cause, o.endBy = aborting, false, cause, o.endDeadline()
+	o.next, o.nextRec = nil, nil
+	o.call(o.producer.AbortTxn)
+}
+
+// endDeadline bounds the wait for a commit or an abort to be answered, its
+// records' acks included, by the transaction timeout. sarama retries an
+// unanswered EndTxn up to Producer.Transaction.Retry.Max times, each after
+// a full Net.ReadTimeout: a coordinator that takes requests but never
+// answers would hold the stream for many minutes with nothing logged. Past
+// the timeout the coordinator has aborted the transaction, unless the
+// commit already reached it, and then only the progress record, committed
+// with it, tells; so the sink gives up and the caller re-streams from that
+// record either way.
+func (o *owner) endDeadline() time.Time {
+	by := time.Now().Add(o.cfg.Timeout)
+	if o.closed && o.closeBy.Before(by) {
+		return o.closeBy
+	}
+	return by
+}
+
+// call runs a blocking producer call on a goroutine of its own; its
+// result comes back on o.result.
+func (o *owner) call(fn func() error) {
+	o.calling = true
+	go func() { o.result <- fn() }()
+}
+
+// progress moves the transaction on after an answer from the producer or
+// the end of a call.
+func (o *owner) progress() {
+	settled := o.answered >= o.sent
+	switch o.phase {
+	case open:
+		if !settled {
+			return
+		}
+		switch {
+		case o.isolate == settleBefore && len(o.failures) > 0:
+			o.abort(nil)
+		case o.isolate == settleBefore:
+			o.isolate = settleAfter
+		case o.isolate == settleAfter:
+			o.isolate = notIsolating
+			if len(o.failures) > 0 {
+				o.isolatedAbort = true
+				o.abort(nil)
 			}
-			s.take(r)
+		case len(o.failures) > 0:
+			o.abort(nil)
+		}
+	case committing:
+		if !o.returned || !settled {
+			return
+		}
+		switch {
+		case o.callErr != nil:
+			o.abort(fmt.Errorf("commit kafka transaction: %w", o.callErr))
+		case len(o.failures) > 0:
+			// sarama refuses to commit after a failed record, so this is
+			// a broken invariant of the library: the transaction is
+			// committed without the failed record. Re-stream; the rest is
+			// duplicated.
+			f := o.failures[0]
+			o.log.Error().Err(f.err).Msg("kafka transaction committed although one of its records failed; re-streaming, which duplicates the transaction's other records")
+			o.spend(fmt.Errorf("%w: kafka transaction committed without a failed record: %w", ErrTxnAborted, f.err))
+			o.failAll(ClassRetriable)
 		default:
-			return true
+			o.committed()
+		}
+	case aborting:
+		if o.returned && settled {
+			o.aborted(false)
 		}
 	}
 }
 
-func (s *TxnSink) send(r *Record) {
-	joined, err := s.txn.send(s.ctx, r)
-	if err != nil && !joined {
-		// The engine reports only records that joined a transaction;
-		// every record sent on Input must come back once.
-		class := ClassRetriable
-		if errors.Is(err, ErrFenced) {
-			class = ClassFenced
-		}
-		d := failedDelivery(r)
-		s.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
+func (o *owner) committed() {
+	for _, r := range o.batch {
+		o.report(Outcome{Delivery: delivery(&r.msg)})
 	}
+	o.cfg.Poison.committed(o.batch)
+	rep := &TxnReport{Committed: true}
+	if o.last != nil {
+		rep.End, rep.CommitTime = o.last.End, o.last.CommitTime
+	}
+	o.report(Outcome{KafkaTxn: rep})
+	o.reset()
 }
 
-// applyEnds applies the boundaries of source transactions before upTo.
-func (s *TxnSink) applyEnds(upTo lsn.TxnID) {
-	for {
-		s.endsMu.Lock()
-		if len(s.ends) == 0 || s.ends[0].txn >= upTo {
-			s.endsMu.Unlock()
-			return
-		}
-		e := s.ends[0]
-		s.ends = s.ends[1:]
-		s.endsMu.Unlock()
-		// A failure is reported through the handler already.
-		_ = s.txn.EndTxn(s.ctx, e.txn, e.end, e.commitTime)
-	}
-}
-
-func (s *TxnSink) report(o Outcome) {
-	s.queueMu.Lock()
-	s.queue = append(s.queue, o)
-	s.queueMu.Unlock()
-	signal(s.queued)
-}
-
-// forward hands queued outcomes to Outcomes until Close.
-func (s *TxnSink) forward() {
-	defer s.reporting.Done()
-	defer close(s.outcomes)
-	var batch []Outcome
-	for {
-		select {
-		case <-s.queued:
-		case <-s.quit:
-			return
-		}
-		s.queueMu.Lock()
-		batch, s.queue = s.queue, batch[:0]
-		s.queueMu.Unlock()
-		for _, o := range batch {
-			select {
-			case s.outcomes <- o:
-			case <-s.quit:
-				return
-			}
+// aborted reports every record of the aborted transaction failed and
+// leaves the sink spent.
+func (o *owner) aborted(gaveUp bool) {
+	cause := o.cause
+	if cause == nil && len(o.failures) > 0 {
+		cause = o.failures[0].err
+		if o.failures[0].record == nil {
+			cause = fmt.Errorf("progress record: %w (check --progress-topic and the relay's Write on it)", cause)
 		}
 	}
+	abortErr := o.callErr
+	if cause == nil {
+		cause = abortErr
+	} else if abortErr != nil && !gaveUp {
+		cause = fmt.Errorf("%w; abort kafka transaction: %w", cause, abortErr)
+	}
+	if abortErr != nil && !gaveUp {
+		// An abort that did not go through leaves the producer unusable.
+		o.log.Error().Err(abortErr).Msg("could not abort the kafka transaction; the broker aborts it at its timeout")
+	}
+	class := ClassRetriable
+	if fenced(cause) {
+		class = ClassFenced
+	} else {
+		o.cfg.Poison.learn(o.failures, o.isolatedAbort)
+	}
+	o.spend(cause)
+	o.failAll(class)
+	o.report(Outcome{KafkaTxn: &TxnReport{}})
 }
 
-// sinkHandler turns the engine's handler calls into outcomes.
-type sinkHandler struct{ s *TxnSink }
-
-func (h sinkHandler) Acked(d Delivery) { h.s.report(Outcome{Delivery: d}) }
-
-func (h sinkHandler) Failed(d Delivery, err *Error) { h.s.report(Outcome{Delivery: d, Err: err}) }
-
-// signal wakes whoever waits on c, without blocking.
-func signal(c chan struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
+// giveUp ends waiting for a commit or an abort that Kafka does not answer:
+// every record of the transaction is reported failed, the sink is spent,
+// and the call keeps running until the producer closes.
+func (o *owner) giveUp(why error) {
+	if o.phase == idle {
+		return
 	}
+	o.cause = errors.Join(why, o.cause)
+	o.callErr = nil
+	if o.phase == open {
+		o.cause = fmt.Errorf("%w: shutting down in the middle of a source transaction", ErrTxnAborted)
+	}
+	o.aborted(true)
+}
+
+// finishOnClose ends the transaction open when Input closes: one of whole
+// source transactions commits, one holding part of a source transaction
+// aborts.
+func (o *owner) finishOnClose() {
+	if o.phase != open || o.broken != nil {
+		return
+	}
+	if o.complete == len(o.batch) && o.isolate == notIsolating {
+		o.commit()
+		return
+	}
+	o.abort(fmt.Errorf("%w: shutting down in the middle of a source transaction", ErrTxnAborted))
+}
+
+// spend marks the sink unusable with err, in the form every later record
+// is failed with.
+func (o *owner) spend(err error) {
+	if o.broken != nil {
+		return
+	}
+	if fenced(err) {
+		err = fmt.Errorf("%w: %w; stop this instance or let it wait as a standby: another relay with transactional id %q owns the stream", ErrFenced, err, o.cfg.TransactionalID)
+	} else if !errors.Is(err, ErrTxnAborted) {
+		err = fmt.Errorf("%w: %w", ErrTxnAborted, err)
+	}
+	o.broken = err
+}
+
+// failAll reports every record of the transaction failed.
+func (o *owner) failAll(class Class) {
+	for _, r := range o.batch {
+		o.failOneAs(r, o.broken, class)
+	}
+	o.reset()
+}
+
+func (o *owner) failOne(r *Record, err error) {
+	class := ClassRetriable
+	if errors.Is(err, ErrFenced) {
+		class = ClassFenced
+	}
+	o.failOneAs(r, err, class)
+}
+
+func (o *owner) failOneAs(r *Record, err error, class Class) {
+	d := failedDelivery(r)
+	// No partition: read_committed readers never see an aborted record,
+	// so its re-delivery cannot land out of order.
+	o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
+}
+
+func (o *owner) report(out Outcome) { o.pending = append(o.pending, out) }
+
+func (o *owner) reset() {
+	if o.broken != nil || o.complete == len(o.batch) {
+		o.split = false
+	}
+	o.phase, o.due, o.last, o.isolate, o.isolatedAbort = idle, false, nil, notIsolating, false
+	clear(o.batch)
+	o.batch, o.bytes, o.complete = o.batch[:0], 0, 0
+	o.next, o.nextRec, o.sent, o.answered, o.failures = nil, nil, 0, 0, o.failures[:0]
+	o.returned, o.callErr, o.cause = false, nil, nil
 }

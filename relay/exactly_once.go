@@ -39,8 +39,9 @@ func (c Config) ValidateDelivery() error {
 	return nil
 }
 
-// deliveryMode is the configured mode, the zero value read as the default.
-func (c Config) deliveryMode() string {
+// DeliveryMode is the configured mode, the zero value read as the
+// default: the one place that default is decided.
+func (c Config) DeliveryMode() string {
 	if c.Delivery == "" {
 		return DeliveryAtLeastOnce
 	}
@@ -48,7 +49,7 @@ func (c Config) deliveryMode() string {
 }
 
 // exactlyOnce reports whether sessions publish through Kafka transactions.
-func (c Config) exactlyOnce() bool { return c.Delivery == DeliveryExactlyOnce }
+func (c Config) exactlyOnce() bool { return c.DeliveryMode() == DeliveryExactlyOnce }
 
 // transactionalID is the configured id, or the one derived from the slot
 // and the cluster.
@@ -69,10 +70,8 @@ func (r *Relay) newTxnSink(pubCfg publisher.Config, sys replication.System) (*pu
 	// for the commit, and a commit forced at the limit splits the source
 	// transaction under way. Half the limits leaves the other half to the
 	// transaction that crosses the batch's end.
-	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, r.cfg.MaxInFlightEvents/2))
+	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, r.cfg.inFlightEvents()/2))
 	tcfg.BatchBytes = int(max(1, min(int64(tcfg.BatchBytes), r.cfg.MaxInFlightBytes/2)))
-	tcfg.Progress = r.progressInTxn
-	tcfg.Observer = txnObserver{r}
 	tcfg.Poison = r.poison
 	r.mu.Lock()
 	r.txnID = tcfg.TransactionalID
@@ -80,19 +79,36 @@ func (r *Relay) newTxnSink(pubCfg publisher.Config, sys replication.System) (*pu
 	return publisher.NewTxnSink(pubCfg, tcfg, r.log)
 }
 
-// progressInTxn is the progress record a Kafka transaction carries for its
-// last whole source transaction, under the key and timeline the session's
-// start decided.
-func (r *Relay) progressInTxn(_ lsn.TxnID, end lsn.LSN, commitTime time.Time) (publisher.ProgressRecord, error) {
+// txnProgress builds the progress record each Kafka transaction carries
+// for its last whole source transaction, under the key and timeline the
+// session's start decided. The read loop builds it and hands it to the
+// sink with the transaction's end: progress is data, not a callback.
+type txnProgress struct {
+	topic        string
+	key          []byte
+	timeline     uint32
+	relayVersion string
+}
+
+// record is the progress record for a source transaction ending at end;
+// nil when the session has no progress key.
+func (p txnProgress) record(end lsn.LSN, commitTime time.Time) *publisher.ProgressRecord {
+	if p.key == nil {
+		return nil
+	}
+	rec := progress.Record{LSN: end, Timeline: p.timeline, CommitTime: commitTime, RelayVersion: p.relayVersion, Delivery: DeliveryExactlyOnce}
+	return &publisher.ProgressRecord{Topic: p.topic, Key: p.key, Value: rec.Marshal()}
+}
+
+// sessionProgress is the txnProgress of the session resume just started.
+func (r *Relay) sessionProgress() txnProgress {
 	p := &r.progress
 	p.mu.Lock()
-	key, tli, store := p.key, p.timeline, p.store
-	p.mu.Unlock()
-	if key == nil || store == nil {
-		return publisher.ProgressRecord{}, errors.New("the progress key is not known yet")
+	defer p.mu.Unlock()
+	if p.store == nil {
+		return txnProgress{}
 	}
-	rec := progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: DeliveryExactlyOnce}
-	return publisher.ProgressRecord{Topic: store.Topic(), Key: key, Value: rec.Marshal()}, nil
+	return txnProgress{topic: p.store.Topic(), key: p.key, timeline: p.timeline, relayVersion: r.cfg.Progress.RelayVersion}
 }
 
 // txnCounters add up what every session's transactional producer did.
@@ -100,30 +116,23 @@ type txnCounters struct {
 	committed, aborted, split atomic.Uint64
 }
 
-// txnObserver takes the producer's reports; its calls never block.
-type txnObserver struct{ r *Relay }
-
-func (o txnObserver) Committed(end lsn.LSN, commitTime time.Time) {
-	o.r.txns.committed.Add(1)
-	o.r.metrics.txn.Transactions.WithLabelValues("committed").Inc()
-	if end == 0 {
-		return // only part of a split source transaction: no progress record
+// kafkaTxnEnded takes the sink's report of a Kafka transaction's end, on
+// the read loop's goroutine, for the metrics and the status.
+func (r *Relay) kafkaTxnEnded(rep publisher.TxnReport, timeline uint32) {
+	switch {
+	case rep.Split:
+		r.txns.split.Add(1)
+		r.metrics.txn.SplitSourceTxns.Inc()
+	case !rep.Committed:
+		r.txns.aborted.Add(1)
+		r.metrics.txn.Transactions.WithLabelValues("aborted").Inc()
+	default:
+		r.txns.committed.Add(1)
+		r.metrics.txn.Transactions.WithLabelValues("committed").Inc()
+		if rep.End != 0 { // zero: only part of a split source transaction, no progress record
+			r.progressWritten(progress.Record{LSN: rep.End, Timeline: timeline, CommitTime: rep.CommitTime})
+		}
 	}
-	p := &o.r.progress
-	p.mu.Lock()
-	tli := p.timeline
-	p.mu.Unlock()
-	o.r.progressWritten(progress.Record{LSN: end, Timeline: tli, CommitTime: commitTime})
-}
-
-func (o txnObserver) Aborted() {
-	o.r.txns.aborted.Add(1)
-	o.r.metrics.txn.Transactions.WithLabelValues("aborted").Inc()
-}
-
-func (o txnObserver) Split() {
-	o.r.txns.split.Add(1)
-	o.r.metrics.txn.SplitSourceTxns.Inc()
 }
 
 // DeliveryStatus is the delivery part of the relay's status.
@@ -139,7 +148,7 @@ type DeliveryStatus struct {
 }
 
 func (r *Relay) deliveryStatus(txnID string) *DeliveryStatus {
-	d := &DeliveryStatus{Mode: r.cfg.deliveryMode()}
+	d := &DeliveryStatus{Mode: r.cfg.DeliveryMode()}
 	if r.cfg.exactlyOnce() {
 		d.TransactionalID = txnID
 		d.TxnsCommitted, d.TxnsAborted, d.SplitSourceTxns = r.txns.committed.Load(), r.txns.aborted.Load(), r.txns.split.Load()

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -61,12 +62,12 @@ func TestDeliveryStatusAndMetrics(t *testing.T) {
 	r.progress.timeline = 1
 	r.txnID = "outbox-relay:s@1"
 
-	first, second := txnObserver{r}, txnObserver{r} // two sessions' sinks
+	// Reports of two sessions' sinks, as their loops take them.
 	commitTime := time.Date(2026, 12, 1, 4, 0, 0, 0, time.UTC)
-	first.Committed(lsn.LSN(0x100), commitTime)
-	first.Aborted()
-	second.Split()
-	second.Committed(0, time.Time{}) // the first part of a split transaction
+	r.kafkaTxnEnded(publisher.TxnReport{Committed: true, End: lsn.LSN(0x100), CommitTime: commitTime}, 1)
+	r.kafkaTxnEnded(publisher.TxnReport{}, 1)
+	r.kafkaTxnEnded(publisher.TxnReport{Split: true}, 1)
+	r.kafkaTxnEnded(publisher.TxnReport{Committed: true}, 1) // the first part of a split transaction
 
 	d := r.Status().Delivery
 	if d.Mode != DeliveryExactlyOnce || d.TransactionalID != "outbox-relay:s@1" ||

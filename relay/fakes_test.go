@@ -250,20 +250,20 @@ func (s *fakeSource) noStatus(t *testing.T, why string) {
 // arrive on sent, and the test reports outcomes with ack and fail.
 type fakeSink struct {
 	clock    *fakeClock
-	in       chan *publisher.Record
+	in       chan publisher.Item
 	outcomes chan publisher.Outcome
 	retries  atomic.Int64
 	closed   atomic.Bool
-	flushes  atomic.Int64 // Flush calls
+	flushes  atomic.Int64 // flushes read
 
 	mu      sync.Mutex
 	lookups map[string]chan struct{} // topics being looked up
 	missing map[string]bool          // topics that do not exist
-	ends    []lsn.LSN                // EndTxn calls
+	ends    []lsn.LSN                // ends of source transactions read
 }
 
 func newFakeSink(c *fakeClock) *fakeSink {
-	return &fakeSink{clock: c, in: make(chan *publisher.Record), outcomes: make(chan publisher.Outcome, 1024),
+	return &fakeSink{clock: c, in: make(chan publisher.Item), outcomes: make(chan publisher.Outcome, 1024),
 		lookups: map[string]chan struct{}{}, missing: map[string]bool{}}
 }
 
@@ -285,7 +285,7 @@ func (k *fakeSink) Build(ev *publisher.Event) (*publisher.Record, error) {
 	return publisher.BuildRecord(ev, topic)
 }
 
-func (k *fakeSink) Input() chan<- *publisher.Record    { return k.in }
+func (k *fakeSink) Input() chan<- publisher.Item       { return k.in }
 func (k *fakeSink) Outcomes() <-chan publisher.Outcome { return k.outcomes }
 func (k *fakeSink) Retries() int64                     { return k.retries.Load() }
 
@@ -299,22 +299,45 @@ func (k *fakeSink) Close(time.Duration) error {
 	}
 	return nil
 }
-func (k *fakeSink) Flush() { k.flushes.Add(1) }
-func (k *fakeSink) EndTxn(_ lsn.TxnID, end lsn.LSN, _ time.Time) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.ends = append(k.ends, end)
-}
 
-// sent returns the next record the loop sent.
-func (k *fakeSink) sent(t *testing.T) *publisher.Record {
+// item returns the next item the loop sent, noting ends and flushes.
+func (k *fakeSink) item(t *testing.T) publisher.Item {
 	t.Helper()
 	select {
-	case r := <-k.in:
-		return r
+	case it := <-k.in:
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if it.End != nil {
+			k.ends = append(k.ends, it.End.End)
+		}
+		if it.Flush {
+			k.flushes.Add(1)
+		}
+		return it
 	case <-time.After(patience):
-		t.Fatal("the loop sent no record")
-		return nil
+		t.Fatal("the loop sent nothing to the sink")
+		return publisher.Item{}
+	}
+}
+
+// sent returns the next record the loop sent, taking the ends and flushes
+// before it.
+func (k *fakeSink) sent(t *testing.T) *publisher.Record {
+	t.Helper()
+	for {
+		if it := k.item(t); it.Record != nil {
+			return it.Record
+		}
+	}
+}
+
+// nothingSent fails if the loop is handing the sink an item.
+func (k *fakeSink) nothingSent(t *testing.T, why string) {
+	t.Helper()
+	select {
+	case it := <-k.in:
+		t.Fatalf("%s: the loop sent %+v", why, it)
+	default:
 	}
 }
 

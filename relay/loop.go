@@ -53,6 +53,7 @@ type streamer struct {
 	readTick       time.Duration
 	txnEnded       bool // a commit was the last message handled
 	quarantining   int  // events handed to the quarantine writer, not yet stored
+	flushed        bool // a flush went to the sink since its last outcome
 	timer          timer
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
@@ -60,7 +61,13 @@ type streamer struct {
 	// newSink makes a sink, to learn when Kafka is back after a failure;
 	// nil: a Kafka failure ends the session at once.
 	newSink func() (sink, error)
-	closing sync.WaitGroup // abandoned sinks being closed
+
+	// txnSink says the sink writes Kafka transactions: it gets the end of
+	// every source transaction, with the progress record to write there,
+	// and a flush when the in-flight limits are full.
+	txnSink  bool
+	progress txnProgress
+	closing  sync.WaitGroup // abandoned sinks being closed
 }
 
 func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
@@ -68,6 +75,7 @@ func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *qua
 		relay: r, clock: c, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: c.Now(), keepaliveEvery: keepaliveEvery,
 		timer: c.NewTimer(r.cfg.StatusInterval), readTick: r.cfg.ReadTick,
+		txnSink: r.cfg.exactlyOnce(),
 	}
 }
 
@@ -95,11 +103,16 @@ func (s *streamer) run(ctx context.Context) error {
 			// Stop reading WAL until acks free room; the wait wakes for
 			// status too, so wal_sender_timeout never fires while Kafka is
 			// slow. A transactional sink acks only once it commits, so it
-			// is asked to commit now rather than at its interval.
-			s.sink.Flush()
-			if _, err := s.wait(ctx, nil, nil); err != nil {
+			// is asked, once, to commit now rather than at its interval.
+			var flush *publisher.Item
+			if s.txnSink && !s.flushed {
+				flush = &publisher.Item{Flush: true}
+			}
+			sent, err := s.wait(ctx, flush, nil)
+			if err != nil {
 				return err
 			}
+			s.flushed = s.flushed || sent
 			continue
 		}
 		if s.txnEnded {
@@ -176,14 +189,15 @@ func (s *streamer) duties() error {
 	return nil
 }
 
-// wait blocks until something needs the loop: rec accepted by the sink
-// (when rec is given), an outcome, a quarantine result, ready closed, the
-// next wake-up, or ctx ending. It reports whether rec was sent, and the
+// wait blocks until something needs the loop: item accepted by the sink
+// (when item is given), an outcome, a quarantine result, ready closed, the
+// next wake-up, or ctx ending. It reports whether item was sent, and the
 // session-ending failure if one arrived.
-func (s *streamer) wait(ctx context.Context, rec *publisher.Record, ready <-chan struct{}) (sent bool, err error) {
-	var in chan<- *publisher.Record
-	if rec != nil {
-		in = s.sink.Input()
+func (s *streamer) wait(ctx context.Context, item *publisher.Item, ready <-chan struct{}) (sent bool, err error) {
+	var in chan<- publisher.Item
+	var it publisher.Item
+	if item != nil {
+		in, it = s.sink.Input(), *item
 	}
 	var stored <-chan quarantineResult
 	if s.quarantine != nil {
@@ -197,7 +211,7 @@ func (s *streamer) wait(ctx context.Context, rec *publisher.Record, ready <-chan
 		stop = ctx.Done() // once finishing a transaction, stop was seen
 	}
 	select {
-	case in <- rec:
+	case in <- it:
 		sent = true
 	case o, ok := <-s.sink.Outcomes():
 		if !ok {
@@ -290,7 +304,12 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 		if err := s.awaitQuarantined(ctx); err != nil {
 			return err
 		}
-		s.sink.EndTxn(s.txn, msg.EndLSN, s.commitTime)
+		if s.txnSink {
+			end := &publisher.SourceEnd{Txn: s.txn, End: msg.EndLSN, CommitTime: s.commitTime, Progress: s.progress.record(msg.EndLSN, s.commitTime)}
+			if err := s.send(ctx, publisher.Item{End: end}); err != nil {
+				return err
+			}
+		}
 		s.inTxn, s.txnEnded = false, true
 		s.received = max(s.received, msg.EndLSN)
 	case replication.KindKeepalive:
@@ -382,13 +401,19 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		return nil
 	}
 	s.tracker.Add(s.txn, rec.Size())
+	return s.send(ctx, publisher.Item{Record: rec})
+}
+
+// send hands an item to the sink, keeping the loop's duties while the sink
+// is full.
+func (s *streamer) send(ctx context.Context, it publisher.Item) error {
 	select {
-	case s.sink.Input() <- rec:
+	case s.sink.Input() <- it:
 		return nil
 	default:
 	}
 	for {
-		sent, err := s.wait(ctx, rec, nil)
+		sent, err := s.wait(ctx, &it, nil)
 		if sent || err != nil {
 			return err
 		}

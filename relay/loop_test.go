@@ -38,8 +38,45 @@ func TestLoopConfirmsInCommitOrder(t *testing.T) {
 	if st.flushed != 3000 || st.written != 3000 {
 		t.Fatalf("status flushed %v written %v, want both 3000", st.flushed, st.written)
 	}
-	if got := rig.sink.ends; len(got) != 2 || got[0] != 2000 || got[1] != 3000 {
-		t.Fatalf("sink told of transaction ends %v, want [2000 3000]", got)
+}
+
+// A transactional sink gets one ordered stream: each source transaction's
+// records, then its end with the progress record to write there. An
+// at-least-once sink gets the records alone.
+func TestLoopSendsEndsInWALOrderToATransactionalSink(t *testing.T) {
+	rig := startLoop(t, rigOptions{delivery: DeliveryExactlyOnce})
+	rig.streamer.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}
+	rig.source.begin(t)
+	var got []string
+	take := func() {
+		it := rig.sink.item(t)
+		switch {
+		case it.Record != nil:
+			got = append(got, it.Record.EventID())
+		case it.End != nil:
+			if it.End.End != 2000 || it.End.Progress == nil || it.End.Progress.Topic != "outbox-relay.progress" {
+				t.Fatalf("end %+v: want 2000 with its progress record", it.End)
+			}
+			got = append(got, "end")
+		default:
+			got = append(got, fmt.Sprintf("%+v", it))
+		}
+	}
+	rig.source.row(t, "e1", "order")
+	take()
+	rig.source.row(t, "e2", "order")
+	take()
+	rig.source.commit(t, 2000)
+	take()
+	if strings.Join(got, ",") != "e1,e2,end" {
+		t.Fatalf("the sink got %v, want the records, then the end", got)
+	}
+
+	alo := startLoop(t, rigOptions{})
+	alo.txn(t, 2000, "e1")
+	alo.txn(t, 3000, "e2")
+	if alo.sink.ends != nil || alo.sink.flushes.Load() != 0 {
+		t.Fatalf("an at-least-once sink got ends %v and %d flushes", alo.sink.ends, alo.sink.flushes.Load())
 	}
 }
 
@@ -465,20 +502,24 @@ func gaugeValue(g prometheus.Gauge) float64 {
 // sink acks only after a commit, so waiting for acks without it would wait
 // for the sink's interval, or for ever with a clock that does not move.
 func TestLoopFlushesSinkAtTheBound(t *testing.T) {
-	rig := startLoop(t, rigOptions{events: 2})
+	rig := startLoop(t, rigOptions{events: 2, delivery: DeliveryExactlyOnce})
 	r1 := rig.txn(t, 2000, "e1")[0]
-	if n := rig.sink.flushes.Load(); n != 0 {
-		t.Fatalf("the loop flushed the sink %d times below the bound", n)
+	if it := rig.sink.item(t); it.End == nil {
+		t.Fatalf("after the first commit the loop sent %+v, want its end", it)
 	}
 	rig.source.begin(t)
 	rig.source.row(t, "e2", "order")
 	rig.sink.sent(t)
-	for deadline := time.Now().Add(patience); rig.sink.flushes.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the loop did not flush the sink at the in-flight bound")
-		}
+	if n := rig.sink.flushes.Load(); n != 0 {
+		t.Fatalf("the loop flushed the sink %d times below the bound", n)
+	}
+	if it := rig.sink.item(t); !it.Flush {
+		t.Fatalf("at the in-flight bound the loop sent %+v, want a flush", it)
+	}
+	for range 3 { // turns of the loop: one flush until an outcome comes
 		rig.clock.advanceTo(rig.waiting(t))
 	}
+	rig.sink.nothingSent(t, "a second flush before any outcome")
 	rig.sink.ack(r1)
 	if st := rig.source.nextStatus(t); st.flushed != 2000 {
 		t.Fatalf("status after the ack flushed %v, want 2000", st.flushed)
@@ -501,27 +542,13 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 	for range 3 { // turns of the loop: the boundary must not come
 		rig.clock.advanceTo(rig.waiting(t))
 	}
-	rig.sink.mu.Lock()
-	early := len(rig.sink.ends)
-	rig.sink.mu.Unlock()
-	if early != 0 {
-		t.Fatal("the sink got the transaction's boundary before its quarantined event was stored")
-	}
+	rig.sink.nothingSent(t, "the transaction's boundary before its quarantined event was stored")
 	q.gate <- struct{}{}
 	if e := <-q.stored; e.EventID != "e-poison" {
 		t.Fatalf("stored %s", e.EventID)
 	}
-	for deadline := time.Now().Add(patience); ; {
-		rig.sink.mu.Lock()
-		n := len(rig.sink.ends)
-		rig.sink.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no boundary after the quarantine write")
-		}
-		<-time.After(time.Millisecond) // polling; the stored result wakes the loop
+	if it := rig.sink.item(t); it.End == nil || it.End.End != 2000 {
+		t.Fatalf("after the quarantine write the loop sent %+v, want the boundary at 2000", it)
 	}
 	rig.sink.ack(ok)
 	rig.awaitFlushed(t, 2000)

@@ -20,6 +20,11 @@ var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
 // outcome takes one record's result from the sink. Acks and failures come
 // here, on the loop's goroutine, in the order the sink reported them.
 func (s *streamer) outcome(o publisher.Outcome) {
+	s.flushed = false
+	if o.KafkaTxn != nil {
+		s.relay.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
+		return
+	}
 	m := s.relay.metrics
 	if o.Err == nil {
 		s.tracker.Ack(lsn.TxnID(o.Txn), o.Bytes)

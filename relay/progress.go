@@ -121,7 +121,7 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	if reset {
 		// Overwrite the record now: otherwise every later session of this
 		// process would meet the same record and stop again.
-		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.deliveryMode()}); err != nil {
+		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.DeliveryMode()}); err != nil {
 			return 0, err
 		}
 		ev := log.Warn()

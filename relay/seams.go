@@ -29,35 +29,33 @@ type source interface {
 // outcomes; *publisher.Publisher is the at-least-once one,
 // *publisher.TxnSink the exactly-once one.
 //
-// The contract the read loop relies on:
+// The contract the read loop relies on (pinned for both by the publisher's
+// sink contract test):
 //   - Build never blocks. While an event's topic is looked up it returns a
 //     *publisher.TopicPendingError, and the loop calls Build again with the
 //     same event once Done is closed.
-//   - A send on Input may block; the loop selects on it with its other
-//     duties, and sends nothing more after Close.
-//   - Every record sent on Input comes back exactly once on Outcomes,
-//     acknowledged or failed, at any time after it was sent: right after,
-//     or later in bulk. Outcomes of one transaction may arrive in any order.
-//   - EndTxn is called at each source transaction's commit, after every
-//     record of it was sent. A sink that writes Kafka transactions closes
-//     them only at these boundaries and reports acks only once its Kafka
-//     transaction committed; one that sends record by record ignores it.
-//   - Flush asks a sink that holds acks until a Kafka transaction commits
-//     to commit now, without blocking. The loop calls it whenever its
-//     in-flight limits are full: it is waiting for acks then, and a
-//     transactional sink would otherwise wait for more records or its
-//     interval. In the middle of a source transaction that splits it (the
-//     documented exception to whole transactions). A record-by-record
-//     sink ignores it.
+//   - Input takes items in WAL order: records, the end of each source
+//     transaction after all its records, and flushes. A send on it may
+//     block; the loop selects on it with its other duties, and sends
+//     nothing more after Close.
+//   - Every record sent comes back exactly once on Outcomes, acknowledged
+//     or failed, at any time after it was sent: right after, or later in
+//     bulk. Outcomes of one transaction may arrive in any order.
+//   - A sink that writes Kafka transactions closes them only at source
+//     transaction ends, writes the end's progress record in the one it
+//     closes there, reports acks only once it committed, and then reports
+//     the transaction's end as an outcome of its own (KafkaTxn). A flush
+//     makes it commit now, in the middle of a source transaction if need
+//     be (the documented exception to whole transactions). One that sends
+//     record by record ignores ends and flushes; the loop sends them only
+//     to a transactional sink.
 //   - Retries counts the sink's own retries since it was made.
 //   - Close flushes for at most timeout; outcomes reported after it is
-//     called may be dropped.
+//     called may be dropped. Outcomes is closed once the sink ended.
 type sink interface {
 	Build(ev *publisher.Event) (*publisher.Record, error)
-	Input() chan<- *publisher.Record
+	Input() chan<- publisher.Item
 	Outcomes() <-chan publisher.Outcome
-	EndTxn(txn lsn.TxnID, end lsn.LSN, commitTime time.Time)
-	Flush()
 	Retries() int64
 	Close(timeout time.Duration) error
 }

@@ -65,7 +65,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 
-	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.MaxInFlightEvents, Bytes: r.cfg.MaxInFlightBytes})
+	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
 	var quarantine *quarantiner
 	if r.cfg.OnPermanentError == OnPermanentQuarantine {
 		table, err := r.openQuarantine(ctx, store.ForRelay)
@@ -74,7 +74,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 			return false, err
 		}
 		defer table.Close()
-		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.MaxInFlightEvents+2)
+		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.inFlightEvents()+2)
 	}
 	if snk == nil {
 		if snk, err = connectSink(); err != nil {
@@ -97,8 +97,11 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 	s := newStreamer(r, wallClock{}, stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
+	if s.txnSink {
+		s.progress = r.sessionProgress()
+	}
 	r.setStreaming(tracker)
-	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.deliveryMode()).
+	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.DeliveryMode()).
 		Str("status_interval", r.cfg.StatusInterval.String()).Str("keepalive_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Streaming != nil {
 		r.hooks.Streaming()

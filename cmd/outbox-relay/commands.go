@@ -401,14 +401,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	report := statusReport{SlotInfo: info, Delivery: o.relay.Delivery, FailoverWarning: failoverWarning}
+	report := statusReport{SlotInfo: info, Delivery: o.relay.DeliveryMode(), FailoverWarning: failoverWarning}
 	if failoverWarning != "" {
 		fmt.Fprintf(stderr, "outbox-relay status: warning: %s\n", failoverWarning)
 	}
-	if report.Delivery == "" {
-		report.Delivery = relay.DeliveryAtLeastOnce
-	}
-	if len(o.relay.Publisher.Brokers) == 0 && o.relay.Delivery == relay.DeliveryExactlyOnce {
+	if len(o.relay.Publisher.Brokers) == 0 && o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
 		fmt.Fprintln(stderr, "outbox-relay status: pass --kafka-brokers to show the last committed progress: in exactly-once mode it is kept in Kafka")
 	}
 	if len(o.relay.Publisher.Brokers) > 0 {

@@ -124,7 +124,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 func runFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
-	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses")
+	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses; 0: 2000 at-least-once, 50000 exactly-once (whose acks wait for each Kafka transaction's commit)")
 	fs.Int64Var(&c.MaxInFlightBytes, "max-in-flight-bytes", c.MaxInFlightBytes, "record bytes sent and not yet acknowledged before reading pauses")
 	fs.DurationVar(&c.ReadTick, "read-tick", c.ReadTick, "while keeping up, wait this long after a transaction before reading again, so several go out per wake-up and produce request: less CPU at steady rates for up to this much latency (0: read at once)")
 	fs.DurationVar(&c.StatusInterval, "status-interval", c.StatusInterval, "how often a moved confirmed position is reported to PostgreSQL")

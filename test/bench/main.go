@@ -179,10 +179,10 @@ func parseOptions(args []string) (*options, error) {
 		s = strings.TrimSpace(s)
 		switch s {
 		case "":
-		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos":
+		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer":
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile or eos", s)
+			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile, eos or writer", s)
 		}
 	}
 	if _, err := o.shapeList(); err != nil {

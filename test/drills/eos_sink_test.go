@@ -1,6 +1,6 @@
 package drills
 
-// The exactly-once sink (publisher.TxnPublisher) against every broker kind:
+// The exactly-once sink (publisher.TxnSink) against every broker kind:
 // a stream of source transactions with their progress records, read back
 // with read_committed exactly once and whole, and a fenced sink that must
 // report ErrFenced and never commit again.
@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,19 +35,24 @@ func skipSaramaTxnErrorRace(t *testing.T) {
 	}
 }
 
-// eosOutcomes counts a sink's outcomes.
-type eosOutcomes struct {
-	acked, failed chan *publisher.Error
+// eosSink drives the exactly-once sink as the read loop does: items in
+// WAL order on its Input, every outcome kept by a goroutine that reads
+// them, so the drill can wait for them.
+type eosSink struct {
+	s *publisher.TxnSink
+
+	mu        sync.Mutex
+	sent      int
+	acked     int
+	failed    []*publisher.Error
+	committed int
+	aborted   int
+	last      lsn.LSN // the last progress committed
+	changed   chan struct{}
+	collected chan struct{}
 }
 
-func newEOSOutcomes() *eosOutcomes {
-	return &eosOutcomes{acked: make(chan *publisher.Error, 100000), failed: make(chan *publisher.Error, 100000)}
-}
-
-func (o *eosOutcomes) Acked(publisher.Delivery)                          { o.acked <- nil }
-func (o *eosOutcomes) Failed(_ publisher.Delivery, err *publisher.Error) { o.failed <- err }
-
-func newEOSSink(t *testing.T, brokers []string, id, progressTopic string, h publisher.Handler) *publisher.TxnPublisher {
+func newEOSSink(t *testing.T, brokers []string, id, progressTopic string) *eosSink {
 	t.Helper()
 	cfg := publisher.DefaultConfig()
 	cfg.Brokers = brokers
@@ -55,19 +61,122 @@ func newEOSSink(t *testing.T, brokers []string, id, progressTopic string, h publ
 	tcfg.TransactionalID = id
 	tcfg.Interval = 20 * time.Millisecond
 	tcfg.BatchEvents = 50 // many Kafka transactions per test
-	tcfg.Progress = func(_ lsn.TxnID, end lsn.LSN, _ time.Time) (publisher.ProgressRecord, error) {
-		return publisher.ProgressRecord{Topic: progressTopic, Key: []byte(id), Value: []byte(end.String())}, nil
-	}
-	s, err := publisher.NewTxn(cfg, tcfg, h, zerolog.Nop())
+	return startEOSSink(t, cfg, tcfg)
+}
+
+func startEOSSink(t *testing.T, cfg publisher.Config, tcfg publisher.TxnConfig) *eosSink {
+	t.Helper()
+	s, err := publisher.NewTxnSink(cfg, tcfg, zerolog.Nop())
 	if err != nil {
 		t.Fatalf("new exactly-once sink: %v", err)
 	}
-	return s
+	e := &eosSink{s: s, changed: make(chan struct{}, 1), collected: make(chan struct{})}
+	go func() {
+		defer close(e.collected)
+		for o := range s.Outcomes() {
+			e.mu.Lock()
+			switch {
+			case o.KafkaTxn != nil && o.KafkaTxn.Committed:
+				e.committed++
+				if o.KafkaTxn.End != 0 {
+					e.last = o.KafkaTxn.End
+				}
+			case o.KafkaTxn != nil && !o.KafkaTxn.Split:
+				e.aborted++
+			case o.KafkaTxn != nil:
+			case o.Err != nil:
+				e.failed = append(e.failed, o.Err)
+			default:
+				e.acked++
+			}
+			e.mu.Unlock()
+			select {
+			case e.changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() { e.close(10 * time.Second) })
+	return e
+}
+
+func (e *eosSink) put(ctx context.Context, it publisher.Item) error {
+	select {
+	case e.s.Input() <- it:
+		if it.Record != nil {
+			e.mu.Lock()
+			e.sent++
+			e.mu.Unlock()
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// end ends source transaction txn at end, with a progress record naming
+// end in progressTopic when that is given.
+func (e *eosSink) end(ctx context.Context, txn int, end lsn.LSN, progressTopic, key string) error {
+	se := &publisher.SourceEnd{Txn: lsn.TxnID(txn), End: end, CommitTime: time.Now()}
+	if progressTopic != "" {
+		se.Progress = &publisher.ProgressRecord{Topic: progressTopic, Key: []byte(key), Value: []byte(end.String())}
+	}
+	return e.put(ctx, publisher.Item{End: se})
+}
+
+// commit flushes the sink and waits until every record sent has its
+// outcome; it returns the first failure.
+func (e *eosSink) commit(ctx context.Context) error {
+	if err := e.put(ctx, publisher.Item{Flush: true}); err != nil {
+		return err
+	}
+	for {
+		e.mu.Lock()
+		done, failed := e.acked+len(e.failed) >= e.sent, e.failed
+		e.mu.Unlock()
+		if done {
+			if len(failed) > 0 {
+				return failed[0]
+			}
+			return nil
+		}
+		select {
+		case <-e.changed:
+		case <-e.collected:
+			return errors.New("the sink closed its outcomes with records unanswered")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// eosState is what an eosSink's outcomes added up to.
+type eosState struct {
+	acked              int
+	failed             []*publisher.Error
+	committed, aborted int
+	last               lsn.LSN
+}
+
+func (e *eosSink) state() eosState {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return eosState{e.acked, append([]*publisher.Error(nil), e.failed...), e.committed, e.aborted, e.last}
+}
+
+func (e *eosSink) close(timeout time.Duration) error {
+	err := e.s.Close(timeout)
+	select {
+	case <-e.collected:
+	case <-time.After(timeout):
+	}
+	return err
 }
 
 // eosStream sends source transactions first..first+n-1 of topic, each of
-// 1 to 4 events, and returns their event ids.
-func eosStream(ctx context.Context, s *publisher.TxnPublisher, topic string, first, n int) ([]string, error) {
+// 1 to 4 events, with progress records in progressTopic, and returns their
+// event ids.
+func eosStream(ctx context.Context, e *eosSink, topic, progressTopic, key string, first, n int) ([]string, error) {
 	var sent []string
 	for i := first; i < first+n; i++ {
 		for j := range i%4 + 1 {
@@ -77,20 +186,36 @@ func eosStream(ctx context.Context, s *publisher.TxnPublisher, topic string, fir
 				EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: []byte(`{}`),
 				OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(i),
 			}
-			r, err := s.BuildWait(ctx, ev)
+			r, err := buildWait(ctx, e.s, ev)
 			if err != nil {
 				return sent, err
 			}
-			if err := s.Send(ctx, r); err != nil {
+			if err := e.put(ctx, publisher.Item{Record: r}); err != nil {
 				return sent, err
 			}
 			sent = append(sent, id)
 		}
-		if err := s.EndTxn(ctx, lsn.TxnID(i), lsn.LSN(i*100), time.Now()); err != nil {
+		if err := e.end(ctx, i, lsn.LSN(i*100), progressTopic, key); err != nil {
 			return sent, err
 		}
 	}
 	return sent, nil
+}
+
+// buildWait builds ev's record, waiting while its topic is looked up.
+func buildWait(ctx context.Context, s *publisher.TxnSink, ev *publisher.Event) (*publisher.Record, error) {
+	for {
+		r, err := s.Build(ev)
+		var pending *publisher.TopicPendingError
+		if !errors.As(err, &pending) {
+			return r, err
+		}
+		select {
+		case <-pending.Done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 func TestEOSSink(t *testing.T) {
@@ -103,28 +228,28 @@ func TestEOSSink(t *testing.T) {
 				topic, progress := "eos_sink_stream", "eos_sink_stream_progress"
 				b.createTopic(t, topic, 3)
 				b.createTopic(t, progress, 1)
-				out := newEOSOutcomes()
-				s := newEOSSink(t, b.brokers, "eos-sink-"+b.name, progress, out)
-				sent, err := eosStream(ctx, s, topic, 1, 200)
+				id := "eos-sink-" + b.name
+				s := newEOSSink(t, b.brokers, id, progress)
+				sent, err := eosStream(ctx, s, topic, progress, id, 1, 200)
 				if err != nil {
 					t.Fatalf("stream: %v", err)
 				}
-				if err := s.Close(30 * time.Second); err != nil {
+				if err := s.close(30 * time.Second); err != nil {
 					t.Fatalf("close: %v", err)
 				}
-				if len(out.acked) != len(sent) || len(out.failed) != 0 {
-					t.Fatalf("%d acked, %d failed of %d sent", len(out.acked), len(out.failed), len(sent))
+				st := s.state()
+				if st.acked != len(sent) || len(st.failed) != 0 {
+					t.Fatalf("%d acked, %d failed of %d sent", st.acked, len(st.failed), len(sent))
 				}
 				checkCommitted(t, b.brokers, topic, sent)
-				st := s.Stats()
-				if st.LastCommitted != lsn.LSN(200*100) || st.Aborted != 0 || st.Committed < 10 {
-					t.Fatalf("stats %+v", st)
+				if st.last != lsn.LSN(200*100) || st.aborted != 0 || st.committed < 10 {
+					t.Fatalf("state %+v", st)
 				}
 				last := lsn.LSN(200 * 100).String()
 				harness.ConsumeUntil(t, b.brokers, "^"+progress+"$", 30*time.Second, func(all []harness.Record) bool {
 					return len(all) > 0 && string(all[len(all)-1].Value) == last
 				})
-				t.Logf("%s: %d events in %d Kafka transactions", b.name, len(sent), st.Committed)
+				t.Logf("%s: %d events in %d Kafka transactions", b.name, len(sent), st.committed)
 			})
 
 			t.Run("poison", func(t *testing.T) {
@@ -138,39 +263,36 @@ func TestEOSSink(t *testing.T) {
 				b.createTopic(t, topic, 2)
 				b.createTopic(t, progress, 1)
 				id := "eos-sink-fence-" + b.name
-				oldOut := newEOSOutcomes()
-				old := newEOSSink(t, b.brokers, id, progress, oldOut)
-				defer old.Close(10 * time.Second)
-				before, err := eosStream(ctx, old, topic, 1, 5)
+				old := newEOSSink(t, b.brokers, id, progress)
+				before, err := eosStream(ctx, old, topic, progress, id, 1, 5)
 				if err == nil {
-					err = old.Commit(ctx)
+					err = old.commit(ctx)
 				}
 				if err != nil {
 					t.Fatalf("before the fence: %v", err)
 				}
-				newer := newEOSSink(t, b.brokers, id, progress, newEOSOutcomes())
-				defer newer.Close(10 * time.Second)
-				_, err = eosStream(ctx, old, topic, 6, 3)
+				newer := newEOSSink(t, b.brokers, id, progress)
+				_, err = eosStream(ctx, old, topic, progress, id, 6, 3)
 				if err == nil {
-					err = old.Commit(ctx)
+					err = old.commit(ctx)
 				}
 				if !errors.Is(err, publisher.ErrFenced) {
 					t.Fatalf("old sink after the fence: %v, want ErrFenced", err)
 				}
-				for len(oldOut.failed) > 0 {
-					if f := <-oldOut.failed; f.Class != publisher.ClassFenced {
+				for _, f := range old.state().failed {
+					if f.Class != publisher.ClassFenced {
 						t.Fatalf("failure class %s, want %s", f.Class, publisher.ClassFenced)
 					}
 				}
-				after, err := eosStream(ctx, newer, topic, 9, 3)
+				after, err := eosStream(ctx, newer, topic, progress, id, 9, 3)
 				if err == nil {
-					err = newer.Commit(ctx)
+					err = newer.commit(ctx)
 				}
 				if err != nil {
 					t.Fatalf("newer sink: %v", err)
 				}
-				if st := old.Stats(); st.Committed != 1 {
-					t.Fatalf("fenced sink committed %d times, want the 1 before the fence", st.Committed)
+				if st := old.state(); st.committed != 1 {
+					t.Fatalf("fenced sink committed %d times, want the 1 before the fence", st.committed)
 				}
 				checkCommitted(t, b.brokers, topic, append(before, after...))
 			})
@@ -249,19 +371,15 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 		tcfg := publisher.DefaultTxnConfig()
 		tcfg.TransactionalID = "eos-sink-poison-" + b.name
 		tcfg.Interval = time.Hour
-		out := newEOSOutcomes()
-		s, err := publisher.NewTxn(cfg, tcfg, out, zerolog.Nop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = func() error {
+		s := startEOSSink(t, cfg, tcfg)
+		err := func() error {
 			for i, evs := range txns {
 				end := lsn.LSN(100 * (i + 1))
 				if end <= committed {
 					continue
 				}
 				for _, ev := range evs {
-					r, err := s.BuildWait(ctx, ev)
+					r, err := buildWait(ctx, s.s, ev)
 					var perr *publisher.Error
 					if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent {
 						quarantined = append(quarantined, string(ev.EventID))
@@ -270,32 +388,33 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 					if err != nil {
 						return err
 					}
-					if err := s.Send(ctx, r); err != nil {
+					if err := s.put(ctx, publisher.Item{Record: r}); err != nil {
 						return err
 					}
 				}
-				if err := s.EndTxn(ctx, lsn.TxnID(i+1), end, time.Now()); err != nil {
+				if err := s.end(ctx, i+1, end, "", ""); err != nil {
 					return err
 				}
 				if !lowered {
 					// The relay has checked the topic; now an operator
 					// lowers its limit below the coming poison event.
-					if err := s.Commit(ctx); err != nil {
+					if err := s.commit(ctx); err != nil {
 						return err
 					}
 					setTopicConfig(t, b.brokers, topic, "max.message.bytes", "100000")
 					lowered = true
 				}
 			}
-			return s.Commit(ctx)
+			return s.commit(ctx)
 		}()
-		if last := s.Stats().LastCommitted; last > committed {
-			committed = last
+		s.close(10 * time.Second)
+		st := s.state()
+		if st.last > committed {
+			committed = st.last
 		}
-		s.Close(10 * time.Second)
 		var limit *publisher.BatchLimitError
 		switch {
-		case err == nil && len(out.failed) == 0:
+		case err == nil && len(st.failed) == 0:
 			if len(quarantined) != 1 || quarantined[0] != poison {
 				t.Fatalf("quarantined %v, want just %s once", quarantined, poison)
 			}
@@ -315,6 +434,6 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 		case err != nil && !errors.Is(err, publisher.ErrTxnAborted):
 			t.Fatalf("attempt %d: %v", attempt, err)
 		}
-		t.Logf("%s attempt %d: %v (%d failed)", b.name, attempt, err, len(out.failed))
+		t.Logf("%s attempt %d: %v (%d failed)", b.name, attempt, err, len(st.failed))
 	}
 }

@@ -1,0 +1,216 @@
+package publisher
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
+)
+
+// topicResolver turns events into records for both sinks: it resolves each
+// event's topic from the template and, the first time it meets a topic,
+// looks it up in the background (does it exist, what is its
+// max.message.bytes), so building never blocks on Kafka. It is used from
+// the one goroutine that calls Build.
+type topicResolver struct {
+	cfg      Config
+	log      zerolog.Logger
+	template *topicTemplate
+	client   sarama.Client
+	admin    sarama.ClusterAdmin
+
+	known   map[string]*topicInfo
+	missing map[string]missingTopic
+	lookups map[string]*lookup
+
+	quit    chan struct{} // closed by stop: lookups give up waiting
+	stopped sync.Once
+	running sync.WaitGroup // lookups under way
+}
+
+func newTopicResolver(cfg Config, log zerolog.Logger, template *topicTemplate, client sarama.Client, admin sarama.ClusterAdmin) *topicResolver {
+	return &topicResolver{
+		cfg: cfg, log: log, template: template, client: client, admin: admin,
+		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
+		quit: make(chan struct{}),
+	}
+}
+
+// stop makes lookups under way give up; wait waits for them to end.
+func (t *topicResolver) stop() { t.stopped.Do(func() { close(t.quit) }) }
+func (t *topicResolver) wait() { t.running.Wait() }
+
+// topicInfo is what the publisher learned of a topic on first use.
+type topicInfo struct {
+	name     string
+	maxBytes int // the topic's max.message.bytes
+}
+
+// missingTopic remembers that a topic was not there, so each event for it
+// does not wait out TopicWait again.
+type missingTopic struct {
+	err   *Error
+	until time.Time
+}
+
+// missingTopicExpiry is how long a topic found missing stays missing before
+// it is looked up again: long enough that a stream of events for it costs
+// one TopicWait per minute, short enough that a topic created by hand is
+// noticed soon.
+const missingTopicExpiry = time.Minute
+
+// lookup is one topic discovery running in the background.
+type lookup struct {
+	done  chan struct{}
+	topic *topicInfo // set before done is closed
+	err   error
+}
+
+// TopicPendingError says Build cannot build the record yet: its topic is
+// being looked up. Retry Build with the same event after Done is closed.
+type TopicPendingError struct {
+	Topic string
+	Done  <-chan struct{}
+}
+
+func (e *TopicPendingError) Error() string {
+	return "looking up topic " + e.Topic
+}
+
+// build turns an event into a record. It fails with a permanent *Error when
+// Kafka could never accept the record (bad topic name, missing topic, too
+// large, malformed headers), with a *BatchLimitError when the topic needs a
+// producer with smaller batches, and with a *TopicPendingError while the
+// event's topic is being looked up. It never blocks, and must be called from
+// one goroutine.
+func (t *topicResolver) build(ev *Event) (*Record, error) {
+	topic, err := t.topic(ev)
+	if err != nil {
+		return nil, err
+	}
+	r, err := build(ev, topic.name)
+	if err != nil {
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
+	}
+	if limit := min(topic.maxBytes-recordBatchOverhead, t.cfg.batchBytes()); r.size > limit {
+		sizeErr := &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: t.cfg.MaxMessageBytes}
+		if t.cfg.batchBytes() < t.cfg.MaxMessageBytes {
+			sizeErr.LoweredTo = t.cfg.batchBytes()
+		}
+		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
+	}
+	return r, nil
+}
+
+// topic resolves and, on first use, checks an event's topic.
+func (t *topicResolver) topic(ev *Event) (*topicInfo, error) {
+	var scratch [256]byte
+	name := t.template.appendName(scratch[:0], ev)
+	if t, ok := t.known[string(name)]; ok {
+		return t, nil
+	}
+	return t.lookUp(string(name), string(ev.EventID))
+}
+
+// lookUp answers from a finished or cached lookup of a topic met for the
+// first time, or starts one in the background: a slow or unreachable broker
+// can make a lookup take as long as sarama's metadata retries, and a topic
+// that is not created takes TopicWait.
+func (t *topicResolver) lookUp(name, eventID string) (*topicInfo, error) {
+	if m, ok := t.missing[name]; ok {
+		if time.Now().Before(m.until) {
+			perm := *m.err
+			perm.EventID = eventID
+			return nil, &perm
+		}
+		delete(t.missing, name)
+	}
+	l, ok := t.lookups[name]
+	if !ok {
+		l = &lookup{done: make(chan struct{})}
+		t.lookups[name] = l
+		t.running.Add(1)
+		go func() {
+			defer t.running.Done()
+			l.topic, l.err = t.discover(name)
+			close(l.done)
+		}()
+	}
+	select {
+	case <-l.done:
+	default:
+		return nil, &TopicPendingError{Topic: name, Done: l.done}
+	}
+	delete(t.lookups, name)
+	if l.err != nil {
+		var perm *Error
+		if errors.As(l.err, &perm) {
+			if errors.Is(perm.Err, sarama.ErrUnknownTopicOrPartition) {
+				t.missing[name] = missingTopic{err: perm, until: time.Now().Add(missingTopicExpiry)}
+			}
+			copied := *perm
+			copied.EventID = eventID
+			return nil, &copied
+		}
+		return nil, l.err
+	}
+	t.known[name] = l.topic
+	return l.topic, nil
+}
+
+// discover checks that a topic exists and learns its max.message.bytes, so
+// an oversize record is caught before it is sent. Sent, it would fail its
+// whole batch and take innocent neighbours, and their order, down with it.
+func (t *topicResolver) discover(name string) (*topicInfo, error) {
+	if err := validTopicName(name); err != nil {
+		return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1, Err: err}
+	}
+	deadline := time.Now().Add(t.cfg.TopicWait)
+	for {
+		err := t.client.RefreshMetadata(name)
+		if err == nil {
+			_, err = t.client.Partitions(name)
+		}
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sarama.ErrUnknownTopicOrPartition) && !errors.Is(err, sarama.ErrLeaderNotAvailable) {
+			return nil, fmt.Errorf("look up topic %s: %w", name, err)
+		}
+		if time.Now().After(deadline) {
+			return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1,
+				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
+		}
+		// The broker may be creating the topic: poll its metadata.
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-t.quit:
+			return nil, errors.New("look up topic " + name + ": sink closed")
+		}
+	}
+
+	info := &topicInfo{name: name, maxBytes: t.cfg.batchBytes() + recordBatchOverhead}
+	entries, err := t.admin.DescribeConfig(sarama.ConfigResource{
+		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
+	})
+	if err != nil {
+		t.log.Warn().Err(err).Str("topic", name).
+			Msg("could not read the topic's max.message.bytes; grant DescribeConfigs on the topic so oversize records are caught before they are sent")
+	}
+	for _, e := range entries {
+		if e.Name == "max.message.bytes" {
+			if v, err := strconv.Atoi(e.Value); err == nil {
+				info.maxBytes = v
+			}
+		}
+	}
+	if info.maxBytes-recordBatchOverhead < t.cfg.batchBytes() {
+		return nil, &BatchLimitError{Topic: name, MaxMessageBytes: info.maxBytes - recordBatchOverhead}
+	}
+	t.log.Debug().Str("topic", name).Int("max_message_bytes", info.maxBytes).Msg("topic ready")
+	return info, nil
+}
