@@ -46,7 +46,7 @@ test-postgres-versions: postgres
 # skip under -race, because sarama races there itself (IBM/sarama #2913,
 # #2915); here they run without -race. TestRaceSkipsRunInMakeTest fails when
 # a test that skips under -race is missing from these patterns.
-NORACE_PUBLISHER := ^(TestTxnFencedProducerNeverCommitsAgain|TestTxnPoisonEventQuarantinedOnceRestCommitsOnce|TestTxnFaultsAbortOrRetryWithoutDuplicates|TestTxnSinkFencedReportsEveryRecordOnce)$$
+NORACE_PUBLISHER := ^(TestSinkContract|TestTxnFencedProducerNeverCommitsAgain|TestTxnPoisonEventQuarantinedOnceRestCommitsOnce|TestTxnFaultsAbortOrRetryWithoutDuplicates|TestTxnSinkFencedReportsEveryRecordOnce)$$
 NORACE_DRILLS := ^(TestEOSSaramaErrorPathRaceRepro|TestEOSSink)$$/.*/^(poison|fenced)$$
 test-norace:
 	$(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '$(NORACE_PUBLISHER)' ./publisher/

@@ -296,11 +296,10 @@ func TestWriterAtMostOncePerInterval(t *testing.T) {
 	_, brokers := startKfake(t)
 	s := openStore(t, brokers, "progress")
 	key := Key("s", "111")
-	written := make(chan Record, 100)
-	w := s.NewWriter(time.Hour, zerolog.Nop(), func(r Record) { written <- r })
+	w := s.NewWriter(time.Hour, zerolog.Nop())
 	w.Offer(key, Record{LSN: 1, Timeline: 1})
 	select {
-	case r := <-written:
+	case r := <-w.Written():
 		if r.LSN != 1 {
 			t.Fatalf("first write: %+v", r)
 		}
@@ -311,13 +310,13 @@ func TestWriterAtMostOncePerInterval(t *testing.T) {
 		w.Offer(key, Record{LSN: lsn.LSN(i), Timeline: 1})
 	}
 	w.Close(30 * time.Second)
-	close(written)
-	var rest []Record
-	for r := range written {
-		rest = append(rest, r)
-	}
-	if len(rest) != 1 || rest[0].LSN != 50 {
-		t.Fatalf("after the first write, want exactly the newest (50) written at Close, got %+v", rest)
+	select {
+	case r := <-w.Written():
+		if r.LSN != 50 {
+			t.Fatalf("after the first write, want the newest (50) written at Close, got %+v", r)
+		}
+	default:
+		t.Fatal("nothing written at Close")
 	}
 	if r, ok := latest(t, s, key); !ok || r.LSN != 50 {
 		t.Fatalf("latest = %+v, %v", r, ok)
@@ -402,13 +401,12 @@ func TestWriterRetriesAFailedWrite(t *testing.T) {
 		return resp, nil, true
 	})
 	key := Key("s", "111")
-	written := make(chan Record, 10)
-	w := s.NewWriter(50*time.Millisecond, zerolog.Nop(), func(r Record) { written <- r })
+	w := s.NewWriter(50*time.Millisecond, zerolog.Nop())
 	defer w.Close(10 * time.Second)
 	w.Offer(key, Record{LSN: 1, Timeline: 1})
 	<-failed
 	select {
-	case r := <-written:
+	case r := <-w.Written():
 		if r.LSN != 1 {
 			t.Fatalf("after the failure the writer wrote %+v, want the pending record (1)", r)
 		}

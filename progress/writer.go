@@ -12,14 +12,15 @@ import (
 // interval, on a goroutine of its own, so that the relay's read loop never
 // waits on Kafka for it. It writes only what it is offered: the caller
 // offers positions whose events Kafka already acknowledged, so the record
-// never leads.
+// never leads. What it wrote comes back on Written, for the caller's loop
+// to take: it calls nothing of the caller's.
 type Writer struct {
 	store *Store
 	every time.Duration
 	log   zerolog.Logger
-	// written is told about each record Kafka acknowledged (metrics,
-	// status); it may be nil.
-	written func(Record)
+	// written holds the last record Kafka acknowledged until the caller
+	// takes it; a newer one replaces it.
+	written chan Record
 
 	mu      sync.Mutex
 	key     []byte
@@ -32,8 +33,8 @@ type Writer struct {
 }
 
 // NewWriter starts a writer on the store; Close stops it.
-func (s *Store) NewWriter(every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
-	w := &Writer{store: s, every: every, log: log, written: written,
+func (s *Store) NewWriter(every time.Duration, log zerolog.Logger) *Writer {
+	w := &Writer{store: s, every: every, log: log, written: make(chan Record, 1),
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
 	return w
@@ -54,6 +55,10 @@ func (w *Writer) Offer(key []byte, r Record) {
 	default:
 	}
 }
+
+// Written delivers the last record written, for metrics and status; a
+// record nobody took yet is replaced by the next one written.
+func (w *Writer) Written() <-chan Record { return w.written }
 
 // Close writes what is pending, waiting at most timeout, then stops the
 // writer. It does not close the store.
@@ -126,8 +131,12 @@ func (w *Writer) flush(failing *bool) bool {
 		w.log.Info().Str("topic", w.store.topic).Msg("writing progress to Kafka again")
 		*failing = false
 	}
-	if w.written != nil {
-		w.written(rec)
+	// Only this goroutine sends, so after a stale record is dropped the
+	// send finds room.
+	select {
+	case <-w.written:
+	default:
 	}
+	w.written <- rec
 	return true
 }

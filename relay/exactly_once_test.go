@@ -111,3 +111,27 @@ func metricValue(t *testing.T, m prometheus.Metric) float64 {
 	}
 	return out.GetGauge().GetValue()
 }
+
+// Exactly-once acks wait for the commit, so its window must hold whole
+// Kafka transactions; at-least-once keeps the small window that bounds a
+// crash's duplicates. An operator's own bound wins in both modes.
+func TestInFlightEventsDefaultByDeliveryMode(t *testing.T) {
+	cfg := DefaultConfig()
+	if got := cfg.inFlightEvents(); got != defaultInFlightEvents {
+		t.Errorf("at-least-once default %d, want %d", got, defaultInFlightEvents)
+	}
+	cfg.Delivery = DeliveryExactlyOnce
+	if got := cfg.inFlightEvents(); got != defaultInFlightEventsExactlyOnce {
+		t.Errorf("exactly-once default %d, want %d", got, defaultInFlightEventsExactlyOnce)
+	}
+	cfg.MaxInFlightEvents = 700
+	if got := cfg.inFlightEvents(); got != 700 {
+		t.Errorf("configured bound read as %d, want 700", got)
+	}
+	cfg.MaxInFlightEvents = -1
+	cfg.Replication.DSN = "postgres://relay@127.0.0.1/app"
+	cfg.Publisher.Brokers = []string{"127.0.0.1:9092"}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--max-in-flight-events") {
+		t.Errorf("a negative bound validated as %v", err)
+	}
+}

@@ -446,7 +446,8 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 		}
 		q = newQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, o.events+2)
 	}
-	rig.streamer = newStreamer(rig.relay, rig.clock, rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
+	rig.relay.clock = rig.clock
+	rig.streamer = newStreamer(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
 	if o.recover {
 		rig.streamer.newSink = func() (sink, error) {
 			if rig.kafkaDown.Load() {

@@ -7,7 +7,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -27,13 +30,53 @@ func statusMaxInterval(configured, senderTimeout time.Duration) time.Duration {
 	return configured
 }
 
+// loopConfig is what the read loop takes from the relay's configuration.
+type loopConfig struct {
+	statusInterval  time.Duration
+	shutdownTimeout time.Duration
+	readTick        time.Duration
+	backoffMin      time.Duration // between attempts to reach Kafka again
+	backoffMax      time.Duration
+	exactlyOnce     bool
+}
+
+func (c Config) loop() loopConfig {
+	return loopConfig{
+		statusInterval: c.StatusInterval, shutdownTimeout: c.ShutdownTimeout, readTick: c.ReadTick,
+		backoffMin: c.BackoffMin, backoffMax: c.BackoffMax, exactlyOnce: c.exactlyOnce(),
+	}
+}
+
+// statusSink takes what the read loop reports for the admin endpoint, the
+// metrics that outlive a session, the watchdog and the progress writer;
+// *Relay is the real one. Its calls never block.
+type statusSink interface {
+	setState(state State, err error)
+	alive()
+	noteAck(at time.Time)
+	noteProgress(received lsn.LSN, confirmedCommit time.Time)
+	offerProgress(confirmed lsn.LSN, commitTime time.Time)
+	kafkaTxnEnded(rep publisher.TxnReport, timeline uint32)
+	progressWritten(rec progress.Record)
+	noteOrderBreak(perr *publisher.Error)
+}
+
+// loopEnv is what a read loop is given to work with, besides the stream
+// and the sink of its session.
+type loopEnv struct {
+	cfg     loopConfig
+	log     zerolog.Logger
+	metrics *Metrics
+	status  statusSink
+	clock   clock
+}
+
 // streamer is one session's read loop. It alone touches the tracker's
 // write side, the source and the sink: acks, failures and quarantine
 // results all come to it over channels, and it waits for them in its own
 // select, so nothing downstream ever calls back into it.
 type streamer struct {
-	relay      *Relay
-	clock      clock
+	loopEnv
 	source     source
 	sink       sink
 	tracker    *lsn.Tracker
@@ -67,15 +110,18 @@ type streamer struct {
 	// and a flush when the in-flight limits are full.
 	txnSink  bool
 	progress txnProgress
-	closing  sync.WaitGroup // abandoned sinks being closed
+	// written delivers what the at-least-once progress writer stored; nil
+	// in exactly-once mode, where commits report it.
+	written <-chan progress.Record
+	closing sync.WaitGroup // abandoned sinks being closed
 }
 
-func newStreamer(r *Relay, c clock, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
+func newStreamer(env loopEnv, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
 	return &streamer{
-		relay: r, clock: c, source: src, sink: snk, tracker: t, quarantine: q,
-		received: start, flushedSent: start, lastStatus: c.Now(), keepaliveEvery: keepaliveEvery,
-		timer: c.NewTimer(r.cfg.StatusInterval), readTick: r.cfg.ReadTick,
-		txnSink: r.cfg.exactlyOnce(),
+		loopEnv: env, source: src, sink: snk, tracker: t, quarantine: q,
+		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,
+		timer: env.clock.NewTimer(env.cfg.statusInterval), readTick: env.cfg.readTick,
+		txnSink: env.cfg.exactlyOnce,
 	}
 }
 
@@ -169,8 +215,8 @@ func (s *streamer) stopRequested(ctx context.Context) error {
 	}
 	now := s.clock.Now()
 	if s.finishBy.IsZero() {
-		s.finishBy = now.Add(s.relay.cfg.ShutdownTimeout)
-		s.relay.log.Info().Msg("stopping: reading on to the end of the open transaction so what was sent of it can be confirmed")
+		s.finishBy = now.Add(s.cfg.shutdownTimeout)
+		s.log.Info().Msg("stopping: reading on to the end of the open transaction so what was sent of it can be confirmed")
 	} else if now.After(s.finishBy) {
 		return err
 	}
@@ -183,9 +229,7 @@ func (s *streamer) duties() error {
 	if err := s.statusIfDue(false); err != nil {
 		return err
 	}
-	if s.relay.hooks.Alive != nil {
-		s.relay.hooks.Alive()
-	}
+	s.status.alive()
 	return nil
 }
 
@@ -220,6 +264,8 @@ func (s *streamer) wait(ctx context.Context, item *publisher.Item, ready <-chan 
 		s.outcome(o)
 	case res := <-stored:
 		s.stored(res)
+	case rec := <-s.written:
+		s.status.progressWritten(rec)
 	case <-ready:
 	case <-s.timer.C():
 	case <-stop:
@@ -246,6 +292,8 @@ func (s *streamer) takeOutcomes() error {
 			s.outcome(o)
 		case res := <-stored:
 			s.stored(res)
+		case rec := <-s.written:
+			s.status.progressWritten(rec)
 		default:
 			return s.failure
 		}
@@ -261,7 +309,7 @@ func (s *streamer) takeOutcomes() error {
 // tail sat unconfirmed that long.
 func (s *streamer) nextWake() time.Time {
 	now := s.clock.Now()
-	next := now.Add(s.relay.cfg.StatusInterval)
+	next := now.Add(s.cfg.statusInterval)
 	switch {
 	case !s.tracker.Idle():
 		next = now.Add(idleConfirmDelay)
@@ -293,7 +341,7 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 		}
 		if !s.rowSeen {
 			s.rowSeen = true
-			s.relay.metrics.CommitToReceive.Observe(s.clock.Now().Sub(s.commitTime).Seconds())
+			s.metrics.CommitToReceive.Observe(s.clock.Now().Sub(s.commitTime).Seconds())
 		}
 		return s.publish(ctx, &msg.Row, msg.WALStart)
 	case replication.KindCommit:
@@ -335,7 +383,7 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 // at-least-once mode the progress follows the tracker, which waits for
 // the write anyway.
 func (s *streamer) awaitQuarantined(ctx context.Context) error {
-	if !s.relay.cfg.exactlyOnce() {
+	if !s.cfg.exactlyOnce {
 		return nil
 	}
 	for s.quarantining > 0 {
@@ -389,7 +437,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		if !errors.As(err, &perr) || perr.Class != publisher.ClassPermanent {
 			return err
 		}
-		s.relay.metrics.failed(perr)
+		s.metrics.failed(perr)
 		if s.quarantine == nil {
 			return err
 		}
@@ -473,7 +521,7 @@ func (s *streamer) statusIfDue(force bool) error {
 	confirmed := s.tracker.Confirmed()
 	moved := confirmed != s.flushedSent
 	due := force || since >= s.keepaliveEvery ||
-		moved && (since >= s.relay.cfg.StatusInterval || since >= idleConfirmDelay && s.tracker.Idle())
+		moved && (since >= s.cfg.statusInterval || since >= idleConfirmDelay && s.tracker.Idle())
 	if !due {
 		return nil
 	}
@@ -483,7 +531,7 @@ func (s *streamer) statusIfDue(force bool) error {
 	s.tracker.Reported(confirmed)
 	s.lastStatus, s.flushedSent = now, confirmed
 	stats := s.tracker.Stats()
-	m := s.relay.metrics
+	m := s.metrics
 	m.ReceivedLSN.Set(float64(s.received))
 	m.ConfirmedLSN.Set(float64(confirmed))
 	m.InFlightEvents.Set(float64(stats.InFlightEvents))
@@ -499,22 +547,22 @@ func (s *streamer) statusIfDue(force bool) error {
 	// Only what was confirmed before this update was sent counts for
 	// retention: stats may already be newer than the flush position sent.
 	if stats.Confirmed == confirmed {
-		s.relay.noteProgress(s.received, stats.ConfirmedCommitTime)
+		s.status.noteProgress(s.received, stats.ConfirmedCommitTime)
 	} else {
-		s.relay.noteProgress(s.received, time.Time{})
+		s.status.noteProgress(s.received, time.Time{})
 	}
 	// The tracker confirms only what Kafka acknowledged, so the stored
 	// progress can lag Kafka but never lead it.
-	s.relay.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
+	s.status.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
 	return nil
 }
 
 // drain ends a session on shutdown: stop reading, wait (bounded) for the
 // outcomes of what is in flight, confirm what they allow, and close.
 func (s *streamer) drain() error {
-	log := s.relay.log
-	s.relay.setState(StateDraining, nil)
-	deadline := s.clock.Now().Add(s.relay.cfg.ShutdownTimeout)
+	log := s.log
+	s.status.setState(StateDraining, nil)
+	deadline := s.clock.Now().Add(s.cfg.shutdownTimeout)
 	if !s.finishBy.IsZero() {
 		// Reading on to a commit already used part of the same timeout.
 		deadline = s.finishBy
@@ -549,10 +597,10 @@ func (s *streamer) close(graceful bool) {
 		cancel()
 	}
 	if err := s.source.Close(ctx); err != nil && graceful {
-		s.relay.log.Warn().Err(err).Msg("could not end the replication stream cleanly; the slot may be re-read from an earlier position")
+		s.log.Warn().Err(err).Msg("could not end the replication stream cleanly; the slot may be re-read from an earlier position")
 	}
 	if err := s.closeSink(s.sink, 5*time.Second); err != nil {
-		s.relay.log.Warn().Err(err).Msg("abandoned the session's producer")
+		s.log.Warn().Err(err).Msg("abandoned the session's producer")
 	}
 	if s.quarantine != nil {
 		s.quarantine.stop()

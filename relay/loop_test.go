@@ -562,7 +562,7 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	snk := newFakeSink(newFakeClock())
-	s := &streamer{relay: r}
+	s := &streamer{loopEnv: r.loopEnv()}
 	for i, topic := range []string{"outbox.a", "outbox.b"} {
 		rec, err := publisher.BuildRecord(&publisher.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
 			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)

@@ -22,14 +22,14 @@ var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
 func (s *streamer) outcome(o publisher.Outcome) {
 	s.flushed = false
 	if o.KafkaTxn != nil {
-		s.relay.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
+		s.status.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
 		return
 	}
-	m := s.relay.metrics
+	m := s.metrics
 	if o.Err == nil {
 		s.tracker.Ack(lsn.TxnID(o.Txn), o.Bytes)
 		m.acked(o.Delivery)
-		s.relay.lastAck.note(o.At)
+		s.status.noteAck(o.At)
 		return
 	}
 	perr := o.Err
@@ -42,7 +42,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		s.quarantine.put(fromRecord(perr.Record, perr), perr, lsn.TxnID(o.Txn), o.Bytes)
 		return
 	}
-	s.relay.noteOrderBreak(perr)
+	s.status.noteOrderBreak(perr)
 	if s.failure == nil {
 		// Nothing at or after the failed event is ever confirmed: its
 		// transaction never completes in the tracker.
@@ -76,7 +76,7 @@ func (s *streamer) closeSink(snk sink, timeout time.Duration) error {
 		defer close(read)
 		for o := range snk.Outcomes() {
 			if o.Err != nil {
-				s.relay.noteOrderBreak(o.Err)
+				s.status.noteOrderBreak(o.Err)
 			}
 		}
 	}()
@@ -103,7 +103,7 @@ func (s *streamer) stored(res quarantineResult) {
 		return
 	}
 	s.tracker.Ack(res.job.txn, res.job.bytes)
-	s.relay.log.Error().Str("event_id", res.job.event.EventID).Str("topic", res.job.event.Topic).Str("class", string(perr.Class)).
+	s.log.Error().Str("event_id", res.job.event.EventID).Str("topic", res.job.event.Topic).Str("class", string(perr.Class)).
 		Err(perr.Err).Str("advice", perr.Advice()).
 		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
 }

@@ -188,7 +188,7 @@ func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
 	if !r.cfg.exactlyOnce() {
 		// In exactly-once mode the record goes into each Kafka
 		// transaction instead.
-		writer = store.NewWriter(r.cfg.StatusInterval, r.log, r.progressWritten)
+		writer = store.NewWriter(r.cfg.StatusInterval, r.log)
 	}
 	p.mu.Lock()
 	p.store, p.writer = store, writer
@@ -210,7 +210,9 @@ func openProgress(ctx context.Context, cfg Config,
 	return store, err
 }
 
-// progressWritten is told by the writer about each record Kafka stored.
+// progressWritten takes a record Kafka stored, from the read loop: the
+// writer's in at-least-once mode, the one a committed Kafka transaction
+// carried in exactly-once mode.
 func (r *Relay) progressWritten(rec progress.Record) {
 	p := &r.progress
 	p.mu.Lock()
@@ -228,6 +230,18 @@ func (p *progressState) noteRecord(rec progress.Record) {
 		t := rec.CommitTime
 		p.report.CommitTime = &t
 	}
+}
+
+// progressWrites delivers what the at-least-once progress writer stored;
+// nil when there is no writer.
+func (r *Relay) progressWrites() <-chan progress.Record {
+	p := &r.progress
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.writer == nil {
+		return nil
+	}
+	return p.writer.Written()
 }
 
 // offerProgress hands the writer a position the tracker confirmed: every

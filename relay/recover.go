@@ -31,7 +31,7 @@ func (s *streamer) kafkaRecoverable(err error) bool {
 // position. It cannot do that on the same connection: PostgreSQL 15's
 // walsender ends a second START_REPLICATION on a connection at once.
 func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
-	log := s.relay.log
+	log := s.log
 	old := s.sink
 	s.closing.Add(1)
 	go func() {
@@ -42,33 +42,28 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 	}()
 	s.failure = nil
 	for attempt := 1; ; attempt++ {
-		wait := backoff.Delay(s.relay.cfg.BackoffMin, s.relay.cfg.BackoffMax, attempt)
+		wait := backoff.Delay(s.cfg.backoffMin, s.cfg.backoffMax, attempt)
 		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).
 			Msg("kafka failed; keeping the replication connection until a producer connects again")
 		if err := s.pause(ctx, s.clock.Now().Add(wait), nil); err != nil {
 			return err
 		}
-		type made struct {
+		// Connecting may take as long as sarama's metadata retries; the
+		// loop's duties go on meanwhile.
+		var m struct {
 			sink sink
 			err  error
 		}
-		result := make(chan made, 1)
+		made := make(chan struct{})
 		go func() {
-			snk, err := s.newSink()
-			result <- made{snk, err}
+			defer close(made)
+			m.sink, m.err = s.newSink()
 		}()
-		var m made
-		if err := s.pause(ctx, time.Time{}, func() bool {
-			select {
-			case m = <-result:
-				return true
-			default:
-				return false
-			}
-		}); err != nil {
+		if err := s.pause(ctx, time.Time{}, made); err != nil {
 			go func() {
 				// Closed once made; nothing waits for it.
-				if m := <-result; m.err == nil {
+				<-made
+				if m.err == nil {
 					m.sink.Close(time.Second)
 				}
 			}()
@@ -90,27 +85,27 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 }
 
 // pause keeps the loop's duties without reading or sending: until the given
-// time (when not zero), or until ready reports true, or ctx ends.
-func (s *streamer) pause(ctx context.Context, until time.Time, ready func() bool) error {
-	tick := 10 * time.Millisecond // how often ready is looked at
+// time (when not zero), or until ready is closed (when not nil), or ctx
+// ends.
+func (s *streamer) pause(ctx context.Context, until time.Time, ready <-chan struct{}) error {
 	for {
 		if err := s.duties(); err != nil {
 			return err
 		}
 		now := s.clock.Now()
-		if ready != nil && ready() || !until.IsZero() && !now.Before(until) {
+		if !until.IsZero() && !now.Before(until) {
 			return nil
 		}
 		next := s.nextWake()
 		if !until.IsZero() {
 			next = earliest(next, until)
 		}
-		if ready != nil {
-			next = earliest(next, now.Add(tick))
-		}
 		s.timer.Reset(max(next.Sub(now), 0))
 		select {
 		case <-s.timer.C():
+		case <-ready:
+			s.timer.Stop()
+			return nil
 		case <-ctx.Done():
 			s.timer.Stop()
 			return ctx.Err()

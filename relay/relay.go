@@ -206,6 +206,7 @@ type Relay struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	hooks   Hooks
+	clock   clock // the wall clock; tests drive the read loop and restarts with a fake
 
 	lastAck ackClock
 
@@ -245,8 +246,23 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 	metrics.txn.mode(cfg.DeliveryMode())
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
 		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes,
-		poison: publisher.NewPoisonMemory(0)}
+		poison: publisher.NewPoisonMemory(0), clock: wallClock{}}
 }
+
+// loopEnv is what this relay gives each session's read loop.
+func (r *Relay) loopEnv() loopEnv {
+	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, status: r, clock: r.clock}
+}
+
+// alive tells the watchdog the read loop is turning.
+func (r *Relay) alive() {
+	if r.hooks.Alive != nil {
+		r.hooks.Alive()
+	}
+}
+
+// noteAck records when Kafka last acknowledged an event.
+func (r *Relay) noteAck(at time.Time) { r.lastAck.note(at) }
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
@@ -300,7 +316,7 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 	// this slot.
 	fencedInARow := 0
 	for {
-		started := time.Now()
+		started := r.clock.Now()
 		streamed, err := r.session(ctx)
 		if ctx.Err() != nil {
 			r.setState(StateStopped, nil)
@@ -326,7 +342,7 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 		// A session that streamed ended an outage: the next one is a new
 		// outage and starts from the shortest delay. Counting on across
 		// them made three restarts 7 s apart wait 1.6, 3.2 and 7.6 s.
-		if streamed || time.Since(started) > time.Minute {
+		if streamed || r.clock.Now().Sub(started) > time.Minute {
 			attempt = 0
 		}
 		attempt++
@@ -370,18 +386,28 @@ func (r *Relay) restartLoop(ctx context.Context) error {
 			msg := "could not start streaming; retrying"
 			if streamed {
 				msg = "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
-				if r.cfg.Delivery == DeliveryExactlyOnce {
+				if r.cfg.exactlyOnce() {
 					msg = "stream stopped; restarting from the slot's confirmed position (events after it are sent again in new Kafka transactions; read_committed consumers see each once)"
 				}
 			}
 			r.log.Warn().Err(err).Str("retry_in", wait.String()).Int("attempt", attempt).Msg(msg)
 		}
-		select {
-		case <-ctx.Done():
+		if !r.sleep(ctx, wait) {
 			r.setState(StateStopped, nil)
 			return nil
-		case <-time.After(wait):
 		}
+	}
+}
+
+// sleep waits d on the relay's clock; false when ctx ended first.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
+	t := r.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

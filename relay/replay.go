@@ -29,28 +29,23 @@ type replayOutcomes struct {
 	pending sync.WaitGroup
 }
 
-// collect takes a publisher's outcomes until it is closed.
+// collect takes a publisher's outcomes, on a goroutine of its own, until
+// the publisher closes them.
 func (o *replayOutcomes) collect(pub *publisher.Publisher, done *sync.WaitGroup) {
 	done.Add(1)
-	dispatched := pub.Dispatch(o)
 	go func() {
-		<-dispatched
-		done.Done()
+		defer done.Done()
+		for out := range pub.Outcomes() {
+			o.mu.Lock()
+			if out.Err != nil {
+				o.errs[out.Txn] = out.Err
+			} else {
+				o.topics[out.Txn] = out.Topic
+			}
+			o.mu.Unlock()
+			o.pending.Done()
+		}
 	}()
-}
-
-func (o *replayOutcomes) Acked(d publisher.Delivery) {
-	o.mu.Lock()
-	o.topics[d.Txn] = d.Topic
-	o.mu.Unlock()
-	o.pending.Done()
-}
-
-func (o *replayOutcomes) Failed(d publisher.Delivery, err *publisher.Error) {
-	o.mu.Lock()
-	o.errs[d.Txn] = err
-	o.mu.Unlock()
-	o.pending.Done()
 }
 
 // await waits, at most timeout, for the outcome of every event sent.

@@ -95,10 +95,12 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 
-	s := newStreamer(r, wallClock{}, stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s := newStreamer(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
 	if s.txnSink {
 		s.progress = r.sessionProgress()
+	} else {
+		s.written = r.progressWrites()
 	}
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.DeliveryMode()).

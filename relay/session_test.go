@@ -11,13 +11,13 @@ import (
 // unreported: these cases pin each reason to wake, exactly, on a fake clock.
 func TestNextWake(t *testing.T) {
 	const keepalive, statusInterval = 10 * time.Second, 3 * time.Second
-	relay := &Relay{cfg: Config{StatusInterval: statusInterval}}
+	cfg := loopConfig{statusInterval: statusInterval}
 	newStreamer := func(sinceStatus time.Duration) (*streamer, *lsn.Tracker, *fakeClock) {
 		clk := newFakeClock()
 		tr := lsn.NewTracker(100, lsn.Limits{Events: 10, Bytes: 1 << 20})
 		tr.UseClock(clk.Now)
 		last := clk.Now().Add(-sinceStatus)
-		return &streamer{relay: relay, clock: clk, tracker: tr, lastStatus: last, flushedSent: 100, keepaliveEvery: keepalive}, tr, clk
+		return &streamer{loopEnv: loopEnv{cfg: cfg, clock: clk}, tracker: tr, lastStatus: last, flushedSent: 100, keepaliveEvery: keepalive}, tr, clk
 	}
 	exactly := func(t *testing.T, got, want time.Time) {
 		t.Helper()
