@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,7 +77,7 @@ func (b *bench) ceiling(ctx context.Context, sh shape) (ShapeResult, error) {
 		for rep := 1; rep <= b.o.repeat; rep++ {
 			slots = append(slots, fmt.Sprintf("recv_%d", rep), fmt.Sprintf("recv_after_%d", rep))
 			for _, br := range b.brokers {
-				for vi := range b.o.variants {
+				for vi := range b.catchUpVariants() {
 					slots = append(slots, relaySlot("relay", br, vi, rep))
 				}
 			}
@@ -120,7 +121,7 @@ func (b *bench) ceiling(ctx context.Context, sh shape) (ShapeResult, error) {
 				return sr, err
 			}
 			for _, br := range b.brokers {
-				for vi, v := range b.o.variants {
+				for vi, v := range b.catchUpVariants() {
 					slot := relaySlot("relay", br, vi, rep)
 					topic := fmt.Sprintf("bench.%s.%s.%d.%d.%d", sh.key, br.name, vi, rep, time.Now().Unix())
 					r, err := b.drainRelay(ctx, dsn, slot, br, topic, v, b.o.rows, end, logDir)
@@ -148,6 +149,30 @@ func (b *bench) ceiling(ctx context.Context, sh shape) (ShapeResult, error) {
 		sr.Profile = &r
 	}
 	return sr, nil
+}
+
+// catchUpVariants are the relay variants that drain each backlog: every
+// variant as given, then, unless --skip eos, each again with
+// --delivery exactly-once, side by side in the same repetition. Against
+// Apache Kafka this is where the cost of transactions shows; kfake's cost
+// almost nothing.
+func (b *bench) catchUpVariants() []variant {
+	vs := slices.Clone(b.o.variants)
+	if b.o.skip["eos"] {
+		return vs
+	}
+	for _, v := range b.o.variants {
+		vs = append(vs, variant{name: eosVariantName(v.name), bin: v.bin, env: append(slices.Clone(v.env), eosDeliveryEnv)})
+	}
+	return vs
+}
+
+// eosVariantName names the exactly-once twin of a variant.
+func eosVariantName(name string) string {
+	if name == "" {
+		return "exactly-once"
+	}
+	return name + "+exactly-once"
 }
 
 func nudged(n bool) string {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -155,6 +156,7 @@ func (r *Results) evaluate() {
 			}
 		}
 	}
+	r.evaluateEOSCatchUp(variants)
 	if r.BigTxn != nil {
 		for _, br := range r.Brokers {
 			for _, v := range variants {
@@ -219,6 +221,34 @@ func (r *Results) variantNames() []string {
 		out = []string{""}
 	}
 	return out
+}
+
+// evaluateEOSCatchUp adds the exactly-once catch-up target: each variant's
+// exactly-once drain at least 0.8 of its at-least-once drain in the same
+// repetition, with the broker's CPU per event of both.
+func (r *Results) evaluateEOSCatchUp(variants []string) {
+	for _, sh := range r.Ceiling {
+		for _, br := range r.Brokers {
+			for _, v := range variants {
+				eos := eosVariantName(v)
+				if !slices.Contains(variants, eos) {
+					continue
+				}
+				var ratios []float64
+				var brokerCost []string
+				for rep := 1; rep <= r.Repeat; rep++ {
+					alo, txn := sh.run("relay/"+br, v, rep), sh.run("relay/"+br, eos, rep)
+					if alo == nil || txn == nil || alo.EventsPerSec == 0 {
+						continue
+					}
+					ratios = append(ratios, txn.EventsPerSec/alo.EventsPerSec)
+					brokerCost = append(brokerCost, fmt.Sprintf("%.1f / %.1f", alo.BrokerCPUUsPerEvent, txn.BrokerCPUUsPerEvent))
+				}
+				r.target(fmt.Sprintf("exactly-once catch-up ÷ at-least-once, %s, %s%s", sh.Shape, br, vsuffix(v)), "≥ 0.8", "", ratios,
+					func(v float64) bool { return v >= 0.8 }, "broker CPU µs/event at-least-once / exactly-once: "+strings.Join(brokerCost, ", "))
+			}
+		}
+	}
 }
 
 func vsuffix(v string) string {

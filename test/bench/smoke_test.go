@@ -82,11 +82,23 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 				bad("%s, %s: CPU %.1f µs/event, peak RSS %.1f MB; want both measured", sh.Shape, run.label(), run.CPUUsPerEvent, run.PeakRSSMB)
 			}
 		}
-		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake"} {
+		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake", "relay/kfake [exactly-once]"} {
 			if !readers[want] {
 				bad("%s: no %s drain among %v", sh.Shape, want, readers)
 			}
 		}
+	}
+	catchUp := 0
+	for _, tr := range r.Targets {
+		if strings.HasPrefix(tr.Metric, "exactly-once catch-up ÷ at-least-once") {
+			catchUp++
+			if len(tr.Values) == 0 || tr.Values[0] <= 0 {
+				bad("%s: %v; want a measured ratio", tr.Metric, tr.Values)
+			}
+		}
+	}
+	if catchUp != len(r.Ceiling) {
+		bad("%d exactly-once catch-up ratios for %d shapes", catchUp, len(r.Ceiling))
 	}
 
 	for part, phases := range map[string][]LatencyResult{"live latency": r.Latency, "producer floor": r.Floor} {

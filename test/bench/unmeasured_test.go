@@ -12,7 +12,8 @@ func measuredResults(rows int) Results {
 		return []DrainRun{
 			{Reader: "pg_recvlogical", Events: rows, EventsPerSec: 1000},
 			{Reader: "pg_recvlogical", Variant: "after", Events: rows, EventsPerSec: 1000},
-			{Reader: "relay/kfake", Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4.2, PeakRSSMB: 19.2},
+			{Reader: "relay/kfake", Rep: 1, Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4.2, PeakRSSMB: 19.2},
+			{Reader: "relay/kfake", Variant: "exactly-once", Rep: 1, Events: rows, EventsPerSec: 900, CPUUsPerEvent: 4.6, PeakRSSMB: 21.0},
 		}
 	}
 	phase := []LatencyPhase{{TargetRate: 500, Measured: 1000}}
@@ -20,7 +21,8 @@ func measuredResults(rows int) Results {
 		return SteadyRun{Reader: reader, Mode: mode, Rate: 500, Events: 1000, CPUUsPerEvent: 50,
 			P99Ms: 8, BrokerCPUUsPerEvent: 30, PostgresCPUUsPerEvent: 40}
 	}
-	return Results{
+	r := Results{
+		Repeat: 1, Brokers: []string{"kfake"},
 		Ceiling: []ShapeResult{{Shape: "single-row", Runs: drains()}, {Shape: "100-row", Runs: drains()}},
 		Latency: []LatencyResult{{Broker: "kfake", Phases: phase}},
 		Floor:   []LatencyResult{{Broker: "kfake", Phases: phase}},
@@ -31,6 +33,8 @@ func measuredResults(rows int) Results {
 		Writer: []WriterResult{{Mode: "batch", Events: rows, EventsPerSec: 9000, PerTxn: 100, StatementsTxn: 1},
 			{Mode: "single", Events: rows, EventsPerSec: 4000, PerTxn: 100, StatementsTxn: 100}},
 	}
+	r.evaluate()
+	return r
 }
 
 const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n"
@@ -48,19 +52,27 @@ func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
 		name  string
 		unset func(*Results)
 		want  string
+		lines int // how many lines the check reports; 0 means one
 	}{
-		{"catch-up relay CPU", func(r *Results) { r.Ceiling[1].Runs[2].CPUUsPerEvent = 0 }, "100-row, relay/kfake: CPU 0.0 µs/event"},
-		{"steady relay CPU", func(r *Results) { r.Steady.Runs[3].CPUUsPerEvent = 0 }, "steady rate, relay/kfake"},
-		{"steady broker CPU", func(r *Results) { r.Steady.Runs[3].BrokerCPUUsPerEvent = 0 }, "broker 0.0 µs/event"},
-		{"steady PostgreSQL CPU", func(r *Results) { r.Steady.Runs[3].PostgresCPUUsPerEvent = 0 }, "PostgreSQL 0.0 µs/event"},
-		{"pg_recvlogical CPU", func(r *Results) { r.Steady.Runs[0].CPUUsPerEvent = 0 }, "steady rate, pg_recvlogical"},
+		{"catch-up relay CPU", func(r *Results) { r.Ceiling[1].Runs[2].CPUUsPerEvent = 0 }, "100-row, relay/kfake: CPU 0.0 µs/event", 0},
+		{"steady relay CPU", func(r *Results) { r.Steady.Runs[3].CPUUsPerEvent = 0 }, "steady rate, relay/kfake", 0},
+		{"steady broker CPU", func(r *Results) { r.Steady.Runs[3].BrokerCPUUsPerEvent = 0 }, "broker 0.0 µs/event", 0},
+		{"steady PostgreSQL CPU", func(r *Results) { r.Steady.Runs[3].PostgresCPUUsPerEvent = 0 }, "PostgreSQL 0.0 µs/event", 0},
+		{"pg_recvlogical CPU", func(r *Results) { r.Steady.Runs[0].CPUUsPerEvent = 0 }, "steady rate, pg_recvlogical", 0},
+		{"exactly-once catch-up", func(r *Results) {
+			r.Ceiling[0].Runs = r.Ceiling[0].Runs[:3]
+			r.evaluate()
+		}, "no relay/kfake [exactly-once] drain", 2}, // and the ratio it would have given
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := measuredResults(rows)
 			c.unset(&r)
 			got := unmeasured(r, rows, measuredMarkdown, "reduced-size check")
-			if len(got) != 1 || !strings.Contains(got[0], c.want) {
-				t.Fatalf("with %s at zero the check said %q; want one line containing %q", c.name, got, c.want)
+			if c.lines == 0 {
+				c.lines = 1
+			}
+			if len(got) != c.lines || !strings.Contains(got[0], c.want) {
+				t.Fatalf("with %s at zero the check said %q; want %d line(s), the first containing %q", c.name, got, c.lines, c.want)
 			}
 		})
 	}
