@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
@@ -482,18 +483,14 @@ func (p *Publisher) discover(name string) (*topicInfo, error) {
 	}
 
 	t := &topicInfo{name: name, maxBytes: p.cfg.batchBytes() + recordBatchOverhead}
-	entries, err := p.admin.DescribeConfig(sarama.ConfigResource{
-		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
-	})
+	maxBytes, found, err := topicconfig.Value(p.admin, name, "max.message.bytes")
 	if err != nil {
 		p.log.Warn().Err(err).Str("topic", name).
 			Msg("could not read the topic's max.message.bytes; grant DescribeConfigs on the topic so oversize records are caught before they are sent")
 	}
-	for _, e := range entries {
-		if e.Name == "max.message.bytes" {
-			if v, err := strconv.Atoi(e.Value); err == nil {
-				t.maxBytes = v
-			}
+	if found {
+		if v, err := strconv.Atoi(maxBytes); err == nil {
+			t.maxBytes = v
 		}
 	}
 	if t.maxBytes-recordBatchOverhead < p.cfg.batchBytes() {

@@ -75,8 +75,10 @@ func headerMap(r *Record) map[string]string {
 	return m
 }
 
+// BuildRecord builds the record on the topic it is handed: the key, the
+// value, every header, its size, and the way back to the record.
 func TestBuildRecord(t *testing.T) {
-	r, err := build(sampleEvent(), "outbox.event.order")
+	r, err := BuildRecord(sampleEvent(), "outbox.event.order")
 	if err != nil {
 		t.Fatal(err)
 	}
