@@ -62,7 +62,6 @@ type Tracker struct {
 	confirmedCommitTime time.Time
 	events              int
 	bytes               int64
-	freed               chan struct{}
 
 	unreported       []unreported // confirmed, in order, oldest at unreportedHead
 	unreportedHead   int
@@ -83,7 +82,6 @@ func NewTracker(start LSN, limits Limits) *Tracker {
 		ring:      make([]txn, 64),
 		headID:    1,
 		confirmed: start,
-		freed:     make(chan struct{}, 1),
 	}
 }
 
@@ -160,10 +158,6 @@ func (t *Tracker) Ack(id TxnID, bytes int) {
 	t.events--
 	t.bytes -= int64(bytes)
 	t.advance()
-	select {
-	case t.freed <- struct{}{}:
-	default:
-	}
 }
 
 // advance pops fully acknowledged transactions from the head and confirms
@@ -237,7 +231,7 @@ func (t *Tracker) Idle() bool {
 }
 
 // Full reports whether the bound is reached: the reader must stop reading
-// WAL until acks free room (Freed signals) or, when the confirmed position
+// WAL until acks free room or, when the confirmed position
 // has moved, until it reports that position to PostgreSQL. Counting the
 // acknowledged but unreported events is what bounds the duplicates of a
 // crash by Limits.Events. Events of a transaction still open do not count
@@ -248,9 +242,6 @@ func (t *Tracker) Full() bool {
 	defer t.mu.Unlock()
 	return t.events+t.unreportedEvents >= t.limits.Events || t.bytes >= t.limits.Bytes
 }
-
-// Freed is signalled after acknowledgements free in-flight capacity.
-func (t *Tracker) Freed() <-chan struct{} { return t.freed }
 
 // Stats returns a snapshot for metrics and the admin endpoint.
 func (t *Tracker) Stats() Stats {

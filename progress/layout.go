@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
 )
 
 // checkLayout refuses an existing progress topic that is not what the
@@ -38,9 +40,7 @@ func (s *Store) checkLayout(meta *sarama.TopicMetadata) error {
 
 // cleanupPolicy reads the topic's cleanup.policy.
 func (s *Store) cleanupPolicy() (string, error) {
-	entries, err := s.admin.DescribeConfig(sarama.ConfigResource{
-		Type: sarama.TopicResource, Name: s.topic, ConfigNames: []string{"cleanup.policy"},
-	})
+	policy, found, err := topicconfig.Value(s.admin, s.topic, "cleanup.policy")
 	if errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
 		return "", fmt.Errorf("%w: %s: kafka refused to describe its configuration (%v), which the relay checks at start: grant the relay's user DescribeConfigs on it: %s --operation DescribeConfigs",
 			ErrTopic, s.topic, err, s.aclCommand())
@@ -48,10 +48,8 @@ func (s *Store) cleanupPolicy() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("progress: describe configuration of topic %s: %w", s.topic, err)
 	}
-	for _, e := range entries {
-		if e.Name == "cleanup.policy" {
-			return e.Value, nil
-		}
+	if !found {
+		return "delete", nil // Kafka's default when the broker reports none
 	}
-	return "delete", nil // Kafka's default when the broker reports none
+	return policy, nil
 }

@@ -23,6 +23,8 @@ const (
 )
 
 // Error is the failure of one record, naming the event and where it went.
+// Its message says what failed; Advice says what to do about it, and
+// Explain puts the two together where an error reaches the operator.
 type Error struct {
 	Class     Class
 	EventID   string
@@ -38,7 +40,24 @@ func (e *Error) Error() string {
 	if e.Partition >= 0 {
 		where = fmt.Sprintf("topic %s partition %d", e.Topic, e.Partition)
 	}
-	return fmt.Sprintf("kafka %s error for event %s, %s: %v; %s", e.Class, e.EventID, where, e.Err, e.Advice())
+	return fmt.Sprintf("kafka %s error for event %s, %s: %v", e.Class, e.EventID, where, e.Err)
+}
+
+// Explain is err as the operator reads it: its message, then the advice of
+// the *Error it wraps, if any, once. The advice is not part of Error(), so
+// an error wrapped on its way up (fmt.Errorf("...: %w", err), or an *Error
+// inside another) does not repeat it; what shows an error to the operator
+// (an exit message, a command's output) calls Explain, and a log line can
+// carry Advice in a field of its own instead.
+func Explain(err error) string {
+	if err == nil {
+		return ""
+	}
+	var perr *Error
+	if !errors.As(err, &perr) {
+		return err.Error()
+	}
+	return err.Error() + "; " + perr.Advice()
 }
 
 func (e *Error) Unwrap() error { return e.Err }

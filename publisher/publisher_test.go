@@ -75,8 +75,10 @@ func headerMap(r *Record) map[string]string {
 	return m
 }
 
+// BuildRecord builds the record on the topic it is handed: the key, the
+// value, every header, its size, and the way back to the record.
 func TestBuildRecord(t *testing.T) {
-	r, err := build(sampleEvent(), "outbox.event.order")
+	r, err := BuildRecord(sampleEvent(), "outbox.event.order")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,13 +244,48 @@ func TestClassify(t *testing.T) {
 
 func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
 	e := &Error{Class: ClassPermanent, EventID: "abc", Topic: "t", Partition: 3, Err: sarama.ErrMessageSizeTooLarge}
-	msg := e.Error()
+	msg := Explain(e)
 	for _, want := range []string{"abc", "topic t partition 3", "max.message.bytes"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
 		}
 	}
 }
+
+// Error() carried its advice, so the advice went wherever the message
+// went: into every wrap, beside log lines that said the same, and twice
+// into the message of an *Error wrapped inside another. The message now
+// leaves the advice out, and Explain, which the places an operator reads
+// call, gives it once: as is, wrapped with %w, or inside another *Error.
+func TestExplainGivesTheAdviceOnce(t *testing.T) {
+	ev := sampleEvent()
+	unmapped := UnmappedRow(ev, `no column "aggregate_id"`, stringer("0/16B3748"))
+	size := &Error{Class: ClassPermanent, EventID: "abc", Topic: "t", Partition: -1,
+		Err: &LocalSizeError{Size: 5000, Limit: 3900, TopicMax: 4000, ProducerMax: 1000000}}
+	retriable := &Error{Class: ClassRetriable, EventID: "abc", Topic: "t", Partition: 2, Err: sarama.ErrNotLeaderForPartition}
+	for name, perr := range map[string]*Error{"unmapped row": unmapped, "local size": size, "retriable": retriable} {
+		advice := perr.Advice()
+		for how, err := range map[string]error{
+			"as is":          perr,
+			"wrapped":        fmt.Errorf("session: %w", fmt.Errorf("publish: %w", perr)),
+			"inside another": &Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: -1, Err: fmt.Errorf("replay: %w", perr)},
+		} {
+			if strings.Contains(err.Error(), advice) {
+				t.Errorf("%s, %s: the message carries the advice: %s", name, how, err)
+			}
+			if got := strings.Count(Explain(err), advice); got != 1 {
+				t.Errorf("%s, %s: the advice appears %d times in %q", name, how, got, Explain(err))
+			}
+		}
+	}
+	if Explain(errors.New("plain")) != "plain" || Explain(nil) != "" {
+		t.Error("Explain changes an error that is not a publisher error")
+	}
+}
+
+type stringer string
+
+func (s stringer) String() string { return string(s) }
 
 // The scanner must agree with encoding/json on every object it accepts.
 func TestRowHeadersMatchEncodingJSON(t *testing.T) {

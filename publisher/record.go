@@ -121,9 +121,10 @@ type bytesEncoder struct{ b []byte }
 func (e *bytesEncoder) Encode() ([]byte, error) { return e.b, nil }
 func (e *bytesEncoder) Length() int             { return len(e.b) }
 
-// BuildRecord builds an event's record for a topic already resolved,
-// without the topic and size checks that Publisher.Build makes: for sinks
-// and tests that resolve topics their own way.
+// BuildRecord builds an event's record for a topic the caller resolved,
+// without the topic lookup and size checks of Publisher.Build, which needs
+// a broker. Tests outside this package use it: the relay's fake sink, and
+// outbox's check that the relay can build every row the writer writes.
 func BuildRecord(ev *Event, topic string) (*Record, error) { return build(ev, topic) }
 
 // Txn is the transaction the record's event belongs to, as the event said.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
 )
 
 // topicResolver turns events into records for both sinks: it resolves each
@@ -194,18 +196,14 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 	}
 
 	info := &topicInfo{name: name, maxBytes: t.cfg.batchBytes() + recordBatchOverhead}
-	entries, err := t.admin.DescribeConfig(sarama.ConfigResource{
-		Type: sarama.TopicResource, Name: name, ConfigNames: []string{"max.message.bytes"},
-	})
+	maxBytes, found, err := topicconfig.Value(t.admin, name, "max.message.bytes")
 	if err != nil {
 		t.log.Warn().Err(err).Str("topic", name).
 			Msg("could not read the topic's max.message.bytes; grant DescribeConfigs on the topic so oversize records are caught before they are sent")
 	}
-	for _, e := range entries {
-		if e.Name == "max.message.bytes" {
-			if v, err := strconv.Atoi(e.Value); err == nil {
-				info.maxBytes = v
-			}
+	if found {
+		if v, err := strconv.Atoi(maxBytes); err == nil {
+			info.maxBytes = v
 		}
 	}
 	if info.maxBytes-recordBatchOverhead < t.cfg.batchBytes() {

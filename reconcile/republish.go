@@ -59,7 +59,7 @@ func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 		perr = &publisher.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
-	r.fail(int(d.Txn), perr.Error())
+	r.fail(int(d.Txn), publisher.Explain(perr))
 }
 
 func (r *republisher) quarantined(i int, perr *publisher.Error) {
@@ -147,7 +147,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			r.quarantined(i, perr)
 			return nil
 		case err != nil:
-			r.fail(i, err.Error())
+			r.fail(i, publisher.Explain(err))
 			return nil
 		}
 		r.mu.Lock()

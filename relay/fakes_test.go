@@ -73,8 +73,6 @@ func (c *fakeClock) advanceTo(at time.Time) {
 	}
 }
 
-func (c *fakeClock) advance(d time.Duration) { c.advanceTo(c.Now().Add(d)) }
-
 type fakeTimer struct {
 	clock  *fakeClock
 	ch     chan time.Time

@@ -22,7 +22,7 @@ func fromEvent(ev *publisher.Event, perr *publisher.Error) Quarantined {
 		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
 		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
 		Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
-		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: perr.Error(),
+		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: publisher.Explain(perr),
 	}
 }
 
@@ -32,7 +32,7 @@ func fromRecord(r *publisher.Record, perr *publisher.Error) Quarantined {
 		EventID: r.EventID(), AggregateType: string(r.Header("aggregate_type")), AggregateID: string(r.Key()),
 		EventType: string(r.Header("event_type")), SchemaVersion: string(r.Header("schema_version")),
 		Payload: string(r.Value()), Headers: string(r.RowHeaders()), OccurredAt: string(r.Header("occurred_at")),
-		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: perr.Error(),
+		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: publisher.Explain(perr),
 	}
 }
 

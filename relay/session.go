@@ -116,7 +116,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // connection kept; an abandon otherwise.
 func (s *streamer) runToEnd(ctx context.Context) error {
 	err := s.run(ctx)
-	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return s.drain()
 	}
 	if s.kafkaRecoverable(err) {

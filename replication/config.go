@@ -103,9 +103,6 @@ func Describe(dsn string) string {
 	return fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
 }
 
-// Redact returns a DSN in a form fit to print: the same as Describe.
-func Redact(dsn string) string { return Describe(dsn) }
-
 // parseProblem is why pgconn refused a connection string, without the
 // string: pgconn quotes it with a best-effort mask that can miss a password
 // in malformed input.

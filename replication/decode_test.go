@@ -215,22 +215,21 @@ func shuffledColumns(seed uint64) []string {
 	return cols
 }
 
-func TestRedact(t *testing.T) {
+// Describe is what the relay prints of a DSN: never the password, in any
+// of the forms a DSN can carry it, but the user and the database.
+func TestDescribeShowsNoPassword(t *testing.T) {
 	for in, secret := range map[string]string{
 		"postgres://relay:s3cret@db:5432/app?sslmode=verify-full": "s3cret",
 		"host=db user=relay password=s3cret dbname=app":           "s3cret",
 		"host=db user=relay password='s3 cret' dbname=app":        "s3 cret",
 	} {
-		out := Redact(in)
+		out := Describe(in)
 		if strings.Contains(out, secret) {
-			t.Errorf("Redact(%q) = %q still has the password", in, out)
+			t.Errorf("Describe(%q) = %q still has the password", in, out)
 		}
-		if !strings.Contains(out, "relay") {
-			t.Errorf("Redact(%q) = %q lost the user", in, out)
+		if !strings.Contains(out, "user=relay") || !strings.Contains(out, "dbname=app") {
+			t.Errorf("Describe(%q) = %q lost the user or the database", in, out)
 		}
-	}
-	if d := Describe("postgres://relay:s3cret@db:5432/app"); strings.Contains(d, "s3cret") || !strings.Contains(d, "dbname=app") {
-		t.Errorf("Describe: %q", d)
 	}
 }
 

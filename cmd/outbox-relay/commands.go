@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -186,15 +187,22 @@ func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
 	return zerolog.New(out).Level(lvl).With().Timestamp().Logger(), nil
 }
 
+// operatorMessage is an error as the operator reads it where it leaves the
+// program: with what to do about a Kafka failure (said once, however often
+// the error was wrapped), and no password of dsn.
+func operatorMessage(err error, dsn string) string {
+	return replication.RedactError(publisher.Explain(err), dsn)
+}
+
 // usageError reports bad flags or configuration.
 func usageError(stderr io.Writer, command string, err error, dsn string) int {
-	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, replication.RedactError(err.Error(), dsn))
+	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, operatorMessage(err, dsn))
 	return exitUsage
 }
 
 // failure reports a command that ran and failed.
 func failure(stderr io.Writer, command string, err error, dsn string) int {
-	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, replication.RedactError(err.Error(), dsn))
+	fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, operatorMessage(err, dsn))
 	return exitFailure
 }
 
@@ -255,7 +263,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()
-		log.Error().Msg(replication.RedactError(err.Error(), o.relay.Replication.DSN))
+		log.Error().Msg(operatorMessage(err, o.relay.Replication.DSN))
 		return exitFailure
 	}
 	notifier.stopping()
@@ -411,7 +419,7 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if len(o.relay.Publisher.Brokers) > 0 {
 		report.Progress, err = progressReport(ctx, o.relay, info)
 		if err != nil {
-			fmt.Fprintf(stderr, "outbox-relay status: %s\n", replication.RedactError(err.Error(), o.relay.Replication.DSN))
+			fmt.Fprintf(stderr, "outbox-relay status: %s\n", operatorMessage(err, o.relay.Replication.DSN))
 			return exitFailure
 		}
 	}

@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
 )
 
 // deadDSN points at a port nobody listens on, with a password that must
@@ -375,6 +378,36 @@ func TestReplayRefusesAnIDThatIsNoUUID(t *testing.T) {
 	for _, id := range []string{"6f1c2d3e-4b5a-4c7d-8e9f-0a1b2c3d4e5f", "{6F1C2D3E4B5A4C7D8E9F0A1B2C3D4E5F}"} {
 		if !isUUID(id) {
 			t.Errorf("%s refused", id)
+		}
+	}
+}
+
+// A Kafka failure reaches the operator with what to do about it exactly
+// once, however it was wrapped on its way out: the message of a
+// publisher.Error no longer carries its advice, so the places it leaves
+// the program add it. One *Error inside another printed it twice before.
+func TestOperatorReadsKafkaAdviceOnce(t *testing.T) {
+	dsn := "postgres://relay:hunter2@db/app"
+	perr := &publisher.Error{Class: publisher.ClassPermanent, EventID: "e1", Topic: "outbox.event.order", Partition: -1,
+		Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it (%s)", sarama.ErrUnknownTopicOrPartition, dsn)}
+	advice := perr.Advice()
+	for how, err := range map[string]error{
+		"wrapped":        fmt.Errorf("session: %w", fmt.Errorf("publish: %w", perr)),
+		"inside another": &publisher.Error{Class: perr.Class, EventID: "e1", Topic: perr.Topic, Partition: -1, Err: fmt.Errorf("replay: %w", perr)},
+	} {
+		var stderr bytes.Buffer
+		if code := failure(&stderr, "quarantine", err, dsn); code != exitFailure {
+			t.Errorf("%s: exit code %d", how, code)
+		}
+		// run logs operatorMessage as its last line; the other commands
+		// print it through failure.
+		for where, out := range map[string]string{"a command's exit message": stderr.String(), "run's last log line": operatorMessage(err, dsn)} {
+			if n := strings.Count(out, advice); n != 1 {
+				t.Errorf("%s, %s: the advice appears %d times: %s", how, where, n, out)
+			}
+			if strings.Contains(out, "hunter2") {
+				t.Errorf("%s, %s: shows the password: %s", how, where, out)
+			}
 		}
 	}
 }

@@ -368,7 +368,7 @@ func readConfigFile(path string) ([]configValue, error) {
 	}
 	top := doc.Content[0]
 	if top.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("config file %s: want a map of flag names to values, e.g. pg-dsn: postgres://...", path)
+		return nil, fmt.Errorf("config file %s: want a map of flag names to values (e.g. pg-dsn: postgres://relay@db/app)", path)
 	}
 	out := make([]configValue, 0, len(top.Content)/2)
 	lineOf := map[string]int{}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -134,7 +133,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	for _, r := range results {
 		if r.Err != nil {
 			failed++
-			fmt.Fprintf(stdout, "FAILED    %s: %s\n", r.EventID, replication.RedactError(r.Err.Error(), dsn))
+			fmt.Fprintf(stdout, "FAILED    %s: %s\n", r.EventID, operatorMessage(r.Err, dsn))
 		} else {
 			fmt.Fprintf(stdout, "REPLAYED  %s to %s\n", r.EventID, r.Topic)
 		}

@@ -16,9 +16,9 @@ import (
 )
 
 // notifySocket listens like systemd's notify socket and returns the
-// notifier pointed at it, with a watchdog of watchdogSec, and a function
+// notifier pointed at it, with the given watchdog interval, and a function
 // that returns the next datagram or "" when none arrives within wait.
-func notifySocket(t *testing.T, watchdogSec time.Duration) (*systemdNotifier, func(wait time.Duration) string) {
+func notifySocket(t *testing.T, watchdog time.Duration) (*systemdNotifier, func(wait time.Duration) string) {
 	t.Helper()
 	// Unix socket paths are short (108 bytes); t.TempDir() can be longer.
 	dir, err := os.MkdirTemp("", "sd")
@@ -32,7 +32,7 @@ func notifySocket(t *testing.T, watchdogSec time.Duration) (*systemdNotifier, fu
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	n := &systemdNotifier{log: zerolog.Nop(), socket: path, every: watchdogSec / 2}
+	n := &systemdNotifier{log: zerolog.Nop(), socket: path, every: watchdog / 2}
 	next := func(wait time.Duration) string {
 		t.Helper()
 		buf := make([]byte, 4096)

@@ -1,8 +1,8 @@
 // Command bench measures the relay against the targets of the "Make it fast"
 // issue: throughput against the pg_recvlogical ceiling, CPU per event, peak
 // memory, commit-to-ack latency and allocations per event. It writes
-// Markdown and JSON to bench/results/ and appends a line to
-// bench/results/history.md. See test/bench/README.md.
+// Markdown and JSON to bench/runs/ (not tracked by git) and appends a line
+// to bench/runs/history.md. See test/bench/README.md.
 //
 // It is a program, not a test, so `go test ./...` never runs it:
 //
@@ -33,6 +33,7 @@ type options struct {
 	broker        string
 	note          string
 	out           string
+	history       string
 	repeat        int
 	partitions    int
 	aggregates    int
@@ -77,7 +78,8 @@ func parseOptions(args []string) (*options, error) {
 	fs.IntVar(&o.rows, "rows", 1_000_000, "backlog size in outbox rows for each transaction shape; the large transaction has twice as many")
 	fs.StringVar(&o.broker, "broker", "", "kfake, apache or both (default: both when Apache Kafka can start here, else kfake)")
 	fs.StringVar(&o.note, "note", "", "free text recorded with the run in history.md (what changed)")
-	fs.StringVar(&o.out, "out", "bench/results", "directory for latest.md, latest.json, timestamped copies and history.md (relative to the module root)")
+	fs.StringVar(&o.out, "out", "bench/runs", "directory for latest.md, latest.json, timestamped copies and history.md (relative to the module root; bench/runs is not tracked by git)")
+	fs.StringVar(&o.history, "history", "", "append the run's summary line to this file instead of history.md in --out, e.g. bench/results/history.md to publish it (relative to the module root)")
 	fs.IntVar(&o.repeat, "repeat", 1, "how many times each drain is measured on the same backlog (each on its own slot)")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of each benchmark topic")
 	fs.IntVar(&o.aggregates, "aggregates", 10000, "distinct aggregate_id values")
@@ -104,7 +106,7 @@ func parseOptions(args []string) (*options, error) {
 	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
 	fs.StringVar(&o.shapes, "shapes", "single,batch100", "comma-separated catch-up shapes to measure: single (single-row transactions), batch100 (100-row transactions)")
-	skip := fs.String("skip", "", "comma-separated parts to skip: ceiling, bigtxn, latency, steady, floor (both floors), allocs, reconcile, eos, writer")
+	skip := fs.String("skip", "", "comma-separated parts to skip: "+strings.Join(parts, ", ")+" (floor: both floors)")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
 	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
@@ -177,12 +179,12 @@ func parseOptions(args []string) (*options, error) {
 	o.skip = map[string]bool{}
 	for _, s := range strings.Split(*skip, ",") {
 		s = strings.TrimSpace(s)
-		switch s {
-		case "":
-		case "ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer":
+		switch {
+		case s == "":
+		case slices.Contains(parts, s):
 			o.skip[s] = true
 		default:
-			return nil, fmt.Errorf("--skip %q: ceiling, bigtxn, latency, steady, floor, allocs, reconcile, eos or writer", s)
+			return nil, fmt.Errorf("--skip %q: one of %s", s, strings.Join(parts, ", "))
 		}
 	}
 	if _, err := o.shapeList(); err != nil {
@@ -199,6 +201,9 @@ func parseOptions(args []string) (*options, error) {
 	}
 	return o, nil
 }
+
+// parts are the parts of the benchmark that --skip can leave out.
+var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer"}
 
 // catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
 func catchUpShapes() []shape {

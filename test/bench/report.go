@@ -455,13 +455,14 @@ func (r *Results) historyLine() string {
 
 const historyHeader = `# Benchmark history
 
-One line per ` + "`go run ./test/bench`" + ` run, newest last. Values per broker are separated by ";", repetitions by "/"; see the timestamped files for details.
+One line per ` + "`go run ./test/bench`" + ` run, newest last. Values per broker are separated by ";", repetitions by "/"; each run's timestamped files, in the directory it wrote them to, hold the details.
 
 | when (UTC) | note | rows×repeat | brokers | ratio single-row | ratio 100-row | CPU µs/event single-row | p99 ms @5k/s | max peak RSS MB | allocs/event | targets met | steady 2,000/s: relay CPU µs/event, ÷ pg_recvlogical, p99 ms |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 `
 
-// write stores latest.{md,json}, timestamped copies and the history line.
+// write stores latest.{md,json} and timestamped copies in --out, and
+// appends the history line to --history or, by default, --out's history.md.
 func (b *bench) write() error {
 	r := b.res
 	r.evaluate()
@@ -488,6 +489,15 @@ func (b *bench) write() error {
 		}
 	}
 	hist := filepath.Join(dir, "history.md")
+	if b.o.history != "" {
+		hist = b.o.history
+		if !filepath.IsAbs(hist) {
+			hist = filepath.Join(b.root, hist)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(hist), 0o755); err != nil {
+		return err
+	}
 	if _, err := os.Stat(hist); os.IsNotExist(err) {
 		if err := os.WriteFile(hist, []byte(historyHeader), 0o644); err != nil {
 			return err
@@ -505,6 +515,6 @@ func (b *bench) write() error {
 		return err
 	}
 	fmt.Println(md)
-	b.logf("results written to %s (latest.md, latest.json, %s.md, history.md)", dir, stamp)
+	b.logf("results written to %s (latest.md, latest.json, %s.md, %s.json); summary line appended to %s", dir, stamp, stamp, hist)
 	return nil
 }

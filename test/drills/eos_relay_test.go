@@ -371,14 +371,14 @@ func eosNodeFailover(t *testing.T, prefix, role string, flags []string, victim f
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	records := w.settleExactlyOnce(3 * time.Minute)
+	w.settleExactlyOnce(3 * time.Minute)
 	t.Logf("killed node %d, %s, with %d events committed; all %d visible once %v after the kill",
 		node, role, atKill, w.CommittedCount(), time.Since(killed).Round(time.Millisecond))
 	restart()
 	if err := w.writeTxns(conn, rng, 50, 10, 300); err != nil {
 		t.Fatal(err)
 	}
-	records = w.settleExactlyOnce(3 * time.Minute)
+	records := w.settleExactlyOnce(3 * time.Minute)
 	if relay.Exited() {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}

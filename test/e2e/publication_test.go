@@ -9,7 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
-var reconcileSince = regexp.MustCompile("outbox-relay reconcile --since (\\S+) --republish")
+var reconcileSince = regexp.MustCompile(`outbox-relay reconcile --since (\S+) --republish`)
 
 // Issue 24.3: with the relay streaming, DROP PUBLICATION and one insert
 // made it exit 1 saying to run `migrate`; after migrate created the

@@ -189,8 +189,8 @@ func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "REPLAYED  "+small) || !strings.Contains(out, "FAILED    "+big) {
 		t.Fatalf("replay exited %d, want 1 with %s replayed and %s failed:\n%s", code, small, big, out)
 	}
-	if !strings.Contains(out, "--kafka-max-message-bytes 1000000, lowered to ") || !strings.Contains(out, "replay it on its own") {
-		t.Fatalf("the refusal does not quote --kafka-max-message-bytes as given (1000000) and the lowered limit:\n%s", out)
+	if !strings.Contains(out, "--kafka-max-message-bytes 1000000, lowered to ") || strings.Count(out, "replay it on its own") != 1 {
+		t.Fatalf("the refusal does not quote --kafka-max-message-bytes as given (1000000) and the lowered limit, and advise once to replay it on its own:\n%s", out)
 	}
 	// As the advice says, replayed on its own it goes through.
 	code, out = harness.RunCommand(t, e.bin, append([]string{"quarantine"},

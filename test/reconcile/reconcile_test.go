@@ -79,6 +79,8 @@ func TestGapIsFoundAndRepublished(t *testing.T) {
 	if code != 0 || rep.Republished != 0 {
 		t.Fatalf("republishing again exited %d and republished %d; want 0 and nothing", code, rep.Republished)
 	}
+	// run streamed through the republish beside it, and still stops cleanly.
+	e.stopRelay(relay)
 }
 
 // A topic deleted by mistake and created again: every event of that topic
