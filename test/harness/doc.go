@@ -1,12 +1,15 @@
 // Package harness is the shared integration-test harness for outbox-relay:
 // it starts the real things the relay talks to and observes the results
-// independently of the relay's own code.
+// independently of the relay's own code. The PostgreSQL clusters and kfake
+// brokers themselves come from internal/throwaway, which the demo uses too
+// without linking testing; the harness wraps them for tests.
 //
 //   - postgres.go: throwaway PostgreSQL clusters (wal_level=logical) on
 //     127.0.0.1, run as the postgres OS user when the tests run as root,
 //     with helpers for databases, connections, SQL, the current WAL
 //     position, replication slot state and LSN comparison,
-//     stop/crash/restart drills, and a pgx tracer that counts statements.
+//     stop/crash/restart drills, and a pgx tracer that counts statements;
+//     standby.go: base backups and streaming standbys.
 //   - kfake.go: in-process Kafka clusters (franz-go's kfake) with produce
 //     fault injection (fail, fail after append, cut, hold).
 //   - consumer.go: an independent franz-go consumer, Kafka's Java key
@@ -42,9 +45,9 @@
 // orphaned by an earlier binary that was killed. A test panic is covered by
 // t.Cleanup, which testing still runs; a test timeout kills the binary
 // outright, and what it leaves behind is reaped by the next run. Resources
-// living longer than one test register with registerCleanup, and
-// temporary directories that must be reaped after a crash come from
-// makeOwnedTempDir.
+// living longer than one test register with local.OnClose, and temporary
+// directories that must be reaped after a crash come from
+// throwaway.MakeOwnedTempDir.
 //
 // Helpers taking a testing.TB fail the test with t.Fatalf and so must run
 // on the test's goroutine.

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
 // LogStreaming is what the relay logs, in its JSON output, once it streams.
@@ -144,10 +146,4 @@ func (l LogLine) Str(key string) string {
 }
 
 // LastLines is the tail of a process's output, for failure messages.
-func LastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func LastLines(s string, n int) string { return throwaway.LastLines(s, n) }
