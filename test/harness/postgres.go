@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -345,6 +346,60 @@ func (p *Postgres) CreateTestDatabase(t testing.TB) *PGDatabase {
 		}
 	}
 	return p.CreateDatabase(t, fmt.Sprintf("t_%s_%d", b.String(), p.dbSeq.Add(1)))
+}
+
+// CreateRelayDatabase is CreateTestDatabase for a test that runs the
+// relay: it also returns the replication slot name to use, the database's
+// name, because slots are cluster-wide and tests sharing a cluster need
+// one each. The slot is dropped when the test ends (DropSlotAtEnd).
+func (p *Postgres) CreateRelayDatabase(t testing.TB) (db *PGDatabase, slot string) {
+	t.Helper()
+	db = p.CreateTestDatabase(t)
+	db.DropSlotAtEnd(t, db.Name())
+	return db, db.Name()
+}
+
+// DropSlotAtEnd drops the replication slot slot, if it exists, when the
+// test ends, so a cluster that tests share keeps no WAL for it. A relay the
+// test started was killed by its own cleanup, which runs first, but its
+// walsender may hold the slot a moment longer: the drop waits up to 15
+// seconds for that, and a slot still held then is only logged, so cleanup
+// never hides the test's own result.
+func (d *PGDatabase) DropSlotAtEnd(t testing.TB, slot string) {
+	t.Cleanup(func() {
+		var err error
+		if !Poll(15*time.Second, func() bool {
+			err = d.dropInactiveSlot(slot)
+			return err == nil
+		}) {
+			t.Logf("cleanup: slot %s not dropped: %v", slot, err)
+		}
+	})
+}
+
+// dropInactiveSlot drops the slot if it exists and is inactive; it returns
+// an error while the slot is still active.
+func (d *PGDatabase) dropInactiveSlot(slot string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, d.DSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var active *bool
+	err = conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if active != nil && *active {
+		return errors.New("slot still active")
+	}
+	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
+	return err
 }
 
 // SlotInfo reads slot's row from pg_replication_slots, connecting to db.

@@ -63,6 +63,21 @@ func Main(m *testing.M) {
 	local.Close()
 }
 
+// MainWithPostgres is Main for a package whose tests share one cluster,
+// each test with a database of its own (CreateRelayDatabase): it starts
+// the cluster with opts, hands it to share, which keeps it in a package
+// variable, and runs Main, which stops it after the tests. A cluster that
+// does not start ends the test binary with the reason.
+func MainWithPostgres(m *testing.M, opts PGOptions, share func(*Postgres)) {
+	pg, _, err := StartPostgresMain(opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: start postgres: %v\n", filepath.Base(os.Args[0]), err)
+		os.Exit(1)
+	}
+	share(pg)
+	Main(m)
+}
+
 // ProcessCPU is the CPU time process pid has used so far, all its threads
 // (exited ones included), from the kernel's per-process CPU clock
 // (clock_getcpuclockid(3)) in nanoseconds. utime and stime in

@@ -18,6 +18,11 @@ import (
 // LogStreaming is what the relay logs, in its JSON output, once it streams.
 const LogStreaming = `"message":"streaming"`
 
+// LogLevelInfo is the environment entry that keeps the relay's info lines
+// (progress, restarts), which tests wait on; StartProcess passes a child
+// none of the suite's own OUTBOX_RELAY_ variables.
+const LogLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
+
 // RelayFlags point a relay command at a test's database, slot and Kafka.
 type RelayFlags struct {
 	DSN     string
