@@ -33,12 +33,11 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/inboxsarama"
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 	"github.com/outbox-relay/outbox-relay/outbox"
-	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 func main() {
@@ -74,17 +73,18 @@ func run(ctx context.Context) error {
 	}
 
 	say("starting a private PostgreSQL with wal_level=logical")
-	pg, stopPG, err := harness.StartPostgresMain(harness.PGOptions{})
+	var local throwaway.Services
+	defer local.Close()
+	pg, err := local.StartPostgres(throwaway.PGOptions{})
 	if err != nil {
-		return fmt.Errorf("start postgres: %w (the demo runs its own PostgreSQL server: install the server binaries, Debian package postgresql, or point %s at their directory)", err, harness.PGBinEnv)
+		return fmt.Errorf("start postgres: %w (the demo runs its own PostgreSQL server: install the server binaries, Debian package postgresql, or point %s at their directory)", err, throwaway.PGBinEnv)
 	}
-	defer stopPG()
 	dsn := pg.DSN("postgres")
 
 	say("starting an in-process Kafka broker (kfake)")
-	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	broker, err := throwaway.StartKfake(throwaway.KfakeOptions{Partitions: 3})
 	if err != nil {
-		return fmt.Errorf("start kfake: %w", err)
+		return err
 	}
 	defer broker.Close()
 	brokers := broker.ListenAddrs()
@@ -193,7 +193,7 @@ func run(ctx context.Context) error {
 
 // consumerDatabase creates the consumer's own database with the inbox's
 // tables and the consumer's side-effect table, and returns its DSN.
-func consumerDatabase(ctx context.Context, conn *pgx.Conn, pg *harness.Postgres) (string, error) {
+func consumerDatabase(ctx context.Context, conn *pgx.Conn, pg *throwaway.Postgres) (string, error) {
 	if _, err := conn.Exec(ctx, `CREATE DATABASE shipping`); err != nil {
 		return "", fmt.Errorf("create the consumer's database: %w", err)
 	}

@@ -33,8 +33,8 @@ import (
 // Reduced: 10,000 events, 5 kills; OUTBOX_RELAY_DRILL_SIZE=full: 50,000
 // events, 20 kills.
 func TestDrillCrashTorture(t *testing.T) {
-	events := sized(10_000, 50_000)
-	kills := sized(5, 20)
+	events := harness.Sized(10_000, 50_000)
+	kills := harness.Sized(5, 20)
 	const aggregates = 1000
 	const bound = 2000         // --max-in-flight-events
 	const perCrash = 2 * bound // the bound plus one status update's worth

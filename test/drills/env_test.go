@@ -2,11 +2,9 @@ package drills
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,10 +19,6 @@ import (
 // partitions is the partition count of every drill topic, so a test can
 // compute the partition the Java client picks for a key.
 const partitions = 6
-
-// aggregateTypes are the aggregate types the writers use; with the default
-// topic template each is one topic.
-var aggregateTypes = []string{"order", "customer", "invoice"}
 
 // world is one drill's setting: a database with the outbox schema on some
 // cluster, a Kafka, the relay binary, and what the drill committed.
@@ -57,54 +51,16 @@ type world struct {
 // Kafka side is given as a broker list.
 func newWorld(t *testing.T, pg *harness.Postgres, brokers []string) *world {
 	t.Helper()
-	db := pg.CreateTestDatabase(t)
-	w := &world{
+	db, slot := pg.CreateRelayDatabase(t)
+	return &world{
 		t: t, pg: pg, db: db, brokers: brokers,
 		bin:         harness.BuildRelay(t),
-		slot:        db.Name(), // slots are cluster-wide: one per test database
+		slot:        slot,
 		topicPrefix: "outbox.event.",
 		relayDSN:    db.DSN(),
-		types:       aggregateTypes,
+		types:       harness.EventAggregateTypes(),
 		Ledger:      harness.NewLedger(),
 	}
-	t.Cleanup(func() {
-		// Free the cluster-wide slot once its walsender is gone (the relay
-		// was killed by its own, later registered, cleanup). A failure here
-		// must not hide the test's own result, so it is only logged.
-		var err error
-		if !harness.Poll(15*time.Second, func() bool {
-			err = dropInactiveSlot(pg, db.Name(), w.slot)
-			return err == nil
-		}) {
-			t.Logf("cleanup: slot %s not dropped: %v", w.slot, err)
-		}
-	})
-	return w
-}
-
-// dropInactiveSlot drops the slot if it exists and is inactive; it returns
-// an error while the slot is still active.
-func dropInactiveSlot(pg *harness.Postgres, db, slot string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, pg.DSN(db))
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	var active *bool
-	err = conn.QueryRow(ctx, "SELECT active FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&active)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if active != nil && *active {
-		return errors.New("slot still active")
-	}
-	_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", slot)
-	return err
 }
 
 // topicRegex matches the drill's topics, for the consumer.
@@ -136,16 +92,13 @@ func (w *world) migrate() {
 // startRelay starts `outbox-relay run` and waits until it streams.
 func (w *world) startRelay(extra ...string) *harness.Process {
 	w.t.Helper()
-	return harness.StartStreaming(w.t, w.bin, w.args("run", extra...), logLevelInfo)
+	return harness.StartStreaming(w.t, w.bin, w.args("run", extra...), harness.LogLevelInfo)
 }
 
 func (w *world) startRelayNoWait(extra ...string) *harness.Process {
 	w.t.Helper()
-	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{logLevelInfo})
+	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{harness.LogLevelInfo})
 }
-
-// logLevelInfo keeps the relay's progress lines, which the drills wait on.
-const logLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
 
 // Log lines the drills look for in the relay's JSON output.
 const (
@@ -160,15 +113,7 @@ func (w *world) genEvents(rng *mrand.Rand, n, aggregates int) []harness.OutboxEv
 	for i := range out {
 		agg := rng.IntN(aggregates)
 		s := w.seq.Add(1)
-		out[i] = harness.OutboxEvent{
-			AggregateType: aggregateTypes[agg%len(aggregateTypes)],
-			AggregateID:   fmt.Sprintf("agg-%d", agg),
-			EventType:     "Happened",
-			Payload:       fmt.Sprintf(`{"n": %d, "aggregate": %d}`, s, agg),
-		}
-		if s%5 == 0 {
-			out[i].Headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, s, s)
-		}
+		out[i] = harness.NumberedEvent(int(s), agg, fmt.Sprintf(`{"n": %d, "aggregate": %d}`, s, agg))
 	}
 	return out
 }
@@ -286,19 +231,11 @@ func (w *world) waitSettled(timeout time.Duration) []harness.Record {
 // debugTiming (OUTBOX_RELAY_DRILL_DEBUG=1) logs how long settling takes.
 var debugTiming = os.Getenv("OUTBOX_RELAY_DRILL_DEBUG") == "1"
 
-// newRand returns a seeded generator and logs the seed; set
-// OUTBOX_RELAY_DRILL_SEED to replay a run.
+// newRand returns a generator seeded by harness.DrillSeed, which logs the
+// seed so a run can be replayed.
 func newRand(t *testing.T) *mrand.Rand {
 	t.Helper()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("OUTBOX_RELAY_DRILL_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("OUTBOX_RELAY_DRILL_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Logf("random seed %d (set OUTBOX_RELAY_DRILL_SEED=%d to replay)", seed, seed)
+	seed := harness.DrillSeed(t)
 	return mrand.New(mrand.NewPCG(seed, seed^0x5eed))
 }
 

@@ -70,7 +70,7 @@ func checkTxnsCommitted(t *testing.T, out string) {
 //
 // Reduced: 5 kills; OUTBOX_RELAY_DRILL_SIZE=full: 20 kills.
 func TestDrillEOSCrashes(t *testing.T) {
-	kills := sized(5, 20)
+	kills := harness.Sized(5, 20)
 	rng := newRand(t)
 	w, _ := newKfakeWorld(t, shared)
 	off := newOffsets(t, w.brokers)

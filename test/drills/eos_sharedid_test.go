@@ -28,11 +28,7 @@ func TestDrillEOSSharedTransactionalID(t *testing.T) {
 		k.CreateTopic(t, topic, partitions, nil)
 	}
 	harness.Migrate(t, b.bin, harness.RelayFlags{DSN: b.db.DSN(), Slot: b.slot}.Args("migrate", "--slot-only"))
-	t.Cleanup(func() {
-		if !harness.Poll(15*time.Second, func() bool { return dropInactiveSlot(b.pg, b.db.Name(), b.slot) == nil }) {
-			t.Logf("cleanup: slot %s not dropped", b.slot)
-		}
-	})
+	b.db.DropSlotAtEnd(t, b.slot)
 
 	sharedID := append([]string{"--transactional-id", "outbox-relay:shared"}, eosFlags...)
 	relayA := a.startRelay(sharedID...)

@@ -9,8 +9,6 @@
 package drills
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -22,29 +20,11 @@ import (
 var shared *harness.Postgres
 
 func TestMain(m *testing.M) {
-	pg, _, err := harness.StartPostgresMain(harness.PGOptions{Settings: map[string]string{
-		"wal_sender_timeout": "20s",
-	}})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "drills: start postgres: %v\n", err)
-		os.Exit(1)
-	}
-	shared = pg
 	// Main stops everything the harness registered (the shared cluster,
 	// relay processes, Apache Kafka clusters) after the tests run.
-	harness.Main(m)
+	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "20s"}},
+		func(pg *harness.Postgres) { shared = pg })
 	// Main already closed the shared Apache Kafka clusters through the
 	// cleanup registry; this is a no-op then and a safety net otherwise.
 	harness.CloseSharedApacheKafka()
-}
-
-// fullSize reports whether the full-size drills were asked for (make drills).
-func fullSize() bool { return os.Getenv("OUTBOX_RELAY_DRILL_SIZE") == "full" }
-
-// sized returns full when OUTBOX_RELAY_DRILL_SIZE=full, else reduced.
-func sized(reduced, full int) int {
-	if fullSize() {
-		return full
-	}
-	return reduced
 }

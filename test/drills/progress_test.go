@@ -142,7 +142,7 @@ func restartCaughtUp(t *testing.T, w *world, mode string) {
 	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	relay := w.startRelay("--status-interval", "300ms", "--admin-addr", admin)
 	conn := w.connect()
-	events := sized(3000, 30000)
+	events := harness.Sized(3000, 30000)
 	if err := w.writeTxns(conn, rng, events/10, 10, 200); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func restartMidStream(t *testing.T, mode string) {
 	relay := w.startRelay("--status-interval", interval.String(), "--max-in-flight-events", "500")
 	conn := w.connect()
 	pw := startPacedWriter(w, conn, writerRand(rng), every, perTxn, 200, false)
-	before := int64(sized(6000, 30000))
+	before := int64(harness.Sized(6000, 30000))
 	harness.WaitFor(t, 3*time.Minute, "the relay streams a busy outbox", func() bool {
 		m, err := off.read(w.topics())
 		return err == nil && sumOffsets(m) >= before
@@ -339,7 +339,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 	if err := r.writeTxns(rconn, rng, 20, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	refused := harness.StartProcess(t, r.bin, r.args("run"), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	refused := harness.StartProcess(t, r.bin, r.args("run"), []string{harness.LogLevelInfo})
 	code, err := refused.Wait(2 * time.Minute)
 	if err != nil || code != 1 {
 		t.Fatalf("relay on a restored backup with progress ahead exited %d (%v), want 1:\n%s", code, err, refused.Output())
@@ -350,7 +350,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 		}
 	}
 
-	reset := harness.StartProcess(t, r.bin, r.args("run", "--reset-progress"), []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+	reset := harness.StartProcess(t, r.bin, r.args("run", "--reset-progress"), []string{harness.LogLevelInfo})
 	reset.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
 	if !strings.Contains(reset.Output(), "--reset-progress: starting from the slot") {
 		t.Fatalf("the reset is not logged:\n%s", tail(reset.Output(), 10))

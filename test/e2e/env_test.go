@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -18,15 +17,8 @@ import (
 var cluster *harness.Postgres
 
 func TestMain(m *testing.M) {
-	pg, _, err := harness.StartPostgresMain(harness.PGOptions{Settings: map[string]string{
-		"wal_sender_timeout": "20s",
-	}})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: start postgres: %v\n", err)
-		os.Exit(1)
-	}
-	cluster = pg
-	harness.Main(m)
+	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "20s"}},
+		func(pg *harness.Postgres) { cluster = pg })
 }
 
 // partitions is the partition count of every auto-created topic, so tests
@@ -48,19 +40,12 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := cluster.CreateTestDatabase(t)
-	e := &env{
-		t: t, db: db, bin: harness.BuildRelay(t),
+	db, slot := cluster.CreateRelayDatabase(t)
+	return &env{
+		t: t, db: db, slot: slot, bin: harness.BuildRelay(t),
 		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
-		slot:   db.Name(), // slots are cluster-wide: one per test database
 		Ledger: harness.NewLedger(),
 	}
-	t.Cleanup(func() {
-		// Free the cluster-wide slot; a relay still streaming was already
-		// killed by its own cleanup, which runs first.
-		cluster.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.slot)
-	})
-	return e
 }
 
 // args are the flags every command of the test uses.
@@ -77,16 +62,13 @@ func (e *env) migrate(extra ...string) {
 // startRelay starts `outbox-relay run` and waits until it streams.
 func (e *env) startRelay(extra ...string) *harness.Process {
 	e.t.Helper()
-	return harness.StartStreaming(e.t, e.bin, e.args("run", extra...), logLevelInfo)
+	return harness.StartStreaming(e.t, e.bin, e.args("run", extra...), harness.LogLevelInfo)
 }
 
 func (e *env) startRelayNoWait(extra ...string) *harness.Process {
 	e.t.Helper()
-	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{logLevelInfo})
+	return harness.StartProcess(e.t, e.bin, e.args("run", extra...), []string{harness.LogLevelInfo})
 }
-
-// logLevelInfo keeps the relay's progress lines, which the tests wait on.
-const logLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
 
 // writeEvents commits txns transactions of perTxn events each, spread over
 // aggregates aggregates, from one connection so commit order is the order
@@ -97,15 +79,7 @@ func (e *env) writeEvents(conn *pgx.Conn, txns, perTxn, aggregates int) error {
 		rows := make([]harness.OutboxEvent, perTxn)
 		for j := range rows {
 			agg := n % aggregates
-			rows[j] = harness.OutboxEvent{
-				AggregateType: []string{"order", "customer", "invoice"}[agg%3],
-				AggregateID:   fmt.Sprintf("agg-%d", agg),
-				EventType:     "Happened",
-				Payload:       fmt.Sprintf(`{"n": %d, "note": "event %d of aggregate %d"}`, n, n, agg),
-			}
-			if n%5 == 0 {
-				rows[j].Headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, n, n)
-			}
+			rows[j] = harness.NumberedEvent(n, agg, fmt.Sprintf(`{"n": %d, "note": "event %d of aggregate %d"}`, n, n, agg))
 			n++
 		}
 		if err := e.Commit(context.Background(), conn, rows); err != nil {

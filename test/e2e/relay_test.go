@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -296,12 +295,7 @@ func TestLargeTransactionBoundedMemory(t *testing.T) {
 	}
 }
 
-func largeTxnRows() int {
-	if os.Getenv("OUTBOX_RELAY_DRILL_SIZE") == "full" {
-		return 2_000_000
-	}
-	return 200_000
-}
+func largeTxnRows() int { return harness.Sized(200_000, 2_000_000) }
 
 // Preconditions an operator must fix end the relay at once with a non-zero
 // exit and a message that names the problem and the fix.

@@ -19,6 +19,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
 func (n *kafkaNode) running() bool {
@@ -47,13 +49,13 @@ func StartApacheKafka(opts ApacheKafkaOptions) (*ApacheKafka, error) {
 		return nil, err
 	}
 	// An owned dir: Main in a later test binary deletes it if this one dies.
-	dir, err := makeOwnedTempDir("outbox-relay-kafka-" + opts.Version + "-")
+	dir, err := throwaway.MakeOwnedTempDir("outbox-relay-kafka-" + opts.Version + "-")
 	if err != nil {
 		return nil, err
 	}
 	k := &ApacheKafka{opts: opts, java: java, libs: libs, dir: dir}
 	// Main closes whatever the tests left running (also on SIGINT/SIGTERM).
-	k.unregister = registerCleanup(k.Close)
+	k.unregister = local.OnClose(k.Close)
 	began := time.Now()
 	if err := k.start(); err != nil {
 		// Keep the logs for diagnosis; only the processes go.

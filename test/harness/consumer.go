@@ -197,12 +197,19 @@ func TopicRecords(t testing.TB, brokers []string, topic string) (exists bool, re
 // it. ConsumeUntil calls t.Fatalf, so use it from the test's goroutine.
 func ConsumeUntil(t testing.TB, brokers []string, topicRegex string, timeout time.Duration, done func(all []Record) bool) []Record {
 	t.Helper()
-	return consume(t, brokers, topicRegex, timeout, done, nil)
+	return consume(t, brokers, nil, topicRegex, timeout, done, nil)
 }
 
 // ConsumeEventIDs is ConsumeUntil until every event id in want has been
 // seen at least once; on timeout it names the missing ones.
 func ConsumeEventIDs(t testing.TB, brokers []string, topicRegex string, want []string, timeout time.Duration) []Record {
+	t.Helper()
+	return ConsumeEventIDsWith(t, brokers, nil, topicRegex, want, timeout)
+}
+
+// ConsumeEventIDsWith is ConsumeEventIDs with further franz-go client
+// options, applied last: TLS or SASL for a broker that requires them.
+func ConsumeEventIDsWith(t testing.TB, brokers []string, clientOpts []kgo.Opt, topicRegex string, want []string, timeout time.Duration) []Record {
 	t.Helper()
 	missing := make(map[string]bool, len(want))
 	for _, id := range want {
@@ -219,7 +226,7 @@ func ConsumeEventIDs(t testing.TB, brokers []string, topicRegex string, want []s
 	describe := func([]Record) string {
 		return fmt.Sprintf("%d of %d wanted event ids missing: %s", len(missing), len(want), sampleIDs(missing, 20))
 	}
-	return consume(t, brokers, topicRegex, timeout, done, describe)
+	return consume(t, brokers, clientOpts, topicRegex, timeout, done, describe)
 }
 
 // ConsumeToEnd reads topic from the start up to the end offsets it has
@@ -246,14 +253,14 @@ func ConsumeToEnd(t testing.TB, brokers []string, topic string, timeout time.Dur
 	return ConsumeUntil(t, brokers, "^"+regexp.QuoteMeta(topic)+"$", timeout, done)
 }
 
-func consume(t testing.TB, brokers []string, topicRegex string, timeout time.Duration,
+func consume(t testing.TB, brokers []string, clientOpts []kgo.Opt, topicRegex string, timeout time.Duration,
 	done func([]Record) bool, describe func([]Record) string) []Record {
 	t.Helper()
 	var all []Record
 	if done(all) {
 		return all
 	}
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(brokers...),
 		kgo.ConsumeRegex(),
 		kgo.ConsumeTopics(topicRegex),
@@ -261,10 +268,10 @@ func consume(t testing.TB, brokers []string, topicRegex string, timeout time.Dur
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// New topics appear only through a metadata refresh.
-		kgo.MetadataMinAge(50*time.Millisecond),
-		kgo.MetadataMaxAge(250*time.Millisecond),
-		kgo.FetchMaxWait(200*time.Millisecond),
-	)
+		kgo.MetadataMinAge(50 * time.Millisecond),
+		kgo.MetadataMaxAge(250 * time.Millisecond),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+	}, clientOpts...)...)
 	if err != nil {
 		t.Fatalf("consume %q: new client: %v", topicRegex, err)
 	}

@@ -11,23 +11,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
-// KfakeOptions configures StartKfakeWith.
-type KfakeOptions struct {
-	// Brokers is the number of brokers; 0 means 1.
-	Brokers int
-	// Partitions is the partition count of auto-created topics and of
-	// SeedTopics given 0 partitions; 0 keeps kfake's default of 10.
-	Partitions int32
-	// DisableAutoCreate turns off topic auto-creation, which is on by
-	// default because producers (sarama included) rely on it.
-	DisableAutoCreate bool
-	// SeedTopics are created at start, name to partition count.
-	SeedTopics map[string]int32
-	// Extra are further kfake options, applied last.
-	Extra []kfake.Opt
-}
+// KfakeOptions configures StartKfakeWith: brokers, partitions,
+// auto-creation, topics made at start, and further kfake options.
+type KfakeOptions = throwaway.KfakeOptions
 
 // Kfake is an in-process Kafka cluster (franz-go's kfake) on 127.0.0.1.
 //
@@ -64,24 +54,9 @@ func StartKfake(t testing.TB, opts ...kfake.Opt) *Kfake {
 // StartKfakeWith starts a cluster configured by o; see StartKfake.
 func StartKfakeWith(t testing.TB, o KfakeOptions) *Kfake {
 	t.Helper()
-	brokers := o.Brokers
-	if brokers <= 0 {
-		brokers = 1
-	}
-	opts := []kfake.Opt{kfake.NumBrokers(brokers)}
-	if !o.DisableAutoCreate {
-		opts = append(opts, kfake.AllowAutoTopicCreation())
-	}
-	if o.Partitions > 0 {
-		opts = append(opts, kfake.DefaultNumPartitions(int(o.Partitions)))
-	}
-	for topic, n := range o.SeedTopics {
-		opts = append(opts, kfake.SeedTopics(n, topic))
-	}
-	opts = append(opts, o.Extra...)
-	c, err := kfake.NewCluster(opts...)
+	c, err := throwaway.StartKfake(o)
 	if err != nil {
-		t.Fatalf("start kfake: %v", err)
+		t.Fatal(err)
 	}
 	k := &Kfake{c: c, brokers: c.ListenAddrs()}
 	t.Cleanup(k.close)

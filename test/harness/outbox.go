@@ -16,6 +16,29 @@ type OutboxEvent struct {
 	Payload, Headers                      string // JSON; Headers "" writes NULL
 }
 
+// EventAggregateTypes are the aggregate types NumberedEvent cycles
+// through; with the relay's default topic template each is one topic.
+func EventAggregateTypes() []string { return []string{"order", "customer", "invoice"} }
+
+// NumberedEvent is event number n of a test's stream, for aggregate number
+// agg, with payload: its aggregate type is EventAggregateTypes()[agg%3], its
+// aggregate id agg-<agg>, and every fifth event (n divisible by 5) carries
+// headers of its own, a tenant and a W3C traceparent, so the relay's header
+// path runs too.
+func NumberedEvent(n, agg int, payload string) OutboxEvent {
+	types := EventAggregateTypes()
+	e := OutboxEvent{
+		AggregateType: types[agg%len(types)],
+		AggregateID:   fmt.Sprintf("agg-%d", agg),
+		EventType:     "Happened",
+		Payload:       payload,
+	}
+	if n%5 == 0 {
+		e.Headers = fmt.Sprintf(`{"tenant": "t%d", "traceparent": "00-%032x-%016x-01"}`, agg%7, n, n)
+	}
+	return e
+}
+
 // Ledger commits outbox events and remembers every committed event_id in
 // commit order, overall and per aggregate, for CheckNoLoss and
 // CheckPerAggregateOrder. It is safe for concurrent use.

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
 // The versions fetch.sh downloads and the ones the harness expects must be
@@ -20,7 +22,7 @@ func TestFetchScriptPinsPGVersions(t *testing.T) {
 		major, _ := strconv.Atoi(string(m[1]))
 		got[major] = string(m[2])
 	}
-	want := FetchedPGVersions()
+	want := throwaway.FetchedPGVersions()
 	if len(got) != len(want) {
 		t.Fatalf("fetch.sh pins %v, the harness expects %v", got, want)
 	}
@@ -34,7 +36,7 @@ func TestFetchScriptPinsPGVersions(t *testing.T) {
 // With PGVersionEnv set, every cluster is that major version; the
 // per-version runs of make test rely on it.
 func TestRequestedPGMajorIsWhatRuns(t *testing.T) {
-	want, err := RequestedPGMajor()
+	want, err := throwaway.RequestedPGMajor()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,62 +10,23 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
-// registry holds teardown functions for everything the harness started
-// that must not outlive the test binary: clusters (including ones started
-// in TestMain), child processes, the relay build directory. It is the
+// local holds the teardown of everything the harness started that must
+// not outlive the test binary: clusters (including ones started in
+// TestMain), child processes, Apache Kafka, build directories. It is the
 // package's only global state besides the relay build cache, and it exists
 // because Main, which runs after all tests and on SIGINT/SIGTERM, has no
 // other way to reach them.
-var registry = struct {
-	mu   sync.Mutex
-	next int
-	fns  map[int]func()
-}{fns: make(map[int]func())}
-
-// registerCleanup adds fn to the registry Main drains after the tests; the
-// returned func removes it again once the owner has cleaned up itself.
-func registerCleanup(fn func()) (unregister func()) {
-	registry.mu.Lock()
-	defer registry.mu.Unlock()
-	id := registry.next
-	registry.next++
-	registry.fns[id] = fn
-	return func() {
-		registry.mu.Lock()
-		defer registry.mu.Unlock()
-		delete(registry.fns, id)
-	}
-}
-
-// runRegisteredCleanups runs every registered function, newest first. The
-// functions run without the lock held, because they usually unregister
-// themselves.
-func runRegisteredCleanups() {
-	registry.mu.Lock()
-	ids := make([]int, 0, len(registry.fns))
-	for id := range registry.fns {
-		ids = append(ids, id)
-	}
-	fns := registry.fns
-	registry.fns = make(map[int]func())
-	registry.mu.Unlock()
-	// Newest first, like t.Cleanup: later resources may depend on
-	// earlier ones (a relay on its database).
-	sort.Sort(sort.Reverse(sort.IntSlice(ids)))
-	for _, id := range ids {
-		fns[id]()
-	}
-}
+var local throwaway.Services
 
 // Main runs the package's tests and then stops whatever the harness
 // started that is still running. Use it as
@@ -80,7 +41,7 @@ func runRegisteredCleanups() {
 // parallel, are left alone. SIGINT and SIGTERM also stop everything before
 // the binary exits.
 func Main(m *testing.M) {
-	reapOrphans()
+	throwaway.ReapOrphans()
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -89,7 +50,7 @@ func Main(m *testing.M) {
 		select {
 		case sig := <-sigs:
 			fmt.Fprintf(os.Stderr, "harness: got %v, stopping servers and processes\n", sig)
-			runRegisteredCleanups()
+			local.Close()
 			os.Exit(1)
 		case <-done:
 		}
@@ -99,83 +60,22 @@ func Main(m *testing.M) {
 	m.Run()
 	signal.Stop(sigs)
 	close(done)
-	runRegisteredCleanups()
+	local.Close()
 }
 
-// ownerFile marks a harness temp directory with the pid and start time of
-// the test binary that created it; the start time tells a live owner from
-// an unrelated process that reused its pid.
-const ownerFile = ".harness-owner"
-
-// makeOwnedTempDir creates a directory under os.TempDir() that reapOrphans
-// in a later test binary may delete once this process is gone.
-func makeOwnedTempDir(prefix string) (string, error) {
-	dir, err := os.MkdirTemp("", prefix)
+// MainWithPostgres is Main for a package whose tests share one cluster,
+// each test with a database of its own (CreateRelayDatabase): it starts
+// the cluster with opts, hands it to share, which keeps it in a package
+// variable, and runs Main, which stops it after the tests. A cluster that
+// does not start ends the test binary with the reason.
+func MainWithPostgres(m *testing.M, opts PGOptions, share func(*Postgres)) {
+	pg, _, err := StartPostgresMain(opts)
 	if err != nil {
-		return "", fmt.Errorf("create temp dir: %w", err)
+		fmt.Fprintf(os.Stderr, "%s: start postgres: %v\n", filepath.Base(os.Args[0]), err)
+		os.Exit(1)
 	}
-	self := os.Getpid()
-	marker := fmt.Sprintf("%d %s\n", self, procStartTime(self))
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(marker), 0o644); err != nil {
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("write owner marker: %w", err)
-	}
-	return dir, nil
-}
-
-// reapOrphans removes marked directories whose owner is dead, first
-// stopping a postgres cluster still running from one of them.
-func reapOrphans() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "outbox-relay-*"))
-	for _, dir := range dirs {
-		b, err := os.ReadFile(filepath.Join(dir, ownerFile))
-		if err != nil {
-			continue // not ours, or being created right now
-		}
-		fields := strings.Fields(string(b))
-		if len(fields) == 0 {
-			continue
-		}
-		pid, err := strconv.Atoi(fields[0])
-		if err != nil {
-			continue
-		}
-		start := ""
-		if len(fields) > 1 {
-			start = fields[1]
-		}
-		if processAlive(pid) && procStartTime(pid) == start {
-			continue
-		}
-		killPostmaster(filepath.Join(dir, "data"))
-		os.RemoveAll(dir)
-	}
-}
-
-func procAvailable() bool {
-	_, err := os.Stat("/proc/self/stat")
-	return err == nil
-}
-
-// procStartTime is the process start time in clock ticks since boot (field
-// 22 of /proc/<pid>/stat), or "" where there is no /proc.
-func procStartTime(pid int) string {
-	f := procStatFields(pid)
-	if len(f) < 20 {
-		return ""
-	}
-	return f[19]
-}
-
-// processAlive reports whether pid is running. A zombie counts as dead: an
-// orphaned postmaster is reparented to PID 1, and in a container that may
-// never reap it.
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	if err != nil && !errors.Is(err, syscall.EPERM) {
-		return false
-	}
-	return procState(pid) != "Z"
+	share(pg)
+	Main(m)
 }
 
 // ProcessCPU is the CPU time process pid has used so far, all its threads
@@ -192,31 +92,6 @@ func ProcessCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("cpu clock of process %d: %w", pid, errno)
 	}
 	return time.Duration(ts.Nano()), nil
-}
-
-// procState is the state letter of /proc/<pid>/stat (R, S, D, Z, ...), or
-// "" where there is no /proc.
-func procState(pid int) string {
-	f := procStatFields(pid)
-	if len(f) < 1 {
-		return ""
-	}
-	return f[0]
-}
-
-// procStatFields returns the fields of /proc/<pid>/stat from field 3 on.
-// The command name (field 2) may contain spaces and parentheses, so the
-// split starts after its closing parenthesis.
-func procStatFields(pid int) []string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil
-	}
-	return strings.Fields(string(b[i+1:]))
 }
 
 // builds caches each program's build for the test binary: building once
@@ -268,11 +143,11 @@ func buildProgram(pkg string) (path, output string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	dir, err := makeOwnedTempDir("outbox-relay-build-")
+	dir, err := throwaway.MakeOwnedTempDir("outbox-relay-build-")
 	if err != nil {
 		return "", "", err
 	}
-	registerCleanup(func() { os.RemoveAll(dir) })
+	local.OnClose(func() { os.RemoveAll(dir) })
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		return "", "", fmt.Errorf("find go tool: %w", err)
@@ -375,7 +250,7 @@ func StartProcess(t testing.TB, bin string, args []string, env []string) *Proces
 		logFile.Close()
 		close(p.done)
 	}()
-	p.unregister = registerCleanup(p.Kill)
+	p.unregister = local.OnClose(p.Kill)
 	t.Cleanup(func() {
 		p.Kill()
 		p.unregister()

@@ -11,10 +11,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
 )
 
 // LogStreaming is what the relay logs, in its JSON output, once it streams.
 const LogStreaming = `"message":"streaming"`
+
+// LogLevelInfo is the environment entry that keeps the relay's info lines
+// (progress, restarts), which tests wait on; StartProcess passes a child
+// none of the suite's own OUTBOX_RELAY_ variables.
+const LogLevelInfo = "OUTBOX_RELAY_LOG_LEVEL=info"
 
 // RelayFlags point a relay command at a test's database, slot and Kafka.
 type RelayFlags struct {
@@ -144,10 +151,4 @@ func (l LogLine) Str(key string) string {
 }
 
 // LastLines is the tail of a process's output, for failure messages.
-func LastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func LastLines(s string, n int) string { return throwaway.LastLines(s, n) }

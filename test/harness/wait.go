@@ -1,15 +1,11 @@
 package harness
 
 import (
-	"net"
 	"testing"
 	"time"
-)
 
-// pollInterval is short enough that waits add little latency to a test and
-// long enough that polling a database or a buffer costs next to nothing on a
-// busy two-core CI machine.
-const pollInterval = 20 * time.Millisecond
+	"github.com/outbox-relay/outbox-relay/internal/throwaway"
+)
 
 // WaitFor polls cond every ~20ms until it returns true, and fails the test
 // with what when timeout passes first. cond is always evaluated at least
@@ -27,18 +23,7 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // Poll is WaitFor without the test: it reports whether cond became true
 // before timeout, for helpers that want to word their own failure.
 func Poll(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	ticker := time.NewTicker(pollInterval)
-	defer ticker.Stop()
-	for {
-		if cond() {
-			return true
-		}
-		if !time.Now().Before(deadline) {
-			return false
-		}
-		<-ticker.C
-	}
+	return throwaway.Poll(timeout, cond)
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. The
@@ -46,18 +31,9 @@ func Poll(timeout time.Duration, cond func() bool) bool {
 // servers that can retry on a bind failure (StartPostgres does) should.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	port, err := freePort()
+	port, err := throwaway.FreePort()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
 	return port
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

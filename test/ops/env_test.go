@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -39,14 +38,8 @@ func newEnv(t *testing.T) *env {
 // newEnvNoKafka creates the database only; the test sets brokers.
 func newEnvNoKafka(t *testing.T) *env {
 	t.Helper()
-	db := cluster.CreateTestDatabase(t)
-	e := &env{t: t, db: db, bin: harness.BuildRelay(t), slot: db.Name()}
-	t.Cleanup(func() {
-		// Slots are cluster-wide; the relays were killed by their own
-		// cleanups, which ran first.
-		cluster.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.slot)
-	})
-	return e
+	db, slot := cluster.CreateRelayDatabase(t)
+	return &env{t: t, db: db, bin: harness.BuildRelay(t), slot: slot}
 }
 
 // args are a command's flags for this env, connecting as the superuser.
@@ -106,47 +99,4 @@ func insert(t *testing.T, dsn string, aggType string, n int) []string {
 		}
 	}
 	return ids
-}
-
-// consumeIDs reads the relay's topics with a franz-go client built with
-// opts (TLS, SASL) until every id in want was seen, and fails the test at
-// timeout. The plain case can use harness.ConsumeEventIDs instead.
-func consumeIDs(t *testing.T, brokers []string, opts []kgo.Opt, want []string, timeout time.Duration) {
-	t.Helper()
-	missing := map[string]bool{}
-	for _, id := range want {
-		missing[id] = true
-	}
-	cl, err := kgo.NewClient(append([]kgo.Opt{
-		kgo.SeedBrokers(brokers...),
-		kgo.ConsumeRegex(), kgo.ConsumeTopics(topics),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.MetadataMinAge(50 * time.Millisecond), kgo.MetadataMaxAge(250 * time.Millisecond),
-		kgo.FetchMaxWait(200 * time.Millisecond),
-	}, opts...)...)
-	if err != nil {
-		t.Fatalf("kafka consumer: %v", err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var lastErr error
-	for len(missing) > 0 && ctx.Err() == nil {
-		fetches := cl.PollFetches(ctx)
-		fetches.EachError(func(_ string, _ int32, err error) {
-			if ctx.Err() == nil {
-				lastErr = err
-			}
-		})
-		fetches.EachRecord(func(r *kgo.Record) {
-			for _, h := range r.Headers {
-				if h.Key == harness.EventIDHeader {
-					delete(missing, string(h.Value))
-				}
-			}
-		})
-	}
-	if len(missing) > 0 {
-		t.Fatalf("%d of %d events never reached Kafka within %v (last fetch error: %v)", len(missing), len(want), timeout, lastErr)
-	}
 }

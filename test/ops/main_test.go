@@ -13,8 +13,6 @@
 package ops
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -27,14 +25,8 @@ import (
 var cluster *harness.Postgres
 
 func TestMain(m *testing.M) {
-	pg, _, err := harness.StartPostgresMain(harness.PGOptions{
+	harness.MainWithPostgres(m, harness.PGOptions{
 		PasswordAuth: true,
 		Settings:     map[string]string{"wal_sender_timeout": "20s"},
-	})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "ops: start postgres: %v\n", err)
-		os.Exit(1)
-	}
-	cluster = pg
-	harness.Main(m)
+	}, func(pg *harness.Postgres) { cluster = pg })
 }

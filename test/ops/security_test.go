@@ -177,7 +177,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 			p := e.start(args, env...)
 			p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 			ids := insert(t, e.db.DSN(), "order", 10)
-			consumeIDs(t, kafka.Brokers(), tc.consumer, ids, time.Minute)
+			harness.ConsumeEventIDsWith(t, kafka.Brokers(), tc.consumer, topics, ids, time.Minute)
 			base := p.AdminURL(t)
 			_, slot := harness.HTTPGet(t, base+"/slot")
 			_, readyz := harness.HTTPGet(t, base+"/readyz")

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -93,7 +91,7 @@ func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
 	ids := insert(t, e.db.DSN(), "order", 3)
 	before := e.db.CurrentLSN(t)
 	ids = append(ids, insert(t, e.db.DSN(), "order", 1)...)
-	consumeIDs(t, e.brokers, []kgo.Opt{kgo.FetchIsolationLevel(kgo.ReadCommitted())}, ids, time.Minute)
+	harness.ConsumeEventIDs(t, e.brokers, topics, ids, time.Minute)
 
 	statusArgs := e.args("status", "--delivery", "exactly-once", "--kafka-brokers", strings.Join(e.brokers, ","))
 	var doc struct {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,8 +54,8 @@ func TestDrillWriterRelayInbox(t *testing.T) {
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			d := drill{
-				events: sized(3_000, 30_000), aggregates: sized(100, 1_000),
-				relayKills: sized(3, 8), consumerKills: sized(2, 5),
+				events: harness.Sized(3_000, 30_000), aggregates: harness.Sized(100, 1_000),
+				relayKills: harness.Sized(3, 8), consumerKills: harness.Sized(2, 5),
 				relayArgs: mode.relayArgs, readCommitted: mode.readCommitted,
 			}
 			d.run(t)
@@ -70,22 +69,22 @@ type drill struct {
 	readCommitted                                 bool
 }
 
-// ledger is what the writer committed and rolled back.
+// ledger is what the writer committed, in commit order, which per
+// aggregate is version order (one goroutine writes), and what it rolled
+// back.
 type ledger struct {
+	*harness.Ledger
 	mu        sync.Mutex
-	committed map[string]bool     // event id -> committed
-	order     map[string][]string // aggregate -> event ids in version order
 	aborted   []string
 	abortedTx int
 }
 
 func (l *ledger) commit(ids, aggs []string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i, id := range ids {
-		l.committed[id] = true
-		l.order[aggs[i]] = append(l.order[aggs[i]], id)
+	events := make([]harness.OutboxEvent, len(ids))
+	for i := range events {
+		events[i].AggregateID = aggs[i]
 	}
+	l.Record(ids, events)
 }
 
 func (l *ledger) abort(ids []string) {
@@ -95,23 +94,9 @@ func (l *ledger) abort(ids []string) {
 	l.abortedTx++
 }
 
-func (l *ledger) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.committed)
-}
-
 func (d drill) run(t *testing.T) {
 	began := time.Now()
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("OUTBOX_RELAY_DRILL_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("OUTBOX_RELAY_DRILL_SEED=%q: %v", s, err)
-		}
-	}
-	t.Logf("random seed %d (set OUTBOX_RELAY_DRILL_SEED=%d to replay)", seed, seed)
-	rng := mrand.New(mrand.NewPCG(seed, 1))
+	rng := mrand.New(mrand.NewPCG(harness.DrillSeed(t), 1))
 
 	pg := harness.StartPostgres(t, harness.PGOptions{})
 	db := pg.CreateTestDatabase(t)
@@ -134,7 +119,7 @@ func (d drill) run(t *testing.T) {
 	brokers := k.Brokers()
 
 	// The writer commits one chunk per round, so writing spans the kills.
-	l := &ledger{committed: map[string]bool{}, order: map[string][]string{}}
+	l := &ledger{Ledger: harness.NewLedger()}
 	rounds := max(d.relayKills, 2*d.consumerKills)
 	chunk := d.events / (rounds + 1)
 	chunks := make(chan int, rounds+1)
@@ -151,7 +136,7 @@ func (d drill) run(t *testing.T) {
 	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: "pattern.{aggregate_type}"}.
 		Args("run", d.relayArgs...)
 	startRelay := func() *harness.Process {
-		return harness.StartProcess(t, relayBin, relayArgs, []string{"OUTBOX_RELAY_LOG_LEVEL=info"})
+		return harness.StartProcess(t, relayBin, relayArgs, []string{harness.LogLevelInfo})
 	}
 	consumerArgs := []string{"--brokers", strings.Join(brokers, ","), "--dsn", db.DSN(), "--group", group, "--topic", topic,
 		"--read-committed=" + strconv.FormatBool(d.readCommitted)}
@@ -209,7 +194,7 @@ func (d drill) run(t *testing.T) {
 			consumerKillsDone++
 			consumers[victim] = startConsumer()
 		}
-		t.Logf("round %d: %d events committed, %d records in Kafka, %d effects", round+1, l.count(), kafkaRecords(), applied())
+		t.Logf("round %d: %d events committed, %d records in Kafka, %d effects", round+1, l.CommittedCount(), kafkaRecords(), applied())
 	}
 	chunks <- d.events - (rounds+1)*chunk
 	closeChunks()
@@ -217,12 +202,7 @@ func (d drill) run(t *testing.T) {
 		t.Fatalf("writer: %v", err)
 	}
 
-	l.mu.Lock()
-	var committed []string
-	for id := range l.committed {
-		committed = append(committed, id)
-	}
-	l.mu.Unlock()
+	committed, order := l.Committed()
 	harness.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d committed events are applied", len(committed)), func() bool {
 		if relay.Exited() {
 			t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
@@ -269,7 +249,7 @@ func (d drill) run(t *testing.T) {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	for agg, ids := range l.order {
+	for agg, ids := range order {
 		if strings.Join(got[agg], ",") != strings.Join(ids, ",") {
 			t.Errorf("%s: applied %d events in an order other than committed (%d events)", agg, len(got[agg]), len(ids))
 		}

@@ -10,18 +10,9 @@
 package pattern
 
 import (
-	"os"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 func TestMain(m *testing.M) { harness.Main(m) }
-
-// sized returns full when OUTBOX_RELAY_DRILL_SIZE=full, else reduced.
-func sized(reduced, full int) int {
-	if os.Getenv("OUTBOX_RELAY_DRILL_SIZE") == "full" {
-		return full
-	}
-	return reduced
-}

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -21,13 +20,7 @@ import (
 var cluster *harness.Postgres
 
 func TestMain(m *testing.M) {
-	pg, _, err := harness.StartPostgresMain(harness.PGOptions{})
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "reconcile: start postgres: %v\n", err)
-		os.Exit(1)
-	}
-	cluster = pg
-	harness.Main(m)
+	harness.MainWithPostgres(m, harness.PGOptions{}, func(pg *harness.Postgres) { cluster = pg })
 }
 
 const partitions = 4
@@ -45,13 +38,9 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := cluster.CreateTestDatabase(t)
-	e := &env{t: t, db: db, bin: harness.BuildRelay(t), slot: db.Name(), Ledger: harness.NewLedger(),
+	db, slot := cluster.CreateRelayDatabase(t)
+	return &env{t: t, db: db, bin: harness.BuildRelay(t), slot: slot, Ledger: harness.NewLedger(),
 		kafka: harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})}
-	t.Cleanup(func() {
-		cluster.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", e.slot)
-	})
-	return e
 }
 
 // command is a command line: the command, the database, slot and (but

@@ -1,4 +1,4 @@
-package harness
+package throwaway
 
 import (
 	"fmt"
@@ -6,13 +6,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 )
 
 // PGVersionEnv selects the PostgreSQL major version every cluster of the
-// test binary runs, e.g. OUTBOX_RELAY_PG_VERSION=17. Debian's server is
+// process runs, e.g. OUTBOX_RELAY_PG_VERSION=17. Debian's server is
 // used where /usr/lib/postgresql/<major>/bin has one (15 here); 16, 17 and
-// 18 come from test/postgres/fetch.sh's cache. Unset, the harness takes
+// 18 come from test/postgres/fetch.sh's cache. Unset, StartPostgres takes
 // OUTBOX_RELAY_PG_BIN, else the newest Debian server.
 const PGVersionEnv = "OUTBOX_RELAY_PG_VERSION"
 
@@ -36,17 +35,11 @@ func RequestedPGMajor() (int, error) {
 	return major, nil
 }
 
-// pgInstall caches the copy of a fetched PostgreSQL installation for the
-// test binary: the cache lives under the invoking user's home, which the
-// postgres user a root test runs the server as cannot enter.
-var pgInstall struct {
-	once sync.Once
-	bin  string
-	err  error
-}
-
-// versionedPGBinDir returns the bin directory of the requested major.
-func versionedPGBinDir(major int) (string, error) {
+// versionedPGBinDir returns the bin directory of the requested major. A
+// fetched installation is copied once per Services: the fetch cache lives
+// under the invoking user's home, which the postgres user a root caller
+// runs the server as cannot enter.
+func (s *Services) versionedPGBinDir(major int) (string, error) {
 	debian := fmt.Sprintf("/usr/lib/postgresql/%d/bin", major)
 	if _, err := os.Stat(filepath.Join(debian, "initdb")); err == nil {
 		return debian, nil
@@ -54,13 +47,13 @@ func versionedPGBinDir(major int) (string, error) {
 	if _, ok := FetchedPGVersions()[major]; !ok {
 		return "", fmt.Errorf("PostgreSQL %d: neither installed in %s nor fetched by test/postgres/fetch.sh (it fetches 16, 17 and 18)", major, debian)
 	}
-	pgInstall.once.Do(func() { pgInstall.bin, pgInstall.err = copyFetchedPG(major) })
-	return pgInstall.bin, pgInstall.err
+	s.pgInstall.once.Do(func() { s.pgInstall.bin, s.pgInstall.err = s.copyFetchedPG(major) })
+	return s.pgInstall.bin, s.pgInstall.err
 }
 
 // copyFetchedPG copies the fetched installation of major into a directory
-// of its own that every user may read, removed when the test binary ends.
-func copyFetchedPG(major int) (string, error) {
+// of its own that every user may read, removed when s closes.
+func (s *Services) copyFetchedPG(major int) (string, error) {
 	cache := os.Getenv("XDG_CACHE_HOME")
 	if cache == "" {
 		home, err := os.UserHomeDir()
@@ -73,11 +66,11 @@ func copyFetchedPG(major int) (string, error) {
 	if _, err := os.Stat(filepath.Join(src, "fetched.stamp")); err != nil {
 		return "", fmt.Errorf("PostgreSQL %d is not fetched into %s: run test/postgres/fetch.sh %d", major, src, major)
 	}
-	dir, err := makeOwnedTempDir(fmt.Sprintf("outbox-relay-pg%d-install-", major))
+	dir, err := MakeOwnedTempDir(fmt.Sprintf("outbox-relay-pg%d-install-", major))
 	if err != nil {
 		return "", err
 	}
-	registerCleanup(func() { os.RemoveAll(dir) })
+	s.OnClose(func() { os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return "", fmt.Errorf("chmod %s: %w", dir, err)
 	}
