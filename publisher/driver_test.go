@@ -81,7 +81,7 @@ func (d *driver) put(ctx context.Context, it Item) error {
 func (d *driver) send(ctx context.Context, r *Record) error { return d.put(ctx, Item{Record: r}) }
 
 func (d *driver) build(ctx context.Context, ev *Event) (*Record, error) {
-	return buildWait(ctx, d.s.Build, ev)
+	return BuildWhenReady(ctx, d.s.Build, ev)
 }
 
 // stream hands txns to the sink as the read loop does, each end with the

@@ -288,11 +288,12 @@ func (p *Publisher) Build(ev *Event) (*Record, error) { return p.topics.build(ev
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
 func (p *Publisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
-	return buildWait(ctx, p.Build, ev)
+	return BuildWhenReady(ctx, p.Build, ev)
 }
 
-// buildWait calls build until the event's topic is looked up or ctx ends.
-func buildWait(ctx context.Context, build func(*Event) (*Record, error), ev *Event) (*Record, error) {
+// BuildWhenReady calls build (a sink's Build) until the event's topic is
+// looked up or ctx ends: Build for callers without a loop of their own.
+func BuildWhenReady(ctx context.Context, build func(*Event) (*Record, error), ev *Event) (*Record, error) {
 	for {
 		r, err := build(ev)
 		var pending *TopicPendingError

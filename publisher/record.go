@@ -66,6 +66,8 @@ type Record struct {
 	// built is when the exactly-once sink took the event: its Kafka
 	// transaction's interval runs from its oldest record's.
 	built time.Time
+	// pos is the record's place in its Kafka transaction (exactly-once).
+	pos int
 }
 
 // Size is the record's encoded size in bytes, as Kafka counts it.

@@ -72,15 +72,16 @@ func (m *PoisonMemory) learn(failures []failure, isolated bool) int {
 	return 0
 }
 
-// committed clears suspects that a committed transaction carried.
-func (m *PoisonMemory) committed(batch []*Record) {
+// committed clears suspects that a committed transaction carried; ids
+// yields the event ids of its records.
+func (m *PoisonMemory) committed(ids func(yield func(string) bool)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.suspects) == 0 {
 		return
 	}
-	for _, r := range batch {
-		delete(m.suspects, string(r.eventID))
+	for id := range ids {
+		delete(m.suspects, id)
 	}
 }
 

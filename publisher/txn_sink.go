@@ -203,7 +203,26 @@ type owner struct {
 	phase    phase
 	began    time.Time
 	deadline time.Time // when the open transaction is due to commit
+	steady   time.Time // when it would be, had it not begun catching up
+	// While catching up, the transaction also commits once an interval/2
+	// passes with no item taken: the backlog ended, and nothing more will
+	// join it soon. Without this the last transaction of a drain waited
+	// out the catch-up interval (measured: 1.5 s of a 4.3 s drain).
+	idleCheck time.Time
+	taken     int // items taken since the last idle check
+	// commitCost is how long recent commits took, from the call to the
+	// last ack: the steady deadline comes that much earlier, so records
+	// become visible an interval after their read, not an interval and a
+	// commit.
+	commitCost  time.Duration
+	commitStart time.Time
+	// batch holds the transaction's records; one the broker acknowledged
+	// is replaced by what acked keeps of it, so a large transaction holds
+	// a few dozen bytes per acknowledged record until its commit, not the
+	// record (measured: 150 MB peak RSS with whole records kept, draining
+	// a backlog in transactions of 8 MiB).
 	batch    []*Record
+	acked    []ackedRecord // by position; valid where batch is nil
 	bytes    int
 	complete int        // len(batch) at the last end: records of whole source transactions
 	last     *SourceEnd // the last whole source transaction in the batch
@@ -286,8 +305,8 @@ func (o *owner) loop() {
 			o.takeMore()
 		case in <- o.next:
 			o.handed()
-		case <-o.successes:
-			o.answered++
+		case msg := <-o.successes:
+			o.ack(msg)
 			o.takeAcks()
 			o.progress()
 		case perr := <-o.errs:
@@ -345,12 +364,30 @@ func (o *owner) takeMore() {
 	}
 }
 
-// takeAcks counts the acks already waiting.
+// ack takes the broker's acknowledgement of one message.
+func (o *owner) ack(msg *sarama.ProducerMessage) {
+	o.answered++
+	r, ok := msg.Metadata.(*Record)
+	if !ok || r.pos >= len(o.batch) || o.batch[r.pos] != r {
+		return // the progress record, or one of a transaction given up on
+	}
+	o.acked[r.pos] = ackedRecord{d: delivery(msg), eventID: string(r.eventID)}
+	o.batch[r.pos] = nil
+}
+
+// ackedRecord is what the sink keeps of a record the broker acknowledged
+// until its Kafka transaction ends: enough to report it either way.
+type ackedRecord struct {
+	d       Delivery
+	eventID string
+}
+
+// takeAcks takes the acks already waiting.
 func (o *owner) takeAcks() {
 	for {
 		select {
-		case <-o.successes:
-			o.answered++
+		case msg := <-o.successes:
+			o.ack(msg)
 		default:
 			return
 		}
@@ -371,6 +408,7 @@ func (o *owner) canTake() bool {
 }
 
 func (o *owner) take(it Item) {
+	o.taken++
 	switch {
 	case it.Record != nil:
 		o.record(it.Record)
@@ -395,9 +433,15 @@ func (o *owner) record(r *Record) {
 			return
 		}
 		o.phase, o.began = open, time.Now()
-		o.deadline = commitDeadline(r.built, r.commitTime, o.began, o.cfg.Interval)
+		o.deadline = commitDeadline(r.built, r.commitTime, o.began, o.cfg.Interval, o.commitCost)
+		o.steady = steadyDeadline(r.built, o.began, o.cfg.Interval, o.commitCost)
+		if o.deadline.After(o.steady) {
+			o.idleCheck, o.taken = o.steady, 0
+		}
 	}
+	r.pos = len(o.batch)
 	o.batch = append(o.batch, r)
+	o.acked = append(o.acked, ackedRecord{})
 	o.bytes += r.size
 	o.next, o.nextRec = &r.msg, r
 	if o.cfg.Poison.suspect(r.eventID) {
@@ -425,7 +469,11 @@ func (o *owner) end(e *SourceEnd) {
 	}
 	o.complete, o.split = len(o.batch), false
 	o.last = e
-	if o.due || len(o.batch) >= o.cfg.BatchEvents || o.bytes >= o.cfg.BatchBytes || !time.Now().Before(o.deadline) {
+	now := time.Now()
+	if o.steady.Before(o.deadline) && caughtUp(e.CommitTime, now, o.cfg.Interval) {
+		o.deadline, o.idleCheck = o.steady, time.Time{}
+	}
+	if o.due || len(o.batch) >= o.cfg.BatchEvents || o.bytes >= o.cfg.BatchBytes || !now.Before(o.deadline) {
 		o.commit()
 	}
 }
@@ -433,6 +481,14 @@ func (o *owner) end(e *SourceEnd) {
 func (o *owner) onTimer() {
 	switch o.phase {
 	case open:
+		if now := time.Now(); !o.idleCheck.IsZero() && now.Before(o.deadline) {
+			// Idle only if the loop sent nothing: not while the sink
+			// itself waited on the producer with items queued.
+			if o.taken > 0 || len(o.items) > 0 || o.next != nil || o.complete < len(o.batch) {
+				o.idleCheck, o.taken = now.Add(o.cfg.Interval/2), 0
+				return
+			}
+		}
 		if o.complete == len(o.batch) {
 			o.commit()
 		} else {
@@ -453,6 +509,9 @@ func (o *owner) arm() {
 	case open:
 		if !o.due {
 			at = o.deadline
+			if !o.idleCheck.IsZero() && o.idleCheck.Before(at) {
+				at = o.idleCheck
+			}
 		}
 	case committing, aborting:
 		at = o.endBy
@@ -488,7 +547,7 @@ func (o *owner) commit() {
 		o.log.Warn().Int("records", len(o.batch)-o.complete).
 			Msg("a source transaction is larger than one Kafka transaction may hold: committing it in parts; read_committed consumers see its first part before the rest, and a crash before its last part re-delivers the committed parts")
 	}
-	o.phase, o.returned, o.endBy = committing, false, o.endDeadline()
+	o.phase, o.returned, o.endBy, o.commitStart = committing, false, o.endDeadline(), time.Now()
 	if o.last != nil && o.last.Progress != nil {
 		p := o.last.Progress
 		o.next = &sarama.ProducerMessage{Topic: p.Topic, Key: sarama.ByteEncoder(p.Key), Value: sarama.ByteEncoder(p.Value)}
@@ -579,10 +638,17 @@ func (o *owner) progress() {
 }
 
 func (o *owner) committed() {
-	for _, r := range o.batch {
-		o.report(Outcome{Delivery: delivery(&r.msg)})
+	now := time.Now()
+	o.commitCost = (3*o.commitCost + now.Sub(o.commitStart)) / 4
+	for i, r := range o.batch {
+		d := o.acked[i].d
+		if r != nil { // acknowledged without passing through ack: not expected
+			d = delivery(&r.msg)
+		}
+		d.At = now // the ack that counts is the commit
+		o.report(Outcome{Delivery: d})
 	}
-	o.cfg.Poison.committed(o.batch)
+	o.cfg.Poison.committed(o.eventIDs)
 	rep := &TxnReport{Committed: true}
 	if o.last != nil {
 		rep.End, rep.CommitTime = o.last.End, o.last.CommitTime
@@ -667,10 +733,30 @@ func (o *owner) spend(err error) {
 
 // failAll reports every record of the transaction failed.
 func (o *owner) failAll(class Class) {
-	for _, r := range o.batch {
-		o.failOneAs(r, o.broken, class)
+	for i, r := range o.batch {
+		if r != nil {
+			o.failOneAs(r, o.broken, class)
+			continue
+		}
+		a := o.acked[i]
+		d := a.d
+		d.Partition, d.Offset, d.At = -1, -1, time.Now()
+		o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: a.eventID, Topic: d.Topic, Partition: -1, Err: o.broken}})
 	}
 	o.reset()
+}
+
+// eventIDs yields the event ids of the transaction's records.
+func (o *owner) eventIDs(yield func(string) bool) {
+	for i, r := range o.batch {
+		id := o.acked[i].eventID
+		if r != nil {
+			id = r.EventID()
+		}
+		if !yield(id) {
+			return
+		}
+	}
 }
 
 func (o *owner) failOne(r *Record, err error) {
@@ -695,8 +781,10 @@ func (o *owner) reset() {
 		o.split = false
 	}
 	o.phase, o.due, o.last, o.isolate, o.isolatedAbort = idle, false, nil, notIsolating, false
+	o.idleCheck, o.taken = time.Time{}, 0
 	clear(o.batch)
-	o.batch, o.bytes, o.complete = o.batch[:0], 0, 0
+	clear(o.acked)
+	o.batch, o.acked, o.bytes, o.complete = o.batch[:0], o.acked[:0], 0, 0
 	o.next, o.nextRec, o.sent, o.answered, o.failures = nil, nil, 0, 0, o.failures[:0]
 	o.returned, o.callErr, o.cause = false, nil, nil
 }

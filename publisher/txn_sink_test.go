@@ -163,19 +163,88 @@ func TestCommitDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name                     string
 		firstBuilt, sourceCommit time.Time
+		commitCost               time.Duration
 		want                     time.Time
 	}{
-		{"built as it began", began, recent, began.Add(interval)},
-		{"waited 30 ms for a commit", began.Add(-30 * time.Millisecond), recent.Add(-30 * time.Millisecond), began.Add(70 * time.Millisecond)},
-		{"waited longer than half an interval", began.Add(-90 * time.Millisecond), began.Add(-95 * time.Millisecond), began.Add(interval / 2)},
-		{"no build time", time.Time{}, recent, began.Add(interval)},
-		{"build time after the begin", began.Add(time.Second), recent, began.Add(interval)},
-		{"no source commit time", began, time.Time{}, began.Add(interval)},
-		{"catching up 400 ms behind", began.Add(-90 * time.Millisecond), began.Add(-400 * time.Millisecond), began.Add(400 * time.Millisecond)},
-		{"catching up a minute behind", began.Add(-90 * time.Millisecond), began.Add(-time.Minute), began.Add(time.Second)},
+		{"built as it began", began, recent, 0, began.Add(interval)},
+		{"waited 30 ms for a commit", began.Add(-30 * time.Millisecond), recent.Add(-30 * time.Millisecond), 0, began.Add(70 * time.Millisecond)},
+		{"waited longer than half an interval", began.Add(-90 * time.Millisecond), began.Add(-95 * time.Millisecond), 0, began.Add(interval / 2)},
+		{"no build time", time.Time{}, recent, 0, began.Add(interval)},
+		{"build time after the begin", began.Add(time.Second), recent, 0, began.Add(interval)},
+		{"no source commit time", began, time.Time{}, 0, began.Add(interval)},
+		{"catching up 400 ms behind", began.Add(-90 * time.Millisecond), began.Add(-400 * time.Millisecond), 0, began.Add(400 * time.Millisecond)},
+		{"commits take 20 ms", began, recent, 20 * time.Millisecond, began.Add(80 * time.Millisecond)},
+		{"commits take longer than half an interval", began, recent, 80 * time.Millisecond, began.Add(interval / 2)},
+		{"catching up a minute behind", began.Add(-90 * time.Millisecond), began.Add(-time.Minute), 0, began.Add(time.Second)},
 	} {
-		if got := commitDeadline(tc.firstBuilt, tc.sourceCommit, began, interval); !got.Equal(tc.want) {
+		if got := commitDeadline(tc.firstBuilt, tc.sourceCommit, began, interval, tc.commitCost); !got.Equal(tc.want) {
 			t.Errorf("%s: deadline %v after the begin, want %v", tc.name, got.Sub(began), tc.want.Sub(began))
 		}
+	}
+}
+
+// A Kafka transaction that began catching up, its first record's source
+// commit long past, commits at the steady deadline once a source
+// transaction's end shows the relay caught up: the end of a backlog must
+// not wait out the catch-up interval. It used to, and a drain's last
+// transaction sat a second before anything of it was visible.
+func TestTxnSinkCatchingUpEndsWhenCaughtUp(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = 50 * time.Millisecond
+	d := w.sink()
+	txns := makeTxns("sinkcaughtup", 2, 1, 2) // one event each
+	start := time.Now()
+	txns[0].events[0].CommitTime = start.Add(-time.Minute) // a backlog's
+	txns[1].events[0].CommitTime = start                   // the newest
+	for _, st := range txns {
+		r, err := d.build(context.Background(), st.events[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.send(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+		end := &SourceEnd{Txn: st.id, End: st.end, CommitTime: st.events[0].CommitTime}
+		if err := d.put(context.Background(), Item{End: end}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.waitFor(10*time.Second, "the commit", func() bool { return len(d.reports) > 0 })
+	if took := time.Since(start); took >= catchUpInterval {
+		t.Fatalf("committed %v after the caught-up end; want the %v interval, not the %v catch-up interval", took, w.tcfg.Interval, catchUpInterval)
+	}
+	if st := d.stats(); st.committed != 1 || st.lastCommitted != txns[1].end {
+		t.Fatalf("stats %v: want one commit up to %v", st, txns[1].end)
+	}
+}
+
+// The last transaction of a drained backlog, its source commit long past,
+// commits once nothing more arrives for half an interval, not after the
+// catch-up interval: the backlog ended.
+func TestTxnSinkCatchingUpCommitsWhenInputStops(t *testing.T) {
+	k := harness.StartKfake(t)
+	w := newTxnWorld(t, k.Brokers())
+	w.tcfg.Interval = 50 * time.Millisecond
+	d := w.sink()
+	txns := makeTxns("sinkidle", 1, 1, 1)
+	start := time.Now()
+	txns[0].events[0].CommitTime = start.Add(-time.Minute)
+	r, err := d.build(context.Background(), txns[0].events[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.send(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	end := &SourceEnd{Txn: txns[0].id, End: txns[0].end, CommitTime: txns[0].events[0].CommitTime}
+	if err := d.put(context.Background(), Item{End: end}); err != nil {
+		t.Fatal(err)
+	}
+	d.waitFor(10*time.Second, "the commit", func() bool { return len(d.reports) > 0 })
+	took := time.Since(start)
+	t.Logf("committed %v after the last item", took)
+	if took >= catchUpInterval {
+		t.Fatalf("committed %v after the last item; want about the %v interval, not the %v catch-up interval", took, w.tcfg.Interval, catchUpInterval)
 	}
 }

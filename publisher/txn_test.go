@@ -524,7 +524,7 @@ func TestPoisonMemory(t *testing.T) {
 		t.Fatal("a, refused alone, must be refused from now on and no longer a suspect")
 	}
 	// A committed suspect is innocent.
-	m.committed([]*Record{rec("b")})
+	m.committed(func(yield func(string) bool) { yield("b") })
 	if m.suspect([]byte("b")) {
 		t.Fatal("b committed, still a suspect")
 	}

@@ -186,7 +186,7 @@ func eosStream(ctx context.Context, e *eosSink, topic, progressTopic, key string
 				EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: []byte(`{}`),
 				OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(i),
 			}
-			r, err := buildWait(ctx, e.s, ev)
+			r, err := publisher.BuildWhenReady(ctx, e.s.Build, ev)
 			if err != nil {
 				return sent, err
 			}
@@ -200,22 +200,6 @@ func eosStream(ctx context.Context, e *eosSink, topic, progressTopic, key string
 		}
 	}
 	return sent, nil
-}
-
-// buildWait builds ev's record, waiting while its topic is looked up.
-func buildWait(ctx context.Context, s *publisher.TxnSink, ev *publisher.Event) (*publisher.Record, error) {
-	for {
-		r, err := s.Build(ev)
-		var pending *publisher.TopicPendingError
-		if !errors.As(err, &pending) {
-			return r, err
-		}
-		select {
-		case <-pending.Done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
 }
 
 func TestEOSSink(t *testing.T) {
@@ -379,7 +363,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 					continue
 				}
 				for _, ev := range evs {
-					r, err := buildWait(ctx, s.s, ev)
+					r, err := publisher.BuildWhenReady(ctx, s.s.Build, ev)
 					var perr *publisher.Error
 					if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent {
 						quarantined = append(quarantined, string(ev.EventID))
