@@ -19,7 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-//go:embed *.sql
+//go:embed *.sql poll/*.sql
 var files embed.FS
 
 // Names are the database objects the SQL creates.
@@ -30,6 +30,12 @@ type Names struct {
 	// Quarantine is the schema-qualified quarantine table; empty means
 	// the default (see store.QuarantineTable).
 	Quarantine string
+	// Poll adds what poll mode needs (migrations/poll): its state table, the
+	// trigger that fills it, and its indexes.
+	Poll bool
+	// ExistingPublished marks the rows already in the outbox as published
+	// when poll mode starts tracking them, instead of pending.
+	ExistingPublished bool
 }
 
 // QuarantineTable returns the quarantine table.
@@ -73,7 +79,33 @@ func SQL(n Names) (string, error) {
 	}
 	sort.Strings(entries)
 	table := store.Table{Schema: n.Schema, Name: n.Table}
+	poll, err := store.PollStateTable(table)
+	if err != nil {
+		return "", err
+	}
+	if n.Poll {
+		pollEntries, err := fs.Glob(files, "poll/*.sql")
+		if err != nil {
+			return "", fmt.Errorf("list migrations: %w", err)
+		}
+		sort.Strings(pollEntries)
+		entries = append(entries, pollEntries...)
+	}
+	existingPublishedAt := "NULL::timestamptz"
+	if n.ExistingPublished {
+		existingPublishedAt = "now()"
+	}
 	r := strings.NewReplacer(
+		"{{poll}}", poll.Quoted(),
+		"{{poll_literal}}", literal(poll.Quoted()),
+		"{{poll_seq}}", pgx.Identifier{poll.Schema, poll.Name + "_seq"}.Sanitize(),
+		"{{poll_seq_literal}}", literal(pgx.Identifier{poll.Schema, poll.Name + "_seq"}.Sanitize()),
+		"{{poll_pending_index}}", pgx.Identifier{poll.Name + "_pending_idx"}.Sanitize(),
+		"{{poll_aggregate_index}}", pgx.Identifier{poll.Name + "_aggregate_idx"}.Sanitize(),
+		"{{poll_track}}", pgx.Identifier{poll.Schema, poll.Name + "_track"}.Sanitize(),
+		"{{poll_trigger}}", pgx.Identifier{poll.Name + "_track"}.Sanitize(),
+		"{{table_literal}}", literal(table.Quoted()),
+		"{{existing_published_at}}", existingPublishedAt,
 		"{{quarantine}}", quarantine.Quoted(),
 		"{{table}}", table.Quoted(),
 		// Named after the table, and quoted whole: a name with a space or
@@ -81,7 +113,7 @@ func SQL(n Names) (string, error) {
 		"{{headers_check}}", pgx.Identifier{n.Table + "_headers_shape"}.Sanitize(),
 		"{{created_at_index}}", pgx.Identifier{n.Table + "_created_at_idx"}.Sanitize(),
 		"{{publication}}", pgx.Identifier{n.Publication}.Sanitize(),
-		"{{publication_literal}}", "'"+strings.ReplaceAll(n.Publication, "'", "''")+"'",
+		"{{publication_literal}}", literal(n.Publication),
 	)
 	var b strings.Builder
 	for _, name := range entries {
@@ -93,6 +125,9 @@ func SQL(n Names) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// literal quotes s as an SQL string literal.
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // SlotSQL returns the statement that creates the replication slot, for
 // scripts run by hand; the slot name is validated first.
@@ -135,6 +170,17 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 			quarantine.Quoted()},
 	}
 	const quarantineTable, replayColumns = 2, 3 // in objects
+	if n.Poll {
+		poll, err := store.PollStateTable(outbox)
+		if err != nil {
+			return nil, err
+		}
+		objects = append(objects,
+			struct{ what, exists, arg string }{"poll state table " + poll.String(), tableExists, poll.Quoted()},
+			struct{ what, exists, arg string }{"poll trigger on " + outbox.String(),
+				// Named after the state table, so a name found elsewhere is still this one's.
+				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", poll.Name + "_track"})
+	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
@@ -144,8 +190,21 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	if !existed[quarantineTable] {
 		existed[replayColumns] = true // a new table comes with them: not worth a line of their own
 	}
+	untracked, err := untrackedRows(ctx, tx, n, existed[0])
+	if err != nil {
+		return nil, err
+	}
 	if _, err := tx.Exec(ctx, script); err != nil {
 		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; see the README's SQL for running it with your own tool)", err)
+	}
+	if untracked > 0 {
+		state := "pending: poll mode publishes them"
+		if n.ExistingPublished {
+			state = "published, as --poll-existing published says"
+		}
+		objects = append(objects, struct{ what, exists, arg string }{
+			what: fmt.Sprintf("poll state of %d rows already in the outbox, marked %s", untracked, state)})
+		existed = append(existed, false)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit migration: %w", err)
@@ -156,4 +215,30 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		}
 	}
 	return created, nil
+}
+
+// untrackedRows counts the outbox rows poll mode does not track yet, which
+// the migration is about to add to its state table.
+func untrackedRows(ctx context.Context, tx pgx.Tx, n Names, outboxExists bool) (int64, error) {
+	if !n.Poll || !outboxExists {
+		return 0, nil
+	}
+	outbox := store.Table{Schema: n.Schema, Name: n.Table}
+	poll, err := store.PollStateTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	query := "SELECT count(*) FROM " + outbox.Quoted()
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", poll.Quoted()).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("look up poll state table %s: %w", poll, err)
+	}
+	if exists {
+		query += " o WHERE NOT EXISTS (SELECT 1 FROM " + poll.Quoted() + " s WHERE s.event_id = o.event_id)"
+	}
+	var count int64
+	if err := tx.QueryRow(ctx, query).Scan(&count); err != nil {
+		return 0, fmt.Errorf("count outbox rows poll mode does not track yet: %w", err)
+	}
+	return count, nil
 }

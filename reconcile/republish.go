@@ -10,7 +10,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -50,7 +49,7 @@ func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 	defer r.inFlight.Done()
 	if perr.Class == publisher.ClassPermanent && perr.Record != nil && r.quarantine != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := r.quarantine.Put(ctx, relay.QuarantinedRecord(perr.Record, perr))
+		err := r.quarantine.Put(ctx, store.QuarantinedRecord(perr.Record, perr))
 		cancel()
 		if err == nil {
 			r.quarantined(int(d.Txn), perr)
@@ -141,7 +140,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		var perr *publisher.Error
 		switch {
 		case errors.As(err, &perr) && perr.Class == publisher.ClassPermanent && r.quarantine != nil:
-			if qerr := r.quarantine.Put(ctx, relay.QuarantinedEvent(ev, perr)); qerr != nil {
+			if qerr := r.quarantine.Put(ctx, store.QuarantinedEvent(ev, perr)); qerr != nil {
 				return qerr
 			}
 			r.quarantined(i, perr)

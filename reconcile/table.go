@@ -24,6 +24,7 @@ type table struct {
 	conn       *pgx.Conn
 	cfg        Config
 	outbox     string // quoted
+	outboxName store.Table
 	quarantine string // quoted; empty when the table does not exist
 	// replayedColumns: the quarantine table records what replay delivered.
 	replayedColumns bool
@@ -39,7 +40,7 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted()}
+	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted(), outboxName: outbox}
 	err = conn.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attname = 'event_id' AND NOT attisdropped`, t.outbox).Scan(&t.idType)
 	if err != nil {
@@ -255,58 +256,10 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 	return missing, quarantined, replayed, nil
 }
 
-// outboxColumns are read in the text forms the replication stream
-// delivers, so a republished record is byte for byte what `run` sends.
-// The optional ones may be missing from the table: run maps columns by
-// name and takes a missing one as NULL, and so does republish.
-var outboxColumns = []struct {
-	name, expr string
-	optional   bool
-}{
-	{"event_id", "event_id::text", false},
-	{"aggregate_type", "aggregate_type", false},
-	{"aggregate_id", "aggregate_id", false},
-	{"event_type", "event_type", false},
-	{"schema_version", "schema_version::text", true},
-	{"payload", "payload::text", false},
-	{"headers", "headers::text", true},
-	{"occurred_at", "occurred_at::text", true},
-}
-
-// selectList is outboxColumns as a SELECT list for this table, with NULL
-// for each optional column it lacks.
-func (t *table) selectList(ctx context.Context) (string, error) {
-	rows, err := t.conn.Query(ctx, `SELECT attname FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, t.outbox)
-	if err != nil {
-		return "", fmt.Errorf("read the outbox table's columns: %w", err)
-	}
-	present := map[string]bool{}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			rows.Close()
-			return "", fmt.Errorf("read the outbox table's columns: %w", err)
-		}
-		present[name] = true
-	}
-	if err := rows.Err(); err != nil {
-		return "", fmt.Errorf("read the outbox table's columns: %w", err)
-	}
-	exprs := make([]string, len(outboxColumns))
-	for i, c := range outboxColumns {
-		exprs[i] = c.expr
-		if c.optional && !present[c.name] {
-			exprs[i] = "NULL::text"
-		}
-	}
-	return strings.Join(exprs, ", "), nil
-}
-
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
-	columns, err := t.selectList(ctx)
+	columns, err := store.EventColumns(ctx, t.conn, t.outboxName, "")
 	if err != nil {
 		return err
 	}
@@ -319,8 +272,7 @@ func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) 
 	var ev publisher.Event
 	for rows.Next() {
 		v := rows.RawValues()
-		ev = publisher.Event{EventID: v[0], AggregateType: v[1], AggregateID: v[2], EventType: v[3],
-			SchemaVersion: v[4], Payload: v[5], Headers: v[6], OccurredAt: v[7]}
+		store.EventFromRow(v, &ev)
 		if err := fn(&ev); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // idleConfirmDelay is how soon a moved position is reported once nothing is
@@ -445,7 +446,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		// so neither it nor anything after it is confirmed before that.
 		s.tracker.Add(s.txn, 0)
 		s.quarantining++
-		s.quarantine.put(fromEvent(ev, perr), perr, s.txn, 0)
+		s.quarantine.put(store.QuarantinedEvent(ev, perr), perr, s.txn, 0)
 		return nil
 	}
 	s.tracker.Add(s.txn, rec.Size())

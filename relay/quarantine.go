@@ -16,26 +16,6 @@ const (
 // Quarantined is one event Kafka would not accept; the store keeps it.
 type Quarantined = store.Quarantined
 
-// fromEvent describes an event that failed before it was sent.
-func fromEvent(ev *publisher.Event, perr *publisher.Error) Quarantined {
-	return Quarantined{
-		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
-		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
-		Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
-		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: publisher.Explain(perr),
-	}
-}
-
-// fromRecord describes an event whose record Kafka rejected.
-func fromRecord(r *publisher.Record, perr *publisher.Error) Quarantined {
-	return Quarantined{
-		EventID: r.EventID(), AggregateType: string(r.Header("aggregate_type")), AggregateID: string(r.Key()),
-		EventType: string(r.Header("event_type")), SchemaVersion: string(r.Header("schema_version")),
-		Payload: string(r.Value()), Headers: string(r.RowHeaders()), OccurredAt: string(r.Header("occurred_at")),
-		Topic: perr.Topic, ErrorClass: string(perr.Class), ErrorMessage: publisher.Explain(perr),
-	}
-}
-
 // eventOfQuarantined turns a quarantined row back into an event to publish
 // again. The quarantine table cannot hold a NULL, so a value the row lacked
 // comes back empty; replay's row check refuses it like the read loop's.

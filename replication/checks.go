@@ -85,8 +85,10 @@ func connectError(err error, dsn string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case pgErr.Code == "42501" || strings.Contains(pgErr.Message, "replication role"):
+		case strings.Contains(pgErr.Message, "replication"):
 			return precondition("connect to %s: %s: grant the role replication rights: ALTER ROLE <role> REPLICATION", where, pgErr.Message)
+		case pgErr.Code == "42501":
+			return precondition("connect to %s: %s: grant the role the right to connect: GRANT CONNECT ON DATABASE <database> TO <role>", where, pgErr.Message)
 		case strings.Contains(pgErr.Message, "pg_hba.conf"):
 			return precondition("connect to %s: %s: add a pg_hba.conf line 'host <database> <role> <relay address>/32 scram-sha-256' (logical replication connections match the database name, not the keyword replication) and reload PostgreSQL", where, pgErr.Message)
 		case pgErr.Code == "28P01" || pgErr.Code == "28000":

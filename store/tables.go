@@ -1,6 +1,8 @@
 package store
 
 import (
+	"fmt"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -48,4 +50,20 @@ func QuarantineTable(outbox, configured string) (Table, error) {
 		return Table{}, err
 	}
 	return Table{Schema: t.Schema, Name: DefaultQuarantineName}, nil
+}
+
+// pollSuffix names poll mode's state table after its outbox table.
+const pollSuffix = "_poll"
+
+// PollStateTable returns poll mode's state table for an outbox table:
+// <table>_poll in the same schema. PostgreSQL would cut a name past 63
+// bytes and two outbox tables could then share one, so such a name is
+// refused.
+func PollStateTable(outbox Table) (Table, error) {
+	name := outbox.Name + pollSuffix
+	if len(name) > 63 {
+		return Table{}, fmt.Errorf("--table %s: poll mode keeps its state in %s, longer than PostgreSQL's 63-byte names: use an outbox table name of at most %d bytes",
+			outbox, name, 63-len(pollSuffix))
+	}
+	return Table{Schema: outbox.Schema, Name: name}, nil
 }

@@ -225,6 +225,15 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, "run", err, "")
 	}
+	if err := validateSource(o); err != nil {
+		return usageError(stderr, "run", err, "")
+	}
+	if o.source == sourcePoll {
+		if err := o.reconcile.validatePeriodic(); err != nil {
+			return usageError(stderr, "run", err, "")
+		}
+		return runPoll(ctx, o, log, stderr)
+	}
 	if err := validateRun(o.relay); err != nil {
 		return usageError(stderr, "run", err, o.relay.Replication.DSN)
 	}
@@ -283,9 +292,22 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if o.slotOnly && o.skipSlot {
 		return usageError(stderr, "migrate", errors.New("--slot-only and --skip-slot contradict each other: give one of them"), "")
 	}
+	if err := validateSource(o); err != nil {
+		return usageError(stderr, "migrate", err, "")
+	}
+	if o.pollExisting != "pending" && o.pollExisting != "published" {
+		return usageError(stderr, "migrate", fmt.Errorf("--poll-existing %q: use pending or published", o.pollExisting), "")
+	}
+	if o.source == sourcePoll {
+		if o.slotOnly {
+			return usageError(stderr, "migrate", errors.New("--slot-only with --source poll: poll mode needs no replication slot"), "")
+		}
+		// A team that polls may have no REPLICATION role to make one.
+		o.skipSlot = true
+	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: o.relay.QuarantineTable}
+		Quarantine: o.relay.QuarantineTable, Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published"}
 	if o.printSQL {
 		// The same parts a migrate with these flags would create.
 		var script string
@@ -314,6 +336,9 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usageError(stderr, "migrate", err, "")
 	}
 	dsn := o.relay.Replication.DSN
+	if o.source == sourcePoll {
+		return migratePoll(ctx, o, names, log, stderr)
+	}
 	admin, err := replication.Connect(ctx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
@@ -394,6 +419,14 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if err := o.relay.Replication.Validate(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
+	}
+	if err := validateSource(o); err != nil {
+		return usageError(stderr, "status", err, "")
+	}
+	if o.source == sourcePoll {
+		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		return pollStatus(ctx, o, stdout, stderr)
 	}
 	if err := o.relay.ValidateDelivery(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)

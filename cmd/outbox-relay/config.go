@@ -11,6 +11,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -34,6 +35,11 @@ type options struct {
 	replayTimeout time.Duration
 	// reconcile, and run's periodic check
 	reconcile reconcileOptions
+
+	// source is --source: the WAL path or poll mode.
+	source       string
+	poll         poll.Config
+	pollExisting string
 }
 
 // envName is the environment variable that sets a flag.
@@ -49,13 +55,13 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, pollFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
 	case "migrate":
-		return []flagGroup{postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, pollMigrateFlags, logFlags}
 	case "status":
 		// Kafka is optional here: with --kafka-brokers, status adds the
 		// progress kept in Kafka.
-		return []flagGroup{postgresFlags, kafkaFlags, deliveryFlag, progressFlags}
+		return []flagGroup{sourceFlag, postgresFlags, kafkaFlags, deliveryFlag, progressFlags}
 	case "quarantine list":
 		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
@@ -73,7 +79,7 @@ var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "qu
 // newFlagSet declares a command's flags. Every flag can also come from
 // OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
 func newFlagSet(command string, o *options, stderr io.Writer) *flag.FlagSet {
-	*o = options{relay: relay.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info", replayTimeout: time.Minute}
+	*o = options{relay: relay.DefaultConfig(), poll: poll.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info", replayTimeout: time.Minute}
 	fs := flag.NewFlagSet("outbox-relay "+command, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.configFile, "config", "", "YAML file of flag values (keys are flag names); flags and env win over it")

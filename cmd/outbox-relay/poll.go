@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/poll"
+	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
+)
+
+// Sources: where run reads committed outbox rows.
+const (
+	sourceWAL  = "wal"
+	sourcePoll = "poll"
+)
+
+// sourceFlag picks the WAL path or poll mode, for every command whose work
+// differs between them.
+func sourceFlag(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.source, "source", sourceWAL, "wal: stream the outbox from a logical replication slot; poll: claim rows from a state table beside it, for databases where the relay cannot hold a slot (see docs/polling-or-cdc.md)")
+}
+
+func pollFlags(fs *flag.FlagSet, o *options) {
+	c := &o.poll
+	fs.IntVar(&c.Batch, "poll-batch", c.Batch, "poll mode: rows one claim takes")
+	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode: how long a claim keeps other pollers off its rows; must outlast a publish, at least twice --kafka-timeout")
+	fs.DurationVar(&c.Interval, "poll-interval", c.Interval, "poll mode: how often an idle poller looks for rows when no notification woke it")
+	fs.BoolVar(&c.Notify, "poll-notify", c.Notify, "poll mode: wake on the trigger's NOTIFY at commit (turn off behind a transaction-mode pooler, which does not carry LISTEN)")
+	fs.StringVar(&c.WorkerID, "poll-worker-id", c.WorkerID, "poll mode: this poller's name in its leases, unique among the table's pollers; a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "poll mode: attempts of an event that keeps failing with retriable errors before it goes to the quarantine table")
+	fs.DurationVar(&c.BackoffMin, "poll-backoff-min", c.BackoffMin, "poll mode: first wait before an event's next attempt; doubled per attempt, with jitter")
+	fs.DurationVar(&c.BackoffMax, "poll-backoff-max", c.BackoffMax, "poll mode: longest wait between an event's attempts")
+}
+
+func pollMigrateFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.pollExisting, "poll-existing", "pending", "with --source poll, the rows already in the outbox when poll mode first tracks them: pending (published again: duplicates, never loss) or published (another relay published them all, and is stopped)")
+}
+
+// pollConfig is poll mode's configuration from the flags shared with the
+// WAL path and its own.
+func (o *options) pollConfig() poll.Config {
+	c := o.poll
+	c.Postgres = o.relay.Replication
+	c.Publisher = o.relay.Publisher
+	c.QuarantineTable = o.relay.QuarantineTable
+	c.OnPermanentError = o.relay.OnPermanentError
+	c.ShutdownTimeout = o.relay.ShutdownTimeout
+	r := o.relay.Retention
+	c.Retention = poll.Retention{After: r.After, Interval: r.Interval, Batch: r.Batch, DryRun: r.DryRun}
+	return c
+}
+
+// validateSource refuses an unknown --source, and exactly-once in poll
+// mode: a poller marks rows in PostgreSQL after Kafka's ack, and no Kafka
+// transaction can include that mark.
+func validateSource(o *options) error {
+	switch o.source {
+	case sourceWAL:
+		return nil
+	case sourcePoll:
+	default:
+		return fmt.Errorf("--source %q: use wal or poll", o.source)
+	}
+	if o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
+		return errors.New("--delivery exactly-once needs --source wal: a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id")
+	}
+	return nil
+}
+
+// runPoll is run --source poll.
+func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int {
+	cfg := o.pollConfig()
+	if err := cfg.Validate(); err != nil {
+		return usageError(stderr, "run", err, cfg.Postgres.DSN)
+	}
+	if err := cfg.Publisher.Validate(); err != nil {
+		return usageError(stderr, "run", err, cfg.Postgres.DSN)
+	}
+	registry := prometheus.NewRegistry()
+	p, err := poll.New(cfg, log, poll.NewMetrics(registry))
+	if err != nil {
+		return usageError(stderr, "run", err, cfg.Postgres.DSN)
+	}
+	notifier := newSystemdNotifier(log)
+	if o.adminAddr != "" {
+		ln, err := net.Listen("tcp", o.adminAddr)
+		if err != nil {
+			return usageError(stderr, "run", fmt.Errorf("--admin-addr %s: %w (choose a free address, or empty to disable)", o.adminAddr, err), "")
+		}
+		srv := &http.Server{Handler: p.AdminHandler(registry), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
+	}
+	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", replication.Describe(cfg.Postgres.DSN)).
+		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
+		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")
+	notifier.ready()
+	err = p.Run(ctx)
+	notifier.stopping()
+	if err != nil {
+		log.Error().Msg(operatorMessage(err, cfg.Postgres.DSN))
+		return exitFailure
+	}
+	return exitOK
+}
+
+// pollStatus is status --source poll.
+func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
+	cfg := o.pollConfig()
+	stats, err := poll.ReadStatus(ctx, cfg)
+	if err != nil {
+		return failure(stderr, "status", err, cfg.Postgres.DSN)
+	}
+	report := struct {
+		Source string `json:"source"`
+		poll.Stats
+		OldestPendingAgeSeconds *float64 `json:"oldest_pending_age_seconds,omitempty"`
+	}{Source: sourcePoll, Stats: stats}
+	if stats.OldestPending != nil {
+		age := time.Since(*stats.OldestPending).Seconds()
+		report.OldestPendingAgeSeconds = &age
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(report)
+	return exitOK
+}
+
+// migratePoll is migrate --source poll: the WAL path's tables and
+// publication (so the same table keeps working for it), and poll mode's
+// state table and trigger; no replication slot.
+func migratePoll(ctx context.Context, o *options, names migrations.Names, log zerolog.Logger, stderr io.Writer) int {
+	dsn := o.relay.Replication.DSN
+	admin, err := replication.Connect(ctx, o.relay.Replication)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	defer admin.Close(context.Background())
+	conn, err := replication.Dial(ctx, o.relay.Replication)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	defer conn.Close(context.Background())
+	created, err := migrations.Apply(ctx, conn, names)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	if err := admin.CheckColumns(ctx); err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	ev := log.Info().Str("table", o.relay.Replication.Table).Str("source", sourcePoll)
+	if len(created) > 0 {
+		ev.Strs("created", created).Msg("created the schema objects that were missing")
+	} else {
+		ev.Msg("schema is up to date")
+	}
+	return exitOK
+}

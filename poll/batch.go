@@ -1,0 +1,243 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// worker runs one session's claim, publish and mark cycles.
+type worker struct {
+	p          *Poller
+	q          *queries
+	pub        *publisher.Publisher
+	quarantine *store.Quarantine
+}
+
+// result is what became of one claimed row in Kafka.
+type result struct {
+	acked    bool
+	delivery publisher.Delivery
+	err      *publisher.Error
+}
+
+// markTimeout bounds the marks written after the context ended, so a stop
+// still records the acks it got.
+const markTimeout = 10 * time.Second
+
+// cycle claims one batch, publishes it with no lock held, and marks each
+// row. It reports whether the batch was full, i.e. more may be waiting.
+func (w *worker) cycle(ctx context.Context) (full bool, err error) {
+	cfg := w.p.cfg
+	rows, err := w.q.claimBatch(ctx, cfg.Batch, cfg.Lease)
+	now := time.Now()
+	w.p.update(func(s *Status) { s.LastClaimAt = &now })
+	if err != nil {
+		return false, err
+	}
+	w.p.metrics.observeClaim(len(rows))
+	if len(rows) == 0 {
+		return false, nil
+	}
+	results, err := w.publish(ctx, rows)
+	if err != nil {
+		return false, err
+	}
+	// The marks are written even when ctx ended meanwhile: they record
+	// acks Kafka gave, and save their re-delivery.
+	markCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if err := w.mark(markCtx, rows, results); err != nil {
+		return false, err
+	}
+	return len(rows) == cfg.Batch, nil
+}
+
+// publish sends the batch's records in claim order and collects every
+// outcome; on a stop it waits up to the shutdown timeout for them.
+func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) {
+	results := make([]result, len(rows))
+	var reclaimed int
+	for i := range rows {
+		r := &rows[i]
+		if r.reclaimed {
+			reclaimed++
+		}
+		if r.gone {
+			continue
+		}
+		r.event.Txn = uint64(i)
+		rec, err := w.pub.BuildWait(ctx, &r.event)
+		if err != nil {
+			var perr *publisher.Error
+			if !errors.As(err, &perr) {
+				return nil, err // ctx ended
+			}
+			results[i].err = perr
+			continue
+		}
+		r.record = rec
+	}
+	if reclaimed > 0 {
+		w.p.metrics.LeasesExpired.Add(float64(reclaimed))
+		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had expired: their poller stopped or took longer than --poll-lease, and may have published them too (duplicates)")
+	}
+	outstanding := 0
+	apply := func(o publisher.Outcome) {
+		outstanding--
+		i := int(o.Txn)
+		results[i].delivery = o.Delivery
+		if o.Err != nil {
+			results[i].err = o.Err
+			return
+		}
+		results[i].acked = true
+		w.p.metrics.observeAck(o.Delivery, rows[i].insertedAt)
+	}
+	stopping := ctx.Done()
+	var deadline <-chan time.Time
+	for i := 0; i < len(rows) || outstanding > 0; {
+		var input chan<- publisher.Item
+		var item publisher.Item
+		for i < len(rows) && rows[i].record == nil {
+			i++
+		}
+		if i < len(rows) {
+			input, item = w.pub.Input(), publisher.Item{Record: rows[i].record}
+		} else if outstanding == 0 {
+			break
+		}
+		select {
+		case input <- item:
+			outstanding++
+			i++
+		case o := <-w.pub.Outcomes():
+			apply(o)
+		case <-stopping:
+			// Send no more; wait a while for what is in flight.
+			stopping = nil
+			for ; i < len(rows); i++ {
+				rows[i].record = nil
+			}
+			timer := time.NewTimer(w.p.cfg.ShutdownTimeout)
+			defer timer.Stop()
+			deadline = timer.C
+		case <-deadline:
+			return results, nil
+		}
+	}
+	if outstanding == 0 {
+		now := time.Now()
+		w.p.update(func(s *Status) { s.LastAckAt = &now })
+	}
+	return results, nil
+}
+
+// mark records the batch's results. Within the batch, once a row of an
+// aggregate failed, its later rows are not marked even when Kafka acked
+// them: they go again after it, so the last delivery is in order (the
+// first was not: counted as an order break). Rows with no result (a stop)
+// are released to be claimed again.
+func (w *worker) mark(ctx context.Context, rows []claimed, results []result) error {
+	cfg := w.p.cfg
+	var published, released, gone []int64
+	var failures []failure
+	var halt error
+	blocked := map[string]bool{}
+	failed := 0
+	var firstFailure *publisher.Error
+	for i := range rows {
+		r, res := &rows[i], results[i]
+		switch {
+		case r.gone:
+			gone = append(gone, r.seq)
+			w.p.log.Error().Str("event_id", r.eventID).Int64("seq", r.seq).
+				Msg("the outbox row was deleted before it was published: it cannot be published; find out what deletes unpublished outbox rows")
+			w.p.metrics.RowsGone.Inc()
+			continue
+		case blocked[r.aggKey]:
+			if res.acked {
+				w.p.metrics.OrderBreaks.WithLabelValues(res.delivery.Topic, partitionLabel(res.delivery.Partition)).Inc()
+			}
+			released = append(released, r.seq)
+			continue
+		case res.acked:
+			published = append(published, r.seq)
+			continue
+		case res.err == nil: // never sent, or no answer before a stop
+			blocked[r.aggKey] = true
+			released = append(released, r.seq)
+			continue
+		}
+		blocked[r.aggKey] = true
+		failed++
+		if firstFailure == nil {
+			firstFailure = res.err
+		}
+		class := res.err.Class
+		w.p.metrics.PublishErrors.WithLabelValues(string(class)).Inc()
+		switch {
+		case class == publisher.ClassPermanent && cfg.OnPermanentError == OnPermanentHalt:
+			failures = append(failures, failure{seq: r.seq, delay: cfg.BackoffMin, class: string(class), msg: res.err.Error()})
+			if halt == nil {
+				halt = fmt.Errorf("%w: %s (--on-permanent-error halt); %s", errHalted, res.err.Error(), res.err.Advice())
+			}
+		case class == publisher.ClassPermanent || r.attempts >= cfg.MaxAttempts:
+			if err := w.quarantineRow(ctx, r, res.err); err != nil {
+				return err
+			}
+		default:
+			failures = append(failures, failure{seq: r.seq, delay: backoff.Delay(cfg.BackoffMin, cfg.BackoffMax, r.attempts),
+				class: string(class), msg: res.err.Error()})
+		}
+	}
+	if err := w.q.markPublished(ctx, published); err != nil {
+		return err
+	}
+	if err := w.q.forgetGone(ctx, gone); err != nil {
+		return err
+	}
+	if err := w.q.markFailed(ctx, failures); err != nil {
+		return err
+	}
+	if err := w.q.release(ctx, released); err != nil {
+		return err
+	}
+	if failed > 0 {
+		w.p.log.Warn().Int("failed", failed).Int("published", len(published)).Int("held_back", len(released)).
+			Str("first_error", firstFailure.Error()).Str("advice", firstFailure.Advice()).
+			Msg("Kafka failed records of a batch; each backs off on its own, and the later events of its aggregate wait for it")
+	}
+	if halt != nil {
+		return halt
+	}
+	if firstFailure != nil && firstFailure.Class == publisher.ClassProducer {
+		return fmt.Errorf("kafka producer needs a restart: %w", firstFailure)
+	}
+	return nil
+}
+
+// quarantineRow keeps a refused event in the quarantine table, then marks
+// its row, which holds back its aggregate until `quarantine replay`.
+func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.Error) error {
+	q := store.QuarantinedEvent(&r.event, perr)
+	if perr.Record != nil {
+		q = store.QuarantinedRecord(perr.Record, perr)
+	}
+	if err := w.quarantine.Put(ctx, q); err != nil {
+		return fmt.Errorf("%w: %w", ErrQuarantineWrite, err)
+	}
+	if err := w.q.markQuarantined(ctx, r.seq, string(perr.Class), perr.Error()); err != nil {
+		return err
+	}
+	w.p.metrics.Quarantined.Inc()
+	w.p.log.Error().Str("event_id", r.eventID).Str("topic", perr.Topic).Str("class", string(perr.Class)).Int("attempts", r.attempts).
+		Str("error", perr.Error()).Str("advice", perr.Advice()).
+		Msg("event quarantined: later events of its aggregate wait until `outbox-relay quarantine replay` delivers it")
+	return nil
+}

@@ -1,0 +1,164 @@
+// Package poll is the relay's other source: for databases where it cannot
+// hold a replication slot, it claims unpublished outbox rows from the state
+// table beside the outbox (see migrations/poll), publishes them with no lock
+// held, and marks each published only after Kafka acknowledged it.
+//
+// The records, the quarantine table and the error classes are the WAL
+// path's own; what differs is where the state lives: per row, in
+// PostgreSQL, instead of a position in a slot.
+package poll
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// Config is what a poller needs.
+type Config struct {
+	// Postgres is the database, with Table the outbox table; the slot and
+	// publication are not used.
+	Postgres  replication.Config
+	Publisher publisher.Config
+	// QuarantineTable is --quarantine-table; empty means the default.
+	QuarantineTable string
+
+	// WorkerID names this poller in the leases it takes; the default is
+	// host:pid, unique among the pollers of one table.
+	WorkerID string
+	// Batch is how many rows one claim takes.
+	Batch int
+	// Lease is how long a claim keeps other pollers off its rows. It must
+	// outlast a publish: a lease that expires while its rows are still in
+	// flight lets another poller publish them too (a duplicate, counted).
+	Lease time.Duration
+	// Interval is how often an idle poller looks for rows anyway: a
+	// notification can be lost, and a row's backoff can end, with no
+	// insert to wake anyone.
+	Interval time.Duration
+	// Notify wakes the poller on the trigger's NOTIFY at commit. Off for a
+	// connection through a transaction-mode pooler, which does not carry
+	// LISTEN.
+	Notify bool
+	// MaxAttempts is how many times a retriable failure is tried before
+	// the event goes to the quarantine table.
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the per-event exponential backoff,
+	// with jitter, between attempts.
+	BackoffMin, BackoffMax time.Duration
+	// OnPermanentError is "quarantine" or "halt", as in WAL mode.
+	OnPermanentError string
+	// Retention deletes published rows; After zero turns it off.
+	Retention Retention
+	// StatsInterval is how often the pending-rows gauges are refreshed.
+	StatsInterval time.Duration
+	// ShutdownTimeout bounds the wait for in-flight acks on SIGTERM.
+	ShutdownTimeout time.Duration
+	// RestartBackoffMin and RestartBackoffMax bound the wait before a new
+	// session after PostgreSQL or Kafka failed.
+	RestartBackoffMin, RestartBackoffMax time.Duration
+}
+
+// Retention is poll mode's cleanup of published rows.
+type Retention struct {
+	After    time.Duration
+	Interval time.Duration
+	Batch    int
+	DryRun   bool
+}
+
+// Permanent-error policies, as in WAL mode.
+const (
+	OnPermanentQuarantine = "quarantine"
+	OnPermanentHalt       = "halt"
+)
+
+// DefaultConfig returns poll mode's defaults; the caller fills in the
+// database, Kafka and the shared settings.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		WorkerID:          host + ":" + strconv.Itoa(os.Getpid()),
+		Batch:             500,
+		Lease:             2 * time.Minute,
+		Interval:          time.Second,
+		Notify:            true,
+		MaxAttempts:       10,
+		BackoffMin:        time.Second,
+		BackoffMax:        5 * time.Minute,
+		OnPermanentError:  OnPermanentQuarantine,
+		Retention:         Retention{Interval: time.Minute, Batch: 1000},
+		StatsInterval:     5 * time.Second,
+		ShutdownTimeout:   30 * time.Second,
+		RestartBackoffMin: 500 * time.Millisecond,
+		RestartBackoffMax: 30 * time.Second,
+	}
+}
+
+// Validate checks the poll settings and names the flag at fault.
+func (c Config) Validate() error {
+	if c.Postgres.DSN == "" {
+		return errors.New("--pg-dsn is required")
+	}
+	outbox, err := store.ParseTable("--table", c.Postgres.Table)
+	if err != nil {
+		return err
+	}
+	if _, err := store.PollStateTable(outbox); err != nil {
+		return err
+	}
+	if _, err := store.QuarantineTable(c.Postgres.Table, c.QuarantineTable); err != nil {
+		return err
+	}
+	switch {
+	case c.WorkerID == "":
+		return errors.New("--poll-worker-id: must not be empty")
+	case c.Batch < 1 || c.Batch > 10000:
+		return fmt.Errorf("--poll-batch %d: must be between 1 and 10000", c.Batch)
+	case c.Interval <= 0:
+		return fmt.Errorf("--poll-interval %s: must be positive", c.Interval)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("--max-attempts %d: must be at least 1", c.MaxAttempts)
+	case c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("--poll-backoff-min %s, --poll-backoff-max %s: need 0 < min <= max", c.BackoffMin, c.BackoffMax)
+	case c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt:
+		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
+	case c.Retention.After < 0:
+		return fmt.Errorf("--retention %s: must not be negative", c.Retention.After)
+	case c.Retention.After > 0 && (c.Retention.Interval <= 0 || c.Retention.Batch < 1):
+		return fmt.Errorf("--retention-interval %s, --retention-batch %d: must be positive", c.Retention.Interval, c.Retention.Batch)
+	}
+	// A publish may wait for the producer's timeout on each try; a lease
+	// shorter than that lets a second poller take rows still in flight.
+	if minLease := 2 * c.Publisher.Timeout; c.Lease < minLease {
+		return fmt.Errorf("--poll-lease %s: must be at least twice --kafka-timeout (%s), or rows still being published are claimed again by another poller", c.Lease, minLease)
+	}
+	return nil
+}
+
+// tables are the tables a poller reads and writes.
+type tables struct {
+	outbox, state, quarantine store.Table
+}
+
+func (c Config) tables() (tables, error) {
+	outbox, err := store.ParseTable("--table", c.Postgres.Table)
+	if err != nil {
+		return tables{}, err
+	}
+	state, err := store.PollStateTable(outbox)
+	if err != nil {
+		return tables{}, err
+	}
+	quarantine, err := store.QuarantineTable(c.Postgres.Table, c.QuarantineTable)
+	if err != nil {
+		return tables{}, err
+	}
+	return tables{outbox: outbox, state: state, quarantine: quarantine}, nil
+}

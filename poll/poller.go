@@ -1,0 +1,323 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// States a poller reports on /poll and in outbox_relay_state.
+const (
+	StateStarting   = "starting"
+	StatePolling    = "polling"
+	StateBackingOff = "backing-off"
+	StateStopped    = "stopped"
+	StateFailed     = "failed"
+)
+
+// notifyChannel is the channel the trigger notifies, with the outbox
+// table's quoted name as the payload.
+const notifyChannel = "outbox_relay_poll"
+
+// ErrQuarantineWrite marks a failure to keep a refused event in the
+// quarantine table: the poller stops rather than go on without it.
+var ErrQuarantineWrite = errors.New("quarantine write failed")
+
+// Poller claims, publishes and marks outbox rows until its context ends.
+type Poller struct {
+	cfg     Config
+	t       tables
+	log     zerolog.Logger
+	metrics *Metrics
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is the poller's own view, served on /poll beside Stats.
+type Status struct {
+	State    string `json:"state"`
+	Error    string `json:"error,omitempty"`
+	WorkerID string `json:"worker_id"`
+	// LastClaimAt is when the last claim ran, empty or not.
+	LastClaimAt *time.Time `json:"last_claim_at,omitempty"`
+	// LastAckAt is when Kafka last acknowledged a record of this poller.
+	LastAckAt *time.Time `json:"last_ack_at,omitempty"`
+	// Stats is the table's state as last read, every few seconds.
+	Stats       *Stats     `json:"stats,omitempty"`
+	StatsReadAt *time.Time `json:"stats_read_at,omitempty"`
+}
+
+// New returns a poller for a validated configuration.
+func New(cfg Config, log zerolog.Logger, metrics *Metrics) (*Poller, error) {
+	t, err := cfg.tables()
+	if err != nil {
+		return nil, err
+	}
+	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, status: Status{State: StateStarting, WorkerID: cfg.WorkerID}}
+	metrics.setState(StateStarting)
+	return p, nil
+}
+
+// Status returns a copy of the poller's status.
+func (p *Poller) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
+}
+
+func (p *Poller) setState(state string, err error) {
+	p.mu.Lock()
+	p.status.State, p.status.Error = state, ""
+	if err != nil {
+		p.status.Error = err.Error()
+	}
+	p.mu.Unlock()
+	p.metrics.setState(state)
+}
+
+func (p *Poller) update(f func(s *Status)) {
+	p.mu.Lock()
+	f(&p.status)
+	p.mu.Unlock()
+}
+
+// IsFatal reports whether err needs the operator, so retrying cannot help.
+func IsFatal(err error) bool {
+	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, publisher.ErrAuth) ||
+		errors.Is(err, ErrQuarantineWrite) || errors.Is(err, errHalted)
+}
+
+// errHalted marks a stop on a permanently refused event under
+// --on-permanent-error halt.
+var errHalted = errors.New("halted on an event Kafka refuses")
+
+// Run polls until ctx ends (nil) or a fatal error. A failure of PostgreSQL
+// or Kafka ends the session; the next starts after a backoff with jitter.
+func (p *Poller) Run(ctx context.Context) error {
+	attempt := 0
+	for {
+		started := time.Now()
+		err := p.session(ctx)
+		if ctx.Err() != nil {
+			p.setState(StateStopped, nil)
+			return nil
+		}
+		if IsFatal(err) {
+			p.setState(StateFailed, err)
+			return err
+		}
+		if time.Since(started) > p.cfg.RestartBackoffMax {
+			attempt = 0 // the session ran well: start the backoff over
+		}
+		attempt++
+		delay := backoff.Delay(p.cfg.RestartBackoffMin, p.cfg.RestartBackoffMax, attempt)
+		p.setState(StateBackingOff, err)
+		p.metrics.Restarts.Inc()
+		p.log.Warn().Str("error", publisher.Explain(err)).Dur("retry_in", delay).Msg("poll session failed; starting a new one")
+		timer := time.NewTimer(delay)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			p.setState(StateStopped, nil)
+			return nil
+		}
+	}
+}
+
+// session is one connection to PostgreSQL and one producer.
+func (p *Poller) session(ctx context.Context) error {
+	conn, err := replication.Dial(ctx, p.cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	q, err := newQueries(ctx, conn, p.t, p.cfg.WorkerID)
+	if err != nil {
+		return err
+	}
+	quarantine, err := store.OpenQuarantine(ctx, p.cfg.Postgres, p.t.quarantine, store.ForRelay)
+	if err != nil {
+		return err
+	}
+	defer quarantine.Close()
+	if n, err := q.releaseOwn(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
+	}
+	pub, err := publisher.New(p.cfg.Publisher, p.log)
+	if err != nil {
+		return err
+	}
+	defer pub.Close(p.cfg.ShutdownTimeout)
+
+	wake := make(chan struct{}, 1)
+	listenDone := make(chan error, 1)
+	if p.cfg.Notify {
+		listenCtx, stopListening := context.WithCancel(ctx)
+		defer func() {
+			stopListening()
+			<-listenDone
+		}()
+		if err := p.listen(listenCtx, wake, listenDone); err != nil {
+			return err
+		}
+	}
+
+	p.setState(StatePolling, nil)
+	p.log.Info().Str("worker_id", p.cfg.WorkerID).Str("table", p.t.outbox.String()).Str("state_table", p.t.state.String()).
+		Int("batch", p.cfg.Batch).Dur("lease", p.cfg.Lease).Bool("notify", p.cfg.Notify).Msg("polling")
+	w := &worker{p: p, q: q, pub: pub, quarantine: quarantine}
+	var nextStats, nextRetention time.Time
+	interval := time.NewTimer(p.cfg.Interval)
+	defer interval.Stop()
+	for {
+		full, err := w.cycle(ctx)
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		now := time.Now()
+		if !now.Before(nextStats) {
+			if err := p.refreshStats(ctx, q); err != nil {
+				return err
+			}
+			nextStats = now.Add(p.cfg.StatsInterval)
+		}
+		if p.cfg.Retention.After > 0 && !now.Before(nextRetention) {
+			if err := p.retain(ctx, q); err != nil {
+				return err
+			}
+			nextRetention = now.Add(p.cfg.Retention.Interval)
+		}
+		if full {
+			continue // a backlog: claim again at once
+		}
+		if !interval.Stop() {
+			select {
+			case <-interval.C:
+			default:
+			}
+		}
+		interval.Reset(p.cfg.Interval)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-interval.C:
+		case err := <-listenDone:
+			return fmt.Errorf("listen for new rows: %w", err)
+		}
+	}
+}
+
+// listen opens a connection of its own that waits for the trigger's
+// notifications and turns those for this outbox table into wake-ups. It
+// reports on done when it stops, with the error unless ctx ended.
+func (p *Poller) listen(ctx context.Context, wake chan<- struct{}, done chan<- error) error {
+	conn, err := replication.Dial(ctx, p.cfg.Postgres)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+		conn.Close(context.Background())
+		return fmt.Errorf("listen on %s: %w", notifyChannel, err)
+	}
+	outbox := p.t.outbox.Quoted()
+	go func() {
+		defer conn.Close(context.Background())
+		for {
+			n, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				if ctx.Err() != nil {
+					err = nil
+				}
+				done <- err
+				return
+			}
+			if n.Payload != outbox {
+				continue
+			}
+			select {
+			case wake <- struct{}{}:
+			default: // a wake-up is already waiting
+			}
+		}
+	}()
+	return nil
+}
+
+// refreshStats settles replayed events and reads the gauges' values.
+func (p *Poller) refreshStats(ctx context.Context, q *queries) error {
+	if n, err := q.settleReplayed(ctx); err != nil {
+		return err
+	} else if n > 0 {
+		p.log.Info().Int64("events", n).Msg("quarantined events were replayed: their aggregates go on")
+	}
+	stats, err := ReadStats(ctx, q.conn, p.t.state)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	p.metrics.observeStats(stats, now)
+	p.update(func(s *Status) { s.Stats, s.StatsReadAt = &stats, &now })
+	return nil
+}
+
+// retain deletes published rows older than the retention, after logging
+// how many there are; under --retention-dry-run it only logs.
+func (p *Poller) retain(ctx context.Context, q *queries) error {
+	cutoff := time.Now().Add(-p.cfg.Retention.After)
+	count, err := q.retainable(ctx, cutoff)
+	if err != nil {
+		return err
+	}
+	if count == 0 {
+		return nil
+	}
+	if p.cfg.Retention.DryRun {
+		p.log.Info().Int64("rows", count).Time("published_before", cutoff).Msg("retention dry run: would delete these published rows")
+		return nil
+	}
+	p.log.Info().Int64("rows", count).Time("published_before", cutoff).Msg("retention: deleting published rows")
+	var deleted int64
+	for ctx.Err() == nil {
+		n, err := q.deletePublished(ctx, cutoff, p.cfg.Retention.Batch)
+		if err != nil {
+			return err
+		}
+		deleted += n
+		p.metrics.RetentionDeleted.Add(float64(n))
+		if n < int64(p.cfg.Retention.Batch) {
+			break
+		}
+	}
+	p.metrics.RetentionRuns.Inc()
+	p.log.Info().Int64("rows", deleted).Msg("retention: deleted published rows")
+	return nil
+}
+
+// ReadStatus reads poll mode's state from PostgreSQL on a short-lived
+// connection, for the status command: it needs no running poller.
+func ReadStatus(ctx context.Context, cfg Config) (Stats, error) {
+	t, err := cfg.tables()
+	if err != nil {
+		return Stats{}, err
+	}
+	conn, err := replication.Dial(ctx, cfg.Postgres)
+	if err != nil {
+		return Stats{}, err
+	}
+	defer conn.Close(context.Background())
+	return ReadStats(ctx, conn, t.state)
+}

@@ -1,0 +1,363 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// claimSQL claims up to $1 rows in one short transaction (the statement
+// alone), in insertion order, leasing them to $2 for $3 milliseconds, and
+// returns them joined with their outbox rows.
+//
+// Per-aggregate order: a row is claimed only when no earlier row of its
+// aggregate is unpublished, unless that earlier row is claimed in the same
+// statement. `picked` leaves out, before the LIMIT, every row behind one
+// that cannot be claimed now (leased elsewhere, backing off, quarantined),
+// so a blocked aggregate never fills the batch and starves the others.
+// `ready` then drops a row whose earlier row was claimable but skipped as
+// locked by a poller claiming at this very moment.
+//
+// SKIP LOCKED keeps concurrent pollers apart; a row another poller leased
+// and committed since this statement's snapshot fails the re-check of the
+// lease condition on the locked row, so two pollers never hold a valid
+// lease on one row.
+const claimSQL = `
+WITH picked AS (
+    SELECT s.seq, s.aggregate_type, s.aggregate_id, s.lease_holder IS NOT NULL AS reclaimed
+    FROM {{state}} s
+    WHERE s.published_at IS NULL AND s.quarantined_at IS NULL
+      AND s.next_attempt_at <= now()
+      AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+      AND NOT EXISTS (
+          SELECT 1 FROM {{state}} e
+          WHERE e.aggregate_type = s.aggregate_type AND e.aggregate_id = s.aggregate_id
+            AND e.seq < s.seq AND e.published_at IS NULL
+            AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now() OR e.lease_expires_at > now()))
+    ORDER BY s.seq
+    LIMIT $1
+    FOR UPDATE OF s SKIP LOCKED
+), ready AS (
+    SELECT p.seq, p.reclaimed FROM picked p
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {{state}} e
+        WHERE e.aggregate_type = p.aggregate_type AND e.aggregate_id = p.aggregate_id
+          AND e.seq < p.seq AND e.published_at IS NULL
+          AND e.seq NOT IN (SELECT seq FROM picked))
+), claimed AS (
+    UPDATE {{state}} s
+    SET lease_holder = $2, lease_expires_at = now() + $3 * interval '1 millisecond', attempts = s.attempts + 1
+    FROM ready WHERE s.seq = ready.seq
+    RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
+)
+SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.event_id IS NOT NULL, c.event_id::text, {{columns}}
+FROM claimed c LEFT JOIN {{outbox}} o ON o.event_id = c.event_id
+ORDER BY c.seq`
+
+// claimed is one row a claim returned.
+type claimed struct {
+	seq        int64
+	attempts   int
+	insertedAt time.Time
+	// reclaimed: the row's previous lease expired before it was
+	// published; its poller may still publish it too.
+	reclaimed bool
+	// gone: the outbox row was deleted while its state said pending.
+	gone     bool
+	event    publisher.Event
+	eventID  string
+	aggKey   string // aggregate type and id, to keep order within a batch
+	record   *publisher.Record
+	buildErr *publisher.Error
+}
+
+// queries runs a poller's statements on its connection.
+type queries struct {
+	conn     *pgx.Conn
+	t        tables
+	claim    string
+	workerID string
+}
+
+func newQueries(ctx context.Context, conn *pgx.Conn, t tables, workerID string) (*queries, error) {
+	if err := checkTables(ctx, conn, t); err != nil {
+		return nil, err
+	}
+	columns, err := store.EventColumns(ctx, conn, t.outbox, "o")
+	if err != nil {
+		return nil, err
+	}
+	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns).Replace(claimSQL)
+	return &queries{conn: conn, t: t, claim: claim, workerID: workerID}, nil
+}
+
+// checkTables names what `migrate --source poll` would have created and is
+// missing, and the privileges the poller lacks, before the first claim.
+func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
+	var stateExists, triggerExists bool
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $3 AND tgenabled <> 'D')`,
+		t.state.Quoted(), t.outbox.Quoted(), t.state.Name+"_track").Scan(&stateExists, &triggerExists)
+	if err != nil {
+		return fmt.Errorf("look up poll mode's tables: %w", err)
+	}
+	if !stateExists || !triggerExists {
+		return fmt.Errorf("%w: poll mode's state table %s or the trigger %s_track on %s is missing (or disabled): rows inserted now would never be published; run `outbox-relay migrate --source poll` as the schema's owner",
+			replication.ErrPrecondition, t.state, t.state.Name, t.outbox)
+	}
+	for _, need := range []struct {
+		table store.Table
+		privs []string
+	}{
+		{t.outbox, []string{"SELECT", "DELETE"}},
+		{t.state, []string{"SELECT", "UPDATE", "DELETE"}},
+		{t.quarantine, []string{"SELECT", "INSERT", "UPDATE"}},
+	} {
+		for _, priv := range need.privs {
+			var ok bool
+			var role string
+			if err := conn.QueryRow(ctx, "SELECT current_user, has_table_privilege($1, $2)", need.table.Quoted(), priv).Scan(&role, &ok); err != nil {
+				return fmt.Errorf("%w: check %s on %s: %v (run `outbox-relay migrate --source poll`)", replication.ErrPrecondition, priv, need.table, err)
+			}
+			if !ok {
+				return fmt.Errorf("%w: role %s lacks %s on %s, which poll mode needs: GRANT %s ON %s TO %s",
+					replication.ErrPrecondition, role, priv, need.table, priv, need.table.Quoted(), pgx.Identifier{role}.Sanitize())
+			}
+		}
+	}
+	return nil
+}
+
+// claimBatch leases up to n rows.
+func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([]claimed, error) {
+	rows, err := q.conn.Query(ctx, q.claim, n, q.workerID, lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("claim rows from %s: %w", q.t.state, err)
+	}
+	defer rows.Close()
+	var out []claimed
+	for rows.Next() {
+		c, err := scanClaimed(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim rows from %s: %w", q.t.state, err)
+	}
+	return out, nil
+}
+
+// scanClaimed reads one row of claimSQL: six fixed columns, then the
+// event's, all text or NULL.
+func scanClaimed(rows pgx.Rows) (claimed, error) {
+	var c claimed
+	values, err := rows.Values()
+	if err != nil {
+		return c, fmt.Errorf("read claimed row: %w", err)
+	}
+	const fixed = 6
+	if len(values) != fixed+store.EventColumnCount {
+		return c, fmt.Errorf("read claimed row: %d columns, want %d", len(values), fixed+store.EventColumnCount)
+	}
+	var ok [fixed]bool
+	var attempts int32
+	var present bool
+	c.seq, ok[0] = values[0].(int64)
+	attempts, ok[1] = values[1].(int32)
+	c.insertedAt, ok[2] = values[2].(time.Time)
+	c.reclaimed, ok[3] = values[3].(bool)
+	present, ok[4] = values[4].(bool)
+	c.eventID, ok[5] = values[5].(string)
+	for i, good := range ok {
+		if !good {
+			return c, fmt.Errorf("read claimed row: column %d is %T", i+1, values[i])
+		}
+	}
+	c.attempts, c.gone = int(attempts), !present
+	text := make([][]byte, store.EventColumnCount)
+	for i := range text {
+		if s, isText := values[fixed+i].(string); isText {
+			text[i] = []byte(s)
+		}
+	}
+	store.EventFromRow(text, &c.event)
+	c.aggKey = string(c.event.AggregateType) + "\x00" + string(c.event.AggregateID)
+	return c, nil
+}
+
+// markPublished records Kafka's ack of these rows. It is not limited to
+// this poller's lease: the ack is true whoever holds the row now, and a
+// poller still publishing it finds it published when it marks.
+func (q *queries) markPublished(ctx context.Context, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
+		" SET published_at = now(), lease_holder = NULL, lease_expires_at = NULL WHERE seq = ANY($1) AND published_at IS NULL", seqs)
+	if err != nil {
+		return fmt.Errorf("mark %d rows published in %s: %w", len(seqs), q.t.state, err)
+	}
+	return nil
+}
+
+// failure is one row's failed attempt.
+type failure struct {
+	seq   int64
+	delay time.Duration
+	class string
+	msg   string
+}
+
+// markFailed schedules the rows' next attempts and releases their leases,
+// only where this poller still holds them.
+func (q *queries) markFailed(ctx context.Context, fs []failure) error {
+	if len(fs) == 0 {
+		return nil
+	}
+	seqs, delays, classes, msgs := make([]int64, len(fs)), make([]int64, len(fs)), make([]string, len(fs)), make([]string, len(fs))
+	for i, f := range fs {
+		seqs[i], delays[i], classes[i], msgs[i] = f.seq, f.delay.Milliseconds(), f.class, f.msg
+	}
+	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+` s
+		SET next_attempt_at = now() + f.delay_ms * interval '1 millisecond', last_error_class = f.class, last_error = f.msg,
+			lease_holder = NULL, lease_expires_at = NULL
+		FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[]) AS f(seq, delay_ms, class, msg)
+		WHERE s.seq = f.seq AND s.lease_holder = $5 AND s.published_at IS NULL`, seqs, delays, classes, msgs, q.workerID)
+	if err != nil {
+		return fmt.Errorf("record %d failed attempts in %s: %w", len(fs), q.t.state, err)
+	}
+	return nil
+}
+
+// release gives rows back without counting an attempt against them.
+func (q *queries) release(ctx context.Context, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
+		" SET lease_holder = NULL, lease_expires_at = NULL, attempts = greatest(attempts - 1, 0) WHERE seq = ANY($1) AND lease_holder = $2 AND published_at IS NULL",
+		seqs, q.workerID)
+	if err != nil {
+		return fmt.Errorf("release %d rows in %s: %w", len(seqs), q.t.state, err)
+	}
+	return nil
+}
+
+// releaseOwn frees the leases this worker id holds from an earlier session
+// (or, with a stable --poll-worker-id, an earlier process): what they
+// covered was never marked, and no part of this process still publishes it.
+func (q *queries) releaseOwn(ctx context.Context) (int64, error) {
+	tag, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
+		" SET lease_expires_at = now() WHERE lease_holder = $1 AND published_at IS NULL AND lease_expires_at > now()", q.workerID)
+	if err != nil {
+		return 0, fmt.Errorf("release this poller's earlier leases in %s: %w", q.t.state, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// markQuarantined records that the row's event is in the quarantine table.
+// The row stays unpublished, so later events of its aggregate wait for its
+// replay.
+func (q *queries) markQuarantined(ctx context.Context, seq int64, class, msg string) error {
+	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
+		" SET quarantined_at = now(), last_error_class = $2, last_error = $3, lease_holder = NULL, lease_expires_at = NULL WHERE seq = $1",
+		seq, class, msg)
+	if err != nil {
+		return fmt.Errorf("mark row %d quarantined in %s: %w", seq, q.t.state, err)
+	}
+	return nil
+}
+
+// forgetGone deletes the state of rows whose outbox row no longer exists:
+// there is nothing left to publish, and the state would block its
+// aggregate for good.
+func (q *queries) forgetGone(ctx context.Context, seqs []int64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	_, err := q.conn.Exec(ctx, "DELETE FROM "+q.t.state.Quoted()+" WHERE seq = ANY($1)", seqs)
+	if err != nil {
+		return fmt.Errorf("forget %d rows deleted from %s: %w", len(seqs), q.t.outbox, err)
+	}
+	return nil
+}
+
+// settleReplayed marks published the quarantined rows that `quarantine
+// replay` delivered, which lets their aggregates go on.
+func (q *queries) settleReplayed(ctx context.Context) (int64, error) {
+	tag, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+" s SET published_at = r.replayed_at FROM "+q.t.quarantine.Quoted()+
+		" r WHERE s.quarantined_at IS NOT NULL AND s.published_at IS NULL AND r.event_id = s.event_id AND r.replayed_at IS NOT NULL")
+	if err != nil {
+		return 0, fmt.Errorf("settle replayed events in %s: %w", q.t.state, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Stats is poll mode's state as PostgreSQL holds it.
+type Stats struct {
+	// Pending rows wait to be published, Quarantined ones for a replay
+	// (they count in Pending too); Leased are claimed by a poller now,
+	// BackingOff wait for their next attempt.
+	Pending     int64 `json:"pending"`
+	Quarantined int64 `json:"quarantined"`
+	Leased      int64 `json:"leased"`
+	BackingOff  int64 `json:"backing_off"`
+	// OldestPending is when the oldest pending row was inserted.
+	OldestPending *time.Time `json:"oldest_pending_inserted_at,omitempty"`
+	// Pollers are the lease holders seen now.
+	Pollers []string `json:"pollers"`
+}
+
+// ReadStats reads Stats through the pending rows' index.
+func ReadStats(ctx context.Context, conn *pgx.Conn, state store.Table) (Stats, error) {
+	var s Stats
+	err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+			count(*) FILTER (WHERE lease_expires_at > now()), count(*) FILTER (WHERE next_attempt_at > now() AND quarantined_at IS NULL),
+			min(inserted_at), COALESCE(array_agg(DISTINCT lease_holder) FILTER (WHERE lease_expires_at > now()), '{}')
+		FROM `+state.Quoted()+` WHERE published_at IS NULL`).
+		Scan(&s.Pending, &s.Quarantined, &s.Leased, &s.BackingOff, &s.OldestPending, &s.Pollers)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+			return s, fmt.Errorf("%w: %s does not exist: run `outbox-relay migrate --source poll`", replication.ErrPrecondition, state)
+		}
+		return s, fmt.Errorf("read poll state from %s: %w", state, err)
+	}
+	return s, nil
+}
+
+// retainable counts the published rows inserted before cutoff.
+func (q *queries) retainable(ctx context.Context, cutoff time.Time) (int64, error) {
+	var n int64
+	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.t.state.Quoted()+" WHERE published_at < $1", cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count published rows older than %s in %s: %w", cutoff.UTC().Format(time.RFC3339), q.t.state, err)
+	}
+	return n, nil
+}
+
+// deletePublished deletes up to batch published rows published before
+// cutoff, from the outbox and the state table together. A pending or
+// quarantined row has no published_at, so it can never match.
+func (q *queries) deletePublished(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
+	tag, err := q.conn.Exec(ctx, `WITH doomed AS (
+			SELECT seq, event_id FROM `+q.t.state.Quoted()+` WHERE published_at < $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
+		), outbox AS (
+			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.event_id = d.event_id
+		)
+		DELETE FROM `+q.t.state.Quoted()+` s USING doomed d WHERE s.seq = d.seq`, cutoff, batch)
+	if err != nil {
+		return 0, fmt.Errorf("delete published rows from %s: %w", q.t.outbox, err)
+	}
+	return tag.RowsAffected(), nil
+}

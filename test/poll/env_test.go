@@ -1,0 +1,99 @@
+// Package poll_test tests poll mode (`run --source poll`) end to end: the
+// relay binary against a private PostgreSQL and kfake, read back with an
+// independent Kafka client.
+package poll_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// cluster is the PostgreSQL cluster the package's tests share; each test
+// gets its own database.
+var cluster *harness.Postgres
+
+func TestMain(m *testing.M) {
+	harness.MainWithPostgres(m, harness.PGOptions{}, func(pg *harness.Postgres) { cluster = pg })
+}
+
+// partitions is the partition count of every auto-created topic.
+const partitions = 6
+
+// env is one test's world: a database migrated for poll mode, a broker,
+// and the relay binary.
+type env struct {
+	t     *testing.T
+	db    *harness.PGDatabase
+	kafka *harness.Kfake
+	bin   string
+	*harness.Ledger
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	db := cluster.CreateTestDatabase(t)
+	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
+		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
+		Ledger: harness.NewLedger()}
+	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
+	return e
+}
+
+// pollArgs is `run --source poll` for this test's database and broker,
+// with short timings so failures are retried within a test's time.
+func (e *env) pollArgs(extra ...string) []string {
+	args := []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
+		"--admin-addr", "127.0.0.1:0", "--kafka-timeout", "2s", "--poll-lease", "5s",
+		"--poll-backoff-min", "100ms", "--poll-backoff-max", "1s", "--shutdown-timeout", "5s"}
+	return append(args, extra...)
+}
+
+// startPoller starts a poller and waits until it polls.
+func (e *env) startPoller(extra ...string) *harness.Process {
+	e.t.Helper()
+	p := harness.StartProcess(e.t, e.bin, e.pollArgs(extra...), []string{harness.LogLevelInfo})
+	p.WaitForOutput(e.t, `"message":"polling"`, time.Minute)
+	return p
+}
+
+// writeEvents commits txns transactions of perTxn events each, spread over
+// aggregates aggregates, from one connection so commit order is the order
+// written.
+func (e *env) writeEvents(conn *pgx.Conn, txns, perTxn, aggregates int) {
+	e.t.Helper()
+	n := e.CommittedCount()
+	for i := 0; i < txns; i++ {
+		rows := make([]harness.OutboxEvent, perTxn)
+		for j := range rows {
+			agg := n % aggregates
+			rows[j] = harness.NumberedEvent(n, agg, fmt.Sprintf(`{"n": %d}`, n))
+			n++
+		}
+		if err := e.Commit(context.Background(), conn, rows); err != nil {
+			e.t.Fatalf("commit txn %d: %v", i, err)
+		}
+	}
+}
+
+// consumeAll reads until every committed event is in Kafka, and checks no
+// loss and per-aggregate order of first delivery.
+func (e *env) consumeAll(timeout time.Duration) []harness.Record {
+	e.t.Helper()
+	ids, order := e.Committed()
+	records := harness.ConsumeEventIDs(e.t, e.kafka.Brokers(), `^outbox\.event\.`, ids, timeout)
+	harness.CheckNoLoss(e.t, records, ids)
+	harness.CheckPerAggregateOrder(e.t, records, order)
+	return records
+}
+
+// unpublished counts the state rows not published yet.
+func (e *env) unpublished() int64 {
+	e.t.Helper()
+	return e.db.QueryInt64(e.t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL")
+}
