@@ -63,12 +63,15 @@ func (w *worker) cycle(ctx context.Context) (full bool, err error) {
 func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) {
 	results := make([]result, len(rows))
 	var reclaimed int
+	// An event that cannot be built holds back the rest of its aggregate
+	// in this batch: they are not sent, and go again after it.
+	refused := map[string]bool{}
 	for i := range rows {
 		r := &rows[i]
 		if r.reclaimed {
 			reclaimed++
 		}
-		if r.gone {
+		if r.gone || refused[r.aggKey] {
 			continue
 		}
 		r.event.Txn = uint64(i)
@@ -76,9 +79,10 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		if err != nil {
 			var perr *publisher.Error
 			if !errors.As(err, &perr) {
-				return nil, err // ctx ended
+				return nil, err // ctx ended, or the producer must restart (a topic takes smaller batches)
 			}
 			results[i].err = perr
+			refused[r.aggKey] = true
 			continue
 		}
 		r.record = rec

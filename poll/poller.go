@@ -39,6 +39,10 @@ type Poller struct {
 	log     zerolog.Logger
 	metrics *Metrics
 
+	// batchLimit survives sessions: once a topic is known to take
+	// smaller batches, every producer builds batches it accepts.
+	batchLimit int
+
 	mu     sync.Mutex
 	status Status
 }
@@ -63,7 +67,8 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics) (*Poller, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, status: Status{State: StateStarting, WorkerID: cfg.WorkerID}}
+	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, batchLimit: cfg.Publisher.MaxMessageBytes,
+		status: Status{State: StateStarting, WorkerID: cfg.WorkerID}}
 	metrics.setState(StateStarting)
 	return p, nil
 }
@@ -116,6 +121,13 @@ func (p *Poller) Run(ctx context.Context) error {
 			p.setState(StateFailed, err)
 			return err
 		}
+		var limit *publisher.BatchLimitError
+		if errors.As(err, &limit) {
+			p.batchLimit = min(p.batchLimit, limit.MaxMessageBytes)
+			p.log.Warn().Str("topic", limit.Topic).Int("max_message_bytes", limit.MaxMessageBytes).
+				Msg("topic takes smaller batches than the producer builds; restarting the producer with the topic's limit")
+			continue
+		}
 		if time.Since(started) > p.cfg.RestartBackoffMax {
 			attempt = 0 // the session ran well: start the backoff over
 		}
@@ -156,7 +168,9 @@ func (p *Poller) session(ctx context.Context) error {
 	} else if n > 0 {
 		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
 	}
-	pub, err := publisher.New(p.cfg.Publisher, p.log)
+	pubCfg := p.cfg.Publisher
+	pubCfg.BatchLimit = p.batchLimit
+	pub, err := publisher.New(pubCfg, p.log)
 	if err != nil {
 		return err
 	}

@@ -97,3 +97,20 @@ func (e *env) unpublished() int64 {
 	e.t.Helper()
 	return e.db.QueryInt64(e.t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL")
 }
+
+// claims is how many claim statements the poller ran, found rows or not.
+func claims(t *testing.T, p *harness.Process) float64 {
+	t.Helper()
+	families := harness.Scrape(t, p.AdminURL(t))
+	rows, _ := harness.MetricValue(families, "outbox_relay_poll_claims_total", "result", "rows")
+	empty, _ := harness.MetricValue(families, "outbox_relay_poll_claims_total", "result", "empty")
+	return rows + empty
+}
+
+// waitClaims waits until the poller ran n more claims than now: what the
+// table held meanwhile was looked at n times.
+func waitClaims(t *testing.T, p *harness.Process, n float64) {
+	t.Helper()
+	start := claims(t, p)
+	harness.WaitFor(t, time.Minute, fmt.Sprintf("%v more claims", n), func() bool { return claims(t, p) >= start+n })
+}

@@ -1,8 +1,18 @@
 package poll_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // The basic promise: every committed event arrives once, in per-aggregate
@@ -22,5 +32,272 @@ func TestPollDeliversEveryEventInOrder(t *testing.T) {
 	}
 	if n := e.unpublished(); n != 0 {
 		t.Errorf("%d state rows still unpublished after every event arrived", n)
+	}
+}
+
+// The visibility trap: a transaction inserts an event, so takes a lower
+// sequence number, and commits after events with higher numbers were
+// published. A poller that remembers the highest number it saw skips that
+// event for good; poll mode selects by state and publishes it.
+//
+// The first half runs a high-water-mark poller, written here, over the
+// same interleaving, and asserts that it misses the event: the scenario
+// can catch that design.
+func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+
+	// A high-water-mark poller over the state table's sequence.
+	hwm := int64(0)
+	pollHWM := func() []string {
+		rows, err := e.db.Connect(t).Query(ctx, "SELECT seq, event_id::text FROM outbox_events_poll WHERE seq > $1 ORDER BY seq", hwm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen []string
+		for rows.Next() {
+			var seq int64
+			var id string
+			if err := rows.Scan(&seq, &id); err != nil {
+				t.Fatal(err)
+			}
+			hwm, seen = max(hwm, seq), append(seen, id)
+		}
+		return seen
+	}
+	lateID, laterID := harness.NewUUID(), harness.NewUUID()
+	interleave := func(publishBetween func()) {
+		late := e.db.Connect(t)
+		tx, err := late.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		insert := `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'order', $2, 'Late', '{}')`
+		if _, err := tx.Exec(ctx, insert, lateID, "agg-late"); err != nil {
+			t.Fatal(err)
+		}
+		other := e.db.Connect(t)
+		if _, err := other.Exec(ctx, insert, laterID, "agg-other"); err != nil {
+			t.Fatal(err)
+		}
+		publishBetween()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var hwmSaw []string
+	interleave(func() { hwmSaw = append(hwmSaw, pollHWM()...) })
+	hwmSaw = append(hwmSaw, pollHWM()...)
+	if slices.Contains(hwmSaw, lateID) || !slices.Contains(hwmSaw, laterID) {
+		t.Fatalf("the high-water-mark poller saw %v: the scenario must make it see %s and miss %s", hwmSaw, laterID, lateID)
+	}
+
+	// Poll mode, over a fresh pair in the same interleaving.
+	e.db.Exec(t, "TRUNCATE outbox_events, outbox_events_poll")
+	lateID, laterID = harness.NewUUID(), harness.NewUUID()
+	e.startPoller()
+	interleave(func() {
+		harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{laterID}, time.Minute)
+	})
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{laterID, lateID}, time.Minute)
+	if n := e.unpublished(); n != 0 {
+		t.Errorf("%d rows still unpublished", n)
+	}
+}
+
+// An event Kafka refuses for good (larger than its topic takes) goes to
+// the quarantine table at once; other aggregates flow, the later events of
+// its own aggregate wait for it, and `quarantine replay` delivers it, after
+// which they follow in order.
+func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	poller := e.startPoller()
+	conn := e.db.Connect(t)
+	ctx := context.Background()
+	commit := func(ev harness.OutboxEvent) string {
+		t.Helper()
+		if err := e.Commit(ctx, conn, []harness.OutboxEvent{ev}); err != nil {
+			t.Fatal(err)
+		}
+		ids, _ := e.Committed()
+		return ids[len(ids)-1]
+	}
+	small := func(agg string, n int) harness.OutboxEvent {
+		return harness.OutboxEvent{AggregateType: "order", AggregateID: agg, EventType: "Small", Payload: fmt.Sprintf(`{"n": %d}`, n)}
+	}
+	before := commit(small("poisoned", 1))
+	poison := commit(harness.OutboxEvent{AggregateType: "order", AggregateID: "poisoned", EventType: "Huge",
+		Payload: fmt.Sprintf(`{"blob": %q}`, strings.Repeat("x", 10000))})
+	after := commit(small("poisoned", 3))
+	other := commit(small("healthy", 4))
+
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{before, other}, time.Minute)
+	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent'", poison) == 1
+	})
+	// The aggregate waits: its later event stays unpublished while the
+	// poison one is quarantined, across several claims.
+	waitClaims(t, poller, 3)
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE event_id = $1 AND published_at IS NULL AND attempts = 0", after); n != 1 {
+		t.Fatalf("the event after the quarantined one was claimed or published (%d rows pending and never tried): it must wait for the replay", n)
+	}
+
+	adm := kadm.NewClient(e.kafka.Client(t))
+	limit := "1048588"
+	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &limit}}, "outbox.event.order"); err != nil {
+		t.Fatal(err)
+	}
+	replay := harness.StartProcess(t, e.bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList()}, nil)
+	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
+		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
+	}
+	records := e.consumeAll(time.Minute)
+	if len(records) != 4 {
+		t.Errorf("%d records for 4 events", len(records))
+	}
+}
+
+// A retriable failure backs off per event, with the attempts counted in
+// the state table; after --max-attempts the event is quarantined with its
+// class and stays replayable.
+func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
+	e := newEnv(t)
+	fault := e.kafka.FailProduceTo("outbox.event.flaky", -1, kerr.NotEnoughReplicas.Code)
+	poller := e.startPoller("--max-attempts", "3", "--kafka-retry-max", "1")
+	conn := e.db.Connect(t)
+	if err := e.Commit(context.Background(), conn, []harness.OutboxEvent{{AggregateType: "flaky", AggregateID: "f-1", EventType: "Tried", Payload: `{}`}}); err != nil {
+		t.Fatal(err)
+	}
+	committed := time.Now()
+	ids, _ := e.Committed()
+	harness.WaitFor(t, time.Minute, "the event is quarantined after its attempts", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'retriable'", ids[0]) == 1
+	})
+	var attempts int64
+	var lastClass string
+	row := conn.QueryRow(context.Background(), "SELECT attempts, last_error_class FROM outbox_events_poll WHERE event_id = $1", ids[0])
+	if err := row.Scan(&attempts, &lastClass); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 || lastClass != "retriable" {
+		t.Errorf("state says %d attempts, last error class %q; want 3 and retriable", attempts, lastClass)
+	}
+	if errs := harness.Metric(t, poller.AdminURL(t), "outbox_relay_publish_errors_total", "class", "retriable"); errs != 3 {
+		t.Errorf("outbox_relay_publish_errors_total{class=retriable} = %v, want 3 (one per attempt)", errs)
+	}
+	// Backoff: the three attempts waited at least the upper halves of the
+	// first two backoffs (--poll-backoff-min 100ms, then 200ms).
+	if took := time.Since(committed); took < 150*time.Millisecond {
+		t.Errorf("three attempts took %v: they did not back off", took)
+	}
+	fault.Remove()
+	replay := harness.StartProcess(t, e.bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList()}, nil)
+	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
+		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
+	}
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, 30*time.Second, "the replayed event's row is settled as published", func() bool { return e.unpublished() == 0 })
+}
+
+// Retention deletes published rows older than --retention, in batches,
+// and never a pending or quarantined row however old; the dry run only
+// counts.
+func TestPollRetentionNeverDeletesPendingOrQuarantined(t *testing.T) {
+	e := newEnv(t)
+	conn := e.db.Connect(t)
+	e.writeEvents(conn, 10, 3, 4)
+	poller := e.startPoller()
+	e.consumeAll(time.Minute)
+	poller.Stop(30 * time.Second)
+
+	// Three more rows, never published: one pending, one backing off,
+	// one quarantined. All rows look a day old.
+	e.writeEvents(conn, 1, 3, 4)
+	e.db.Exec(t, `UPDATE outbox_events_poll SET next_attempt_at = now() + interval '1 hour', attempts = 2
+		WHERE seq = (SELECT max(seq) - 1 FROM outbox_events_poll)`)
+	e.db.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT max(seq) FROM outbox_events_poll)`)
+	e.db.Exec(t, `UPDATE outbox_events_poll SET inserted_at = inserted_at - interval '1 day',
+		published_at = CASE WHEN published_at IS NOT NULL THEN now() - interval '1 day' END`)
+	e.db.Exec(t, `UPDATE outbox_events SET created_at = created_at - interval '1 day'`)
+	// Keep the pending one from being published while retention runs: a
+	// poller started now would publish it, so hold it back with a lease
+	// of a poller that is not running.
+	e.db.Exec(t, `UPDATE outbox_events_poll SET lease_holder = 'elsewhere', lease_expires_at = now() + interval '1 hour'
+		WHERE seq = (SELECT max(seq) - 2 FROM outbox_events_poll)`)
+
+	dry := e.startPoller("--retention", "1h", "--retention-dry-run", "--retention-batch", "7")
+	dry.WaitForOutput(t, `"rows":30,`, time.Minute)
+	dry.WaitForOutput(t, "retention dry run", time.Minute)
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 33 {
+		t.Fatalf("the dry run left %d rows, want all 33", n)
+	}
+	dry.Stop(30 * time.Second)
+
+	wet := e.startPoller("--retention", "1h", "--retention-batch", "7")
+	harness.WaitFor(t, time.Minute, "retention deletes the published rows", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 3
+	})
+	if n := harness.Metric(t, wet.AdminURL(t), "outbox_relay_retention_rows_deleted_total"); n != 30 {
+		t.Errorf("outbox_relay_retention_rows_deleted_total = %v, want 30", n)
+	}
+	if n := e.db.QueryInt64(t, `SELECT count(*) FROM outbox_events o JOIN outbox_events_poll s USING (event_id) WHERE s.published_at IS NULL`); n != 3 {
+		t.Errorf("%d of the 3 unpublished rows (pending, backing off, quarantined) are left with their state", n)
+	}
+}
+
+// Poll mode refuses exactly-once and an unknown source before touching
+// anything: exit 2, naming the flag.
+func TestPollRefusesWhatItCannotDo(t *testing.T) {
+	bin := harness.BuildRelay(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--source", "poll", "--delivery", "exactly-once", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--delivery exactly-once needs --source wal"},
+		{[]string{"run", "--source", "polling", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, `--source "polling": use wal or poll`},
+		{[]string{"run", "--source", "poll", "--poll-lease", "10s", "--kafka-timeout", "30s", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--poll-lease 10s: must be at least twice --kafka-timeout"},
+		{[]string{"migrate", "--source", "poll", "--poll-existing", "maybe", "--pg-dsn", "host=127.0.0.1"}, `--poll-existing "maybe"`},
+	} {
+		code, out := harness.RunCommand(t, bin, c.args)
+		if code != 2 || !strings.Contains(out, c.want) {
+			t.Errorf("%v: exit %d, output %q; want exit 2 saying %q", c.args, code, out, c.want)
+		}
+	}
+}
+
+// /poll and `status --source poll` say what poll mode has: pending rows,
+// their age, leases, quarantined rows; /slot says there is no slot.
+func TestPollStatusAndAdminEndpoint(t *testing.T) {
+	e := newEnv(t)
+	conn := e.db.Connect(t)
+	e.writeEvents(conn, 3, 2, 2)
+	e.db.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT min(seq) FROM outbox_events_poll)`)
+	poller := e.startPoller("--poll-worker-id", "poller-a")
+	harness.WaitFor(t, time.Minute, "the other aggregate is published", func() bool { return e.unpublished() == 3 })
+
+	code, out := harness.RunCommand(t, e.bin, []string{"status", "--source", "poll", "--pg-dsn", e.db.DSN()})
+	var status struct {
+		Source      string   `json:"source"`
+		Pending     int64    `json:"pending"`
+		Quarantined int64    `json:"quarantined"`
+		Age         *float64 `json:"oldest_pending_age_seconds"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &status) != nil {
+		t.Fatalf("status exited %d:\n%s", code, out)
+	}
+	if status.Source != "poll" || status.Pending != 3 || status.Quarantined != 1 || status.Age == nil {
+		t.Errorf("status says %+v; want poll, 3 pending (the quarantined row and the two behind it), 1 quarantined, an age", status)
+	}
+	harness.WaitFor(t, time.Minute, "/poll shows the table's state", func() bool {
+		_, body := harness.HTTPGet(t, poller.AdminURL(t)+"/poll")
+		return strings.Contains(body, `"state": "polling"`) && strings.Contains(body, `"worker_id": "poller-a"`) && strings.Contains(body, `"pending": 3`)
+	})
+	if pending := harness.Metric(t, poller.AdminURL(t), "outbox_relay_poll_pending_rows"); pending != 3 {
+		t.Errorf("outbox_relay_poll_pending_rows = %v, want 3", pending)
+	}
+	if code, body := harness.HTTPGet(t, poller.AdminURL(t)+"/slot"); code != 404 || !strings.Contains(body, "/poll") {
+		t.Errorf("/slot answered %d %q in poll mode", code, body)
 	}
 }
