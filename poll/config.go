@@ -35,8 +35,9 @@ type Config struct {
 	// Batch is how many rows one claim takes.
 	Batch int
 	// Lease is how long a claim keeps other pollers off its rows. It must
-	// outlast a publish: a lease that expires while its rows are still in
-	// flight lets another poller publish them too (a duplicate, counted).
+	// outlast a publish (see publishBound): a lease that expires while its
+	// rows are still in flight lets another poller publish them too (a
+	// duplicate, counted).
 	Lease time.Duration
 	// Interval is how often an idle poller looks for rows anyway: a
 	// notification can be lost, and a row's backoff can end, with no
@@ -86,7 +87,7 @@ func DefaultConfig() Config {
 	return Config{
 		WorkerID:          host + ":" + strconv.Itoa(os.Getpid()),
 		Batch:             500,
-		Lease:             2 * time.Minute,
+		Lease:             3 * time.Minute,
 		Interval:          time.Second,
 		Notify:            true,
 		MaxAttempts:       10,
@@ -134,12 +135,23 @@ func (c Config) Validate() error {
 	case c.Retention.After > 0 && (c.Retention.Interval <= 0 || c.Retention.Batch < 1):
 		return fmt.Errorf("--retention-interval %s, --retention-batch %d: must be positive", c.Retention.Interval, c.Retention.Batch)
 	}
-	// A publish may wait for the producer's timeout on each try; a lease
-	// shorter than that lets a second poller take rows still in flight.
-	if minLease := 2 * c.Publisher.Timeout; c.Lease < minLease {
-		return fmt.Errorf("--poll-lease %s: must be at least twice --kafka-timeout (%s), or rows still being published are claimed again by another poller", c.Lease, minLease)
+	if minLease := 2 * c.publishBound(); c.Lease < minLease {
+		return fmt.Errorf("--poll-lease %s: must be at least %s, twice the longest a publish can take (2 x --kafka-timeout %s + --kafka-retry-backoff-max %s), or rows still being published are claimed again by another poller",
+			c.Lease, minLease, c.Publisher.Timeout, c.Publisher.RetryBackoffMax)
 	}
 	return nil
+}
+
+// producerRetries is the producer's retries of a record in poll mode: one.
+// Retrying belongs to the poller, per event, with backoff and a bound on
+// attempts; a producer that retried for as long as an outage lasts would
+// outlive the lease, and another poller would publish the rows too.
+const producerRetries = 1
+
+// publishBound is the longest the producer takes to report a record: each
+// try waits at most --kafka-timeout, with a backoff in between.
+func (c Config) publishBound() time.Duration {
+	return (producerRetries+1)*c.Publisher.Timeout + c.Publisher.RetryBackoffMax
 }
 
 // tables are the tables a poller reads and writes.

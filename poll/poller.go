@@ -170,6 +170,7 @@ func (p *Poller) session(ctx context.Context) error {
 	}
 	pubCfg := p.cfg.Publisher
 	pubCfg.BatchLimit = p.batchLimit
+	pubCfg.RetryMax = producerRetries
 	pub, err := publisher.New(pubCfg, p.log)
 	if err != nil {
 		return err
@@ -177,16 +178,18 @@ func (p *Poller) session(ctx context.Context) error {
 	defer pub.Close(p.cfg.ShutdownTimeout)
 
 	wake := make(chan struct{}, 1)
-	listenDone := make(chan error, 1)
+	listenErr := make(chan error, 1)
 	if p.cfg.Notify {
 		listenCtx, stopListening := context.WithCancel(ctx)
-		defer func() {
+		stopped, err := p.listen(listenCtx, wake, listenErr)
+		if err != nil {
 			stopListening()
-			<-listenDone
-		}()
-		if err := p.listen(listenCtx, wake, listenDone); err != nil {
 			return err
 		}
+		defer func() {
+			stopListening()
+			<-stopped
+		}()
 	}
 
 	p.setState(StatePolling, nil)
@@ -229,7 +232,7 @@ func (p *Poller) session(ctx context.Context) error {
 			return nil
 		case <-wake:
 		case <-interval.C:
-		case err := <-listenDone:
+		case err := <-listenErr:
 			return fmt.Errorf("listen for new rows: %w", err)
 		}
 	}
@@ -237,26 +240,27 @@ func (p *Poller) session(ctx context.Context) error {
 
 // listen opens a connection of its own that waits for the trigger's
 // notifications and turns those for this outbox table into wake-ups. It
-// reports on done when it stops, with the error unless ctx ended.
-func (p *Poller) listen(ctx context.Context, wake chan<- struct{}, done chan<- error) error {
+// reports a failure on errc, and closes stopped once its goroutine is done.
+func (p *Poller) listen(ctx context.Context, wake chan<- struct{}, errc chan<- error) (stopped <-chan struct{}, err error) {
 	conn, err := replication.Dial(ctx, p.cfg.Postgres)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
 		conn.Close(context.Background())
-		return fmt.Errorf("listen on %s: %w", notifyChannel, err)
+		return nil, fmt.Errorf("listen on %s: %w", notifyChannel, err)
 	}
 	outbox := p.t.outbox.Quoted()
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer conn.Close(context.Background())
 		for {
 			n, err := conn.WaitForNotification(ctx)
 			if err != nil {
-				if ctx.Err() != nil {
-					err = nil
+				if ctx.Err() == nil {
+					errc <- err
 				}
-				done <- err
 				return
 			}
 			if n.Payload != outbox {
@@ -268,7 +272,7 @@ func (p *Poller) listen(ctx context.Context, wake chan<- struct{}, done chan<- e
 			}
 		}
 	}()
-	return nil
+	return done, nil
 }
 
 // refreshStats settles replayed events and reads the gauges' values.

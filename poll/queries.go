@@ -259,7 +259,7 @@ func (q *queries) release(ctx context.Context, seqs []int64) error {
 // covered was never marked, and no part of this process still publishes it.
 func (q *queries) releaseOwn(ctx context.Context) (int64, error) {
 	tag, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
-		" SET lease_expires_at = now() WHERE lease_holder = $1 AND published_at IS NULL AND lease_expires_at > now()", q.workerID)
+		" SET lease_holder = NULL, lease_expires_at = NULL WHERE lease_holder = $1 AND published_at IS NULL", q.workerID)
 	if err != nil {
 		return 0, fmt.Errorf("release this poller's earlier leases in %s: %w", q.t.state, err)
 	}

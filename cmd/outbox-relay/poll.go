@@ -35,7 +35,7 @@ func sourceFlag(fs *flag.FlagSet, o *options) {
 func pollFlags(fs *flag.FlagSet, o *options) {
 	c := &o.poll
 	fs.IntVar(&c.Batch, "poll-batch", c.Batch, "poll mode: rows one claim takes")
-	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode: how long a claim keeps other pollers off its rows; must outlast a publish, at least twice --kafka-timeout")
+	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode: how long a claim keeps other pollers off its rows; must outlast a publish: at least 2 x (2 x --kafka-timeout + --kafka-retry-backoff-max)")
 	fs.DurationVar(&c.Interval, "poll-interval", c.Interval, "poll mode: how often an idle poller looks for rows when no notification woke it")
 	fs.BoolVar(&c.Notify, "poll-notify", c.Notify, "poll mode: wake on the trigger's NOTIFY at commit (turn off behind a transaction-mode pooler, which does not carry LISTEN)")
 	fs.StringVar(&c.WorkerID, "poll-worker-id", c.WorkerID, "poll mode: this poller's name in its leases, unique among the table's pollers; a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)")

@@ -49,7 +49,7 @@ func newEnv(t *testing.T) *env {
 // with short timings so failures are retried within a test's time.
 func (e *env) pollArgs(extra ...string) []string {
 	args := []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
-		"--admin-addr", "127.0.0.1:0", "--kafka-timeout", "2s", "--poll-lease", "5s",
+		"--admin-addr", "127.0.0.1:0", "--kafka-timeout", "2s", "--kafka-retry-backoff-max", "1s", "--poll-lease", "10s",
 		"--poll-backoff-min", "100ms", "--poll-backoff-max", "1s", "--shutdown-timeout", "5s"}
 	return append(args, extra...)
 }

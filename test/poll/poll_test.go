@@ -165,7 +165,7 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 	e := newEnv(t)
 	fault := e.kafka.FailProduceTo("outbox.event.flaky", -1, kerr.NotEnoughReplicas.Code)
-	poller := e.startPoller("--max-attempts", "3", "--kafka-retry-max", "1")
+	poller := e.startPoller("--max-attempts", "3")
 	conn := e.db.Connect(t)
 	if err := e.Commit(context.Background(), conn, []harness.OutboxEvent{{AggregateType: "flaky", AggregateID: "f-1", EventType: "Tried", Payload: `{}`}}); err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestPollRefusesWhatItCannotDo(t *testing.T) {
 	}{
 		{[]string{"run", "--source", "poll", "--delivery", "exactly-once", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--delivery exactly-once needs --source wal"},
 		{[]string{"run", "--source", "polling", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, `--source "polling": use wal or poll`},
-		{[]string{"run", "--source", "poll", "--poll-lease", "10s", "--kafka-timeout", "30s", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--poll-lease 10s: must be at least twice --kafka-timeout"},
+		{[]string{"run", "--source", "poll", "--poll-lease", "1m", "--kafka-timeout", "30s", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--poll-lease 1m0s: must be at least 2m10s"},
 		{[]string{"migrate", "--source", "poll", "--poll-existing", "maybe", "--pg-dsn", "host=127.0.0.1"}, `--poll-existing "maybe"`},
 	} {
 		code, out := harness.RunCommand(t, bin, c.args)

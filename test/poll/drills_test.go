@@ -1,0 +1,314 @@
+package poll_test
+
+import (
+	"context"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// drillBatch is the claim size in the drills: it bounds the duplicates one
+// killed poller can leave (its one batch in flight).
+const drillBatch = 50
+
+// world is a drill's database, broker, writer and pollers.
+type world struct {
+	*env
+	rng     *mrand.Rand
+	pollers []*harness.Process
+	names   []string
+}
+
+func newWorld(t *testing.T, db *harness.PGDatabase) *world {
+	t.Helper()
+	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
+		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
+		Ledger: harness.NewLedger()}
+	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
+	w := &world{env: e, rng: mrand.New(mrand.NewPCG(harness.DrillSeed(t), 0))}
+	w.logClaims()
+	return w
+}
+
+// logClaims records every change of a row's lease, with the lease it
+// replaced, so leaseOverlaps can prove no two pollers held one row at
+// once. `at` is the changing transaction's now(), the time the claim's own
+// lease check used.
+func (w *world) logClaims() {
+	w.db.Exec(w.t, `CREATE TABLE claim_log (seq bigint, at timestamptz, claim bool,
+		holder text, expires timestamptz, old_holder text, old_expires timestamptz)`)
+	w.db.Exec(w.t, `CREATE FUNCTION log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO claim_log VALUES (NEW.seq, now(), NEW.attempts = OLD.attempts + 1,
+				NEW.lease_holder, NEW.lease_expires_at, OLD.lease_holder, OLD.lease_expires_at);
+			RETURN NULL;
+		END $$`)
+	w.db.Exec(w.t, `CREATE TRIGGER log_claim AFTER UPDATE ON outbox_events_poll FOR EACH ROW
+		WHEN (OLD.lease_holder IS DISTINCT FROM NEW.lease_holder OR OLD.lease_expires_at IS DISTINCT FROM NEW.lease_expires_at)
+		EXECUTE FUNCTION log_claim()`)
+}
+
+// checkLeases fails the test for every claim that took a row whose lease
+// was still valid, and reports how many claims took an expired one.
+func (w *world) checkLeases() (claims, reclaimed int64) {
+	w.t.Helper()
+	if n := w.db.QueryInt64(w.t, `SELECT count(*) FROM claim_log WHERE claim AND old_expires > at`); n > 0 {
+		sample := w.db.QueryString(w.t, `SELECT string_agg(format('row %s claimed by %s at %s while %s held it until %s', seq, holder, at, old_holder, old_expires), '; ')
+			FROM (SELECT * FROM claim_log WHERE claim AND old_expires > at LIMIT 5) x`)
+		w.t.Errorf("%d claims took a row whose lease was still valid: %s", n, sample)
+	}
+	return w.db.QueryInt64(w.t, "SELECT count(*) FROM claim_log WHERE claim"),
+		w.db.QueryInt64(w.t, "SELECT count(*) FROM claim_log WHERE claim AND old_holder IS NOT NULL")
+}
+
+// startPollers starts n pollers, each with an application_name that names
+// its PostgreSQL sessions.
+func (w *world) startPollers(n int, extra ...string) {
+	for i := 0; i < n; i++ {
+		w.names = append(w.names, fmt.Sprintf("poller-%d", i))
+		w.pollers = append(w.pollers, nil)
+		w.restart(i, extra...)
+	}
+}
+
+func (w *world) restart(i int, extra ...string) {
+	w.t.Helper()
+	args := append([]string{"--poll-batch", fmt.Sprint(drillBatch)}, extra...)
+	args = append(w.pollArgs(args...), "--pg-dsn", w.db.DSN()+"&application_name="+w.names[i])
+	p := harness.StartProcess(w.t, w.bin, args, []string{harness.LogLevelInfo})
+	p.WaitForOutput(w.t, `"message":"polling"`, time.Minute)
+	w.pollers[i] = p
+}
+
+// writer commits small transactions over many aggregates from one
+// connection until stopped, pacing itself with a ticker (load shape, not
+// synchronisation). A commit whose outcome is unknown (the server died)
+// is looked up by settle.
+type writer struct {
+	stop  chan struct{}
+	done  chan error
+	doubt struct {
+		ids    []string
+		events []harness.OutboxEvent
+	}
+}
+
+func (w *world) startWriter(dsn string, every time.Duration, aggregates int) *writer {
+	wr := &writer{stop: make(chan struct{}), done: make(chan error, 1)}
+	rng := mrand.New(mrand.NewPCG(w.rng.Uint64(), 1))
+	go func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			wr.done <- err
+			return
+		}
+		defer conn.Close(ctx)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		n := 0
+		for {
+			select {
+			case <-wr.stop:
+				wr.done <- nil
+				return
+			case <-tick.C:
+			}
+			events := make([]harness.OutboxEvent, 1+rng.IntN(5))
+			for i := range events {
+				events[i] = harness.NumberedEvent(n, rng.IntN(aggregates), fmt.Sprintf(`{"n": %d}`, n))
+				n++
+			}
+			ids := make([]string, len(events))
+			for i := range ids {
+				ids[i] = harness.NewUUID()
+			}
+			if err := w.CommitIDs(ctx, conn, ids, events); err != nil {
+				wr.doubt.ids, wr.doubt.events = ids, events
+				wr.done <- err
+				return
+			}
+		}
+	}()
+	return wr
+}
+
+// halt stops the writer and returns the error it stopped on, if any.
+func (wr *writer) halt() error {
+	close(wr.stop)
+	return <-wr.done
+}
+
+// settle records the in-doubt transaction if it committed.
+func (wr *writer) settle(w *world) {
+	w.t.Helper()
+	if len(wr.doubt.ids) == 0 {
+		return
+	}
+	switch n := w.db.QueryInt64(w.t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", wr.doubt.ids); n {
+	case int64(len(wr.doubt.ids)):
+		w.Record(wr.doubt.ids, wr.doubt.events)
+	case 0:
+	default:
+		w.t.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(wr.doubt.ids))
+	}
+}
+
+// finish checks the drill's promises once everything is published: no
+// loss, per-aggregate order of first delivery, duplicates within bound,
+// and no lease ever taken while valid.
+func (w *world) finish(maxDuplicates int) {
+	w.t.Helper()
+	harness.WaitFor(w.t, 3*time.Minute, "every row published", func() bool { return w.unpublished() == 0 })
+	records := w.consumeAll(3 * time.Minute)
+	dups := len(records) - w.CommittedCount()
+	claims, reclaimed := w.checkLeases()
+	w.t.Logf("%d events, %d records (%d duplicates, bound %d); %d claims, %d of rows whose lease had expired",
+		w.CommittedCount(), len(records), dups, maxDuplicates, claims, reclaimed)
+	if dups > maxDuplicates {
+		w.t.Errorf("%d duplicates, over the bound of %d", dups, maxDuplicates)
+	}
+	for i, p := range w.pollers {
+		if p.Exited() {
+			w.t.Errorf("poller %d exited:\n%s", i, p.Output())
+		}
+	}
+}
+
+// Three pollers share one table while a writer commits across many
+// aggregates, and pollers are SIGKILLed at random moments and restarted.
+// Once, the kill lands between Kafka's ack and the mark: marks are held at
+// a lock the test owns until the killed poller's session is gone. Its rows
+// stay leased until the lease expires; another poller publishes them again.
+func TestDrillPollThreePollersKilled(t *testing.T) {
+	w := newWorld(t, cluster.CreateTestDatabase(t))
+	// A session whose client died notices while it waits for a lock, so
+	// the held mark of a killed poller never commits.
+	w.db.Exec(t, fmt.Sprintf("ALTER DATABASE %s SET client_connection_check_interval = '100ms'", pgx.Identifier{w.db.Name()}.Sanitize()))
+	w.db.Exec(t, `CREATE FUNCTION hold_marks() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$`)
+	w.db.Exec(t, `CREATE TRIGGER hold_marks BEFORE UPDATE ON outbox_events_poll FOR EACH ROW
+		WHEN (OLD.published_at IS NULL AND NEW.published_at IS NOT NULL) EXECUTE FUNCTION hold_marks()`)
+
+	w.startPollers(3)
+	wr := w.startWriter(w.db.DSN(), 5*time.Millisecond, 300)
+	kills := 0
+
+	// The kill between ack and mark.
+	lock := w.db.Connect(t)
+	ctx := context.Background()
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	var victim string
+	harness.WaitFor(t, time.Minute, "a poller's mark waits at the lock", func() bool {
+		victim = w.db.QueryString(t, `SELECT COALESCE(min(application_name), '') FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name LIKE 'poller-%'`)
+		return victim != ""
+	})
+	var i int
+	fmt.Sscanf(victim, "poller-%d", &i)
+	held := w.db.QueryString(t, "SELECT lease_holder FROM outbox_events_poll WHERE lease_holder IS NOT NULL AND lease_holder LIKE '%:' || $1 LIMIT 1",
+		fmt.Sprint(w.pollers[i].Pid()))
+	w.pollers[i].Kill()
+	kills++
+	harness.WaitFor(t, time.Minute, "the killed poller's session ends", func() bool {
+		return w.db.QueryInt64(t, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", victim) == 0
+	})
+	unmarked := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder = $1 AND published_at IS NULL", held)
+	if _, err := lock.Exec(ctx, "SELECT pg_advisory_unlock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s between ack and mark with %d rows of its batch acked and unmarked", victim, unmarked)
+	if unmarked == 0 {
+		t.Fatalf("the killed poller %s held no unmarked rows: the kill did not land between ack and mark", victim)
+	}
+	w.restart(i)
+
+	// Random kills while the writer writes.
+	for range harness.Sized(5, 20) {
+		d := time.Duration(300+w.rng.IntN(1200)) * time.Millisecond
+		time.Sleep(d) // the drill's random gap between kills: a load shape, not a wait for anything
+		i := w.rng.IntN(len(w.pollers))
+		w.pollers[i].Kill()
+		kills++
+		w.restart(i)
+	}
+	if err := wr.halt(); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 3*time.Minute, "the killed batches are published again after their leases expire", func() bool {
+		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder = $1 AND published_at IS NULL", held) == 0
+	})
+	w.finish(kills * drillBatch)
+}
+
+// Kafka refuses every produce request for a while (NOT_LEADER, retriable)
+// while the writer goes on: events back off one by one and are all
+// published once it is back, in order, with nothing quarantined.
+func TestDrillPollBrokerOutage(t *testing.T) {
+	w := newWorld(t, cluster.CreateTestDatabase(t))
+	w.startPollers(2, "--max-attempts", "1000")
+	wr := w.startWriter(w.db.DSN(), 10*time.Millisecond, 100)
+	harness.WaitFor(t, time.Minute, "events flow before the outage", func() bool {
+		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 200
+	})
+	fault := w.kafka.FailProduce(-1, kerr.NotLeaderForPartition.Code)
+	outage := time.Duration(harness.Sized(8, 30)) * time.Second
+	time.Sleep(outage) // the outage's length: a deliberate fault duration
+	backing := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL AND attempts > 0")
+	fault.Remove()
+	if err := wr.halt(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("outage of %v: %d rows had failed attempts; %d produce requests refused", outage, backing, fault.Hits())
+	if fault.Hits() == 0 || backing == 0 {
+		t.Fatalf("the outage refused %d requests and left %d rows with failed attempts: it did not happen", fault.Hits(), backing)
+	}
+	w.finish(0)
+	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
+		t.Errorf("%d events quarantined by a retriable outage", n)
+	}
+}
+
+// PostgreSQL stops with -m immediate under load and starts again: pollers
+// reconnect, and every committed event arrives, in order.
+func TestDrillPollPostgresImmediateRestart(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	w := newWorld(t, db)
+	w.startPollers(2)
+	wr := w.startWriter(db.DSN(), 5*time.Millisecond, 100)
+	harness.WaitFor(t, time.Minute, "events flow before the crash", func() bool {
+		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 300
+	})
+	pg.StopImmediate(t)
+	werr := wr.halt()
+	pg.Start(t)
+	wr.settle(w)
+	t.Logf("PostgreSQL crashed with %d events committed (writer stopped on: %v)", w.CommittedCount(), werr)
+	harness.WaitFor(t, 2*time.Minute, "the pollers poll again", func() bool {
+		for _, p := range w.pollers {
+			if strings.Count(p.Output(), `"message":"polling"`) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	before := w.CommittedCount()
+	wr = w.startWriter(db.DSN(), 5*time.Millisecond, 100)
+	harness.WaitFor(t, time.Minute, "events written after the restart", func() bool { return w.CommittedCount() > before+200 })
+	if err := wr.halt(); err != nil {
+		t.Fatal(err)
+	}
+	// A poller killed by the crash mid-batch leaves nothing leased: its
+	// session ended, and the next one freed its own leases at once.
+	w.finish(2 * drillBatch)
+}
