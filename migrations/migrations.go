@@ -30,7 +30,17 @@ type Names struct {
 	// Quarantine is the schema-qualified quarantine table; empty means
 	// the default (see store.QuarantineTable).
 	Quarantine string
+	// ExternalTable says the outbox table is another tool's (a Debezium
+	// outbox table): the migrations check it exists and never create or
+	// change it; the publication and the quarantine table are made as
+	// usual.
+	ExternalTable bool
 }
+
+// ownTable are the migrations that create or change the relay's own outbox
+// table; they are left out for an external table. A new migration that
+// touches the outbox table belongs here.
+var ownTable = map[string]bool{"001_outbox.sql": true}
 
 // QuarantineTable returns the quarantine table.
 func (n Names) QuarantineTable() (store.Table, error) {
@@ -85,6 +95,9 @@ func SQL(n Names) (string, error) {
 	)
 	var b strings.Builder
 	for _, name := range entries {
+		if n.ExternalTable && ownTable[name] {
+			continue
+		}
 		body, err := files.ReadFile(name)
 		if err != nil {
 			return "", fmt.Errorf("read migration %s: %w", name, err)
@@ -125,6 +138,16 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	outbox := store.Table{Schema: n.Schema, Name: n.Table}
 	const tableExists = "SELECT to_regclass($1) IS NOT NULL"
+	if n.ExternalTable {
+		var exists bool
+		if err := tx.QueryRow(ctx, tableExists, outbox.Quoted()).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("look up outbox table %s: %w", outbox, err)
+		}
+		if !exists {
+			return nil, fmt.Errorf("%w: outbox table %s does not exist, and migrate does not create a Debezium outbox table: fix --table, or create the table your services write (Debezium's outbox columns: id uuid, aggregatetype, aggregateid, type varchar, payload jsonb) and run migrate again",
+				replication.ErrPrecondition, outbox)
+		}
+	}
 	objects := []struct{ what, exists, arg string }{
 		{"outbox table " + outbox.String(), tableExists, outbox.Quoted()},
 		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", n.Publication},
@@ -137,6 +160,10 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	const quarantineTable, replayColumns = 2, 3 // in objects
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
+		if i == 0 && n.ExternalTable {
+			existed[i] = true // checked above; never created here
+			continue
+		}
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
 			return nil, fmt.Errorf("look up %s: %w", o.what, err)
 		}

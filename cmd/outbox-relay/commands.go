@@ -285,7 +285,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: o.relay.QuarantineTable}
+		Quarantine: o.relay.QuarantineTable, ExternalTable: !o.relay.Replication.OutboxLayout().CreatesTable()}
 	if o.printSQL {
 		// The same parts a migrate with these flags would create.
 		var script string
@@ -320,6 +320,16 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	defer admin.Close(context.Background())
 	if !o.slotOnly {
+		if names.ExternalTable {
+			// Another tool's table is checked before anything is made for
+			// it: columns that do not match the layout are a flag problem.
+			if err := admin.CheckColumns(ctx); err != nil {
+				if errors.Is(err, replication.ErrColumnMapping) {
+					return usageError(stderr, "migrate", err, dsn)
+				}
+				return failure(stderr, "migrate", err, dsn)
+			}
+		}
 		conn, err := replication.Dial(ctx, o.relay.Replication)
 		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
