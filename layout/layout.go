@@ -110,7 +110,7 @@ type Layout struct {
 	headerKeys [][]byte
 }
 
-// Relay is the relay's own layout.
+// Relay is the relay's own layout; it is never changed.
 var Relay = &Layout{}
 
 // New builds a layout from --outbox-layout, the --column-* overrides (by
