@@ -23,13 +23,3 @@ CREATE TABLE IF NOT EXISTS {{table}} (
 
 -- Retention deletes by age.
 CREATE INDEX IF NOT EXISTS {{created_at_index}} ON {{table}} (created_at);
-
--- Publish inserts only: the relay never needs updates, and cleanup deletes
--- must not reach it.
-DO $migrate$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = {{publication_literal}}) THEN
-        CREATE PUBLICATION {{publication}} FOR TABLE {{table}} WITH (publish = 'insert');
-    END IF;
-END
-$migrate$;

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -36,7 +37,20 @@ type Names struct {
 	// ExistingPublished marks the rows already in the outbox as published
 	// when poll mode starts tracking them, instead of pending.
 	ExistingPublished bool
+	// Layout names the outbox table's columns poll mode's trigger reads;
+	// nil is the relay's own.
+	Layout *layout.Layout
+	// ExternalTable says the outbox table is another tool's (a Debezium
+	// outbox table): the migrations check it exists and never create or
+	// change it; the publication and the quarantine table are made as
+	// usual.
+	ExternalTable bool
 }
+
+// ownTable are the migrations that create or change the relay's own outbox
+// table; they are left out for an external table. A new migration that
+// touches the outbox table belongs here.
+var ownTable = map[string]bool{"001_outbox.sql": true}
 
 // QuarantineTable returns the quarantine table.
 func (n Names) QuarantineTable() (store.Table, error) {
@@ -91,6 +105,11 @@ func SQL(n Names) (string, error) {
 		sort.Strings(pollEntries)
 		entries = append(entries, pollEntries...)
 	}
+	l := n.Layout
+	if l == nil {
+		l = layout.Relay
+	}
+	column := func(f layout.Field) string { return pgx.Identifier{l.Column(f)}.Sanitize() }
 	existingPublishedAt := "NULL::timestamptz"
 	if n.ExistingPublished {
 		existingPublishedAt = "now()"
@@ -106,6 +125,13 @@ func SQL(n Names) (string, error) {
 		"{{poll_trigger}}", pgx.Identifier{poll.Name + "_track"}.Sanitize(),
 		"{{table_literal}}", literal(table.Quoted()),
 		"{{existing_published_at}}", existingPublishedAt,
+		"{{event_id}}", column(layout.EventID),
+		"{{aggregate_type}}", column(layout.AggregateType),
+		"{{aggregate_id}}", column(layout.AggregateID),
+		"{{event_id_literal}}", literal(l.Column(layout.EventID)),
+		"{{aggregate_type_literal}}", literal(l.Column(layout.AggregateType)),
+		"{{aggregate_id_literal}}", literal(l.Column(layout.AggregateID)),
+		"{{created_at_literal}}", literal(l.Column(layout.CreatedAt)),
 		"{{quarantine}}", quarantine.Quoted(),
 		"{{table}}", table.Quoted(),
 		// Named after the table, and quoted whole: a name with a space or
@@ -117,6 +143,9 @@ func SQL(n Names) (string, error) {
 	)
 	var b strings.Builder
 	for _, name := range entries {
+		if n.ExternalTable && ownTable[name] {
+			continue
+		}
 		body, err := files.ReadFile(name)
 		if err != nil {
 			return "", fmt.Errorf("read migration %s: %w", name, err)
@@ -160,6 +189,16 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	outbox := store.Table{Schema: n.Schema, Name: n.Table}
 	const tableExists = "SELECT to_regclass($1) IS NOT NULL"
+	if n.ExternalTable {
+		var exists bool
+		if err := tx.QueryRow(ctx, tableExists, outbox.Quoted()).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("look up outbox table %s: %w", outbox, err)
+		}
+		if !exists {
+			return nil, fmt.Errorf("%w: outbox table %s does not exist, and migrate does not create a Debezium outbox table: fix --table, or create the table your services write (Debezium's outbox columns: id uuid, aggregatetype, aggregateid, type varchar, payload jsonb) and run migrate again",
+				replication.ErrPrecondition, outbox)
+		}
+	}
 	objects := []struct{ what, exists, arg string }{
 		{"outbox table " + outbox.String(), tableExists, outbox.Quoted()},
 		{"publication " + n.Publication, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", n.Publication},
@@ -183,6 +222,10 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
+		if i == 0 && n.ExternalTable {
+			existed[i] = true // checked above; never created here
+			continue
+		}
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
 			return nil, fmt.Errorf("look up %s: %w", o.what, err)
 		}
@@ -234,7 +277,11 @@ func untrackedRows(ctx context.Context, tx pgx.Tx, n Names, outboxExists bool) (
 		return 0, fmt.Errorf("look up poll state table %s: %w", poll, err)
 	}
 	if exists {
-		query += " o WHERE NOT EXISTS (SELECT 1 FROM " + poll.Quoted() + " s WHERE s.event_id = o.event_id)"
+		l := n.Layout
+		if l == nil {
+			l = layout.Relay
+		}
+		query += " o WHERE NOT EXISTS (SELECT 1 FROM " + poll.Quoted() + " s WHERE s.event_id = o." + pgx.Identifier{l.Column(layout.EventID)}.Sanitize() + ")"
 	}
 	var count int64
 	if err := tx.QueryRow(ctx, query).Scan(&count); err != nil {

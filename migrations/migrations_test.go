@@ -116,3 +116,25 @@ func TestSQLAppliesWithOddNames(t *testing.T) {
 		t.Errorf("a reserved header name was accepted: %v", err)
 	}
 }
+
+// For another tool's table (a Debezium outbox) the script makes the
+// publication and the quarantine table and never creates or changes the
+// outbox table.
+func TestSQLForExternalTable(t *testing.T) {
+	script, err := SQL(Names{Schema: "public", Table: "outbox", Publication: "outbox_relay", ExternalTable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(script, `TABLE IF NOT EXISTS "public"."outbox"`) || strings.Contains(script, "ON \"public\".\"outbox\" (created_at)") {
+		t.Fatalf("the script creates the outbox table or its index:\n%s", script)
+	}
+	for _, want := range []string{`CREATE PUBLICATION "outbox_relay" FOR TABLE "public"."outbox"`, `CREATE TABLE IF NOT EXISTS "public"."outbox_quarantine"`, "ALTER COLUMN payload DROP NOT NULL"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("the script lacks %s:\n%s", want, script)
+		}
+	}
+	own, err := SQL(Names{Schema: "public", Table: "outbox", Publication: "outbox_relay"})
+	if err != nil || !strings.Contains(own, `CREATE TABLE IF NOT EXISTS "public"."outbox" (`) {
+		t.Fatalf("the relay's own layout no longer creates its table (%v)", err)
+	}
+}

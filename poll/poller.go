@@ -154,7 +154,7 @@ func (p *Poller) session(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	q, err := newQueries(ctx, conn, p.t, p.cfg.WorkerID)
+	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID)
 	if err != nil {
 		return err
 	}

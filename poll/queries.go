@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -60,7 +61,7 @@ WITH picked AS (
     RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
 )
 SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.event_id IS NOT NULL, c.event_id::text, {{columns}}
-FROM claimed c LEFT JOIN {{outbox}} o ON o.event_id = c.event_id
+FROM claimed c LEFT JOIN {{outbox}} o ON o.{{event_id}} = c.event_id
 ORDER BY c.seq`
 
 // claimed is one row a claim returned.
@@ -84,20 +85,22 @@ type claimed struct {
 type queries struct {
 	conn     *pgx.Conn
 	t        tables
+	layout   *layout.Layout
 	claim    string
 	workerID string
 }
 
-func newQueries(ctx context.Context, conn *pgx.Conn, t tables, workerID string) (*queries, error) {
+func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout, workerID string) (*queries, error) {
 	if err := checkTables(ctx, conn, t); err != nil {
 		return nil, err
 	}
-	columns, err := store.EventColumns(ctx, conn, t.outbox, "o")
+	columns, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
 	if err != nil {
 		return nil, err
 	}
-	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns).Replace(claimSQL)
-	return &queries{conn: conn, t: t, claim: claim, workerID: workerID}, nil
+	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
+		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize()).Replace(claimSQL)
+	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID}, nil
 }
 
 // checkTables names what `migrate --source poll` would have created and is
@@ -146,7 +149,7 @@ func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([
 	defer rows.Close()
 	var out []claimed
 	for rows.Next() {
-		c, err := scanClaimed(rows)
+		c, err := scanClaimed(rows, q.layout)
 		if err != nil {
 			return nil, err
 		}
@@ -160,15 +163,16 @@ func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([
 
 // scanClaimed reads one row of claimSQL: six fixed columns, then the
 // event's, all text or NULL.
-func scanClaimed(rows pgx.Rows) (claimed, error) {
+func scanClaimed(rows pgx.Rows, l *layout.Layout) (claimed, error) {
 	var c claimed
 	values, err := rows.Values()
 	if err != nil {
 		return c, fmt.Errorf("read claimed row: %w", err)
 	}
 	const fixed = 6
-	if len(values) != fixed+store.EventColumnCount {
-		return c, fmt.Errorf("read claimed row: %d columns, want %d", len(values), fixed+store.EventColumnCount)
+	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
+	if len(values) != fixed+eventColumns {
+		return c, fmt.Errorf("read claimed row: %d columns, want %d", len(values), fixed+eventColumns)
 	}
 	var ok [fixed]bool
 	var attempts int32
@@ -185,13 +189,13 @@ func scanClaimed(rows pgx.Rows) (claimed, error) {
 		}
 	}
 	c.attempts, c.gone = int(attempts), !present
-	text := make([][]byte, store.EventColumnCount)
+	text := make([][]byte, eventColumns)
 	for i := range text {
 		if s, isText := values[fixed+i].(string); isText {
 			text[i] = []byte(s)
 		}
 	}
-	store.EventFromRow(text, &c.event)
+	c.event = publisher.EventOfColumns(l, text)
 	c.aggKey = string(c.event.AggregateType) + "\x00" + string(c.event.AggregateID)
 	return c, nil
 }

@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // Event is one outbox row as the publisher needs it. The byte slices may alias
@@ -21,11 +23,31 @@ type Event struct {
 	Payload       []byte
 	Headers       []byte // a JSON object, or nil
 	OccurredAt    []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
+	// Extra holds the values of Layout's header columns, in order; nil is
+	// SQL NULL.
+	Extra [][]byte
+	// Layout says what shape of record the event makes; nil is the
+	// relay's own.
+	Layout *layout.Layout
 
 	// Txn and CommitTime identify the event's transaction; they come back in
 	// the acknowledgement unchanged.
 	Txn        uint64
 	CommitTime time.Time
+}
+
+// EventOfColumns makes the event of a row read with l.SelectList: the
+// fields in layout.Field order, then the header columns. The event aliases
+// values.
+func EventOfColumns(l *layout.Layout, values [][]byte) Event {
+	v := values[:layout.NumFields]
+	ev := Event{EventID: v[layout.EventID], AggregateType: v[layout.AggregateType], AggregateID: v[layout.AggregateID],
+		EventType: v[layout.EventType], SchemaVersion: v[layout.SchemaVersion], Payload: v[layout.Payload],
+		Headers: v[layout.Headers], OccurredAt: v[layout.OccurredAt], Layout: l}
+	if len(l.HeaderColumns) > 0 {
+		ev.Extra = values[layout.NumFields:]
+	}
+	return ev
 }
 
 // ReservedHeaders are the headers every record carries. A row's own headers
@@ -59,7 +81,11 @@ type Record struct {
 	value   bytesEncoder
 	headers [inlineHeaders]sarama.RecordHeader
 
-	eventID    []byte
+	eventID []byte
+	// debezium is set for a record in the router's shape, which carries
+	// no aggregate_type or event_type header: these keep them for the
+	// quarantine table.
+	debezium   *debeziumSource
 	txn        uint64
 	commitTime time.Time
 	size       int
@@ -96,9 +122,14 @@ func (r *Record) Header(name string) []byte {
 }
 
 // RowHeaders returns the headers that came from the row's headers column,
-// as a JSON object, or nil when there are none.
+// and in the router's shape from the header columns too, as a JSON object,
+// or nil when there are none.
 func (r *Record) RowHeaders() []byte {
-	extra := r.msg.Headers[len(ReservedHeaders):]
+	first := len(ReservedHeaders)
+	if r.debezium != nil {
+		first = 1
+	}
+	extra := r.msg.Headers[first:]
 	if len(extra) == 0 {
 		return nil
 	}
@@ -127,7 +158,15 @@ func (e *bytesEncoder) Length() int             { return len(e.b) }
 // without the topic lookup and size checks of Publisher.Build, which needs
 // a broker. Tests outside this package use it: the relay's fake sink, and
 // outbox's check that the relay can build every row the writer writes.
-func BuildRecord(ev *Event, topic string) (*Record, error) { return build(ev, topic) }
+func BuildRecord(ev *Event, topic string) (*Record, error) { return buildShaped(ev, topic) }
+
+// buildShaped builds the record in the shape the event's layout asks for.
+func buildShaped(ev *Event, topic string) (*Record, error) {
+	if ev.Layout != nil && ev.Layout.Shape == layout.ShapeDebezium {
+		return buildDebezium(ev, topic)
+	}
+	return build(ev, topic)
+}
 
 // Txn is the transaction the record's event belongs to, as the event said.
 func (r *Record) Txn() uint64 { return r.txn }

@@ -3,6 +3,8 @@ package publisher
 import (
 	"errors"
 	"fmt"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // ErrUnmappedRow marks a row written while the outbox table lacked a
@@ -24,20 +26,31 @@ func UnmappedRow(ev *Event, reason string, at fmt.Stringer) *Error {
 // as a streamed one. An empty identity value is refused like a NULL one:
 // the quarantine table stores a NULL as empty, and an empty key would put
 // the event in the wrong order group.
+//
+// In Debezium's layout the event type and the payload may be NULL: the
+// router places the type nowhere, and sends a NULL payload as a null value.
 func CheckRow(ev *Event) *Error {
+	l := ev.Layout
+	if l == nil {
+		l = layout.Relay
+	}
 	for _, col := range [...]struct {
-		name     string
+		field    layout.Field
 		value    []byte
 		nonEmpty bool
+		optional bool
 	}{
-		{"aggregate_id", ev.AggregateID, true},
-		{"aggregate_type", ev.AggregateType, true},
-		{"event_type", ev.EventType, true},
-		{"payload", ev.Payload, false},
+		{layout.AggregateID, ev.AggregateID, true, false},
+		{layout.AggregateType, ev.AggregateType, true, false},
+		{layout.EventType, ev.EventType, true, !l.EventTypeRequired()},
+		{layout.Payload, ev.Payload, false, l.PayloadNullable()},
 	} {
+		if col.optional {
+			continue
+		}
 		if col.value == nil || col.nonEmpty && len(col.value) == 0 {
 			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1,
-				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", col.name)}
+				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", l.Column(col.field))}
 		}
 	}
 	return nil

@@ -94,7 +94,7 @@ func (t *topicResolver) build(ev *Event) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := build(ev, topic.name)
+	r, err := buildShaped(ev, topic.name)
 	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}

@@ -88,7 +88,7 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 		go func() {
 			defer wg.Done()
 			reader := partitionReader{r: r, rows: rows, phantomSince: phantomSince, until: cfg.Until,
-				stall: cfg.Stall, done: &progress.done}
+				stall: cfg.Stall, done: &progress.done, idHeader: cfg.Postgres.OutboxLayout().EventIDHeader()}
 			err := reader.read(ctx, client)
 			mu.Lock()
 			defer mu.Unlock()
@@ -156,13 +156,16 @@ type partitionReader struct {
 	until        time.Time
 	stall        time.Duration
 	done         *atomic.Int64
+	// idHeader is the header that carries the event id in the layout's
+	// records; empty is the relay's own, event_id.
+	idHeader string
 
 	records      int64
 	unidentified int64
 	candidates   []Phantom
 }
 
-var eventIDHeader = []byte("event_id")
+const eventIDHeader = "event_id"
 
 // read reads the partition's committed records in the range. It sends its
 // own read requests (kafkaread) because a partition written with Kafka
@@ -188,9 +191,13 @@ func (p *partitionReader) read(ctx context.Context, client sarama.Client) error 
 
 func (p *partitionReader) record(msg kafkaread.Record) {
 	p.records++
+	idHeader := p.idHeader
+	if idHeader == "" {
+		idHeader = eventIDHeader
+	}
 	var raw []byte
 	for _, h := range msg.Headers {
-		if h != nil && string(h.Key) == string(eventIDHeader) {
+		if h != nil && string(h.Key) == idHeader {
 			raw = h.Value
 			break
 		}

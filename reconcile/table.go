@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -29,6 +30,11 @@ type table struct {
 	// replayedColumns: the quarantine table records what replay delivered.
 	replayedColumns bool
 	idType          string // the event_id column's type, for id lookups
+	layout          *layout.Layout
+	// Quoted columns of the outbox table, as the layout names them.
+	idColumn, createdColumn string
+	// inWindow narrows a query on the outbox table to the window.
+	inWindow string
 }
 
 func openTable(ctx context.Context, cfg Config) (*table, error) {
@@ -40,13 +46,20 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted(), outboxName: outbox}
+	l := cfg.Postgres.OutboxLayout()
+	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted(), outboxName: outbox, layout: l,
+		idColumn: quote(l.Column(layout.EventID)), createdColumn: quote(l.Column(layout.CreatedAt))}
+	t.inWindow = " WHERE " + t.createdColumn + " >= $1 AND " + t.createdColumn + " < $2"
 	err = conn.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-		WHERE attrelid = to_regclass($1) AND attname = 'event_id' AND NOT attisdropped`, t.outbox).Scan(&t.idType)
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped`, t.outbox, l.Column(layout.EventID)).Scan(&t.idType)
 	if err != nil {
 		conn.Close(context.Background())
-		return nil, fmt.Errorf("%w: look up %s.event_id: %v (check --table, and that `outbox-relay migrate` ran)",
-			replication.ErrPrecondition, t.outbox, err)
+		return nil, fmt.Errorf("%w: look up %s.%s: %v (check --table, --outbox-layout and --column-event-id, and that `outbox-relay migrate` ran)",
+			replication.ErrPrecondition, t.outbox, l.Column(layout.EventID), err)
+	}
+	if err := t.checkCreatedColumn(ctx); err != nil {
+		conn.Close(context.Background())
+		return nil, err
 	}
 	if cfg.Quarantine.Name != "" {
 		q := cfg.Quarantine.Quoted()
@@ -70,7 +83,24 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 
 func (t *table) close() { t.conn.Close(context.Background()) }
 
-const inWindow = " WHERE created_at >= $1 AND created_at < $2"
+// quote quotes an identifier.
+func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// checkCreatedColumn makes sure the window's column exists: a Debezium
+// table need not have one.
+func (t *table) checkCreatedColumn(ctx context.Context) error {
+	column := t.layout.Column(layout.CreatedAt)
+	var exists bool
+	if err := t.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND attnum > 0 AND NOT attisdropped)`, t.outbox, column).Scan(&exists); err != nil {
+		return fmt.Errorf("look up %s.%s: %w", t.outbox, column, err)
+	}
+	if !exists {
+		return fmt.Errorf("%w: reconcile selects the window's rows by their insert time, and %s has no column %s: set --column-created-at to the table's insert-time column (one with DEFAULT now(); add it if there is none)",
+			replication.ErrPrecondition, t.outbox, column)
+	}
+	return nil
+}
 
 // topics returns the topics the window's rows route to, and the row count.
 func (t *table) topics(ctx context.Context) ([]string, int64, error) {
@@ -78,7 +108,11 @@ func (t *table) topics(ctx context.Context) ([]string, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	rows, err := t.conn.Query(ctx, "SELECT aggregate_type, event_type, count(*) FROM "+t.outbox+inWindow+" GROUP BY 1, 2",
+	eventType := "NULL::text"
+	if c := t.layout.Column(layout.EventType); c != "" {
+		eventType = quote(c)
+	}
+	rows, err := t.conn.Query(ctx, "SELECT "+quote(t.layout.Column(layout.AggregateType))+", "+eventType+", count(*) FROM "+t.outbox+t.inWindow+" GROUP BY 1, 2",
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the window's topics: %w", err)
@@ -110,7 +144,7 @@ func (t *table) topics(ctx context.Context) ([]string, int64, error) {
 // not uuids (a text column) are only counted. expected sizes the set up
 // front (the count taken just before), sparing the copies of growing it.
 func (t *table) windowIDs(ctx context.Context, expected int64, done *atomic.Int64) (*rowSet, int64, error) {
-	rows, err := t.conn.Query(ctx, "SELECT event_id::text FROM "+t.outbox+inWindow, t.cfg.Since, t.cfg.Until)
+	rows, err := t.conn.Query(ctx, "SELECT "+t.idColumn+"::text FROM "+t.outbox+t.inWindow, t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the window's rows: %w", err)
 	}
@@ -133,10 +167,10 @@ func (t *table) windowIDs(ctx context.Context, expected int64, done *atomic.Int6
 	return set, unchecked, nil
 }
 
-// oldestRow is the created_at of the table's oldest row, zero when empty.
+// oldestRow is the insert time of the table's oldest row, zero when empty.
 func (t *table) oldestRow(ctx context.Context) (time.Time, error) {
 	var oldest *time.Time
-	if err := t.conn.QueryRow(ctx, "SELECT min(created_at) FROM "+t.outbox).Scan(&oldest); err != nil {
+	if err := t.conn.QueryRow(ctx, "SELECT min("+t.createdColumn+") FROM "+t.outbox).Scan(&oldest); err != nil {
 		return time.Time{}, fmt.Errorf("read the oldest row: %w", err)
 	}
 	if oldest == nil {
@@ -145,9 +179,10 @@ func (t *table) oldestRow(ctx context.Context) (time.Time, error) {
 	return *oldest, nil
 }
 
-// present returns which of ids a table holds, looked up in batches; a
-// non-empty condition narrows the rows that count.
-func (t *table) present(ctx context.Context, tableName, condition, idType string, ids []EventID) (sortedIDs, error) {
+// present returns which of ids a table holds in its quoted column
+// idColumn, looked up in batches; a non-empty condition narrows the rows
+// that count.
+func (t *table) present(ctx context.Context, tableName, idColumn, condition, idType string, ids []EventID) (sortedIDs, error) {
 	if condition != "" {
 		condition += " AND "
 	}
@@ -158,7 +193,7 @@ func (t *table) present(ctx context.Context, tableName, condition, idType string
 		for _, id := range ids[start:min(start+lookupBatch, len(ids))] {
 			text = append(text, id.String())
 		}
-		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT event_id::text FROM %s WHERE %sevent_id = ANY($1::text[]::%s[])", tableName, condition, idType), text)
+		rows, err := t.conn.Query(ctx, fmt.Sprintf("SELECT %[1]s::text FROM %[2]s WHERE %[3]s%[1]s = ANY($1::text[]::%[4]s[])", idColumn, tableName, condition, idType), text)
 		if err != nil {
 			return nil, fmt.Errorf("look up event ids in %s: %w", tableName, err)
 		}
@@ -185,7 +220,7 @@ func (t *table) phantoms(ctx context.Context, candidates []Phantom) ([]Phantom, 
 	}
 	slices.SortFunc(ids, compareIDs)
 	ids = slices.Compact(ids)
-	found, err := t.present(ctx, t.outbox, "", t.idType, ids)
+	found, err := t.present(ctx, t.outbox, t.idColumn, "", t.idType, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +249,7 @@ func (t *table) replayedTopics(ctx context.Context) ([]string, error) {
 		return nil, nil
 	}
 	rows, err := t.conn.Query(ctx, "SELECT DISTINCT q.replayed_topic FROM "+t.quarantine+" q JOIN "+t.outbox+
-		" o ON o.event_id::text = q.event_id::text WHERE q.replayed_at IS NOT NULL AND o.created_at >= $1 AND o.created_at < $2",
+		" o ON o."+t.idColumn+"::text = q.event_id::text WHERE q.replayed_at IS NOT NULL AND o."+t.createdColumn+" >= $1 AND o."+t.createdColumn+" < $2",
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return nil, fmt.Errorf("read the topics replay delivered to: %w", err)
@@ -233,13 +268,13 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 	if t.quarantine == "" || len(absent) == 0 {
 		return absent, nil, nil, nil
 	}
-	held, err := t.present(ctx, t.quarantine, "", "uuid", absent)
+	held, err := t.present(ctx, t.quarantine, "event_id", "", "uuid", absent)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	var delivered sortedIDs
 	if t.replayedColumns {
-		if delivered, err = t.present(ctx, t.quarantine, "replayed_at IS NOT NULL", "uuid", held); err != nil {
+		if delivered, err = t.present(ctx, t.quarantine, "event_id", "replayed_at IS NOT NULL", "uuid", held); err != nil {
 			return nil, nil, nil, err
 		}
 	}
@@ -259,11 +294,11 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
-	columns, err := store.EventColumns(ctx, t.conn, t.outboxName, "")
+	columns, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
 		return err
 	}
-	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+inWindow+" ORDER BY created_at, event_id",
+	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+t.inWindow+" ORDER BY "+t.createdColumn+", "+t.idColumn,
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read the window's rows: %w", err)
@@ -271,8 +306,7 @@ func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) 
 	defer rows.Close()
 	var ev publisher.Event
 	for rows.Next() {
-		v := rows.RawValues()
-		store.EventFromRow(v, &ev)
+		ev = publisher.EventOfColumns(t.layout, rows.RawValues())
 		if err := fn(&ev); err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -98,7 +99,7 @@ func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 		{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "", EventType: "created", Payload: "{}"},
 		{EventID: harness.NewUUID(), AggregateType: "", AggregateID: "1", EventType: "created", Payload: "{}"},
 	}
-	results, err := Replay(context.Background(), cfg, nil, events, 10*time.Second, zerolog.Nop())
+	results, err := Replay(context.Background(), cfg, layout.Relay, nil, events, 10*time.Second, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -79,7 +80,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			var commitTime time.Time
 			// streamer.publish also adds to the tracker and sends; neither
 			// belongs to this benchmark.
-			event := func(r *replication.Row) { ev = eventOf(r, txn, commitTime) }
+			event := func(r *replication.Row) { ev = eventOf(r, layout.Relay, txn, commitTime) }
 			// The topic lookup happens once per topic, before the timer.
 			event(&row)
 			if _, err := pub.BuildWait(context.Background(), &ev); err != nil {

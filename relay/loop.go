@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -39,12 +40,15 @@ type loopConfig struct {
 	backoffMin      time.Duration // between attempts to reach Kafka again
 	backoffMax      time.Duration
 	exactlyOnce     bool
+	// layout says what shape of record each row makes.
+	layout *layout.Layout
 }
 
 func (c Config) loop() loopConfig {
 	return loopConfig{
 		statusInterval: c.StatusInterval, shutdownTimeout: c.ShutdownTimeout, readTick: c.ReadTick,
 		backoffMin: c.BackoffMin, backoffMax: c.BackoffMax, exactlyOnce: c.exactlyOnce(),
+		layout: c.Replication.OutboxLayout(),
 	}
 }
 
@@ -400,9 +404,11 @@ func (s *streamer) awaitQuarantined(ctx context.Context) error {
 
 // eventOf maps a decoded outbox row to the publisher's event; the slices
 // still alias the read buffer.
-func eventOf(row *replication.Row, txn lsn.TxnID, commitTime time.Time) publisher.Event {
+func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime time.Time) publisher.Event {
 	v := &row.Values
 	return publisher.Event{
+		Extra:         row.Extra,
+		Layout:        l,
 		EventID:       v[replication.FieldEventID],
 		AggregateType: v[replication.FieldAggregateType],
 		AggregateID:   v[replication.FieldAggregateID],
@@ -421,7 +427,7 @@ func eventOf(row *replication.Row, txn lsn.TxnID, commitTime time.Time) publishe
 // is received until it is sent.
 func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN) error {
 	ev := &s.event
-	*ev = eventOf(row, s.txn, s.commitTime)
+	*ev = eventOf(row, s.cfg.layout, s.txn, s.commitTime)
 	var rec *publisher.Record
 	var err error
 	if row.Unmapped != "" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -66,8 +67,9 @@ func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
 // key and headers, and marks each replayed, with its topic, only after
 // Kafka acknowledged it. An event that fails again, or fails the read loop's row
 // checks, stays quarantined. A replayed event lands after any later events
-// of its aggregate.
-func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
+// of its aggregate. The layout gives the records their shape, as `run`
+// would have.
+func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
 	out := &replayOutcomes{errs: map[uint64]error{}, topics: map[uint64]string{}}
 	// The collectors end when their publisher's Outcomes closes; a broker
 	// that never answers Close may keep one waiting, which must not hold
@@ -81,7 +83,7 @@ func Replay(ctx context.Context, cfg publisher.Config, quarantine *store.Quarant
 	results := make([]ReplayResult, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
-		ev := eventOfQuarantined(&events[i])
+		ev := eventOfQuarantined(&events[i], l)
 		ev.Txn = uint64(i)
 		if perr := publisher.CheckRow(ev); perr != nil {
 			results[i].Err = perr

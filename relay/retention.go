@@ -100,9 +100,9 @@ func (r *Relay) deleteBefore(ctx context.Context, cutoff time.Time) (int64, erro
 	}
 	defer conn.Close(context.Background())
 	if r.cfg.Retention.DryRun {
-		return store.CountCreatedBefore(ctx, conn, outbox, cutoff)
+		return store.CountCreatedBefore(ctx, conn, outbox, r.cfg.Replication.OutboxLayout(), cutoff)
 	}
-	return store.DeleteCreatedBefore(ctx, conn, outbox, cutoff, r.cfg.Retention.Batch, func(n int64) {
+	return store.DeleteCreatedBefore(ctx, conn, outbox, r.cfg.Replication.OutboxLayout(), cutoff, r.cfg.Retention.Batch, func(n int64) {
 		r.metrics.RetentionDeleted.Add(float64(n))
 	})
 }

@@ -2,38 +2,19 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"slices"
 	"strings"
 )
 
-// columnRule is what the relay accepts for one outbox column. The relay
-// reads every value in PostgreSQL's text form, so a type is acceptable when
-// that text is what the Kafka record must carry: uuid or text for ids, JSON
-// (or text holding it) for the payload, an integer for schema_version, a
-// timestamp for the times.
-type columnRule struct {
-	name     string
-	required bool
-	types    []string // format_type() names of the base type
-}
+// ErrColumnMapping marks a table that exists but does not match the
+// columns a layout other than the relay's own maps: the flags and the table
+// disagree.
+var ErrColumnMapping = errors.New("columns do not match the layout")
 
-// outboxColumns lists the outbox table's columns the relay reads, and the
-// types it accepts for each; docs/operations.md documents the same table.
-var outboxColumns = []columnRule{
-	{"event_id", true, []string{"uuid", "text", "character varying"}},
-	{"aggregate_type", true, []string{"text", "character varying"}},
-	{"aggregate_id", true, []string{"text", "character varying"}},
-	{"event_type", true, []string{"text", "character varying"}},
-	{"schema_version", false, []string{"integer", "smallint", "bigint"}},
-	{"payload", true, []string{"jsonb", "json", "text"}},
-	{"headers", false, []string{"jsonb", "json"}},
-	{"occurred_at", false, []string{"timestamp with time zone", "timestamp without time zone"}},
-	{"created_at", false, []string{"timestamp with time zone", "timestamp without time zone"}},
-}
-
-// CheckColumns verifies the outbox table's columns have types whose text
-// form the relay can publish, and names every column at fault with the type
+// CheckColumns verifies the outbox table's columns, named by the layout,
+// have types whose text form the relay can publish (docs/operations.md
+// documents the rules; package layout holds them), and names every column at fault with the type
 // found and the types accepted. A bytea payload, for one, would otherwise
 // be published as the text \x00ff...
 func (a *Admin) CheckColumns(ctx context.Context) error {
@@ -62,24 +43,18 @@ func (a *Admin) CheckColumns(ctx context.Context) error {
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read columns of %s: %w", a.cfg.Table, err)
 	}
-	if problems := columnProblems(found); len(problems) > 0 {
+	l := a.cfg.OutboxLayout()
+	if len(found) == 0 && !l.CreatesTable() {
+		return precondition("outbox table %s.%s does not exist. With --outbox-layout %s the relay reads the table your services already write and never creates it: fix --table, or create the table as Debezium's outbox documentation describes (id, aggregatetype, aggregateid, type, payload)",
+			schema, table, l.Name())
+	}
+	if problems := l.ColumnProblems(found); len(problems) > 0 {
+		if !l.CreatesTable() {
+			return fmt.Errorf("%w: %w: outbox table %s.%s: %s. Map the columns with the --column-* flags and --header-columns, point --table at the right table, or fix its column types (ALTER TABLE ... ALTER COLUMN ... TYPE ...)",
+				ErrPrecondition, ErrColumnMapping, schema, table, strings.Join(problems, "; "))
+		}
 		return precondition("outbox table %s.%s: %s. Fix the table (ALTER TABLE ... ALTER COLUMN ... TYPE ...) or point --table at the right one; `outbox-relay migrate --print-sql` shows the expected definition",
 			schema, table, strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// columnProblems compares a table's columns (name to type) with the rules.
-func columnProblems(found map[string]string) []string {
-	var problems []string
-	for _, rule := range outboxColumns {
-		typ, ok := found[rule.name]
-		switch {
-		case !ok && rule.required:
-			problems = append(problems, fmt.Sprintf("column %s is missing (want %s)", rule.name, strings.Join(rule.types, " or ")))
-		case ok && !slices.Contains(rule.types, typ):
-			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", rule.name, typ, strings.Join(rule.types, " or ")))
-		}
-	}
-	return problems
 }

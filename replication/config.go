@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // Config names the database objects the relay reads from.
@@ -24,6 +26,17 @@ type Config struct {
 	Slot        string
 	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+).
 	SlotFailover bool
+	// Layout is the outbox table's columns and the records' shape; nil
+	// is the relay's own.
+	Layout *layout.Layout
+}
+
+// OutboxLayout is the configured layout, the relay's own when none is.
+func (c Config) OutboxLayout() *layout.Layout {
+	if c.Layout == nil {
+		return layout.Relay
+	}
+	return c.Layout
 }
 
 var slotName = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
@@ -29,40 +30,28 @@ const (
 	KindOther
 )
 
-// Field indexes into Row.Values, one per outbox column the relay reads.
+// Field indexes into Row.Values, one per field the relay reads; the
+// layout names the column of each.
 const (
-	FieldEventID = iota
-	FieldAggregateType
-	FieldAggregateID
-	FieldEventType
-	FieldSchemaVersion
-	FieldPayload
-	FieldHeaders
-	FieldOccurredAt
-	numFields
+	FieldEventID       = layout.EventID
+	FieldAggregateType = layout.AggregateType
+	FieldAggregateID   = layout.AggregateID
+	FieldEventType     = layout.EventType
+	FieldSchemaVersion = layout.SchemaVersion
+	FieldPayload       = layout.Payload
+	FieldHeaders       = layout.Headers
+	FieldOccurredAt    = layout.OccurredAt
+	numFields          = int(layout.NumFields)
 )
-
-// columnNames maps outbox column names to fields. Columns are matched by
-// name, so added, dropped or reordered columns change nothing.
-var columnNames = map[string]int{
-	"event_id":       FieldEventID,
-	"aggregate_type": FieldAggregateType,
-	"aggregate_id":   FieldAggregateID,
-	"event_type":     FieldEventType,
-	"schema_version": FieldSchemaVersion,
-	"payload":        FieldPayload,
-	"headers":        FieldHeaders,
-	"occurred_at":    FieldOccurredAt,
-}
-
-// requiredFields must be present in the outbox table.
-var requiredFields = []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "payload"}
 
 // Row is one outbox insert, as text. The slices alias the connection's read
 // buffer and are valid only until the next Receive; a nil slice is SQL NULL
 // or a column the table does not have.
 type Row struct {
 	Values [numFields][]byte
+	// Extra holds the layout's header columns, in order; nil in the
+	// relay's own layout, which has none.
+	Extra [][]byte
 	// Unmapped says why the row cannot be published as it is: the table
 	// lacked a required column when the row was written. Values holds the
 	// columns it did have. PostgreSQL decodes a row with the columns of
@@ -93,6 +82,9 @@ type Message struct {
 type relation struct {
 	outbox  bool
 	fieldOf []int8 // column position -> field, or -1
+	// headerOf is, by column position, the header columns it fills; nil
+	// when the layout has none, so the relay's own layout pays nothing.
+	headerOf [][]int
 	// unmapped is set for an outbox relation that lacks a required
 	// column; its rows carry it as Row.Unmapped.
 	unmapped string
@@ -101,11 +93,19 @@ type relation struct {
 // decoder turns pgoutput protocol version 1 messages into Messages.
 type decoder struct {
 	schema, table string
-	relations     map[uint32]*relation
+	layout        *layout.Layout
+	// fieldOf and headerOf map column names as the layout says.
+	fieldOf  map[string]int
+	headerOf map[string][]int
+	// extra backs Row.Extra, reused for every row.
+	extra     [][]byte
+	relations map[uint32]*relation
 }
 
-func newDecoder(schema, table string) *decoder {
-	return &decoder{schema: schema, table: table, relations: make(map[uint32]*relation)}
+func newDecoder(schema, table string, l *layout.Layout) *decoder {
+	fieldOf, headerOf := l.ColumnIndex()
+	return &decoder{schema: schema, table: table, layout: l, fieldOf: fieldOf, headerOf: headerOf,
+		extra: make([][]byte, len(l.HeaderColumns)), relations: make(map[uint32]*relation)}
 }
 
 var errShort = errors.New("message too short")
@@ -171,6 +171,9 @@ func (d *decoder) relation(b []byte) error {
 	ncols := int(binary.BigEndian.Uint16(b[1:]))
 	b = b[3:]
 	rel := &relation{outbox: namespace == d.schema && name == d.table, fieldOf: make([]int8, ncols)}
+	if rel.outbox && d.headerOf != nil {
+		rel.headerOf = make([][]int, ncols)
+	}
 	seen := make(map[string]bool, ncols)
 	names := make([]string, 0, ncols)
 	for i := 0; i < ncols; i++ {
@@ -185,14 +188,18 @@ func (d *decoder) relation(b []byte) error {
 		b = b[8:] // type OID and modifier
 		names = append(names, col)
 		rel.fieldOf[i] = -1
-		if f, ok := columnNames[col]; ok {
+		if f, ok := d.fieldOf[col]; ok {
 			rel.fieldOf[i] = int8(f)
 			seen[col] = true
 		}
+		if rel.headerOf != nil {
+			rel.headerOf[i] = d.headerOf[col]
+		}
 	}
 	if rel.outbox {
+		required := d.layout.RequiredColumns()
 		var missing []string
-		for _, col := range requiredFields {
+		for _, col := range required {
 			if !seen[col] {
 				missing = append(missing, strconv.Quote(col))
 			}
@@ -201,8 +208,8 @@ func (d *decoder) relation(b []byte) error {
 			// Not an error: failing here would fail every session at the
 			// same place, since the slot re-sends this relation with each
 			// row written under it.
-			rel.unmapped = fmt.Sprintf("outbox table %s.%s had no column %s when this row was written (its columns then: %s); the relay needs event_id, aggregate_type, aggregate_id, event_type and payload",
-				namespace, name, strings.Join(missing, ", "), strings.Join(names, ", "))
+			rel.unmapped = fmt.Sprintf("outbox table %s.%s had no column %s when this row was written (its columns then: %s); the relay needs %s",
+				namespace, name, strings.Join(missing, ", "), strings.Join(names, ", "), strings.Join(required, ", "))
 		}
 	}
 	d.relations[oid] = rel
@@ -229,6 +236,12 @@ func (d *decoder) insert(b []byte, m *Message) error {
 	b = b[7:]
 	m.Kind = KindRow
 	m.Row = Row{Unmapped: rel.unmapped}
+	if rel.headerOf != nil {
+		// A header column the table lacks is NULL, as a missing optional
+		// column is.
+		clear(d.extra)
+		m.Row.Extra = d.extra
+	}
 	for i := 0; i < ncols; i++ {
 		if len(b) < 1 {
 			return fmt.Errorf("insert column %d: %w", i, errShort)
@@ -253,6 +266,11 @@ func (d *decoder) insert(b []byte, m *Message) error {
 		}
 		if i < len(rel.fieldOf) && rel.fieldOf[i] >= 0 {
 			m.Row.Values[rel.fieldOf[i]] = value
+		}
+		if rel.headerOf != nil && i < len(rel.headerOf) {
+			for _, h := range rel.headerOf[i] {
+				m.Row.Extra[h] = value
+			}
 		}
 	}
 	return nil

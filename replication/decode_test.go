@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // wire builds pgoutput messages by hand, as the server sends them.
@@ -43,7 +45,7 @@ func insertMsg(oid uint32, values ...string) []byte {
 var outboxCols = []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at", "created_at"}
 
 func TestDecodeTransaction(t *testing.T) {
-	d := newDecoder("public", "outbox_events")
+	d := newDecoder("public", "outbox_events", layout.Relay)
 	var m Message
 
 	commitMicros := int64(123456789)
@@ -75,7 +77,7 @@ func TestDecodeTransaction(t *testing.T) {
 // After ALTER TABLE the server sends the relation again; columns are mapped
 // by name, so an added or reordered column changes nothing.
 func TestDecodeRelationChangeMapsByName(t *testing.T) {
-	d := newDecoder("public", "outbox_events")
+	d := newDecoder("public", "outbox_events", layout.Relay)
 	var m Message
 	cols := []string{"extra_first", "payload", "aggregate_id", "event_id", "aggregate_type", "event_type"}
 	if err := d.decode(relationMsg(1, "public", "outbox_events", cols...), &m); err != nil {
@@ -91,7 +93,7 @@ func TestDecodeRelationChangeMapsByName(t *testing.T) {
 }
 
 func TestDecodeOtherTablesAndMessagesAreSkipped(t *testing.T) {
-	d := newDecoder("public", "outbox_events")
+	d := newDecoder("public", "outbox_events", layout.Relay)
 	var m Message
 	if err := d.decode(relationMsg(2, "public", "orders", "id", "total"), &m); err != nil {
 		t.Fatal(err)
@@ -107,7 +109,7 @@ func TestDecodeOtherTablesAndMessagesAreSkipped(t *testing.T) {
 }
 
 func TestDecodeErrors(t *testing.T) {
-	d := newDecoder("public", "outbox_events")
+	d := newDecoder("public", "outbox_events", layout.Relay)
 	var m Message
 	if err := d.decode(insertMsg(99, "x"), &m); err == nil || !strings.Contains(err.Error(), "before its relation") {
 		t.Fatalf("insert before relation: %v", err)
@@ -146,7 +148,8 @@ func FuzzDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, order uint64, absent uint32, xid uint32, commitLSN, endLSN uint64, micros int64,
 		eventID, aggType, aggID, eventType, schemaVersion, payload, headers, occurredAt string, junk []byte) {
 		values := [numFields]string{eventID, aggType, aggID, eventType, schemaVersion, payload, headers, occurredAt}
-		d := newDecoder("public", "outbox_events")
+		d := newDecoder("public", "outbox_events", layout.Relay)
+		columnNames, _ := layout.Relay.ColumnIndex()
 		var m Message
 
 		// Keep the commit time where time.UnixMicro cannot overflow.
@@ -257,7 +260,7 @@ func TestConfigValidate(t *testing.T) {
 // slot re-sends that relation with the row. The relation is accepted and
 // its rows carry the reason, with the columns they have mapped by name.
 func TestDecodeRowOfRelationWithoutRequiredColumn(t *testing.T) {
-	d := newDecoder("public", "outbox_events")
+	d := newDecoder("public", "outbox_events", layout.Relay)
 	var m Message
 	if err := d.decode(relationMsg(3, "public", "outbox_events", "event_id", "aggregate_type", "agg_id", "event_type", "payload"), &m); err != nil {
 		t.Fatalf("outbox relation without aggregate_id: %v", err)
@@ -277,5 +280,51 @@ func TestDecodeRowOfRelationWithoutRequiredColumn(t *testing.T) {
 	}
 	if err := d.decode(insertMsg(3, "id-2", "order", "a-1", "Placed", "1", "{}", "{}", "t", "t"), &m); err != nil || m.Row.Unmapped != "" {
 		t.Fatalf("row after the relation was fixed: %v, unmapped %q", err, m.Row.Unmapped)
+	}
+}
+
+// A Debezium outbox table is read by the layout's column names: id,
+// aggregatetype, aggregateid, payload; type goes nowhere the record uses;
+// the header columns land in Row.Extra in --header-columns order, NULL as a
+// nil value, and a column that is also a field fills both.
+func TestDecodeDebeziumLayout(t *testing.T) {
+	l, err := layout.New(layout.NameDebezium, [layout.NumColumns]string{}, "tenant,type:eventType,region")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDecoder("public", "outbox", l)
+	var m Message
+	cols := []string{"id", "aggregatetype", "aggregateid", "type", "payload", "timestamp", "tenant", "region"}
+	if err := d.decode(relationMsg(1, "public", "outbox", cols...), &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.decode(insertMsg(1, "id-1", "order", "o-1", "Placed", "\x00null", "2026-01-01 00:00:00+00", "acme", "\x00null"), &m); err != nil || m.Kind != KindRow {
+		t.Fatalf("insert: %v %+v", err, m)
+	}
+	v := m.Row.Values
+	if string(v[FieldEventID]) != "id-1" || string(v[FieldAggregateType]) != "order" || string(v[FieldAggregateID]) != "o-1" ||
+		string(v[FieldEventType]) != "Placed" || v[FieldPayload] != nil || v[FieldHeaders] != nil || m.Row.Unmapped != "" {
+		t.Fatalf("row %q unmapped %q", v, m.Row.Unmapped)
+	}
+	if len(m.Row.Extra) != 3 || string(m.Row.Extra[0]) != "acme" || string(m.Row.Extra[1]) != "Placed" || m.Row.Extra[2] != nil {
+		t.Fatalf("header columns %q", m.Row.Extra)
+	}
+	// The next row starts clean: a value never leaks from the row before.
+	if err := d.decode(insertMsg(1, "id-2", "order", "o-1", "Placed", "{}", "2026-01-01 00:00:00+00", "\x00null", "eu"), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Row.Extra[0] != nil || string(m.Row.Extra[2]) != "eu" || string(m.Row.Values[FieldPayload]) != "{}" {
+		t.Fatalf("second row header columns %q", m.Row.Extra)
+	}
+	// Without aggregateid the row cannot be published; the reason names
+	// the layout's columns.
+	if err := d.decode(relationMsg(2, "public", "outbox", "id", "aggregatetype", "payload"), &m); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.decode(insertMsg(2, "id-3", "order", "{}"), &m); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m.Row.Unmapped, `no column "aggregateid"`) || !strings.Contains(m.Row.Unmapped, "needs id, aggregatetype, aggregateid, payload") {
+		t.Fatalf("unmapped %q", m.Row.Unmapped)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
@@ -137,9 +138,10 @@ func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
 	qualified := pgx.Identifier{schema, table}.Sanitize()
 	var rows TableRows
 	var newest, oldest *time.Time
-	err = a.conn.QueryRow(ctx, "SELECT count(*), max(created_at), min(created_at) FROM "+qualified).Scan(&rows.Count, &newest, &oldest)
+	created := pgx.Identifier{a.cfg.OutboxLayout().Column(layout.CreatedAt)}.Sanitize()
+	err = a.conn.QueryRow(ctx, "SELECT count(*), max("+created+"), min("+created+") FROM "+qualified).Scan(&rows.Count, &newest, &oldest)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // no created_at column: custom table
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" { // no insert-time column: custom table
 		err = a.conn.QueryRow(ctx, "SELECT count(*) FROM "+qualified).Scan(&rows.Count)
 	}
 	if err != nil {

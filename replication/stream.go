@@ -53,7 +53,7 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 		conn.Close(ctx)
 		return nil, err
 	}
-	return &Stream{cfg: cfg, conn: conn, decoder: newDecoder(schema, table)}, nil
+	return &Stream{cfg: cfg, conn: conn, decoder: newDecoder(schema, table, cfg.OutboxLayout())}, nil
 }
 
 // Start begins streaming the slot from a position, normally the slot's own

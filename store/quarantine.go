@@ -11,18 +11,22 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // Quarantined is one event Kafka would not accept, as it is kept in the
 // quarantine table. Text fields hold PostgreSQL's text forms.
 type Quarantined struct {
-	EventID       string    `json:"event_id"`
-	AggregateType string    `json:"aggregate_type"`
-	AggregateID   string    `json:"aggregate_id"`
-	EventType     string    `json:"event_type"`
-	SchemaVersion string    `json:"schema_version"`
-	Payload       string    `json:"payload"`
+	EventID       string `json:"event_id"`
+	AggregateType string `json:"aggregate_type"`
+	AggregateID   string `json:"aggregate_id"`
+	EventType     string `json:"event_type"`
+	SchemaVersion string `json:"schema_version"`
+	Payload       string `json:"payload"`
+	// PayloadNull is a SQL NULL payload, which Debezium's layout publishes
+	// as a null value; Payload is then empty.
+	PayloadNull   bool      `json:"payload_null,omitempty"`
 	Headers       string    `json:"headers,omitempty"`     // may be empty
 	OccurredAt    string    `json:"occurred_at,omitempty"` // may be empty
 	Topic         string    `json:"topic"`
@@ -105,14 +109,14 @@ func OpenQuarantine(ctx context.Context, cfg replication.Config, table Table, ac
 		return nil, err
 	}
 	q := &Quarantine{conn: conn, table: table}
-	if err := q.check(ctx, cfg.Table, access); err != nil {
+	if err := q.check(ctx, cfg, access); err != nil {
 		conn.Close(context.Background())
 		return nil, err
 	}
 	return q, nil
 }
 
-func (q *Quarantine) check(ctx context.Context, outboxTable string, access Access) error {
+func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access Access) error {
 	quoted := q.table.Quoted()
 	var exists bool
 	if err := q.conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", quoted).Scan(&exists); err != nil {
@@ -153,11 +157,18 @@ func (q *Quarantine) check(ctx context.Context, outboxTable string, access Acces
 	if access != ForRelay {
 		return nil
 	}
-	outbox, err := ParseTable("--table", outboxTable)
+	outbox, err := ParseTable("--table", cfg.Table)
 	if err != nil {
 		return err
 	}
-	for _, column := range []string{"event_id", "payload"} {
+	// The quarantine table keeps the relay's own column names whatever the
+	// outbox table's layout.
+	l := cfg.OutboxLayout()
+	for _, c := range []struct {
+		column string
+		field  layout.Field
+	}{{"event_id", layout.EventID}, {"payload", layout.Payload}} {
+		column := c.column
 		stored, err := q.columnType(ctx, quoted, column)
 		if err != nil {
 			return err
@@ -165,7 +176,7 @@ func (q *Quarantine) check(ctx context.Context, outboxTable string, access Acces
 		if column == "payload" && (stored == "jsonb" || stored == "json") {
 			q.payloadCast = "::" + stored
 		}
-		source, err := q.columnType(ctx, outbox.Quoted(), column)
+		source, err := q.columnType(ctx, outbox.Quoted(), l.Column(c.field))
 		if err != nil {
 			return err
 		}
@@ -174,7 +185,20 @@ func (q *Quarantine) check(ctx context.Context, outboxTable string, access Acces
 			// would fail the insert: the event could then be neither
 			// published nor quarantined, and the relay would stall.
 			return fmt.Errorf("%w: the outbox table's %s is %s but the quarantine table %s stores it as %s, so some events could not be quarantined: run ALTER TABLE %s ALTER COLUMN %s TYPE text;",
-				replication.ErrPrecondition, column, source, quoted, stored, quoted, column)
+				replication.ErrPrecondition, l.Column(c.field), source, quoted, stored, quoted, column)
+		}
+	}
+	if l.PayloadNullable() {
+		var payloadNotNull bool
+		if err := q.conn.QueryRow(ctx, "SELECT attnotnull FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'payload' AND NOT attisdropped",
+			quoted).Scan(&payloadNotNull); err != nil {
+			return fmt.Errorf("read column payload of %s: %w", quoted, err)
+		}
+		if payloadNotNull {
+			// An event with a NULL payload could then not be quarantined,
+			// and the relay would stall on it.
+			return fmt.Errorf("%w: the quarantine table %s cannot hold a NULL payload, which --outbox-layout %s publishes as a null value: run `outbox-relay migrate` to allow it",
+				replication.ErrPrecondition, quoted, l.Name())
 		}
 	}
 	return nil
@@ -224,9 +248,14 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	if version == "" {
 		version = "1"
 	}
-	payload := e.Payload
-	if payload == "" && q.payloadCast != "" {
-		payload = "null"
+	var payload *string
+	switch {
+	case e.PayloadNull:
+	case e.Payload == "" && q.payloadCast != "":
+		null := "null"
+		payload = &null
+	default:
+		payload = &e.Payload
 	}
 	_, err := q.conn.Exec(ctx, `
 		INSERT INTO `+q.table.Quoted()+` AS q (event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers,
@@ -277,7 +306,7 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	if q.replayedColumns {
 		replayed = "replayed_at, COALESCE(replayed_topic, '')"
 	}
-	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
+	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, COALESCE(payload::text, ''), payload IS NULL,
 		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), occurred_at, topic, error_class, error_message, attempts,
 		first_failed_at, last_failed_at, ` + replayed + ` FROM ` + q.table.Quoted()
 	var args []any
@@ -296,7 +325,7 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	var out []Quarantined
 	for rows.Next() {
 		var e Quarantined
-		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload,
+		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull,
 			&e.Headers, &e.OccurredAt, &e.occurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
 			&e.ReplayedAt, &e.ReplayedTopic); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)

@@ -307,7 +307,8 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
-		Quarantine: o.relay.QuarantineTable, Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published"}
+		Quarantine: o.relay.QuarantineTable, ExternalTable: !o.relay.Replication.OutboxLayout().CreatesTable(),
+		Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout()}
 	if o.printSQL {
 		// The same parts a migrate with these flags would create.
 		var script string
@@ -336,15 +337,22 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usageError(stderr, "migrate", err, "")
 	}
 	dsn := o.relay.Replication.DSN
-	if o.source == sourcePoll {
-		return migratePoll(ctx, o, names, log, stderr)
-	}
 	admin, err := replication.Connect(ctx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
 	}
 	defer admin.Close(context.Background())
 	if !o.slotOnly {
+		if names.ExternalTable {
+			// Another tool's table is checked before anything is made for
+			// it: columns that do not match the layout are a flag problem.
+			if err := admin.CheckColumns(ctx); err != nil {
+				if errors.Is(err, replication.ErrColumnMapping) {
+					return usageError(stderr, "migrate", err, dsn)
+				}
+				return failure(stderr, "migrate", err, dsn)
+			}
+		}
 		conn, err := replication.Dial(ctx, o.relay.Replication)
 		if err != nil {
 			return failure(stderr, "migrate", err, dsn)

@@ -11,6 +11,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -40,6 +41,10 @@ type options struct {
 	source       string
 	poll         poll.Config
 	pollExisting string
+	// the outbox table's layout, made into relay.Replication.Layout
+	outboxLayout  string
+	columns       [layout.NumColumns]string
+	headerColumns string
 }
 
 // envName is the environment variable that sets a flag.
@@ -55,19 +60,19 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{sourceFlag, postgresFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, pollFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, pollFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
 	case "migrate":
-		return []flagGroup{sourceFlag, postgresFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, pollMigrateFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, pollMigrateFlags, logFlags}
 	case "status":
 		// Kafka is optional here: with --kafka-brokers, status adds the
 		// progress kept in Kafka.
-		return []flagGroup{sourceFlag, postgresFlags, kafkaFlags, deliveryFlag, progressFlags}
+		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, kafkaFlags, deliveryFlag, progressFlags}
 	case "quarantine list":
-		return []flagGroup{postgresFlags, quarantineTableFlag, listFlags}
+		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
-		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
+		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
 	case "reconcile":
-		return []flagGroup{postgresFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
+		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
 	}
 	return nil
 }
@@ -95,6 +100,31 @@ func postgresFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table")
 	fs.StringVar(&c.Replication.Publication, "publication", c.Replication.Publication, "publication that carries the outbox table's inserts")
 	fs.StringVar(&c.Replication.Slot, "slot", c.Replication.Slot, "logical replication slot name")
+}
+
+// layoutFlags say what the outbox table looks like and what records it
+// makes, for every command that reads the table. One flag per column reads
+// best in a YAML config (column-event-id: id) and names itself in errors.
+func layoutFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.outboxLayout, "outbox-layout", layout.NameRelay, "the outbox table's layout and the records' shape: relay (the relay's own table and records) or debezium (a Debezium outbox table, records as Debezium's Outbox Event Router makes them; see docs/debezium-migration.md)")
+	for f := layout.Field(0); f < layout.NumColumns; f++ {
+		name := strings.TrimPrefix(layout.Flag(f), "--")
+		what := strings.ReplaceAll(strings.TrimPrefix(name, "column-"), "-", " ")
+		if f == layout.CreatedAt {
+			what = "the row's insert time, by which reconcile windows and retention select rows"
+		}
+		fs.StringVar(&o.columns[f], name, "", fmt.Sprintf("the outbox table's column for %s (default: %s in the relay layout, %s in the debezium layout)",
+			what, columnDefault(layout.ShapeRelay, f), columnDefault(layout.ShapeDebezium, f)))
+	}
+	fs.StringVar(&o.headerColumns, "header-columns", "", "debezium layout: comma-separated columns placed as record headers, each column or column:header (like the router's table.fields.additional.placement column:header:name)")
+}
+
+// columnDefault is a field's default column in a shape, for help text.
+func columnDefault(shape layout.Shape, f layout.Field) string {
+	if c := (&layout.Layout{Shape: shape}).Column(f); c != "" {
+		return c
+	}
+	return "none"
 }
 
 func slotCreationFlags(fs *flag.FlagSet, o *options) {
@@ -263,7 +293,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // listFlagNames are the flags whose value may be a YAML list.
-var listFlagNames = map[string]bool{"kafka-brokers": true}
+var listFlagNames = map[string]bool{"kafka-brokers": true, "header-columns": true}
 
 // applyConfigFile sets the flags of fs from a flat YAML map of flag names to
 // values, skipping the flags skip says are already set. Keys that are flags
@@ -454,6 +484,11 @@ func (o *options) finish() error {
 		o.saslPassword = strings.TrimRight(string(raw), "\r\n")
 	}
 	c.Publisher.Security.SASLPassword = o.saslPassword
+	l, err := layout.New(o.outboxLayout, o.columns, o.headerColumns)
+	if err != nil {
+		return err
+	}
+	c.Replication.Layout = l
 	if c.StatusInterval <= 0 {
 		return errors.New("--status-interval must be positive")
 	}

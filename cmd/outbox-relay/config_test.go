@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // Flags win over the environment, which wins over the --config file.
@@ -135,5 +137,41 @@ func TestUnknownEnvironmentVariableIsWarnedAbout(t *testing.T) {
 	// A flag of another command, and the password, are not typos.
 	if strings.Contains(out, "OUTBOX_RELAY_KAFKA_BROKERS ") || strings.Contains(out, "SASL_PASSWORD") {
 		t.Errorf("warned about a known variable:\n%s", out)
+	}
+}
+
+// The layout flags read well in YAML: one key per column, header columns
+// as a list; each command that reads the table takes them, and a bad value
+// is refused at start-up naming the flag.
+func TestLayoutFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	os.WriteFile(file, []byte(`
+pg-dsn: postgres://file@db/app
+outbox-layout: debezium
+column-aggregate-id: aggregate_key
+header-columns: [tenant, "type:eventType"]
+`), 0o600)
+	for _, command := range []string{"run", "migrate", "status", "reconcile", "quarantine list", "quarantine replay"} {
+		o := &options{}
+		if _, err := parse(newFlagSet(command, o, &bytes.Buffer{}), o, []string{"--config", file}); err != nil {
+			t.Fatalf("%s: %v", command, err)
+		}
+		l := o.relay.Replication.OutboxLayout()
+		if l.Name() != "debezium" || l.Column(layout.AggregateID) != "aggregate_key" || l.Column(layout.EventID) != "id" ||
+			strings.Join(l.HeaderNames(), ",") != "tenant,eventType" || l.HeaderColumns[1].Column != "type" {
+			t.Fatalf("%s: layout %+v", command, l)
+		}
+	}
+	for _, tc := range []struct{ args, want string }{
+		{"--outbox-layout debezum", `--outbox-layout "debezum"`},
+		{"--header-columns tenant", "--header-columns needs --outbox-layout debezium"},
+		{"--outbox-layout debezium --header-columns tenant,x:tenant", `header "tenant" appears twice`},
+		{"--outbox-layout debezium --header-columns x:id", `header "id" appears twice, or is the event id's header`},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"migrate", "--pg-dsn", "postgres://x@db/app"}, strings.Fields(tc.args)...), &bytes.Buffer{}, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%s: exit %d, want 2 with %q: %s", tc.args, code, tc.want, stderr.String())
+		}
 	}
 }

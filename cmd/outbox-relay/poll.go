@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -136,36 +135,5 @@ func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	enc.Encode(report)
-	return exitOK
-}
-
-// migratePoll is migrate --source poll: the WAL path's tables and
-// publication (so the same table keeps working for it), and poll mode's
-// state table and trigger; no replication slot.
-func migratePoll(ctx context.Context, o *options, names migrations.Names, log zerolog.Logger, stderr io.Writer) int {
-	dsn := o.relay.Replication.DSN
-	admin, err := replication.Connect(ctx, o.relay.Replication)
-	if err != nil {
-		return failure(stderr, "migrate", err, dsn)
-	}
-	defer admin.Close(context.Background())
-	conn, err := replication.Dial(ctx, o.relay.Replication)
-	if err != nil {
-		return failure(stderr, "migrate", err, dsn)
-	}
-	defer conn.Close(context.Background())
-	created, err := migrations.Apply(ctx, conn, names)
-	if err != nil {
-		return failure(stderr, "migrate", err, dsn)
-	}
-	if err := admin.CheckColumns(ctx); err != nil {
-		return failure(stderr, "migrate", err, dsn)
-	}
-	ev := log.Info().Str("table", o.relay.Replication.Table).Str("source", sourcePoll)
-	if len(created) > 0 {
-		ev.Strs("created", created).Msg("created the schema objects that were missing")
-	} else {
-		ev.Msg("schema is up to date")
-	}
 	return exitOK
 }

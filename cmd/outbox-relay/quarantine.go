@@ -125,7 +125,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, quarantine, events, o.replayTimeout, log)
+	results, err := relay.Replay(ctx, o.relay.Publisher, o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
 	}

@@ -30,7 +30,7 @@ BEGIN
                 quarantined_at   timestamptz
             )$sql$, {{poll_literal}},
             (SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-             WHERE attrelid = {{table_literal}}::regclass AND attname = 'event_id' AND NOT attisdropped));
+             WHERE attrelid = {{table_literal}}::regclass AND attname = {{event_id_literal}} AND NOT attisdropped));
     END IF;
 END
 $migrate$;
@@ -51,7 +51,7 @@ CREATE INDEX IF NOT EXISTS {{poll_aggregate_index}} ON {{poll}} (aggregate_type,
 CREATE OR REPLACE FUNCTION {{poll_track}}() RETURNS trigger LANGUAGE plpgsql AS $migrate$
 BEGIN
     INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id)
-    SELECT nextval({{poll_seq_literal}}), event_id, aggregate_type, aggregate_id FROM outbox_relay_new_rows;
+    SELECT nextval({{poll_seq_literal}}), {{event_id}}, {{aggregate_type}}, {{aggregate_id}} FROM outbox_relay_new_rows;
     PERFORM pg_notify('outbox_relay_poll', {{table_literal}});
     RETURN NULL;
 END
@@ -64,8 +64,24 @@ CREATE OR REPLACE TRIGGER {{poll_trigger}} AFTER INSERT ON {{table}}
 -- Rows written before the trigger existed are tracked too, as pending unless
 -- `migrate --poll-existing published` says another relay published them all:
 -- a poller that skipped them could lose events. `migrate` says how many.
-INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id, published_at)
-SELECT nextval({{poll_seq_literal}}), o.event_id, o.aggregate_type, o.aggregate_id, {{existing_published_at}}
-FROM (SELECT event_id, aggregate_type, aggregate_id FROM {{table}} o
-      WHERE NOT EXISTS (SELECT 1 FROM {{poll}} s WHERE s.event_id = o.event_id)
-      ORDER BY created_at, event_id) o;
+-- Oldest first, so each aggregate's rows keep their order; by insert time
+-- when the table has that column.
+DO $migrate$
+DECLARE
+    oldest_first text := {{event_id_literal}};
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass
+               AND attname = {{created_at_literal}} AND NOT attisdropped) THEN
+        oldest_first := format('%I, %I', {{created_at_literal}}, {{event_id_literal}});
+    ELSE
+        oldest_first := format('%I', {{event_id_literal}});
+    END IF;
+    EXECUTE format($sql$
+        INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id, published_at)
+        SELECT nextval(%L), o.%I, o.%I, o.%I, {{existing_published_at}}
+        FROM (SELECT * FROM {{table}} o
+              WHERE NOT EXISTS (SELECT 1 FROM {{poll}} s WHERE s.event_id = o.%I)
+              ORDER BY %s) o$sql$,
+        {{poll_seq_literal}}, {{event_id_literal}}, {{aggregate_type_literal}}, {{aggregate_id_literal}}, {{event_id_literal}}, oldest_first);
+END
+$migrate$;

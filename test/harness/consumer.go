@@ -33,7 +33,10 @@ type Record struct {
 	// value wins. HeaderKeys lists every key in wire order.
 	Headers    map[string]string
 	HeaderKeys []string
-	Timestamp  time.Time
+	// HeaderValues are the header values in wire order; nil is a null
+	// value, which Headers shows as "".
+	HeaderValues [][]byte
+	Timestamp    time.Time
 }
 
 // EventID is the record's event_id header, "" if it has none.
@@ -320,6 +323,7 @@ func fromKgo(r *kgo.Record) Record {
 	for _, h := range r.Headers {
 		out.Headers[h.Key] = string(h.Value)
 		out.HeaderKeys = append(out.HeaderKeys, h.Key)
+		out.HeaderValues = append(out.HeaderValues, h.Value)
 	}
 	return out
 }

@@ -1,0 +1,320 @@
+// Package layout says what the outbox table looks like and what shape the
+// records made from it take: which column holds each field, which extra
+// columns become headers, and whether records follow the relay's own shape
+// or that of Debezium's Outbox Event Router. The pgoutput decoder, the
+// column checks, the record builder and every SQL reader of the table
+// (reconcile, the quarantine) take one Layout, so a column name or a record
+// rule is decided here and nowhere else. It imports nothing of the relay's.
+package layout
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Shape is the shape of the records built from the rows.
+type Shape uint8
+
+const (
+	// ShapeRelay is the relay's own record: key aggregate_id, value the
+	// payload, six standard headers plus the row's headers column.
+	ShapeRelay Shape = iota
+	// ShapeDebezium is the record of Debezium's Outbox Event Router with
+	// its defaults: key the aggregate id, value the payload (null for a
+	// NULL payload), one header "id" with the event id, then the extra
+	// header columns.
+	ShapeDebezium
+)
+
+// Names of the layouts, as --outbox-layout takes them.
+const (
+	NameRelay    = "relay"
+	NameDebezium = "debezium"
+)
+
+// Field is one value the relay reads from a row.
+type Field int
+
+// The fields of a row, in the order Row values, SELECT lists and Columns
+// use. CreatedAt is not part of any record: reconcile windows and retention
+// select rows by it.
+const (
+	EventID Field = iota
+	AggregateType
+	AggregateID
+	EventType
+	SchemaVersion
+	Payload
+	Headers
+	OccurredAt
+	// NumFields is how many fields a record is made of.
+	NumFields
+	CreatedAt  = NumFields
+	NumColumns = NumFields + 1
+)
+
+// field describes one field: its flag, its column in each shape (empty: not
+// read by default), and what the column checks accept.
+type field struct {
+	flag string
+	// columns by Shape.
+	columns [2]string
+	// required by Shape: the table must have the column.
+	required [2]bool
+	types    []string // format_type() names of the base type
+	// cast is appended to the column in a SELECT list so the value comes
+	// in the text form the replication stream delivers.
+	cast string
+}
+
+var (
+	idTypes   = []string{"uuid", "text", "character varying"}
+	textTypes = []string{"text", "character varying"}
+	timeTypes = []string{"timestamp with time zone", "timestamp without time zone"}
+)
+
+var fields = [NumColumns]field{
+	EventID:       {"--column-event-id", [2]string{"event_id", "id"}, [2]bool{true, true}, idTypes, "::text"},
+	AggregateType: {"--column-aggregate-type", [2]string{"aggregate_type", "aggregatetype"}, [2]bool{true, true}, textTypes, ""},
+	AggregateID:   {"--column-aggregate-id", [2]string{"aggregate_id", "aggregateid"}, [2]bool{true, true}, textTypes, ""},
+	EventType:     {"--column-event-type", [2]string{"event_type", "type"}, [2]bool{true, false}, textTypes, ""},
+	SchemaVersion: {"--column-schema-version", [2]string{"schema_version", ""}, [2]bool{}, []string{"integer", "smallint", "bigint"}, "::text"},
+	Payload:       {"--column-payload", [2]string{"payload", "payload"}, [2]bool{true, true}, []string{"jsonb", "json", "text"}, "::text"},
+	Headers:       {"--column-headers", [2]string{"headers", ""}, [2]bool{}, []string{"jsonb", "json"}, "::text"},
+	OccurredAt:    {"--column-occurred-at", [2]string{"occurred_at", ""}, [2]bool{}, timeTypes, "::text"},
+	CreatedAt:     {"--column-created-at", [2]string{"created_at", "timestamp"}, [2]bool{}, timeTypes, ""},
+}
+
+// Flag is the flag that names a field's column.
+func Flag(f Field) string { return fields[f].flag }
+
+// HeaderColumn is an extra column whose value becomes a header.
+type HeaderColumn struct {
+	Column string
+	Header string
+}
+
+// Layout is the outbox table's columns and the records' shape. The zero
+// Layout is the relay's own.
+type Layout struct {
+	Shape Shape
+	// Columns overrides the shape's column names, by Field; empty keeps
+	// the shape's default.
+	Columns [NumColumns]string
+	// HeaderColumns are extra columns placed as headers, in record order.
+	HeaderColumns []HeaderColumn
+	// headerKeys are the header names as bytes, made once by New so the
+	// record builder does not convert them per event.
+	headerKeys [][]byte
+}
+
+// Relay is the relay's own layout; it is never changed.
+var Relay = &Layout{}
+
+// New builds a layout from --outbox-layout, the --column-* overrides (by
+// Field) and --header-columns ("column" or "column:header", comma-separated),
+// checking what can be checked without the table.
+func New(name string, columns [NumColumns]string, headerColumns string) (*Layout, error) {
+	l := &Layout{Columns: columns}
+	switch name {
+	case NameRelay, "":
+		l.Shape = ShapeRelay
+	case NameDebezium:
+		l.Shape = ShapeDebezium
+	default:
+		return nil, fmt.Errorf("--outbox-layout %q: use %s (the relay's own table and records) or %s (a Debezium outbox table, records as its Outbox Event Router makes them)", name, NameRelay, NameDebezium)
+	}
+	for f := range columns {
+		if c := columns[f]; c != "" {
+			if err := validColumn(fields[f].flag, c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, item := range strings.Split(headerColumns, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		column, header, aliased := strings.Cut(item, ":")
+		if !aliased {
+			header = column
+		}
+		if err := validColumn("--header-columns", column); err != nil {
+			return nil, err
+		}
+		if header == "" {
+			return nil, fmt.Errorf("--header-columns %q: the header name after ':' is empty", item)
+		}
+		l.HeaderColumns = append(l.HeaderColumns, HeaderColumn{Column: column, Header: header})
+	}
+	if len(l.HeaderColumns) > 0 && l.Shape != ShapeDebezium {
+		return nil, errors.New("--header-columns needs --outbox-layout debezium; in the relay's layout, put extra headers in the headers column")
+	}
+	seen := map[string]bool{"id": true}
+	for _, name := range l.HeaderNames() {
+		if seen[name] {
+			return nil, fmt.Errorf("--header-columns: header %q appears twice, or is the event id's header \"id\"; give each column its own header name with column:header", name)
+		}
+		seen[name] = true
+		l.headerKeys = append(l.headerKeys, []byte(name))
+	}
+	return l, nil
+}
+
+func validColumn(flag, name string) error {
+	if len(name) > 63 || strings.ContainsRune(name, 0) {
+		return fmt.Errorf("%s %q: a column name is 1 to 63 bytes with no NUL byte", flag, name)
+	}
+	return nil
+}
+
+// Name is the layout's --outbox-layout value.
+func (l *Layout) Name() string {
+	if l.Shape == ShapeDebezium {
+		return NameDebezium
+	}
+	return NameRelay
+}
+
+// Column is the table column that holds a field; empty when the layout
+// reads no column for it.
+func (l *Layout) Column(f Field) string {
+	if c := l.Columns[f]; c != "" {
+		return c
+	}
+	return fields[f].columns[l.Shape]
+}
+
+// Required reports whether the table must have the field's column.
+func (l *Layout) Required(f Field) bool {
+	return fields[f].required[l.Shape] && l.Column(f) != ""
+}
+
+// RequiredColumns are the columns every row must come with.
+func (l *Layout) RequiredColumns() []string {
+	var out []string
+	for f := Field(0); f < NumFields; f++ {
+		if l.Required(f) {
+			out = append(out, l.Column(f))
+		}
+	}
+	return out
+}
+
+// ColumnIndex maps each column the relay reads to where its value goes:
+// a Field, or NumFields+i for header column i. A column that is both a
+// field and a header column maps to the field; HeaderIndex has the other.
+func (l *Layout) ColumnIndex() (fieldOf map[string]int, headerOf map[string][]int) {
+	fieldOf = make(map[string]int, NumFields)
+	for f := Field(0); f < NumFields; f++ {
+		if c := l.Column(f); c != "" {
+			fieldOf[c] = int(f)
+		}
+	}
+	if len(l.HeaderColumns) > 0 {
+		headerOf = make(map[string][]int, len(l.HeaderColumns))
+		for i, h := range l.HeaderColumns {
+			headerOf[h.Column] = append(headerOf[h.Column], i)
+		}
+	}
+	return fieldOf, headerOf
+}
+
+// HeaderNames are the header names of the header columns, in order.
+func (l *Layout) HeaderNames() []string {
+	names := make([]string, len(l.HeaderColumns))
+	for i, h := range l.HeaderColumns {
+		names[i] = h.Header
+	}
+	return names
+}
+
+// HeaderKeys are the header names of the header columns, in order, as
+// bytes. The caller must not change them.
+func (l *Layout) HeaderKeys() [][]byte {
+	if len(l.headerKeys) != len(l.HeaderColumns) {
+		keys := make([][]byte, len(l.HeaderColumns))
+		for i, h := range l.HeaderColumns {
+			keys[i] = []byte(h.Header)
+		}
+		return keys
+	}
+	return l.headerKeys
+}
+
+// EventIDHeader is the header that carries the event id in a record.
+func (l *Layout) EventIDHeader() string {
+	if l.Shape == ShapeDebezium {
+		return "id"
+	}
+	return "event_id"
+}
+
+// PayloadNullable reports whether a SQL NULL payload is an event (the
+// router sends it with a null value) rather than a row to refuse.
+func (l *Layout) PayloadNullable() bool { return l.Shape == ShapeDebezium }
+
+// EventTypeRequired reports whether a row needs an event type: the relay's
+// records carry it in a header, Debezium's router places it nowhere.
+func (l *Layout) EventTypeRequired() bool { return l.Shape == ShapeRelay }
+
+// CreatesTable reports whether migrate creates the outbox table: the
+// relay defines its own, and takes over a Debezium table as it stands.
+func (l *Layout) CreatesTable() bool { return l.Shape == ShapeRelay }
+
+// ColumnProblems compares a table's columns (name to base type, as
+// format_type() names it) with what the layout reads, and names every
+// column at fault, with the flag that maps it when the layout is not the
+// relay's own.
+func (l *Layout) ColumnProblems(found map[string]string) []string {
+	var problems []string
+	for f := Field(0); f < NumColumns; f++ {
+		col := l.Column(f)
+		if col == "" {
+			continue
+		}
+		rule := fields[f]
+		name := col
+		if l.Shape != ShapeRelay || l.Columns[f] != "" {
+			name = fmt.Sprintf("%s (%s)", col, rule.flag)
+		}
+		typ, ok := found[col]
+		switch {
+		case !ok && l.Required(f):
+			problems = append(problems, fmt.Sprintf("column %s is missing (want %s)", name, strings.Join(rule.types, " or ")))
+		case ok && !slices.Contains(rule.types, typ):
+			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", name, typ, strings.Join(rule.types, " or ")))
+		}
+	}
+	for _, h := range l.HeaderColumns {
+		if _, ok := found[h.Column]; !ok {
+			problems = append(problems, fmt.Sprintf("column %s (--header-columns) is missing", h.Column))
+		}
+	}
+	return problems
+}
+
+// SelectList is the SELECT list that reads a row in the text forms the
+// replication stream delivers, so a record built from it is byte for byte
+// what `run` sends: the NumFields fields in Field order, then the header
+// columns. A column the layout does not read, or an optional one the table
+// lacks (present says which it has), is read as NULL, as the stream does.
+// quote quotes an identifier.
+func (l *Layout) SelectList(present map[string]bool, quote func(string) string) string {
+	exprs := make([]string, 0, int(NumFields)+len(l.HeaderColumns))
+	for f := Field(0); f < NumFields; f++ {
+		col := l.Column(f)
+		if col == "" || !present[col] && !l.Required(f) {
+			exprs = append(exprs, "NULL::text")
+			continue
+		}
+		exprs = append(exprs, quote(col)+fields[f].cast)
+	}
+	for _, h := range l.HeaderColumns {
+		exprs = append(exprs, quote(h.Column)+"::text")
+	}
+	return strings.Join(exprs, ", ")
+}

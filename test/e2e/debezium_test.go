@@ -1,0 +1,342 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// debeziumTable is Debezium's documented outbox table, with the timestamp
+// column the router's table.field.event.timestamp can name and one extra
+// field, tenant, placed as a header.
+const debeziumTable = `CREATE TABLE public.outbox_events (
+	id            uuid         PRIMARY KEY DEFAULT gen_random_uuid(),
+	aggregatetype varchar(255) NOT NULL,
+	aggregateid   varchar(255) NOT NULL,
+	type          varchar(255) NOT NULL,
+	payload       jsonb,
+	timestamp     timestamptz  NOT NULL DEFAULT now(),
+	tenant        text
+)`
+
+// debeziumFlags are the flags of every command in these tests.
+var debeziumFlags = []string{"--outbox-layout", "debezium", "--header-columns", "tenant"}
+
+// debeziumRow is one outbox row as the router's documentation turns it
+// into a record: topic outbox.event.<aggregatetype>, key aggregateid, value
+// the payload's jsonb text (null for SQL NULL), one header id, and the
+// header columns (null for SQL NULL).
+type debeziumRow struct {
+	id, aggregateType, aggregateID string
+	payload, tenant                *string
+}
+
+func (e *env) debeziumRows(where string) map[string]debeziumRow {
+	e.t.Helper()
+	rows, err := e.db.Connect(e.t).Query(context.Background(),
+		"SELECT id::text, aggregatetype, aggregateid, payload::text, tenant FROM outbox_events "+where)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]debeziumRow{}
+	for rows.Next() {
+		var r debeziumRow
+		if err := rows.Scan(&r.id, &r.aggregateType, &r.aggregateID, &r.payload, &r.tenant); err != nil {
+			e.t.Fatal(err)
+		}
+		out[r.id] = r
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// checkRouterRecord compares a record read back with the independent
+// client to the router's record for the row, null values included.
+func checkRouterRecord(t *testing.T, rec harness.Record, row debeziumRow) {
+	t.Helper()
+	nullable := func(b []byte) string {
+		if b == nil {
+			return "<null>"
+		}
+		return fmt.Sprintf("%q", b)
+	}
+	want := func(s *string) string {
+		if s == nil {
+			return "<null>"
+		}
+		return fmt.Sprintf("%q", *s)
+	}
+	var problems []string
+	if rec.Topic != "outbox.event."+row.aggregateType {
+		problems = append(problems, "topic "+rec.Topic)
+	}
+	if string(rec.Key) != row.aggregateID {
+		problems = append(problems, "key "+nullable(rec.Key))
+	}
+	if got, w := nullable(rec.Value), want(row.payload); got != w {
+		problems = append(problems, fmt.Sprintf("value %s, want %s", got, w))
+	}
+	if !slices.Equal(rec.HeaderKeys, []string{"id", "tenant"}) {
+		problems = append(problems, fmt.Sprintf("header keys %q, want [id tenant]", rec.HeaderKeys))
+	} else {
+		if got := nullable(rec.HeaderValues[0]); got != fmt.Sprintf("%q", row.id) {
+			problems = append(problems, "header id "+got)
+		}
+		if got, w := nullable(rec.HeaderValues[1]), want(row.tenant); got != w {
+			problems = append(problems, fmt.Sprintf("header tenant %s, want %s", got, w))
+		}
+	}
+	if p := harness.JavaPartition(rec.Key, partitions); rec.Partition != p {
+		problems = append(problems, fmt.Sprintf("partition %d, want murmur2 %d", rec.Partition, p))
+	}
+	if len(problems) > 0 {
+		t.Errorf("record of row %s: %s", row.id, strings.Join(problems, "; "))
+	}
+}
+
+// consumeIDs reads until every id has a record and returns the records by id
+// (the last of each).
+func consumeIDs(t *testing.T, brokers []string, ids []string, timeout time.Duration) (map[string]harness.Record, []harness.Record) {
+	t.Helper()
+	all := harness.ConsumeUntil(t, brokers, `^outbox\.event\.`, timeout, func(all []harness.Record) bool {
+		seen := map[string]bool{}
+		for _, r := range all {
+			seen[r.Headers["id"]] = true
+		}
+		for _, id := range ids {
+			if !seen[id] {
+				return false
+			}
+		}
+		return true
+	})
+	byID := map[string]harness.Record{}
+	for _, r := range all {
+		byID[r.Headers["id"]] = r
+	}
+	return byID, all
+}
+
+// With --outbox-layout debezium the relay takes over a Debezium outbox
+// table as it stands and publishes the router's records: topic, key,
+// value (a SQL NULL payload as a null value, a JSON null as the four bytes
+// null), headers exactly id and tenant (null where tenant is NULL), and the
+// Java client's murmur2 partition.
+func TestDebeziumLayoutPublishesRouterRecords(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, debeziumTable)
+	e.migrate(debeziumFlags...)
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.outbox_events'::regclass AND attnum > 0 AND NOT attisdropped"); n != 7 {
+		t.Fatalf("migrate changed the Debezium table: %d columns, want its 7", n)
+	}
+	e.startRelay(debeziumFlags...)
+	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+		('order', 'o-1', 'OrderPlaced', '{"total": 12.5, "items": [1, 2], "note": "caf\u00e9"}', 'acme'),
+		('order', 'o-2', 'OrderDeleted', NULL, 'acme'),
+		('customer', 'c-1', 'Nothing', 'null', NULL),
+		('customer', 'c-2', 'Placed', '{"b":1,   "a":"x"}', 'globex')`)
+	rows := e.debeziumRows("")
+	ids := make([]string, 0, len(rows))
+	for id := range rows {
+		ids = append(ids, id)
+	}
+	byID, all := consumeIDs(t, e.kafka.Brokers(), ids, time.Minute)
+	if len(all) != len(rows) {
+		t.Errorf("%d records for %d rows", len(all), len(rows))
+	}
+	for id, row := range rows {
+		checkRouterRecord(t, byID[id], row)
+	}
+	// The cases the record shape turns on, said outright.
+	for id, row := range rows {
+		r := byID[id]
+		switch row.aggregateID {
+		case "o-2":
+			if r.Value != nil {
+				t.Errorf("SQL NULL payload gave value %q, want null", r.Value)
+			}
+		case "c-1":
+			if string(r.Value) != "null" || r.HeaderValues[1] != nil {
+				t.Errorf("JSON null payload gave value %q, tenant %q; want the bytes null and a null tenant", r.Value, r.HeaderValues[1])
+			}
+		case "c-2":
+			if string(r.Value) != `{"a": "x", "b": 1}` {
+				t.Errorf("value %q, want PostgreSQL's jsonb text", r.Value)
+			}
+		}
+	}
+}
+
+// migrate checks a Debezium table before it makes anything: a mapped column
+// of the wrong type is exit 2 naming the column and its flag, a missing
+// table is exit 1 saying migrate does not create it, an unknown layout is
+// exit 2 naming the flag.
+func TestDebeziumMigrateChecksTheTable(t *testing.T) {
+	e := newEnv(t)
+	code, out := harness.RunCommand(t, e.bin, e.args("migrate", append(debeziumFlags, "--outbox-layout", "debezum")...))
+	if code != 2 || !strings.Contains(out, `--outbox-layout "debezum"`) {
+		t.Fatalf("unknown layout: exit %d, want 2 naming the flag: %s", code, out)
+	}
+	code, out = harness.RunCommand(t, e.bin, e.args("migrate", debeziumFlags...))
+	if code != 1 || !strings.Contains(out, "does not exist") || !strings.Contains(out, "never creates it") {
+		t.Fatalf("missing table: exit %d, want 1 saying what to do: %s", code, out)
+	}
+	e.db.Exec(t, strings.Replace(debeziumTable, "aggregateid   varchar(255)", "aggregateid   bigint", 1))
+	code, out = harness.RunCommand(t, e.bin, e.args("migrate", debeziumFlags...))
+	if code != 2 || !strings.Contains(out, "column aggregateid (--column-aggregate-id) is bigint") {
+		t.Fatalf("wrongly typed column: exit %d, want 2 naming the column: %s", code, out)
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_publication"); n != 0 {
+		t.Fatalf("a failed check still made %d publications", n)
+	}
+	// Mapped to a column of the right type, the same table passes.
+	e.db.Exec(t, "ALTER TABLE outbox_events ADD COLUMN aggregate_key text")
+	e.db.Exec(t, "UPDATE outbox_events SET aggregate_key = aggregateid::text")
+	e.migrate(append(debeziumFlags, "--column-aggregate-id", "aggregate_key")...)
+}
+
+// A Debezium-layout event Kafka refuses is quarantined with its header
+// columns and NULL payload kept, and replay publishes the router's record
+// for it, null value and null header included.
+func TestDebeziumQuarantineReplayKeepsRouterShape(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, debeziumTable)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	e.migrate(debeziumFlags...)
+	e.startRelay(debeziumFlags...)
+	big := randomText(10000)
+	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+		('order', 'o-1', 'Small', '{"n": 1}', NULL),
+		('order', 'o-1', 'BigTenant', NULL, $1),
+		('order', 'o-2', 'BigPayload', jsonb_build_object('blob', $1::text), NULL)`, big)
+	rows := e.debeziumRows("")
+	small := e.debeziumRows("WHERE type = 'Small'")
+	var smallID string
+	for id := range small {
+		smallID = id
+	}
+	consumeIDs(t, e.kafka.Brokers(), []string{smallID}, time.Minute)
+	harness.WaitFor(t, 30*time.Second, "both big events quarantined", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 2
+	})
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE payload IS NULL AND headers->>'tenant' = $1", big); n != 1 {
+		t.Fatalf("the NULL-payload event is not kept with a NULL payload and its tenant (%d rows)", n)
+	}
+
+	adm := kadm.NewClient(e.kafka.Client(t))
+	limit := "1048588"
+	resp, err := adm.AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "outbox.event.order")
+	if err == nil {
+		_, err = resp.On("outbox.event.order", nil)
+	}
+	if err != nil {
+		t.Fatalf("raise max.message.bytes: %v", err)
+	}
+	replay := append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.kafka.BrokerList()}, e.args("", debeziumFlags...)[1:]...)
+	if code, out := harness.RunCommand(t, e.bin, replay); code != 0 {
+		t.Fatalf("quarantine replay exited %d: %s", code, out)
+	}
+	ids := make([]string, 0, len(rows))
+	for id := range rows {
+		ids = append(ids, id)
+	}
+	byID, _ := consumeIDs(t, e.kafka.Brokers(), ids, time.Minute)
+	for id, row := range rows {
+		checkRouterRecord(t, byID[id], row)
+	}
+}
+
+// The hand-over of docs/debezium-migration.md, with a stand-in for the
+// connector: a relay in the debezium layout on a slot of its own publishes
+// what Debezium would. The relay's slot is made while the connector still
+// runs, the connector is stopped once its slot passed that point, then the
+// relay starts. Every event arrives, those between the two points twice
+// with the same id, and reconcile in the debezium layout finds no gap.
+func TestDebeziumHandOver(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, debeziumTable)
+	ctx := context.Background()
+	const connectorSlot = "connector_standin"
+	e.db.DropSlotAtEnd(t, connectorSlot)
+	connectorArgs := harness.RelayFlags{DSN: e.db.DSN(), Slot: connectorSlot, Brokers: e.kafka.Brokers()}
+	harness.Migrate(t, e.bin, connectorArgs.Args("migrate", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine")...))
+	connector := harness.StartStreaming(t, e.bin, connectorArgs.Args("run", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine", "--status-interval", "100ms")...), harness.LogLevelInfo)
+
+	write := func(batch string, n int) []string {
+		t.Helper()
+		ids := make([]string, n)
+		conn := e.db.Connect(t)
+		for i := range ids {
+			if err := conn.QueryRow(ctx, "INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES ('order', $1, 'Placed', jsonb_build_object('batch', $2::text, 'i', $3::int), 'acme') RETURNING id::text",
+				fmt.Sprintf("o-%d", i%5), batch, i).Scan(&ids[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ids
+	}
+	before := write("before", 20)
+	consumeIDs(t, e.kafka.Brokers(), before, time.Minute)
+
+	// 1. The relay's slot, made while the connector runs.
+	e.migrate(debeziumFlags...)
+	relayStart := e.confirmedFlush()
+	overlap := write("overlap", 20)
+	consumeIDs(t, e.kafka.Brokers(), overlap, time.Minute)
+	// 2. Stop the connector once its slot passed the relay's start.
+	harness.WaitFor(t, 30*time.Second, "connector slot passes the relay slot's start", func() bool {
+		return harness.LSNAtMost(relayStart, e.db.ConfirmedFlushLSN(t, connectorSlot))
+	})
+	if code, err := connector.Stop(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("connector stand-in stopped with %d (%v)", code, err)
+	}
+	stoppedAt := e.db.ConfirmedFlushLSN(t, connectorSlot)
+	after := write("after", 20)
+	// 3. The relay starts from its slot: at or before the connector's stop.
+	if !harness.LSNAtMost(relayStart, stoppedAt) {
+		t.Fatalf("relay slot starts at %s, after the connector stopped at %s", relayStart, stoppedAt)
+	}
+	e.startRelay(debeziumFlags...)
+
+	want := append(append(append([]string{}, before...), overlap...), after...)
+	_, all := consumeIDs(t, e.kafka.Brokers(), want, time.Minute)
+	count := map[string]int{}
+	for _, r := range all {
+		count[r.Headers["id"]]++
+	}
+	for _, id := range before {
+		if count[id] != 1 {
+			t.Errorf("event %s from before the hand-over arrived %d times, want once", id, count[id])
+		}
+	}
+	for _, id := range overlap {
+		if count[id] != 2 {
+			t.Errorf("event %s of the overlap arrived %d times, want twice (connector and relay)", id, count[id])
+		}
+	}
+	for _, id := range after {
+		if count[id] != 1 {
+			t.Errorf("event %s from after the hand-over arrived %d times, want once", id, count[id])
+		}
+	}
+	rows := e.debeziumRows("")
+	for _, r := range all {
+		checkRouterRecord(t, r, rows[r.Headers["id"]])
+	}
+
+	// Every row is acknowledged: the window may end now.
+	reconcile := append([]string{"reconcile", "--since", "10m", "--until", "0s", "--kafka-brokers", e.kafka.BrokerList()}, e.args("", debeziumFlags...)[1:]...)
+	code, out := harness.RunCommand(t, e.bin, reconcile)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("rows checked      %d", len(want))) || !strings.Contains(out, "missing           0") {
+		t.Fatalf("reconcile exited %d, want 0 with %d rows and no gap: %s", code, len(want), out)
+	}
+}
