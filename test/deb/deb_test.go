@@ -37,7 +37,7 @@ const (
 )
 
 // repoRoot is the module root, from this package's directory.
-var repoRoot = filepath.Join("..", "..")
+const repoRoot = "../.."
 
 // run runs a command to its end and fails the test unless it exits 0;
 // it returns the combined output.
@@ -50,9 +50,9 @@ func run(t *testing.T, name string, args ...string) string {
 	return out
 }
 
-// makeVar runs make in the repository with args and returns its output,
+// makeOutput runs make in the repository with args and returns its output,
 // trimmed.
-func makeVar(t *testing.T, args ...string) string {
+func makeOutput(t *testing.T, args ...string) string {
 	t.Helper()
 	return strings.TrimSpace(run(t, "make", append([]string{"-C", repoRoot, "-s", "--no-print-directory"}, args...)...))
 }
@@ -79,7 +79,7 @@ func TestDebVersion(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, c := range cases {
-		v := makeVar(t, "deb-version", "VERSION="+c.describe)
+		v := makeOutput(t, "deb-version", "VERSION="+c.describe)
 		got[c.describe] = v
 		if v != c.want {
 			t.Errorf("VERSION=%s: package version %q, want %q", c.describe, v, c.want)
@@ -89,7 +89,7 @@ func TestDebVersion(t *testing.T) {
 		if out, err := harness.RunTool(t, dpkg, "--validate-version", v); err != nil {
 			t.Errorf("VERSION=%s: dpkg refuses %q: %v %s", c.describe, v, err, out)
 		}
-		if again := makeVar(t, "deb-version", "VERSION="+v); again != v {
+		if again := makeOutput(t, "deb-version", "VERSION="+v); again != v {
 			t.Errorf("VERSION=%s: %q maps to %q again", c.describe, v, again)
 		}
 	}
@@ -220,7 +220,7 @@ func TestDebInstallRemoveUpgradePurge(t *testing.T) {
 	// The binary reports the version the package has: the Makefile's
 	// VERSION (git describe) it was built with, made valid for Debian.
 	described := relayVersion(t)
-	if v := makeVar(t, "deb-version", "VERSION="+described); v != version {
+	if v := makeOutput(t, "deb-version", "VERSION="+described); v != version {
 		t.Errorf("%s version says %s, which makes package version %s, but the package is %s", binary, described, v, version)
 	}
 	if out, err := exec.Command("git", "-C", repoRoot, "describe", "--tags", "--always", "--dirty").Output(); err == nil {
