@@ -7,12 +7,38 @@ BIN := bin/outbox-relay
 # Go's own test timeout; the suite is sized to finish well inside it.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build demo test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
+.PHONY: all build deb deb-version demo test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/outbox-relay
+
+# The Debian package, in $(DEB_DIR)/: make build's binary, both systemd
+# units, the example config (a conffile), the alert rules, the dashboard and
+# the docs; deploy/deb/nfpm.yaml lists them, deploy/deb/ holds the
+# maintainer scripts. nfpm is a tool dependency in go.mod, like staticcheck.
+# The package's version is VERSION made valid for Debian (make deb-version
+# prints it): v1.2.3 gives 1.2.3, v1.2.3-4-gabc1234 (4 commits after the
+# tag) 1.2.3+4.gabc1234, a pre-release v1.3.0-rc.1 1.3.0~rc.1 (before
+# 1.3.0), -dirty +dirty; with no tag yet, 0.0.0+<commit>, which dpkg cannot
+# order between commits: tag releases.
+DEB_DIR ?= dist
+DEB_ARCH ?= $(shell $(GO) env GOARCH)
+DEB_MAINTAINER ?= outbox-relay maintainers <maintainers@outbox-relay.invalid>
+DEB_VERSION = $(shell printf '%s\n' '$(VERSION)' | sed -E \
+	-e '/^(v[0-9]|[0-9]+\.)/!s/^/0.0.0+/' \
+	-e 's/-dirty$$/+dirty/' \
+	-e 's/-([0-9]+)-g([0-9a-f]+)(\+dirty)?$$/+\1.g\2\3/' \
+	-e 's/^v//' -e 's/-/~/g' -e 's/[^A-Za-z0-9.+~]/./g')
+
+deb: build
+	@mkdir -p $(DEB_DIR)
+	DEB_VERSION='$(DEB_VERSION)' DEB_ARCH='$(DEB_ARCH)' DEB_BIN='$(BIN)' DEB_MAINTAINER='$(DEB_MAINTAINER)' \
+		$(GO) tool nfpm package --config deploy/deb/nfpm.yaml --packager deb --target $(DEB_DIR)/
+
+deb-version:
+	@echo '$(DEB_VERSION)'
 
 # A private PostgreSQL and an in-process Kafka broker; a service writing with
 # package outbox, the relay (SIGKILLed once half-way), and a consumer applying
@@ -22,8 +48,10 @@ demo: build
 
 # Everything: unit tests, then end-to-end tests and reduced-size drills
 # against a private PostgreSQL, kfake, and Apache Kafka (fetched from Maven
-# Central into ~/.cache/outbox-relay on first use).
+# Central into ~/.cache/outbox-relay on first use). nfpm is built first, so
+# that test/deb, which runs make deb, does not spend its time compiling it.
 test: lint kafka postgres
+	$(GO) tool nfpm --version >/dev/null
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory test-norace
 	$(MAKE) --no-print-directory test-postgres-versions
@@ -90,4 +118,4 @@ postgres:
 	bash test/postgres/fetch.sh
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

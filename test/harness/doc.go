@@ -36,6 +36,9 @@
 //     configuration and formats storage; apachekafka_process.go starts,
 //     stops, kills and restarts the JVMs; apachekafka_admin.go waits for
 //     readiness and creates topics.
+//   - tools.go: command-line tools a test needs (systemd-analyze,
+//     promtool, dpkg), skipped loudly when missing unless the environment
+//     requires them, and running them with a timeout.
 //   - wait.go: WaitFor (poll a condition with a deadline, never sleep as
 //     synchronisation) and FreePort.
 //

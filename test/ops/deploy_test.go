@@ -1,13 +1,12 @@
 package ops
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,32 +20,6 @@ import (
 // deployFile is the path of a file in deploy/, from this package's
 // directory.
 func deployFile(name string) string { return filepath.Join("..", "..", "deploy", name) }
-
-// requireTool finds a command-line tool, or skips the test loudly; with
-// requireEnv=1 in the environment a missing tool fails it instead.
-func requireTool(t *testing.T, tool, pkg, requireEnv string) string {
-	t.Helper()
-	path, err := exec.LookPath(tool)
-	if err == nil {
-		return path
-	}
-	msg := fmt.Sprintf("%s not found (Debian package %s): this test cannot run; set %s=1 to make that a failure", tool, pkg, requireEnv)
-	if os.Getenv(requireEnv) == "1" {
-		t.Fatal(msg)
-	}
-	t.Log("SKIP: " + msg)
-	t.Skip(msg)
-	return ""
-}
-
-// runTool runs a tool with a timeout and returns its combined output.
-func runTool(t *testing.T, name string, args ...string) (string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	return string(out), err
-}
 
 // flagDefaults returns every flag of `outbox-relay run` with the default
 // its help shows ("" when none is shown, as for false booleans).
@@ -73,20 +46,62 @@ func flagDefaults(t *testing.T) map[string]string {
 	return flags
 }
 
-// The unit file must load in systemd: systemd-analyze verify, run against a
-// copy whose ExecStart points at the built relay (verify insists the binary
-// exists). Works as root in a container without systemd as PID 1.
-func TestSystemdUnitVerifies(t *testing.T) {
-	t.Parallel()
-	analyze := requireTool(t, "systemd-analyze", "systemd", "OUTBOX_RELAY_REQUIRE_SYSTEMD_ANALYZE")
-	unit, err := os.ReadFile(deployFile("outbox-relay.service"))
+// installedBinary is where the Debian package puts the relay, and where
+// both units start it from.
+const installedBinary = "/usr/bin/outbox-relay"
+
+// unitDirective is one Key=Value line of a unit file, in its section.
+type unitDirective struct{ Section, Key, Value string }
+
+// readUnit returns a unit file of deploy/ and its directives in order,
+// without comments and blank lines.
+func readUnit(t *testing.T, name string) (text string, directives []unitDirective) {
+	t.Helper()
+	raw, err := os.ReadFile(deployFile(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(unit)
-	const installed = "/usr/local/bin/outbox-relay"
-	if !strings.Contains(text, "ExecStart="+installed+" run --config /etc/outbox-relay/outbox-relay.yaml") {
-		t.Fatalf("ExecStart is not %s run --config /etc/outbox-relay/outbox-relay.yaml", installed)
+	var section string
+	for i, line := range strings.Split(string(raw), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line
+		case strings.HasSuffix(line, "\\"):
+			t.Fatalf("%s:%d: continued lines are not supported here", name, i+1)
+		default:
+			key, value, ok := strings.Cut(line, "=")
+			if !ok || section == "" {
+				t.Fatalf("%s:%d: not a Key=Value line in a section: %q", name, i+1, line)
+			}
+			directives = append(directives, unitDirective{section, strings.TrimSpace(key), strings.TrimSpace(value)})
+		}
+	}
+	return string(raw), directives
+}
+
+// unitValues are the values key has in directives, in order.
+func unitValues(directives []unitDirective, key string) []string {
+	var out []string
+	for _, d := range directives {
+		if d.Key == key {
+			out = append(out, d.Value)
+		}
+	}
+	return out
+}
+
+// The unit file must load in systemd: systemd-analyze verify, run against a
+// copy whose ExecStart points at the built relay (verify insists the binary
+// exists). The template unit must load as an instance too, and rate the
+// same exposure. Works as root in a container without systemd as PID 1.
+func TestSystemdUnitVerifies(t *testing.T) {
+	t.Parallel()
+	analyze := harness.RequireTool(t, "systemd-analyze", "systemd", "OUTBOX_RELAY_REQUIRE_SYSTEMD_ANALYZE")
+	text, _ := readUnit(t, "outbox-relay.service")
+	if !strings.Contains(text, "ExecStart="+installedBinary+" run --config /etc/outbox-relay/outbox-relay.yaml") {
+		t.Fatalf("ExecStart is not %s run --config /etc/outbox-relay/outbox-relay.yaml", installedBinary)
 	}
 	for _, want := range []string{"Type=notify", "Restart=always", "StartLimitIntervalSec=0", "User=outbox-relay",
 		"NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "CapabilityBoundingSet=\n",
@@ -134,33 +149,112 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if err := os.WriteFile(bin, raw, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	copyPath := filepath.Join(dir, "outbox-relay.service")
-	if err := os.WriteFile(copyPath, []byte(strings.ReplaceAll(text, installed, bin)), 0o644); err != nil {
+	unitScore, rated := analyzeUnit(t, analyze, dir, bin, "outbox-relay.service", "outbox-relay.service")
+	instanceScore, _ := analyzeUnit(t, analyze, dir, bin, "outbox-relay@.service", "outbox-relay@orders.service")
+	if !rated {
+		return
+	}
+	if unitScore > 2.0 {
+		t.Errorf("exposure %.1f: the hardening of outbox-relay.service regressed (1.2 when written)", unitScore)
+	}
+	if instanceScore != unitScore {
+		t.Errorf("exposure of outbox-relay@orders.service %.1f, of outbox-relay.service %.1f: the template must be hardened the same", instanceScore, unitScore)
+	}
+}
+
+// analyzeUnit copies file of deploy/ into dir with ExecStart pointing at
+// bin, runs systemd-analyze verify on unit (file itself, or an instance of
+// the template file) and returns its offline exposure score; rated is
+// false where this systemd cannot rate a unit file offline (before 250).
+func analyzeUnit(t *testing.T, analyze, dir, bin, file, unit string) (score float64, rated bool) {
+	t.Helper()
+	text, _ := readUnit(t, file)
+	if err := os.WriteFile(filepath.Join(dir, file), []byte(strings.ReplaceAll(text, installedBinary, bin)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := runTool(t, analyze, "verify", "--man=no", copyPath)
-	t.Logf("systemd-analyze verify:\n%s", out)
+	path := filepath.Join(dir, unit)
+	out, err := harness.RunTool(t, analyze, "verify", "--man=no", path)
+	t.Logf("systemd-analyze verify %s:\n%s", unit, out)
 	if err != nil {
-		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+		t.Fatalf("systemd-analyze verify %s: %v\n%s", unit, err, out)
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if strings.Contains(line, "outbox-relay.service") {
+		if strings.Contains(line, file) || strings.Contains(line, unit) {
 			t.Errorf("systemd-analyze verify complains: %s", line)
 		}
 	}
-
-	// The exposure score of the hardening, where this systemd can rate a
-	// unit file offline (250+).
-	out, err = runTool(t, analyze, "security", "--offline=yes", copyPath)
-	m := regexp.MustCompile(`Overall exposure level for outbox-relay\.service: ([0-9.]+)`).FindStringSubmatch(out)
+	out, err = harness.RunTool(t, analyze, "security", "--offline=yes", path)
+	m := regexp.MustCompile(`Overall exposure level for ` + regexp.QuoteMeta(unit) + `: ([0-9.]+)`).FindStringSubmatch(out)
 	if err != nil || m == nil {
 		t.Logf("systemd-analyze security --offline is not available here (%v); skipping the exposure score", err)
-		return
+		return 0, false
 	}
-	score, _ := strconv.ParseFloat(m[1], 64)
-	t.Logf("systemd-analyze security exposure: %.1f (0 best, 10 worst)", score)
-	if score > 2.0 {
-		t.Errorf("exposure %.1f: the hardening regressed (1.2 when written)\n%s", score, out)
+	score, err = strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("exposure %q of %s: %v", m[1], unit, err)
+	}
+	t.Logf("systemd-analyze security exposure of %s: %.1f (0 best, 10 worst)", unit, score)
+	return score, true
+}
+
+// The template unit outbox-relay@.service is outbox-relay.service with the
+// instance name in its description, config file and per-instance secrets:
+// every other setting, the hardening above all, is the same, in the same
+// order, so the two cannot drift apart.
+func TestTemplateUnitMatchesUnit(t *testing.T) {
+	t.Parallel()
+	_, unit := readUnit(t, "outbox-relay.service")
+	_, template := readUnit(t, "outbox-relay@.service")
+	const config = "/etc/outbox-relay/outbox-relay.yaml"
+	execStart := unitValues(unit, "ExecStart")
+	if len(execStart) != 1 || !strings.HasSuffix(execStart[0], " --config "+config) {
+		t.Fatalf("outbox-relay.service: ExecStart %q does not end in --config %s", execStart, config)
+	}
+	// Each instance's own config file and secrets.
+	want := map[string][]string{
+		"ExecStart":       {strings.TrimSuffix(execStart[0], config) + "/etc/outbox-relay/%i.yaml"},
+		"EnvironmentFile": append(unitValues(unit, "EnvironmentFile"), "-/etc/outbox-relay/%i.env"),
+	}
+	for key, values := range want {
+		if got := unitValues(template, key); !slices.Equal(got, values) {
+			t.Errorf("outbox-relay@.service: %s %q, want %q", key, got, values)
+		}
+	}
+	if d := unitValues(template, "Description"); len(d) != 1 || !strings.Contains(d[0], "%i") {
+		t.Errorf("outbox-relay@.service: Description %q does not name the instance (%%i)", d)
+	}
+	// Directories systemd creates for a unit are the instance's own.
+	perInstance := []string{"StateDirectory", "RuntimeDirectory", "CacheDirectory", "LogsDirectory", "ConfigurationDirectory"}
+	for _, key := range perInstance {
+		var values []string
+		for _, v := range unitValues(unit, key) {
+			values = append(values, strings.ReplaceAll(v, "outbox-relay", "outbox-relay/%i"))
+		}
+		if got := unitValues(template, key); !slices.Equal(got, values) {
+			t.Errorf("outbox-relay@.service: %s %q, want %q", key, got, values)
+		}
+	}
+	rest := func(ds []unitDirective) []unitDirective {
+		return slices.DeleteFunc(slices.Clone(ds), func(d unitDirective) bool {
+			return d.Key == "Description" || slices.Contains(perInstance, d.Key) || want[d.Key] != nil
+		})
+	}
+	u, tm := rest(unit), rest(template)
+	for i := range max(len(u), len(tm)) {
+		var a, b unitDirective
+		if i < len(u) {
+			a = u[i]
+		}
+		if i < len(tm) {
+			b = tm[i]
+		}
+		if a != b {
+			t.Fatalf("setting %d differs: outbox-relay.service has %s %s=%s, outbox-relay@.service %s %s=%s",
+				i+1, a.Section, a.Key, a.Value, b.Section, b.Key, b.Value)
+		}
+	}
+	if len(u) < 40 {
+		t.Fatalf("only %d settings compared: the units were not read", len(u))
 	}
 }
 
@@ -376,8 +470,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 
-	promtool := requireTool(t, "promtool", "prometheus", "OUTBOX_RELAY_REQUIRE_PROMTOOL")
-	if out, err := runTool(t, promtool, "check", "rules", deployFile("prometheus-alerts.yaml")); err != nil {
+	promtool := harness.RequireTool(t, "promtool", "prometheus", "OUTBOX_RELAY_REQUIRE_PROMTOOL")
+	if out, err := harness.RunTool(t, promtool, "check", "rules", deployFile("prometheus-alerts.yaml")); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}
 	// promtool test rules compares annotations verbatim; the expressions
@@ -398,7 +492,7 @@ func TestAlertRules(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "rules_test.yaml"), []byte(alertTests), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := runTool(t, promtool, "test", "rules", filepath.Join(dir, "rules_test.yaml")); err != nil {
+	if out, err := harness.RunTool(t, promtool, "test", "rules", filepath.Join(dir, "rules_test.yaml")); err != nil {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 }

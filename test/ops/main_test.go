@@ -1,8 +1,9 @@
 // Package ops tests what an operator relies on: the systemd unit and the
 // sd_notify protocol, the admin endpoint and its metrics, the status
 // command, Kafka TLS and SASL, secrets kept out of every output, the
-// minimal PostgreSQL role, two instances on one slot, and the deploy/
-// files (unit, example config, alert rules, dashboard).
+// minimal PostgreSQL role, two instances on one slot, two instances of the
+// template unit for two databases, and the deploy/ files (both units,
+// example config, alert rules, dashboard).
 //
 // The tests run the relay binary as a child process against a private
 // PostgreSQL cluster (shared by the package, one database and slot per
