@@ -100,3 +100,13 @@ func (a *arrivals) stop() []arrival {
 	defer a.mu.Unlock()
 	return a.got
 }
+
+// arrivedSince returns the arrivals after the first n.
+func (a *arrivals) arrivedSince(n int) []arrival {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n >= len(a.got) {
+		return nil
+	}
+	return append([]arrival(nil), a.got[n:]...)
+}

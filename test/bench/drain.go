@@ -255,6 +255,7 @@ type relayProcess struct {
 	streaming chan struct{}
 	mu        sync.Mutex
 	tail      []string
+	stopped   sync.Once
 }
 
 func (p *relayProcess) logTail() string {
@@ -316,7 +317,8 @@ func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant
 				p.tail = p.tail[1:]
 			}
 			p.mu.Unlock()
-			if !seen && strings.Contains(line, `"message":"streaming"`) {
+			// Poll mode logs "polling" where the WAL path logs "streaming".
+			if !seen && (strings.Contains(line, `"message":"streaming"`) || strings.Contains(line, `"message":"polling"`)) {
 				seen = true
 				close(p.streaming)
 			}
@@ -329,15 +331,18 @@ func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant
 	return p, nil
 }
 
-// stop sends SIGTERM, waits for a clean exit, and kills the group after 30s.
+// stop sends SIGTERM, waits for a clean exit, and kills the group after
+// 30s. Calls after the first return at once.
 func (p *relayProcess) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
+	p.stopped.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+	})
 }
 
 // drainRelay runs the relay binary on slot until every event is

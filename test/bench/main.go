@@ -62,6 +62,9 @@ type options struct {
 	reconcileRows int
 	writerEvents  int
 	shapes        string
+	pollRates     string
+	pollRows      int
+	pollIdle      time.Duration
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -105,6 +108,9 @@ func parseOptions(args []string) (*options, error) {
 		return nil
 	})
 	fs.BoolVar(&o.quick, "quick", false, "reduced run: --rows 100000, --reconcile-rows 100000, 5 s latency runs, 6 s steady runs, no large transaction (explicit flags still win)")
+	fs.StringVar(&o.pollRates, "poll-rates", "500,2000", "commit rates per second of the poll part (polling or CDC, side by side)")
+	fs.IntVar(&o.pollRows, "poll-rows", 0, "catch-up backlog of the poll part (default: --rows)")
+	fs.DurationVar(&o.pollIdle, "poll-idle", 30*time.Second, "idle period at the end of each source in the poll part")
 	fs.StringVar(&o.shapes, "shapes", "single,batch100", "comma-separated catch-up shapes to measure: single (single-row transactions), batch100 (100-row transactions)")
 	skip := fs.String("skip", "", "comma-separated parts to skip: "+strings.Join(parts, ", ")+" (floor: both floors)")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
@@ -158,9 +164,18 @@ func parseOptions(args []string) (*options, error) {
 		if !set["skip"] {
 			*skip = "bigtxn"
 		}
+		if !set["poll-idle"] {
+			o.pollIdle = 10 * time.Second
+		}
 	}
 	if o.reconcileRows < plantedEvery {
 		return nil, fmt.Errorf("--reconcile-rows %d: at least %d", o.reconcileRows, plantedEvery)
+	}
+	if o.pollRows == 0 {
+		o.pollRows = o.rows
+	}
+	if _, err := o.pollRateList(); err != nil {
+		return nil, err
 	}
 	if o.rows < 1000 {
 		return nil, fmt.Errorf("--rows %d: at least 1000", o.rows)
@@ -203,7 +218,7 @@ func parseOptions(args []string) (*options, error) {
 }
 
 // parts are the parts of the benchmark that --skip can leave out.
-var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer"}
+var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll"}
 
 // catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
 func catchUpShapes() []shape {
@@ -250,12 +265,17 @@ func (o *options) rateList() ([]int, error) {
 }
 
 // steadyRateList parses --steady-rates.
-func (o *options) steadyRateList() ([]int, error) {
+func (o *options) steadyRateList() ([]int, error) { return positiveList("--steady-rates", o.steadyRates) }
+
+func (o *options) pollRateList() ([]int, error) { return positiveList("--poll-rates", o.pollRates) }
+
+// positiveList parses a comma-separated list of positive numbers.
+func positiveList(flag, list string) ([]int, error) {
 	var out []int
-	for _, s := range strings.Split(o.steadyRates, ",") {
+	for _, s := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("--steady-rates: %q is not a positive number", s)
+			return nil, fmt.Errorf("%s: %q is not a positive number", flag, s)
 		}
 		out = append(out, n)
 	}
@@ -343,7 +363,7 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["poll"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -424,6 +444,13 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Writer = wr
 		if err != nil {
 			return err
+		}
+	}
+	if !b.o.skip["poll"] {
+		pr, err := b.pollCompare(ctx)
+		b.res.Poll = pr
+		if err != nil {
+			return fmt.Errorf("poll part: %w", err)
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()

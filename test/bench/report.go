@@ -44,6 +44,8 @@ type Results struct {
 	Allocs    []GoBenchResult   `json:"allocs,omitempty"`
 	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
 	Writer    []WriterResult    `json:"writer,omitempty"`
+	// Poll is the relay's two sources, WAL and poll mode, side by side.
+	Poll *PollResult `json:"poll,omitempty"`
 	Problems  []string          `json:"problems,omitempty"`
 	Duration  string            `json:"duration"`
 }
@@ -406,6 +408,7 @@ func (r *Results) markdown() string {
 	}
 	r.reconcileMarkdown(w)
 	r.writerMarkdown(w)
+	r.pollMarkdown(w)
 	return b.String()
 }
 

@@ -32,6 +32,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
+		"--poll-rates", "500", "--poll-idle", "2s",
 		"--relay-bin", harness.BuildRelay(t), "--out", results, "--note", "reduced-size check")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -153,12 +154,49 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 		bad("writer part, one INSERT per event: %+v; want %d events at one statement per event", x, rows)
 	}
 
+	out = append(out, unmeasuredPoll(r.Poll, rows)...)
+
 	if !strings.Contains(hist, "reduced-size check") {
 		bad("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer"} {
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC"} {
 		if !strings.Contains(md, "\n"+heading) {
 			bad("latest.md has no section %q", heading)
+		}
+	}
+	return out
+}
+
+// unmeasuredPoll lists what the poll part failed to measure: for both
+// sources, the 500/s run and the catch-up, the sizes and the idle period.
+func unmeasuredPoll(p *PollResult, rows int) []string {
+	if p == nil {
+		return []string{"no poll part"}
+	}
+	var out []string
+	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	for _, source := range []string{"wal", "poll"} {
+		phases := map[string]PollRun{}
+		for _, run := range p.Runs {
+			if run.Source == source {
+				phases[run.Phase] = run
+			}
+		}
+		if run, ok := phases["500/s"]; !ok || run.Events == 0 || run.P99Ms <= 0 || run.RelayCPUUsPerEvent <= 0 || run.PostgresCPUUsPerEvent <= 0 || run.WALBytesPerEvent <= 0 {
+			bad("poll part, %s at 500/s: %+v; want events, p99, relay and PostgreSQL CPU, WAL measured", source, run)
+		}
+		if run, ok := phases["catch-up"]; !ok || run.Events != rows || run.EventsPerSec <= 0 || run.RelayCPUUsPerEvent <= 0 || run.FillWALBytesPerEvent <= 0 {
+			bad("poll part, %s catch-up: %+v; want %d events drained with CPU and WAL measured", source, run, rows)
+		}
+		sized, idled := false, false
+		for _, s := range p.Sizes {
+			sized = sized || s.Source == source && s.Events > int64(rows) && s.OutboxBytes > 0 && (source == "wal" || s.StateBytes > 0)
+		}
+		for _, i := range p.Idle {
+			idled = idled || i.Source == source && i.Seconds > 0 && i.PostgresCPUMsPS > 0
+		}
+		if !sized || !idled {
+			bad("poll part, %s: sizes measured %v, idle period measured %v; want both", source, sized, idled)
 		}
 	}
 	return out

@@ -33,11 +33,31 @@ func measuredResults(rows int) Results {
 		Writer: []WriterResult{{Mode: "batch", Events: rows, EventsPerSec: 9000, PerTxn: 100, StatementsTxn: 1},
 			{Mode: "single", Events: rows, EventsPerSec: 4000, PerTxn: 100, StatementsTxn: 100}},
 	}
+	for _, source := range []string{"wal", "poll"} {
+		r.Poll = pollResultWith(r.Poll, source, rows)
+	}
 	r.evaluate()
 	return r
 }
 
-const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n"
+// pollResultWith adds a fully measured source to the poll part.
+func pollResultWith(p *PollResult, source string, rows int) *PollResult {
+	if p == nil {
+		p = &PollResult{}
+	}
+	p.Runs = append(p.Runs,
+		PollRun{Source: source, Phase: "500/s", Events: 1000, EventsPerSec: 500, P99Ms: 9, RelayCPUUsPerEvent: 40, PostgresCPUUsPerEvent: 60, WALBytesPerEvent: 900},
+		PollRun{Source: source, Phase: "catch-up", Events: rows, EventsPerSec: 9000, RelayCPUUsPerEvent: 20, PostgresCPUUsPerEvent: 30, WALBytesPerEvent: 100, FillWALBytesPerEvent: 700})
+	state := int64(0)
+	if source == "poll" {
+		state = 8192
+	}
+	p.Sizes = append(p.Sizes, PollSize{Source: source, Events: int64(rows) + 1000, OutboxBytes: 1 << 20, StateBytes: state})
+	p.Idle = append(p.Idle, PollIdle{Source: source, Seconds: 2, PostgresCPUMsPS: 0.5})
+	return p
+}
+
+const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n"
 
 // A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
 // The bench read it in 10 ms clock ticks, so it often reported 0, and the
@@ -59,6 +79,8 @@ func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
 		{"steady broker CPU", func(r *Results) { r.Steady.Runs[3].BrokerCPUUsPerEvent = 0 }, "broker 0.0 µs/event", 0},
 		{"steady PostgreSQL CPU", func(r *Results) { r.Steady.Runs[3].PostgresCPUUsPerEvent = 0 }, "PostgreSQL 0.0 µs/event", 0},
 		{"pg_recvlogical CPU", func(r *Results) { r.Steady.Runs[0].CPUUsPerEvent = 0 }, "steady rate, pg_recvlogical", 0},
+		{"poll mode's PostgreSQL CPU", func(r *Results) { r.Poll.Runs[2].PostgresCPUUsPerEvent = 0 }, "poll part, poll at 500/s", 0},
+		{"poll part missing", func(r *Results) { r.Poll = nil }, "no poll part", 0},
 		{"exactly-once catch-up", func(r *Results) {
 			r.Ceiling[0].Runs = r.Ceiling[0].Runs[:3]
 			r.evaluate()

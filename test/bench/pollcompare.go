@@ -1,0 +1,582 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// PollResult is the "polling or CDC?" part: the relay's two sources, the
+// WAL (a replication slot) and poll mode (a state table), on one
+// PostgreSQL and one broker, measured side by side.
+type PollResult struct {
+	Method string     `json:"method"`
+	Runs   []PollRun  `json:"runs"`
+	Sizes  []PollSize `json:"sizes"`
+	Idle   []PollIdle `json:"idle"`
+}
+
+// PollRun is one source in one phase: a steady commit rate or catch-up.
+type PollRun struct {
+	Source string `json:"source"` // wal or poll
+	Broker string `json:"broker"`
+	Phase  string `json:"phase"` // "500/s", "2000/s", "catch-up"
+	Rep    int    `json:"rep"`
+	Events int    `json:"events"`
+	// Seconds runs from the first measured commit (catch-up: the relay's
+	// start) until the independent consumer held the last record.
+	Seconds      float64 `json:"seconds"`
+	EventsPerSec float64 `json:"events_per_sec"`
+	RateHeld     bool    `json:"rate_held,omitempty"`
+	// P50Ms and P99Ms: commit to the independent consumer (steady only).
+	P50Ms float64 `json:"p50_ms,omitempty"`
+	P99Ms float64 `json:"p99_ms,omitempty"`
+	// CPU per event: the relay process, and every PostgreSQL process (the
+	// writers' backends, the walsender or the poller's sessions,
+	// autovacuum and the background processes, exited ones included).
+	RelayCPUUsPerEvent    float64 `json:"relay_cpu_us_per_event"`
+	PostgresCPUUsPerEvent float64 `json:"postgres_cpu_us_per_event"`
+	// WALBytesPerEvent is all WAL written over the span over its events:
+	// steady runs include the writers' inserts (and poll mode's trigger);
+	// catch-up counts only the relay's share, the backlog's own WAL is in
+	// FillWALBytesPerEvent.
+	WALBytesPerEvent     float64 `json:"wal_bytes_per_event"`
+	FillWALBytesPerEvent float64 `json:"fill_wal_bytes_per_event,omitempty"`
+	MachineBusyPercent   float64 `json:"machine_busy_percent"`
+}
+
+// PollSize is what a source's tables take once every event is published.
+type PollSize struct {
+	Source string `json:"source"`
+	Broker string `json:"broker"`
+	Events int64  `json:"events"`
+	// Outbox and its indexes; State and its indexes (poll mode only).
+	OutboxBytes      int64 `json:"outbox_bytes"`
+	OutboxIndexBytes int64 `json:"outbox_index_bytes"`
+	StateBytes       int64 `json:"state_bytes,omitempty"`
+	StateIndexBytes  int64 `json:"state_index_bytes,omitempty"`
+	// PendingIndexBytes is poll mode's partial index of unpublished rows.
+	PendingIndexBytes int64 `json:"pending_index_bytes,omitempty"`
+	DeadTuples        int64 `json:"dead_tuples"`
+}
+
+// PollIdle is what a source costs while nothing is written.
+type PollIdle struct {
+	Source          string  `json:"source"`
+	Broker          string  `json:"broker"`
+	Seconds         float64 `json:"seconds"`
+	RelayCPUMsPerS  float64 `json:"relay_cpu_ms_per_s"`
+	PostgresCPUMsPS float64 `json:"postgres_cpu_ms_per_s"`
+	WALBytesPerS    float64 `json:"wal_bytes_per_s"`
+	// StatementsPerS is the transactions committed in the database per
+	// second: poll mode's claims; the WAL path's slot and status queries.
+	StatementsPerS float64 `json:"transactions_per_s"`
+}
+
+const pollMethod = "both sources on one PostgreSQL 15 (autovacuum on, fsync as the bench's) and one broker, a fresh database and topic each, in alternating order per repetition. " +
+	"Steady: single-row transactions (synchronous_commit=on) on an open-loop schedule, after a warm-up; latency is commit to an independent franz-go consumer. " +
+	"Catch-up: a backlog of 10-row transactions written with the relay stopped, then drained. PostgreSQL CPU is every server process, exited ones included (the postmaster's reaped children). " +
+	"Poll mode runs with its defaults (batch 500, NOTIFY, 1 s fallback interval)"
+
+// pollSources are measured in this order, reversed on even repetitions.
+var pollSources = []string{"wal", "poll"}
+
+// pollCompare runs the part on every broker.
+func (b *bench) pollCompare(ctx context.Context) (*PollResult, error) {
+	res := &PollResult{Method: pollMethod}
+	pg, closePG, err := harness.StartPostgresMain(harness.PGOptions{Settings: map[string]string{
+		"max_wal_size": "16GB", "checkpoint_timeout": "30min", "shared_buffers": "256MB",
+		"fsync": map[bool]string{true: "on", false: "off"}[b.o.pgFsync],
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("start postgres: %w", err)
+	}
+	defer closePG()
+	logDir, cleanup, err := b.logDirectory()
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	rates, err := b.o.pollRateList()
+	if err != nil {
+		return nil, err
+	}
+	for _, br := range b.brokers {
+		for rep := 1; rep <= b.o.repeat; rep++ {
+			order := append([]string(nil), pollSources...)
+			if rep%2 == 0 {
+				order[0], order[1] = order[1], order[0]
+			}
+			for _, source := range order {
+				if err := ctx.Err(); err != nil {
+					return res, err
+				}
+				m := &pollMeasure{b: b, pg: pg, br: br, source: source, rep: rep, logDir: logDir}
+				if err := m.run(ctx, rates, res); err != nil {
+					return res, fmt.Errorf("%s on %s: %w", source, br.name, err)
+				}
+			}
+		}
+	}
+	return res, nil
+}
+
+// pollMeasure is one source's pass on one broker: the steady rates, the
+// catch-up, the sizes and the idle period.
+type pollMeasure struct {
+	b      *bench
+	pg     *harness.Postgres
+	br     *broker
+	source string
+	rep    int
+	logDir string
+
+	dsn   string
+	topic string
+	relay *relayProcess
+	admin string
+	// postmaster is the server's main process, whose children are every
+	// other PostgreSQL process.
+	postmaster int
+}
+
+func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) error {
+	name := fmt.Sprintf("bench_%s_%s_%d", m.source, m.br.name, m.rep)
+	if err := m.createDB(ctx, name); err != nil {
+		return err
+	}
+	defer m.dropDB(name)
+	m.topic = fmt.Sprintf("bench.poll.%s.%s.%d.%d", m.source, m.br.name, m.rep, time.Now().Unix())
+	if err := m.br.createTopic(m.topic, m.b.o.partitions); err != nil {
+		return err
+	}
+	if err := m.start(); err != nil {
+		return err
+	}
+	defer func() { m.relay.stop() }()
+	cons, err := consumeArrivals(m.br, m.topic, publisher.ReservedHeaders[0])
+	if err != nil {
+		return err
+	}
+	defer cons.stop()
+	pad := m.b.o.payload - len(payloadJSON(0, 0))
+	seen := 0
+	for _, rate := range rates {
+		run, err := m.steady(ctx, cons, &seen, rate, pad)
+		if err != nil {
+			return fmt.Errorf("%d/s: %w", rate, err)
+		}
+		m.b.logf("poll part: %s on %s, %s: %.0f events/s, p50 %.1f ms, p99 %.1f ms, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event",
+			run.Source, run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
+		res.Runs = append(res.Runs, run)
+	}
+	run, err := m.catchUp(ctx, cons, &seen, pad)
+	if err != nil {
+		return fmt.Errorf("catch-up: %w", err)
+	}
+	m.b.logf("poll part: %s on %s, catch-up of %d: %.0f events/s, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event (+%.0f writing)",
+		run.Source, run.Broker, run.Events, run.EventsPerSec, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent, run.FillWALBytesPerEvent)
+	res.Runs = append(res.Runs, run)
+	size, err := m.sizes(ctx)
+	if err != nil {
+		return err
+	}
+	res.Sizes = append(res.Sizes, size)
+	idle, err := m.idle(ctx)
+	if err != nil {
+		return err
+	}
+	m.b.logf("poll part: %s on %s idle for %.0f s: relay %.2f ms CPU/s, postgres %.2f ms CPU/s, %.0f WAL B/s, %.2f statements/s",
+		idle.Source, idle.Broker, idle.Seconds, idle.RelayCPUMsPerS, idle.PostgresCPUMsPS, idle.WALBytesPerS, idle.StatementsPerS)
+	res.Idle = append(res.Idle, idle)
+	return nil
+}
+
+// createDB makes a database with the outbox schema for the source (poll
+// mode's state table and trigger only for it) and the fill procedure.
+func (m *pollMeasure) createDB(ctx context.Context, name string) error {
+	admin, err := pgx.Connect(ctx, m.pg.DSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return err
+	}
+	var self int
+	if err := admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
+		return err
+	}
+	if m.postmaster, err = parentPID(self); err != nil {
+		return err
+	}
+	m.dsn = m.pg.DSN(name)
+	conn, err := pgx.Connect(ctx, m.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication, Poll: m.source == "poll"}); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, fillProcedure); err != nil {
+		return fmt.Errorf("create fill procedure: %w", err)
+	}
+	if m.source == "wal" {
+		if _, err := createSlots(ctx, m.dsn, []string{"bench_poll"}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *pollMeasure) dropDB(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, m.pg.DSN("postgres"))
+	if err != nil {
+		return
+	}
+	defer admin.Close(context.Background())
+	admin.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", name)
+	admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// start runs the relay on the source and waits until it reads.
+func (m *pollMeasure) start() error {
+	admin, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	m.admin = admin
+	extra := []string{"--admin-addr", admin}
+	if m.source == "poll" {
+		extra = append(extra, "--source", "poll")
+	}
+	p, err := m.b.startRelay(m.dsn, "bench_poll", m.br, m.topic, variant{}, filepath.Join(m.logDir, fmt.Sprintf("%s-%s-%d.log", m.source, m.br.name, m.rep)), extra...)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.streaming:
+	case err := <-p.done:
+		p.done <- err
+		return fmt.Errorf("relay exited before reading (%v); log tail:\n%s", err, p.logTail())
+	case <-time.After(time.Minute):
+		p.stop()
+		return fmt.Errorf("relay not reading within a minute; log tail:\n%s", p.logTail())
+	}
+	m.relay = p
+	return nil
+}
+
+// pgSpan samples what a phase costs: the relay's and PostgreSQL's CPU,
+// the WAL position, the machine's busy share.
+type pgSpan struct {
+	relay, postgres float64
+	wal             int64
+	busy            busyMeter
+	t0              time.Time
+}
+
+func (m *pollMeasure) sample(ctx context.Context, conn *pgx.Conn) (pgSpan, error) {
+	s := pgSpan{relay: cpuOf(m.relay.cmd.Process.Pid), postgres: postgresCPU(m.postmaster), busy: startBusy(), t0: time.Now()}
+	err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").Scan(&s.wal)
+	return s, err
+}
+
+// finish fills run's per-event costs from the span's start and now.
+func (m *pollMeasure) finish(ctx context.Context, conn *pgx.Conn, s pgSpan, run *PollRun) error {
+	end, err := m.sample(ctx, conn)
+	if err != nil {
+		return err
+	}
+	n := float64(max(run.Events, 1))
+	run.Seconds = time.Since(s.t0).Seconds()
+	run.EventsPerSec = float64(run.Events) / run.Seconds
+	run.RelayCPUUsPerEvent = (end.relay - s.relay) * 1e6 / n
+	run.PostgresCPUUsPerEvent = (end.postgres - s.postgres) * 1e6 / n
+	run.WALBytesPerEvent = float64(end.wal-s.wal) / n
+	run.MachineBusyPercent = s.busy.percent()
+	return nil
+}
+
+func (m *pollMeasure) steady(ctx context.Context, cons *arrivals, seen *int, rate, pad int) (PollRun, error) {
+	run := PollRun{Source: m.source, Broker: m.br.name, Phase: fmt.Sprintf("%d/s", rate), Rep: m.rep}
+	pool, err := openWriters(ctx, m.dsn, m.b.steadyWriters(rate))
+	if err != nil {
+		return run, err
+	}
+	defer pool.close()
+	warm, err := pool.write(ctx, rate, m.b.o.steadyWarm, m.b.o.aggregates, pad)
+	if err != nil {
+		return run, err
+	}
+	*seen += warm.n
+	if !cons.await(*seen, 2*time.Minute) {
+		return run, fmt.Errorf("warm-up: the consumer read %d of %d events; relay log tail:\n%s", cons.count(), *seen, m.relay.logTail())
+	}
+	conn, err := pgx.Connect(ctx, m.dsn)
+	if err != nil {
+		return run, err
+	}
+	defer conn.Close(context.Background())
+	sp, err := m.sample(ctx, conn)
+	if err != nil {
+		return run, err
+	}
+	w, err := pool.write(ctx, rate, m.b.o.steadyFor, m.b.o.aggregates, pad)
+	if err != nil {
+		return run, err
+	}
+	*seen += w.n
+	if !cons.await(*seen, 2*time.Minute) {
+		return run, fmt.Errorf("the consumer read %d of %d events; relay log tail:\n%s", cons.count(), *seen, m.relay.logTail())
+	}
+	run.Events, run.RateHeld = w.n, w.held(rate, m.b.o.steadyFor)
+	if err := m.finish(ctx, conn, sp, &run); err != nil {
+		return run, err
+	}
+	var lat []float64
+	for _, a := range cons.arrivedSince(*seen - w.n) {
+		if t, ok := w.commits[a.key]; ok {
+			lat = append(lat, a.at.Sub(t).Seconds())
+		}
+	}
+	sort.Float64s(lat)
+	run.P50Ms, run.P99Ms = 1000*percentile(lat, 0.5), 1000*percentile(lat, 0.99)
+	return run, nil
+}
+
+// catchUp stops the relay, writes a backlog, and measures its drain.
+func (m *pollMeasure) catchUp(ctx context.Context, cons *arrivals, seen *int, pad int) (PollRun, error) {
+	run := PollRun{Source: m.source, Broker: m.br.name, Phase: "catch-up", Rep: m.rep, Events: m.b.o.pollRows}
+	m.relay.stop()
+	conn, err := pgx.Connect(ctx, m.dsn)
+	if err != nil {
+		return run, err
+	}
+	defer conn.Close(context.Background())
+	var before int64
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").Scan(&before); err != nil {
+		return run, err
+	}
+	if _, err := fill(ctx, m.dsn, run.Events, 10, m.b.o.prefillConns, m.b.o.aggregates, max(pad, 0)); err != nil {
+		return run, err
+	}
+	sp, err := m.sample(ctx, conn)
+	if err != nil {
+		return run, err
+	}
+	run.FillWALBytesPerEvent = float64(sp.wal-before) / float64(run.Events)
+	if err := m.start(); err != nil {
+		return run, err
+	}
+	sp.relay = 0 // a new process
+	*seen += run.Events
+	if !cons.await(*seen, drainTimeout(run.Events)) {
+		return run, fmt.Errorf("the consumer read %d of %d events; relay log tail:\n%s", cons.count(), *seen, m.relay.logTail())
+	}
+	return run, m.finish(ctx, conn, sp, &run)
+}
+
+// sizes reads the tables' sizes once every event is published.
+func (m *pollMeasure) sizes(ctx context.Context) (PollSize, error) {
+	s := PollSize{Source: m.source, Broker: m.br.name}
+	conn, err := pgx.Connect(ctx, m.dsn)
+	if err != nil {
+		return s, err
+	}
+	defer conn.Close(context.Background())
+	if m.source == "poll" {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			var pending int64
+			if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL").Scan(&pending); err != nil {
+				return s, err
+			}
+			if pending == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return s, fmt.Errorf("%d rows still unpublished a minute after the consumer read every event", pending)
+			}
+			time.Sleep(100 * time.Millisecond) // the last marks follow the acks
+		}
+		if err := conn.QueryRow(ctx, `SELECT pg_table_size('outbox_events_poll'), pg_indexes_size('outbox_events_poll'),
+			pg_relation_size('outbox_events_poll_pending_idx')`).Scan(&s.StateBytes, &s.StateIndexBytes, &s.PendingIndexBytes); err != nil {
+			return s, err
+		}
+	}
+	err = conn.QueryRow(ctx, `SELECT count(*), pg_table_size('outbox_events'), pg_indexes_size('outbox_events') FROM outbox_events`).
+		Scan(&s.Events, &s.OutboxBytes, &s.OutboxIndexBytes)
+	if err != nil {
+		return s, err
+	}
+	err = conn.QueryRow(ctx, `SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables`).Scan(&s.DeadTuples)
+	return s, err
+}
+
+// idle measures the running relay while nothing is written.
+func (m *pollMeasure) idle(ctx context.Context) (PollIdle, error) {
+	idle := PollIdle{Source: m.source, Broker: m.br.name}
+	conn, err := pgx.Connect(ctx, m.dsn)
+	if err != nil {
+		return idle, err
+	}
+	defer conn.Close(context.Background())
+	statements := func() (float64, error) {
+		var n float64
+		err := conn.QueryRow(ctx, `SELECT COALESCE(sum(xact_commit + xact_rollback), 0)::float8 FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+		return n, err
+	}
+	s0, err := statements()
+	if err != nil {
+		return idle, err
+	}
+	sp, err := m.sample(ctx, conn)
+	if err != nil {
+		return idle, err
+	}
+	time.Sleep(m.b.o.pollIdle) // the idle period itself: nothing to wait for
+	end, err := m.sample(ctx, conn)
+	if err != nil {
+		return idle, err
+	}
+	s1, err := statements()
+	if err != nil {
+		return idle, err
+	}
+	secs := time.Since(sp.t0).Seconds()
+	idle.Seconds = secs
+	idle.RelayCPUMsPerS = (end.relay - sp.relay) * 1000 / secs
+	idle.PostgresCPUMsPS = (end.postgres - sp.postgres) * 1000 / secs
+	idle.WALBytesPerS = float64(end.wal-sp.wal) / secs
+	// The two statements of the sampling itself are not the relay's.
+	idle.StatementsPerS = max(s1-s0-4, 0) / secs
+	return idle, nil
+}
+
+// postgresCPU is the CPU of the postmaster, its live children and the
+// children it reaped: every PostgreSQL process, exited ones included.
+func postgresCPU(postmaster int) float64 {
+	total := 0.0
+	if fields, err := statFields(postmaster); err == nil && len(fields) > 16 {
+		for _, f := range fields[13:17] { // utime, stime, cutime, cstime
+			v, _ := strconv.ParseFloat(f, 64)
+			total += v / clockTicks
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, err := parentPID(pid); err == nil && ppid == postmaster {
+			total += cpuOf(pid)
+		}
+	}
+	return total
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times on Linux.
+const clockTicks = 100
+
+// statFields are /proc/<pid>/stat's fields, field n (numbered from 1 as
+// in proc(5)) at index n-1; the command name is left empty.
+func statFields(pid int) ([]string, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	s := string(raw)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	rest := strings.Fields(s[i+1:]) // from field 3, the state
+	return append([]string{"", ""}, rest...), nil
+}
+
+func parentPID(pid int) (int, error) {
+	fields, err := statFields(pid)
+	if err != nil || len(fields) < 4 {
+		return 0, fmt.Errorf("parent of %d: %v", pid, err)
+	}
+	return strconv.Atoi(fields[3])
+}
+
+func (r *Results) pollMarkdown(w func(string, ...any)) {
+	if r.Poll == nil || len(r.Poll.Runs) == 0 {
+		return
+	}
+	w("\n## Polling or CDC: poll mode and the WAL path side by side\n\n%s.\n\n", r.Poll.Method)
+	w("| broker | phase | source | rep | events | events/s | p50 ms | p99 ms | relay µs/event | PostgreSQL µs/event | WAL B/event | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	runs := append([]PollRun(nil), r.Poll.Runs...)
+	sort.SliceStable(runs, func(i, j int) bool {
+		a, b := runs[i], runs[j]
+		if a.Broker != b.Broker {
+			return a.Broker < b.Broker
+		}
+		if a.Phase != b.Phase {
+			return phaseOrder(a.Phase) < phaseOrder(b.Phase)
+		}
+		if a.Rep != b.Rep {
+			return a.Rep < b.Rep
+		}
+		return a.Source > b.Source // wal before poll
+	})
+	for _, x := range runs {
+		wal := fmt.Sprintf("%.0f", x.WALBytesPerEvent)
+		if x.FillWALBytesPerEvent > 0 {
+			wal = fmt.Sprintf("%.0f (+%.0f writing)", x.WALBytesPerEvent, x.FillWALBytesPerEvent)
+		}
+		latency := func(v float64) string {
+			if x.Phase == "catch-up" {
+				return "–"
+			}
+			return fmt.Sprintf("%.1f", v)
+		}
+		held := ""
+		if x.Phase != "catch-up" && !x.RateHeld {
+			held = " (rate not held)"
+		}
+		w("| %s | %s%s | %s | %d | %d | %.0f | %s | %s | %.1f | %.1f | %s | %.0f%% |\n", x.Broker, x.Phase, held, x.Source, x.Rep, x.Events, x.EventsPerSec,
+			latency(x.P50Ms), latency(x.P99Ms), x.RelayCPUUsPerEvent, x.PostgresCPUUsPerEvent, wal, x.MachineBusyPercent)
+	}
+	w("\nTables once every event is published (outbox, and poll mode's state table beside it; dead tuples in all tables, autovacuum on):\n\n")
+	w("| broker | source | events | outbox MB | outbox indexes MB | state MB | state indexes MB | pending-rows index kB | dead tuples |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Poll.Sizes {
+		w("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %d |\n", x.Broker, x.Source, x.Events, mb(x.OutboxBytes), mb(x.OutboxIndexBytes),
+			mb(x.StateBytes), mb(x.StateIndexBytes), float64(x.PendingIndexBytes)/1024, x.DeadTuples)
+	}
+	w("\nIdle, the relay running and nothing written:\n\n| broker | source | seconds | relay CPU ms/s | PostgreSQL CPU ms/s | WAL B/s | transactions/s |\n|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Poll.Idle {
+		w("| %s | %s | %.0f | %.2f | %.2f | %.0f | %.2f |\n", x.Broker, x.Source, x.Seconds, x.RelayCPUMsPerS, x.PostgresCPUMsPS, x.WALBytesPerS, x.StatementsPerS)
+	}
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+// phaseOrder puts the steady rates first, by rate, then catch-up.
+func phaseOrder(phase string) int {
+	if n, err := strconv.Atoi(strings.TrimSuffix(phase, "/s")); err == nil {
+		return n
+	}
+	return 1 << 30
+}
