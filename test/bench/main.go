@@ -265,7 +265,9 @@ func (o *options) rateList() ([]int, error) {
 }
 
 // steadyRateList parses --steady-rates.
-func (o *options) steadyRateList() ([]int, error) { return positiveList("--steady-rates", o.steadyRates) }
+func (o *options) steadyRateList() ([]int, error) {
+	return positiveList("--steady-rates", o.steadyRates)
+}
 
 func (o *options) pollRateList() ([]int, error) { return positiveList("--poll-rates", o.pollRates) }
 

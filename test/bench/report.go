@@ -45,9 +45,9 @@ type Results struct {
 	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
 	Writer    []WriterResult    `json:"writer,omitempty"`
 	// Poll is the relay's two sources, WAL and poll mode, side by side.
-	Poll *PollResult `json:"poll,omitempty"`
-	Problems  []string          `json:"problems,omitempty"`
-	Duration  string            `json:"duration"`
+	Poll     *PollResult `json:"poll,omitempty"`
+	Problems []string    `json:"problems,omitempty"`
+	Duration string      `json:"duration"`
 }
 
 // TargetRow is one measured value against its target from the issue.
