@@ -43,7 +43,8 @@ WITH picked AS (
           SELECT 1 FROM {{state}} e
           WHERE e.aggregate_type = s.aggregate_type AND e.aggregate_id = s.aggregate_id
             AND e.seq < s.seq AND e.published_at IS NULL
-            AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now() OR e.lease_expires_at > now()))
+            AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now() OR e.lease_expires_at > now())
+          OFFSET 0)
     ORDER BY s.seq
     LIMIT $1
     FOR UPDATE OF s SKIP LOCKED
@@ -53,7 +54,8 @@ WITH picked AS (
         SELECT 1 FROM {{state}} e
         WHERE e.aggregate_type = p.aggregate_type AND e.aggregate_id = p.aggregate_id
           AND e.seq < p.seq AND e.published_at IS NULL
-          AND e.seq NOT IN (SELECT seq FROM picked))
+          AND e.seq NOT IN (SELECT seq FROM picked)
+        OFFSET 0)
 ), claimed AS (
     UPDATE {{state}} s
     SET lease_holder = $2, lease_expires_at = now() + $3 * interval '1 millisecond', attempts = s.attempts + 1
@@ -61,7 +63,7 @@ WITH picked AS (
     RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
 )
 SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.event_id IS NOT NULL, c.event_id::text, {{columns}}
-FROM claimed c LEFT JOIN {{outbox}} o ON o.{{event_id}} = c.event_id
+FROM claimed c LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = c.event_id) o ON true
 ORDER BY c.seq`
 
 // claimed is one row a claim returned.

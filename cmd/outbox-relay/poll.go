@@ -36,6 +36,7 @@ func pollFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.Batch, "poll-batch", c.Batch, "poll mode: rows one claim takes")
 	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode: how long a claim keeps other pollers off its rows; must outlast a publish: at least 2 x (2 x --kafka-timeout + --kafka-retry-backoff-max)")
 	fs.DurationVar(&c.Interval, "poll-interval", c.Interval, "poll mode: how often an idle poller looks for rows when no notification woke it")
+	fs.DurationVar(&c.Tick, "poll-tick", c.Tick, "poll mode: least time between two claims while rows trickle in, so the commits within it go out together: less CPU on PostgreSQL per event for up to this much latency (0: claim at every wake-up)")
 	fs.BoolVar(&c.Notify, "poll-notify", c.Notify, "poll mode: wake on the trigger's NOTIFY at commit (turn off behind a transaction-mode pooler, which does not carry LISTEN)")
 	fs.StringVar(&c.WorkerID, "poll-worker-id", c.WorkerID, "poll mode: this poller's name in its leases, unique among the table's pollers; a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "poll mode: attempts of an event that keeps failing with retriable errors before it goes to the quarantine table")
