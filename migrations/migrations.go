@@ -121,6 +121,7 @@ func SQL(n Names) (string, error) {
 		"{{poll_seq_literal}}", literal(pgx.Identifier{poll.Schema, poll.Name + "_seq"}.Sanitize()),
 		"{{poll_pending_index}}", pgx.Identifier{poll.Name + "_pending_idx"}.Sanitize(),
 		"{{poll_aggregate_index}}", pgx.Identifier{poll.Name + "_aggregate_idx"}.Sanitize(),
+		"{{poll_quarantined_index}}", pgx.Identifier{poll.Name + "_quarantined_idx"}.Sanitize(),
 		"{{poll_track}}", pgx.Identifier{poll.Schema, poll.Name + "_track"}.Sanitize(),
 		"{{poll_trigger}}", pgx.Identifier{poll.Name + "_track"}.Sanitize(),
 		"{{table_literal}}", literal(table.Quoted()),

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
@@ -32,12 +33,23 @@ const notifyChannel = "outbox_relay_poll"
 // quarantine table: the poller stops rather than go on without it.
 var ErrQuarantineWrite = errors.New("quarantine write failed")
 
+// Hooks are told of the poller's progress, for a supervisor such as
+// systemd; nil ones are skipped.
+type Hooks struct {
+	// Polling is called each time a session starts polling.
+	Polling func()
+	// Alive is called while the poller's loops turn: at least every
+	// --poll-interval while polling, and every second of a backoff.
+	Alive func()
+}
+
 // Poller claims, publishes and marks outbox rows until its context ends.
 type Poller struct {
 	cfg     Config
 	t       tables
 	log     zerolog.Logger
 	metrics *Metrics
+	hooks   Hooks
 
 	// batchLimit survives sessions: once a topic is known to take
 	// smaller batches, every producer builds batches it accepts.
@@ -62,12 +74,17 @@ type Status struct {
 }
 
 // New returns a poller for a validated configuration.
-func New(cfg Config, log zerolog.Logger, metrics *Metrics) (*Poller, error) {
+func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) (*Poller, error) {
 	t, err := cfg.tables()
 	if err != nil {
 		return nil, err
 	}
-	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, batchLimit: cfg.Publisher.MaxMessageBytes,
+	for _, h := range []*func(){&hooks.Polling, &hooks.Alive} {
+		if *h == nil {
+			*h = func() {}
+		}
+	}
+	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, hooks: hooks, batchLimit: cfg.Publisher.MaxMessageBytes,
 		status: Status{State: StateStarting, WorkerID: cfg.WorkerID}}
 	metrics.setState(StateStarting)
 	return p, nil
@@ -136,33 +153,39 @@ func (p *Poller) Run(ctx context.Context) error {
 		p.setState(StateBackingOff, err)
 		p.metrics.Restarts.Inc()
 		p.log.Warn().Str("error", publisher.Explain(err)).Dur("retry_in", delay).Msg("poll session failed; starting a new one")
-		timer := time.NewTimer(delay)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
+		if !p.wait(ctx, delay) {
 			p.setState(StateStopped, nil)
 			return nil
 		}
 	}
 }
 
+// wait waits out a backoff, telling Alive every second, and reports
+// whether it ended before ctx did.
+func (p *Poller) wait(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	alive := time.NewTicker(time.Second)
+	defer alive.Stop()
+	for {
+		p.hooks.Alive()
+		select {
+		case <-timer.C:
+			return true
+		case <-alive.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // session is one connection to PostgreSQL and one producer.
 func (p *Poller) session(ctx context.Context) error {
-	conn, err := replication.Dial(ctx, p.cfg.Postgres)
+	conn, err := p.dial(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	// The claim is one prepared statement whose plan does not depend on
-	// its parameters; planning it anew for every claim cost more than
-	// running it (measured: 3 ms of planning for a 500-row claim). The
-	// unpublished rows it and the stats read are few and in cache, so an
-	// index scan beats a scan of the whole state table, which the default
-	// random_page_cost chose: 25 ms against 6 at 100,000 rows.
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET random_page_cost = 1.1"); err != nil {
-		return fmt.Errorf("set the session's planner settings: %w", err)
-	}
 	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID)
 	if err != nil {
 		return err
@@ -202,30 +225,34 @@ func (p *Poller) session(ctx context.Context) error {
 	}
 
 	p.setState(StatePolling, nil)
+	p.hooks.Polling()
 	p.log.Info().Str("worker_id", p.cfg.WorkerID).Str("table", p.t.outbox.String()).Str("state_table", p.t.state.String()).
 		Int("batch", p.cfg.Batch).Dur("lease", p.cfg.Lease).Bool("notify", p.cfg.Notify).Msg("polling")
+	houseErr := make(chan error, 1)
+	houseCtx, stopHousekeeping := context.WithCancel(ctx)
+	housekeeping, err := p.housekeep(houseCtx, houseErr)
+	if err != nil {
+		stopHousekeeping()
+		return err
+	}
+	defer func() {
+		stopHousekeeping()
+		<-housekeeping
+	}()
 	w := &worker{p: p, q: q, pub: pub, quarantine: quarantine}
-	var nextStats, nextRetention time.Time
 	interval := time.NewTimer(p.cfg.Interval)
 	defer interval.Stop()
 	for {
+		p.hooks.Alive()
 		claimed := time.Now()
 		full, err := w.cycle(ctx)
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
-		now := time.Now()
-		if !now.Before(nextStats) {
-			if err := p.refreshStats(ctx, q); err != nil {
-				return err
-			}
-			nextStats = now.Add(p.cfg.StatsInterval)
-		}
-		if p.cfg.Retention.After > 0 && !now.Before(nextRetention) {
-			if err := p.retain(ctx, q); err != nil {
-				return err
-			}
-			nextRetention = now.Add(p.cfg.Retention.Interval)
+		select {
+		case err := <-houseErr:
+			return err
+		default:
 		}
 		if full {
 			continue // a backlog: claim again at once
@@ -247,8 +274,80 @@ func (p *Poller) session(ctx context.Context) error {
 		case <-interval.C:
 		case err := <-listenErr:
 			return fmt.Errorf("listen for new rows: %w", err)
+		case err := <-houseErr:
+			return err
 		}
 	}
+}
+
+// dial opens a connection with the planner settings the poller's
+// statements are measured with. The claim is one prepared statement whose
+// plan does not depend on its parameters; planning it anew for every claim
+// cost more than running it (measured: 3 ms of planning for a 500-row
+// claim). The unpublished rows the claim and the statistics read are in
+// cache, so an index scan beats a scan of the whole state table, which the
+// default random_page_cost chose: 25 ms against 6 at 100,000 rows.
+func (p *Poller) dial(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := replication.Dial(ctx, p.cfg.Postgres)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET random_page_cost = 1.1"); err != nil {
+		conn.Close(context.Background())
+		return nil, fmt.Errorf("set the session's planner settings: %w", err)
+	}
+	return conn, nil
+}
+
+// housekeep runs the statistics and retention on a connection of its own,
+// so that neither holds up a claim, until ctx ends. It reports a failure
+// on errc, and closes done once its goroutine is done. A statistics read
+// costs a pass over the backlog, so while the backlog is large it runs
+// less often: never more than a twentieth of the time.
+func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan struct{}, err error) {
+	conn, err := p.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := &queries{conn: conn, t: p.t, workerID: p.cfg.WorkerID}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		defer conn.Close(context.Background())
+		var nextStats, nextRetention time.Time
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			}
+			now := time.Now()
+			var err error
+			if !now.Before(nextStats) {
+				err = p.refreshStats(ctx, q)
+				took := time.Since(now)
+				nextStats = now.Add(max(p.cfg.StatsInterval, 20*took))
+			}
+			if err == nil && p.cfg.Retention.After > 0 && !now.Before(nextRetention) {
+				err = p.retain(ctx, q)
+				nextRetention = now.Add(p.cfg.Retention.Interval)
+			}
+			if err != nil {
+				if ctx.Err() == nil {
+					errc <- err
+				}
+				return
+			}
+			next := nextStats
+			if p.cfg.Retention.After > 0 && nextRetention.Before(next) {
+				next = nextRetention
+			}
+			timer.Reset(time.Until(next))
+		}
+	}()
+	return stopped, nil
 }
 
 // gather waits, after a wake-up, until a tick has passed since the last

@@ -89,11 +89,15 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
 	registry := prometheus.NewRegistry()
-	p, err := poll.New(cfg, log, poll.NewMetrics(registry))
+	notifier := newSystemdNotifier(log)
+	p, err := poll.New(cfg, log, poll.NewMetrics(registry), poll.Hooks{Polling: func() { notifier.readyAs(poll.StatePolling) }, Alive: notifier.alive})
 	if err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
-	notifier := newSystemdNotifier(log)
+	// STOPPING=1 as soon as shutdown begins, so the drain gets
+	// TimeoutStopSec rather than the watchdog's limit.
+	stopWatching := context.AfterFunc(ctx, notifier.beginStopping)
+	defer stopWatching()
 	if o.adminAddr != "" {
 		ln, err := net.Listen("tcp", o.adminAddr)
 		if err != nil {
@@ -107,7 +111,6 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", replication.Describe(cfg.Postgres.DSN)).
 		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
 		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")
-	notifier.ready()
 	err = p.Run(ctx)
 	notifier.stopping()
 	if err != nil {

@@ -93,7 +93,11 @@ func (n *systemdNotifier) send(state string) {
 }
 
 // ready is called whenever a session starts streaming; READY=1 goes once.
-func (n *systemdNotifier) ready() {
+func (n *systemdNotifier) ready() { n.readyAs("streaming") }
+
+// readyAs is ready for a relay whose working state is named state (poll
+// mode's is polling).
+func (n *systemdNotifier) readyAs(state string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stopSent {
@@ -101,8 +105,8 @@ func (n *systemdNotifier) ready() {
 	}
 	if !n.readySent {
 		n.readySent = true
-		n.lastStatus = "STATUS=streaming"
-		n.send("READY=1\nSTATUS=streaming")
+		n.lastStatus = "STATUS=" + state
+		n.send("READY=1\n" + n.lastStatus)
 	}
 	n.pingLocked(time.Now())
 }

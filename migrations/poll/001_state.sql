@@ -48,9 +48,18 @@ CREATE INDEX IF NOT EXISTS {{poll_pending_index}} ON {{poll}} (seq)
 CREATE INDEX IF NOT EXISTS {{poll_aggregate_index}} ON {{poll}} (aggregate_type, aggregate_id, seq)
     WHERE published_at IS NULL;
 
+-- The quarantined rows still waiting for a replay, which the poller settles
+-- once `quarantine replay` delivered them.
+CREATE INDEX IF NOT EXISTS {{poll_quarantined_index}} ON {{poll}} (seq)
+    WHERE quarantined_at IS NOT NULL AND published_at IS NULL;
+
 -- One statement-level trigger: one INSERT ... SELECT per statement, and one
 -- wake-up for pollers, delivered by PostgreSQL at commit.
-CREATE OR REPLACE FUNCTION {{poll_track}}() RETURNS trigger LANGUAGE plpgsql AS $migrate$
+-- SECURITY DEFINER: a writer needs INSERT on the outbox only, not rights on
+-- the state table; every name inside is schema-qualified, and the search
+-- path is pinned so no writer's schema can stand in for one.
+CREATE OR REPLACE FUNCTION {{poll_track}}() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $migrate$
 BEGIN
     INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id)
     SELECT nextval({{poll_seq_literal}}), {{event_id}}, {{aggregate_type}}, {{aggregate_id}} FROM outbox_relay_new_rows;

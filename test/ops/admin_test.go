@@ -57,6 +57,24 @@ func metricNames(t *testing.T) []string {
 	return names
 }
 
+// pollMetricNames are the series poll/metrics.go declares (poll mode's own
+// and the WAL path's it shares).
+func pollMetricNames(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "..", "poll", "metrics.go"))
+	if err != nil {
+		t.Fatalf("read poll/metrics.go: %v", err)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+		names = append(names, m[1])
+	}
+	if len(names) < 10 {
+		t.Fatalf("found only %d metric names in poll/metrics.go: %v", len(names), names)
+	}
+	return names
+}
+
 func TestAdminEndpoint(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -295,3 +295,60 @@ func (s *silentServer) accepted() int {
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
+
+// Poll mode under Type=notify with WatchdogSec=2s: watchdog pings while its
+// session restarts (PostgreSQL unreachable) and while it polls an idle
+// table, READY=1 once it polls, STOPPING=1 at SIGTERM and exit 0.
+func TestNotifyPollMode(t *testing.T) {
+	t.Parallel()
+	const watchdog = 2 * time.Second
+	e := newEnv(t)
+	harness.Migrate(t, e.bin, e.args("migrate", "--source", "poll"))
+	proxy := harness.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", cluster.Port()))
+	proxy.Pause()
+	dsn := strings.Replace(e.db.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
+	sock := listenNotify(t)
+	p := e.start(e.argsAs(dsn, "run", "--source", "poll"), sock.env(watchdog)...)
+	harness.WaitFor(t, time.Minute, "three watchdog pings while PostgreSQL is unreachable", func() bool { return sock.count("WATCHDOG=1") >= 3 })
+	if n := sock.count("READY=1"); n != 0 {
+		t.Fatalf("READY=1 sent while the poller could not reach PostgreSQL:\n%s", sock.lines())
+	}
+	if gap := maxGap(sock.times("WATCHDOG=1"), time.Now()); gap >= watchdog {
+		t.Errorf("a %v gap between watchdog pings while backing off (WatchdogSec=%v):\n%s", gap, watchdog, sock.lines())
+	}
+
+	proxy.Resume()
+	harness.WaitFor(t, time.Minute, "READY=1 once it polls", func() bool { return sock.count("READY=1") > 0 })
+	if n := sock.count("STATUS=polling"); n != 1 {
+		t.Errorf("READY=1 came with %d STATUS=polling lines, want 1:\n%s", n, sock.lines())
+	}
+	ready := sock.times("READY=1")[0]
+	harness.WaitFor(t, time.Minute, "five watchdog pings while polling", func() bool {
+		n := 0
+		for _, at := range sock.times("WATCHDOG=1") {
+			if at.After(ready) {
+				n++
+			}
+		}
+		return n >= 5
+	})
+	var polling []time.Time
+	for _, at := range sock.times("WATCHDOG=1") {
+		if !at.Before(ready) {
+			polling = append(polling, at)
+		}
+	}
+	if gap := maxGap(polling, time.Now()); gap >= watchdog {
+		t.Errorf("a %v gap between watchdog pings while polling (WatchdogSec=%v):\n%s", gap, watchdog, sock.lines())
+	}
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code, err := p.Wait(time.Minute)
+	if err != nil || code != 0 {
+		t.Fatalf("poller exited %d (%v) after SIGTERM, want 0:\n%s", code, err, p.Output())
+	}
+	if n := sock.count("STOPPING=1"); n != 1 {
+		t.Errorf("STOPPING=1 sent %d times, want once:\n%s", n, sock.lines())
+	}
+}
