@@ -80,7 +80,6 @@ type claimed struct {
 	eventID  string
 	aggKey   string // aggregate type and id, to keep order within a batch
 	record   *publisher.Record
-	buildErr *publisher.Error
 }
 
 // queries runs a poller's statements on its connection.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // publication is the relay's default publication name, created by the
@@ -43,7 +44,14 @@ $$`
 // createDB creates a database with the outbox schema and the fill
 // procedure, and returns its DSN.
 func (b *bench) createDB(ctx context.Context, name string) (string, error) {
-	admin, err := pgx.Connect(ctx, b.pg.DSN("postgres"))
+	return createDatabase(ctx, b.pg, name, false)
+}
+
+// createDatabase creates database name on pg with the outbox schema (and
+// poll mode's state table and trigger when poll is set) and the fill
+// procedure, and returns its DSN.
+func createDatabase(ctx context.Context, pg *harness.Postgres, name string, poll bool) (string, error) {
+	admin, err := pgx.Connect(ctx, pg.DSN("postgres"))
 	if err != nil {
 		return "", err
 	}
@@ -54,13 +62,13 @@ func (b *bench) createDB(ctx context.Context, name string) (string, error) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	dsn := b.pg.DSN(name)
+	dsn := pg.DSN(name)
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication}); err != nil {
+	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication, Poll: poll}); err != nil {
 		return "", err
 	}
 	if _, err := conn.Exec(ctx, fillProcedure); err != nil {
@@ -70,10 +78,13 @@ func (b *bench) createDB(ctx context.Context, name string) (string, error) {
 }
 
 // dropDB drops a database and the slots in it, freeing their WAL.
-func (b *bench) dropDB(name string) {
+func (b *bench) dropDB(name string) { dropDatabase(b.pg, name) }
+
+// dropDatabase drops database name on pg and the slots in it.
+func dropDatabase(pg *harness.Postgres, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, b.pg.DSN("postgres"))
+	admin, err := pgx.Connect(ctx, pg.DSN("postgres"))
 	if err != nil {
 		return
 	}

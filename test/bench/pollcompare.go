@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -156,7 +155,7 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 	if err := m.createDB(ctx, name); err != nil {
 		return err
 	}
-	defer m.dropDB(name)
+	defer dropDatabase(m.pg, name)
 	m.topic = fmt.Sprintf("bench.poll.%s.%s.%d.%d", m.source, m.br.name, m.rep, time.Now().Unix())
 	if err := m.br.createTopic(m.topic, m.b.o.partitions); err != nil {
 		return err
@@ -173,6 +172,9 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 	pad := m.b.o.payload - len(payloadJSON(0, 0))
 	seen := 0
 	for _, rate := range rates {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		run, err := m.steady(ctx, cons, &seen, rate, pad)
 		if err != nil {
 			return fmt.Errorf("%d/s: %w", rate, err)
@@ -180,6 +182,9 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 		m.b.logf("poll part: %s on %s, %s: %.0f events/s, p50 %.1f ms, p99 %.1f ms, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event",
 			run.Source, run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
 		res.Runs = append(res.Runs, run)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	run, err := m.catchUp(ctx, cons, &seen, pad)
 	if err != nil {
@@ -204,56 +209,32 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 }
 
 // createDB makes a database with the outbox schema for the source (poll
-// mode's state table and trigger only for it) and the fill procedure.
+// mode's state table and trigger only for it), and for the WAL path its
+// slot; it notes the server's postmaster.
 func (m *pollMeasure) createDB(ctx context.Context, name string) error {
-	admin, err := pgx.Connect(ctx, m.pg.DSN("postgres"))
+	dsn, err := createDatabase(ctx, m.pg, name, m.source == "poll")
 	if err != nil {
 		return err
 	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+	m.dsn = dsn
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
 		return err
 	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return err
-	}
+	defer conn.Close(context.Background())
 	var self int
-	if err := admin.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&self); err != nil {
 		return err
 	}
 	if m.postmaster, err = parentPID(self); err != nil {
 		return err
 	}
-	m.dsn = m.pg.DSN(name)
-	conn, err := pgx.Connect(ctx, m.dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication, Poll: m.source == "poll"}); err != nil {
-		return err
-	}
-	if _, err := conn.Exec(ctx, fillProcedure); err != nil {
-		return fmt.Errorf("create fill procedure: %w", err)
-	}
 	if m.source == "wal" {
-		if _, err := createSlots(ctx, m.dsn, []string{"bench_poll"}); err != nil {
+		if _, err := createSlots(ctx, dsn, []string{"bench_poll"}); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func (m *pollMeasure) dropDB(name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	admin, err := pgx.Connect(ctx, m.pg.DSN("postgres"))
-	if err != nil {
-		return
-	}
-	defer admin.Close(context.Background())
-	admin.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", name)
-	admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
 // start runs the relay on the source and waits until it reads.
@@ -432,7 +413,7 @@ func (m *pollMeasure) sizes(ctx context.Context) (PollSize, error) {
 }
 
 // idle measures the running relay while nothing is written, after a
-// VACUUM of the database.
+// VACUUM ANALYZE of the database.
 func (m *pollMeasure) idle(ctx context.Context) (PollIdle, error) {
 	idle := PollIdle{Source: m.source, Broker: m.br.name}
 	conn, err := pgx.Connect(ctx, m.dsn)
@@ -447,7 +428,7 @@ func (m *pollMeasure) idle(ctx context.Context) (PollIdle, error) {
 	}
 	// The dead tuples of the phases before are vacuumed first, so the
 	// idle period shows what idling costs, not autovacuum catching up.
-	if _, err := conn.Exec(ctx, "VACUUM"); err != nil {
+	if _, err := conn.Exec(ctx, "VACUUM ANALYZE"); err != nil {
 		return idle, fmt.Errorf("vacuum before the idle period: %w", err)
 	}
 	s0, err := statements()
@@ -458,7 +439,11 @@ func (m *pollMeasure) idle(ctx context.Context) (PollIdle, error) {
 	if err != nil {
 		return idle, err
 	}
-	time.Sleep(m.b.o.pollIdle) // the idle period itself: nothing to wait for
+	select { // the idle period itself: nothing to wait for
+	case <-time.After(m.b.o.pollIdle):
+	case <-ctx.Done():
+		return idle, ctx.Err()
+	}
 	end, err := m.sample(ctx, conn)
 	if err != nil {
 		return idle, err
@@ -571,7 +556,7 @@ func (r *Results) pollMarkdown(w func(string, ...any)) {
 		w("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %d |\n", x.Broker, x.Source, x.Events, mb(x.OutboxBytes), mb(x.OutboxIndexBytes),
 			mb(x.StateBytes), mb(x.StateIndexBytes), float64(x.PendingIndexBytes)/1024, x.DeadTuples)
 	}
-	w("\nIdle, the relay running and nothing written, after a VACUUM:\n\n| broker | source | seconds | relay CPU ms/s | PostgreSQL CPU ms/s | WAL B/s | transactions/s |\n|---|---|---|---|---|---|---|\n")
+	w("\nIdle, the relay running and nothing written, after a VACUUM ANALYZE:\n\n| broker | source | seconds | relay CPU ms/s | PostgreSQL CPU ms/s | WAL B/s | transactions/s |\n|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Poll.Idle {
 		w("| %s | %s | %.0f | %.2f | %.2f | %.0f | %.2f |\n", x.Broker, x.Source, x.Seconds, x.RelayCPUMsPerS, x.PostgresCPUMsPS, x.WALBytesPerS, x.StatementsPerS)
 	}

@@ -104,6 +104,25 @@ func checkRouterRecord(t *testing.T, rec harness.Record, row debeziumRow) {
 	}
 }
 
+// checkRouterRecords reads a record for every row of the table, once each,
+// and checks each against the router's record for its row.
+func (e *env) checkRouterRecords() (map[string]debeziumRow, map[string]harness.Record) {
+	e.t.Helper()
+	rows := e.debeziumRows("")
+	ids := make([]string, 0, len(rows))
+	for id := range rows {
+		ids = append(ids, id)
+	}
+	byID, all := consumeIDs(e.t, e.kafka.Brokers(), ids, time.Minute)
+	if len(all) != len(rows) {
+		e.t.Errorf("%d records for %d rows", len(all), len(rows))
+	}
+	for id, row := range rows {
+		checkRouterRecord(e.t, byID[id], row)
+	}
+	return rows, byID
+}
+
 // consumeIDs reads until every id has a record and returns the records by id
 // (the last of each).
 func consumeIDs(t *testing.T, brokers []string, ids []string, timeout time.Duration) (map[string]harness.Record, []harness.Record) {
@@ -145,18 +164,7 @@ func TestDebeziumLayoutPublishesRouterRecords(t *testing.T) {
 		('order', 'o-2', 'OrderDeleted', NULL, 'acme'),
 		('customer', 'c-1', 'Nothing', 'null', NULL),
 		('customer', 'c-2', 'Placed', '{"b":1,   "a":"x"}', 'globex')`)
-	rows := e.debeziumRows("")
-	ids := make([]string, 0, len(rows))
-	for id := range rows {
-		ids = append(ids, id)
-	}
-	byID, all := consumeIDs(t, e.kafka.Brokers(), ids, time.Minute)
-	if len(all) != len(rows) {
-		t.Errorf("%d records for %d rows", len(all), len(rows))
-	}
-	for id, row := range rows {
-		checkRouterRecord(t, byID[id], row)
-	}
+	rows, byID := e.checkRouterRecords()
 	// The cases the record shape turns on, said outright.
 	for id, row := range rows {
 		r := byID[id]
@@ -192,18 +200,7 @@ func TestDebeziumLayoutPollMode(t *testing.T) {
 	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
 		('order', 'o-1', 'OrderPaid', NULL, 'acme'),
 		('customer', 'c-1', 'Nothing', 'null', NULL)`)
-	rows := e.debeziumRows("")
-	ids := make([]string, 0, len(rows))
-	for id := range rows {
-		ids = append(ids, id)
-	}
-	byID, all := consumeIDs(t, e.kafka.Brokers(), ids, time.Minute)
-	if len(all) != len(rows) {
-		t.Errorf("%d records for %d rows", len(all), len(rows))
-	}
-	for id, row := range rows {
-		checkRouterRecord(t, byID[id], row)
-	}
+	e.checkRouterRecords()
 	harness.WaitFor(t, 30*time.Second, "every row marked published", func() bool {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
 	})

@@ -102,6 +102,26 @@ func (n *notifySocket) lines() string {
 	return b.String()
 }
 
+// checkPingsSince waits for five watchdog pings after since, then checks
+// that none of the gaps between the pings since then, and since the last
+// one, reaches the watchdog period: systemd would restart the process.
+func (n *notifySocket) checkPingsSince(t *testing.T, since time.Time, while string, watchdog time.Duration) {
+	t.Helper()
+	pings := func() []time.Time {
+		var out []time.Time
+		for _, at := range n.times("WATCHDOG=1") {
+			if !at.Before(since) {
+				out = append(out, at)
+			}
+		}
+		return out
+	}
+	harness.WaitFor(t, time.Minute, "five watchdog pings while "+while, func() bool { return len(pings()) >= 5 })
+	if gap := maxGap(pings(), time.Now()); gap >= watchdog {
+		t.Errorf("a %v gap between watchdog pings while %s (WatchdogSec=%v):\n%s", gap, while, watchdog, n.lines())
+	}
+}
+
 // maxGap is the longest time between consecutive times, and between the
 // last one and until.
 func maxGap(times []time.Time, until time.Time) time.Duration {
@@ -170,24 +190,7 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 
 	// Streaming (idle and then busy): pings keep coming within WatchdogSec.
 	insert(t, e.db.DSN(), "order", 20)
-	harness.WaitFor(t, time.Minute, "five watchdog pings while streaming", func() bool {
-		n := 0
-		for _, at := range sock.times("WATCHDOG=1") {
-			if at.After(ready) {
-				n++
-			}
-		}
-		return n >= 5
-	})
-	var streaming []time.Time
-	for _, at := range sock.times("WATCHDOG=1") {
-		if !at.Before(ready) {
-			streaming = append(streaming, at)
-		}
-	}
-	if gap := maxGap(streaming, time.Now()); gap >= watchdog {
-		t.Errorf("a %v gap between watchdog pings while streaming (WatchdogSec=%v):\n%s", gap, watchdog, sock.lines())
-	}
+	sock.checkPingsSince(t, ready, "streaming", watchdog)
 
 	// SIGTERM: STOPPING=1 goes out at the start of the shutdown, before the
 	// process exits, and nothing follows it.
@@ -323,24 +326,7 @@ func TestNotifyPollMode(t *testing.T) {
 		t.Errorf("READY=1 came with %d STATUS=polling lines, want 1:\n%s", n, sock.lines())
 	}
 	ready := sock.times("READY=1")[0]
-	harness.WaitFor(t, time.Minute, "five watchdog pings while polling", func() bool {
-		n := 0
-		for _, at := range sock.times("WATCHDOG=1") {
-			if at.After(ready) {
-				n++
-			}
-		}
-		return n >= 5
-	})
-	var polling []time.Time
-	for _, at := range sock.times("WATCHDOG=1") {
-		if !at.Before(ready) {
-			polling = append(polling, at)
-		}
-	}
-	if gap := maxGap(polling, time.Now()); gap >= watchdog {
-		t.Errorf("a %v gap between watchdog pings while polling (WatchdogSec=%v):\n%s", gap, watchdog, sock.lines())
-	}
+	sock.checkPingsSince(t, ready, "polling", watchdog)
 	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
