@@ -75,11 +75,11 @@ type claimed struct {
 	// published; its poller may still publish it too.
 	reclaimed bool
 	// gone: the outbox row was deleted while its state said pending.
-	gone     bool
-	event    publisher.Event
-	eventID  string
-	aggKey   string // aggregate type and id, to keep order within a batch
-	record   *publisher.Record
+	gone    bool
+	event   publisher.Event
+	eventID string
+	aggKey  string // aggregate type and id, to keep order within a batch
+	record  *publisher.Record
 }
 
 // queries runs a poller's statements on its connection.
