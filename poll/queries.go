@@ -62,7 +62,7 @@ WITH picked AS (
     FROM ready WHERE s.seq = ready.seq
     RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
 )
-SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.event_id IS NOT NULL, c.event_id::text, {{columns}}
+SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.{{event_id}} IS NOT NULL, c.event_id::text, {{columns}}
 FROM claimed c LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = c.event_id) o ON true
 ORDER BY c.seq`
 
