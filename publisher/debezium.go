@@ -76,16 +76,7 @@ func buildDebezium(ev *Event, topic string) (*Record, error) {
 	for _, h := range extra {
 		headers = append(headers, sarama.RecordHeader{Key: take(h.Key), Value: take(h.Value)})
 	}
-	r.msg = sarama.ProducerMessage{
-		Topic:     topic,
-		Partition: -1,
-		Key:       &r.key,
-		Value:     &r.value,
-		Headers:   headers,
-		Metadata:  r,
-	}
-	r.size = r.msg.ByteSize(2)
-	return r, nil
+	return r.seal(topic, headers), nil
 }
 
 // Debezium reports whether the record is in the router's shape.

@@ -216,6 +216,12 @@ func build(ev *Event, topic string) (*Record, error) {
 		headers = append(headers, sarama.RecordHeader{Key: take(h.Key), Value: take(h.Value)})
 	}
 
+	return r.seal(topic, headers), nil
+}
+
+// seal makes the producer message of a built record, in either shape, and
+// its size.
+func (r *Record) seal(topic string, headers []sarama.RecordHeader) *Record {
 	r.msg = sarama.ProducerMessage{
 		Topic: topic,
 		// -1 until sarama picks the partition, so a record refused before
@@ -227,7 +233,7 @@ func build(ev *Event, topic string) (*Record, error) {
 		Metadata:  r,
 	}
 	r.size = r.msg.ByteSize(2)
-	return r, nil
+	return r
 }
 
 // appendRFC3339 appends PostgreSQL's ISO timestamptz text in UTC
