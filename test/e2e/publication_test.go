@@ -66,7 +66,7 @@ func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 	since := wayOut(e.startRelayNoWait())
 
 	// The way out, as printed.
-	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+	e.db.DropSlot(t, e.slot)
 	e.migrate()
 	e.startRelay()
 	if err := e.writeEvents(conn, 2, 1, 2); err != nil {

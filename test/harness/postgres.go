@@ -377,6 +377,20 @@ func (d *PGDatabase) DropSlotAtEnd(t testing.TB, slot string) {
 	})
 }
 
+// DropSlot drops slot once no walsender holds it. A relay that has just
+// exited may leave its walsender holding the slot a moment longer, so the
+// drop waits up to 30 seconds for that and fails the test after.
+func (d *PGDatabase) DropSlot(t testing.TB, slot string) {
+	t.Helper()
+	var err error
+	if !Poll(30*time.Second, func() bool {
+		err = d.dropInactiveSlot(slot)
+		return err == nil
+	}) {
+		t.Fatalf("drop slot %s: %v", slot, err)
+	}
+}
+
 // dropInactiveSlot drops the slot if it exists and is inactive; it returns
 // an error while the slot is still active.
 func (d *PGDatabase) dropInactiveSlot(slot string) error {
