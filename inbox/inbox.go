@@ -103,7 +103,8 @@ const (
 	Applied Outcome = iota + 1
 	// Duplicate: the event_id was recorded already; nothing ran.
 	Duplicate
-	// Stale: the aggregate had this version already; recorded, nothing ran.
+	// Stale: the aggregate had this version already, applied or parked
+	// under another event_id; recorded, nothing ran.
 	Stale
 	// Parked: the predecessor is missing; the event waits (HoldGaps).
 	Parked
@@ -245,9 +246,12 @@ func (ib *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (Res
 			return Result{}, nil, fmt.Errorf("event %s: %s %s version %d arrived after version %d: %w",
 				ev.ID, ev.AggregateType, ev.AggregateID, ev.Version, applied, ErrVersionGap)
 		}
-		missing, err := ib.park(ctx, tx, ev, applied)
+		parked, missing, err := ib.park(ctx, tx, ev, applied)
 		if err != nil {
 			return Result{}, nil, err
+		}
+		if !parked {
+			return Result{Outcome: Stale}, nil, nil
 		}
 		return Result{Outcome: Parked}, missing, nil
 	}
@@ -292,29 +296,37 @@ func (ib *Inbox) lockVersion(ctx context.Context, tx pgx.Tx, ev Event) (int64, e
 }
 
 // park keeps an event until its predecessor arrives, and reports the
-// aggregate when its oldest parked event has waited past the limit.
-func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (*Missing, error) {
+// aggregate when its oldest parked event has waited past the limit. It
+// parks nothing, and says so, when another event of the aggregate is
+// parked with the same version: versions are unique per aggregate, so the
+// writer broke its contract, and the later event is as stale as one whose
+// version was applied already.
+func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (bool, *Missing, error) {
 	headers, err := json.Marshal(ev.Headers)
 	if err != nil {
-		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
 	}
 	now := ib.cfg.Now()
-	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.parked()+`
+	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.parked()+`
 		(consumer, aggregate_type, aggregate_id, version, event_id, event_type, payload, headers, parked_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, headers, now); err != nil {
-		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, headers, now)
+	if err != nil {
+		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return false, nil, nil
 	}
 	m := Missing{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Applied: applied}
 	if err := tx.QueryRow(ctx, `SELECT min(version), min(parked_at) FROM `+ib.tables.parked()+`
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
 		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID).Scan(&m.Waiting, &m.Since); err != nil {
-		return nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
 	}
 	if now.Sub(m.Since) < ib.cfg.MissingAfter {
-		return nil, nil
+		return true, nil, nil
 	}
-	return &m, nil
+	return true, &m, nil
 }
 
 // release applies, in order, the parked successors that ev makes

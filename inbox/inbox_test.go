@@ -293,3 +293,31 @@ func TestInboxPruneKeepsTheFloor(t *testing.T) {
 		t.Errorf("left %q", got)
 	}
 }
+
+// A second event with a version that is already parked (e3a v3 parked,
+// then e3b v3 under another event_id) is the writer breaking its contract,
+// as a second event with an applied version is: it is stale, counted as
+// such, and never applied. It used to come back Parked, be counted as a
+// gap and vanish in the parked table's ON CONFLICT DO NOTHING.
+func TestInboxSecondEventWithAParkedVersionIsStale(t *testing.T) {
+	db, conn := setup(t)
+	ib := newInbox(t, inbox.Config{CheckVersions: true})
+	mustHandle(t, ib, conn, ev("e1", "a", 1))
+	if r := mustHandle(t, ib, conn, ev("e3a", "a", 3)); r.Outcome != inbox.Parked {
+		t.Fatalf("version 3 after 1: %v, want parked", r.Outcome)
+	}
+	if r := mustHandle(t, ib, conn, ev("e3b", "a", 3)); r.Outcome != inbox.Stale {
+		t.Fatalf("another event with the parked version 3: %v, want stale", r.Outcome)
+	}
+	r := mustHandle(t, ib, conn, ev("e2", "a", 2))
+	if r.Outcome != inbox.Applied || r.Released != 1 {
+		t.Fatalf("version 2: %+v, want applied with 1 released", r)
+	}
+	if got := effects(t, db); got != "e1,e2,e3a" {
+		t.Errorf("effects %q, want e1,e2,e3a", got)
+	}
+	c := ib.Metrics().Counts()
+	if c.Applied != 3 || c.StaleVersions != 1 || c.VersionGaps != 1 {
+		t.Errorf("counts %+v, want 3 applied, 1 stale, 1 gap", c)
+	}
+}

@@ -19,7 +19,7 @@ type Counts struct {
 	Applied int64 // events whose handler ran and committed
 	// Duplicates are re-delivered events skipped by their event_id;
 	// StaleVersions are events skipped because their aggregate version was
-	// already applied.
+	// already applied, or is parked under another event_id.
 	Duplicates, StaleVersions int64
 	VersionGaps               int64 // events that arrived before their predecessor
 	HandlerErrors             int64 // handler calls that failed (each rolled back)
