@@ -246,6 +246,9 @@ func prepare(ev *Event) (row, error) {
 	if len(ev.Payload) == 0 || !json.Valid(ev.Payload) {
 		return row{}, fmt.Errorf("event %s: Payload is not a JSON document (the relay publishes the payload column, jsonb)", id)
 	}
+	if at := nulEscape(ev.Payload); at >= 0 {
+		return row{}, fmt.Errorf("event %s: Payload holds the escape \\u0000 at byte %d, which jsonb cannot store (PostgreSQL would abort the whole transaction); drop the NUL character or encode it another way", id, at)
+	}
 	r.payload = string(ev.Payload)
 	if ev.AggregateVersion < 0 {
 		return row{}, fmt.Errorf("event %s: AggregateVersion %d is negative", id, ev.AggregateVersion)
@@ -273,6 +276,23 @@ func prepare(ev *Event) (row, error) {
 		r.occurredAt = &t
 	}
 	return r, nil
+}
+
+// nulEscape returns the offset of the first \u0000 escape in the valid
+// JSON document doc, or -1. In valid JSON a backslash appears only inside a
+// string and always starts an escape, so skipping each escape's second byte
+// tells `\u0000` from an escaped backslash followed by "u0000".
+func nulEscape(doc []byte) int {
+	for i := 0; i < len(doc)-1; i++ {
+		if doc[i] != '\\' {
+			continue
+		}
+		if doc[i+1] == 'u' && i+6 <= len(doc) && string(doc[i+2:i+6]) == "0000" {
+			return i
+		}
+		i++
+	}
+	return -1
 }
 
 // errReserved says which header a row may not set.

@@ -94,6 +94,10 @@ func TestWriterRefusesWhatTheRelayWouldNot(t *testing.T) {
 		{"empty event type", func(e *outbox.Event) { e.EventType = "" }, "EventType is empty"},
 		{"payload not JSON", func(e *outbox.Event) { e.Payload = []byte("{") }, "Payload is not a JSON document"},
 		{"no payload", func(e *outbox.Event) { e.Payload = nil }, "Payload is not a JSON document"},
+		// Valid JSON that jsonb refuses (SQLSTATE 22P05): inside PostgreSQL
+		// it would abort the caller's transaction and its business change.
+		{"NUL escape in the payload", func(e *outbox.Event) { e.Payload = []byte(`{"note":"a\u0000b"}`) }, `Payload holds the escape \u0000`},
+		{"NUL escape in a payload key", func(e *outbox.Event) { e.Payload = []byte(`{"a\u0000":1}`) }, `Payload holds the escape \u0000`},
 		{"reserved header", func(e *outbox.Event) { e.Headers = map[string]string{"aggregate_id": "x"} }, `header "aggregate_id" is set by the relay`},
 		{"version header by hand", func(e *outbox.Event) { e.Headers = map[string]string{"aggregate_version": "3"} }, "set that instead"},
 		{"id not a uuid", func(e *outbox.Event) { e.ID = "order-1" }, "is not a UUID"},
@@ -119,6 +123,30 @@ func TestWriterRefusesWhatTheRelayWouldNot(t *testing.T) {
 				t.Fatalf("%d events written from a batch with a bad one", n)
 			}
 		})
+	}
+}
+
+// The \u0000 check reads escapes, not bytes: an escaped backslash followed
+// by "u0000" is ordinary text that jsonb stores.
+func TestWriterKeepsAnEscapedBackslashBeforeU0000(t *testing.T) {
+	ctx := context.Background()
+	db := migratedDB(t)
+	conn := db.Connect(t)
+	ev := event("a", 1)
+	ev.Payload = []byte(`{"path":"C:\\u0000"}`)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := newWriter(t).Write(ctx, tx, ev); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.QueryString(t, `SELECT payload->>'path' FROM outbox_events`); got != `C:\u0000` {
+		t.Fatalf("stored path %q, want %q", got, `C:\u0000`)
 	}
 }
 
