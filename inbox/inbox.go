@@ -179,121 +179,32 @@ func (ib *Inbox) Metrics() *Metrics { return ib.m }
 // Handle applies ev once: in one transaction begun on db it records the
 // event_id, skips a duplicate, checks the version if configured, runs h and
 // commits. Any error rolls everything back; then the event was not applied
-// and must be handled again (do not commit its offset).
+// and must be handled again (do not commit its offset). HandleBatch does
+// the same for a run of events in one transaction.
 func (ib *Inbox) Handle(ctx context.Context, db Beginner, ev Event, h Handler) (Result, error) {
-	if ev.ID == "" {
-		return Result{}, ErrNoEventID
-	}
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("event %s: begin: %w", ev.ID, err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	res, missing, err := ib.apply(ctx, tx, ev, h)
+	res, err := ib.HandleBatch(ctx, db, []Event{ev}, h)
 	if err != nil {
 		return Result{}, err
 	}
-	if res.Outcome == Duplicate {
-		// Nothing was written; ending the transaction either way is the same.
-		ib.m.duplicates.Add(1)
-		return res, nil
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Result{}, fmt.Errorf("event %s: commit: %w", ev.ID, err)
-	}
-	switch res.Outcome {
-	case Applied:
-		ib.m.applied.Add(int64(1 + res.Released))
-	case Stale:
-		ib.m.staleVersions.Add(1)
-	case Parked:
-		ib.m.gaps.Add(1)
-	}
-	if missing != nil {
-		ib.m.missingReports.Add(1)
-		if ib.cfg.OnMissingPredecessor != nil {
-			ib.cfg.OnMissingPredecessor(*missing)
-		}
-	}
-	return res, nil
-}
-
-func (ib *Inbox) apply(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (Result, *Missing, error) {
-	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.processed()+` (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		ib.cfg.Consumer, ev.ID)
-	if err != nil {
-		return Result{}, nil, fmt.Errorf("event %s: record: %w", ev.ID, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return Result{Outcome: Duplicate}, nil, nil
-	}
-	if !ib.cfg.CheckVersions || ev.Version == 0 {
-		if err := ib.run(ctx, tx, ev, h); err != nil {
-			return Result{}, nil, err
-		}
-		return Result{Outcome: Applied}, nil, nil
-	}
-	applied, err := ib.lockVersion(ctx, tx, ev)
-	if err != nil {
-		return Result{}, nil, err
-	}
-	switch {
-	case ev.Version <= applied:
-		return Result{Outcome: Stale}, nil, nil
-	case ev.Version > applied+1:
-		if ib.cfg.Gaps == RefuseGaps {
-			ib.m.gaps.Add(1)
-			return Result{}, nil, fmt.Errorf("event %s: %s %s version %d arrived after version %d: %w",
-				ev.ID, ev.AggregateType, ev.AggregateID, ev.Version, applied, ErrVersionGap)
-		}
-		parked, missing, err := ib.park(ctx, tx, ev, applied)
-		if err != nil {
-			return Result{}, nil, err
-		}
-		if !parked {
-			return Result{Outcome: Stale}, nil, nil
-		}
-		return Result{Outcome: Parked}, missing, nil
-	}
-	if err := ib.run(ctx, tx, ev, h); err != nil {
-		return Result{}, nil, err
-	}
-	released, last, err := ib.release(ctx, tx, ev, h)
-	if err != nil {
-		return Result{}, nil, err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE `+ib.tables.versions()+` SET version = $4
-		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, last); err != nil {
-		return Result{}, nil, fmt.Errorf("event %s: store version: %w", ev.ID, err)
-	}
-	return Result{Outcome: Applied, Released: released}, nil, nil
+	return res[0], nil
 }
 
 func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, ev Event, h Handler) error {
 	if err := h(ctx, tx, ev); err != nil {
-		ib.m.handlerErrors.Add(1)
-		return fmt.Errorf("event %s: handler: %w", ev.ID, err)
+		return &handlerError{id: ev.ID, err: err}
 	}
 	return nil
 }
 
-// lockVersion returns the aggregate's applied version (0 for a new one) and
-// locks its row, so two consumers handling the same aggregate at once (a
-// rebalance) take turns.
-func (ib *Inbox) lockVersion(ctx context.Context, tx pgx.Tx, ev Event) (int64, error) {
-	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.versions()+` (consumer, aggregate_type, aggregate_id, version)
-		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`, ib.cfg.Consumer, ev.AggregateType, ev.AggregateID); err != nil {
-		return 0, fmt.Errorf("event %s: read version: %w", ev.ID, err)
-	}
-	var applied int64
-	if err := tx.QueryRow(ctx, `SELECT version FROM `+ib.tables.versions()+`
-		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID).Scan(&applied); err != nil {
-		return 0, fmt.Errorf("event %s: read version: %w", ev.ID, err)
-	}
-	return applied, nil
+// handlerError marks an error as the handler's, so it is counted once, when
+// it is final, however often the batch was tried.
+type handlerError struct {
+	id  string
+	err error
 }
+
+func (e *handlerError) Error() string { return fmt.Sprintf("event %s: handler: %v", e.id, e.err) }
+func (e *handlerError) Unwrap() error { return e.err }
 
 // park keeps an event until its predecessor arrives, and reports the
 // aggregate when its oldest parked event has waited past the limit. It

@@ -14,26 +14,40 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 )
 
-// Handler is a sarama.ConsumerGroupHandler that applies each record through
-// an Inbox.
+// Handler is a sarama.ConsumerGroupHandler that applies records through
+// an Inbox, in batches: the records of a partition that have arrived, up to
+// MaxBatch, go in one transaction (inbox.HandleBatch).
 type Handler struct {
 	Inbox *inbox.Inbox
-	// DB begins each record's transaction (a *pgxpool.Pool, typically).
+	// DB begins each batch's transaction (a *pgxpool.Pool, typically).
 	DB      inbox.Beginner
 	Handler inbox.Handler
-	// CommitEach commits the offset synchronously after every record,
+	// CommitEach commits the offset synchronously after every batch,
 	// instead of leaving marked offsets to sarama's auto-commit: fewer
-	// re-deliveries after a crash, one more round trip to Kafka per record.
+	// re-deliveries after a crash, one more round trip to Kafka per batch.
 	CommitEach bool
-	// OnError, if set, is called for each failed attempt; the record is
-	// retried with backoff (1 ms doubling to RetryMax) until it succeeds or
-	// the session ends, so records of a partition are never applied out of
-	// order. A record that can never succeed stops its partition: make the
-	// handler park it somewhere and return nil if that is what you want.
+	// OnError, if set, is called for each failed attempt, with the record
+	// that failed; the records before it in its batch are applied and
+	// marked, and it is retried with backoff (1 ms doubling to RetryMax)
+	// until it succeeds or the session ends, so records of a partition are
+	// never applied out of order. A record that can never succeed stops its
+	// partition: make the handler park it somewhere and return nil if that
+	// is what you want.
 	OnError func(msg *sarama.ConsumerMessage, err error)
 	// RetryMax caps the backoff; default 5 s.
 	RetryMax time.Duration
+	// MaxBatch bounds the records applied in one transaction; default
+	// DefaultMaxBatch, 1 applies each record alone.
+	MaxBatch int
+	// BatchWait is how long a batch waits for more records after its
+	// first; default 0: a batch takes the records that have arrived, so a
+	// backlog goes in large batches and a trickle adds no latency.
+	BatchWait time.Duration
 }
+
+// DefaultMaxBatch is MaxBatch's default. sarama buffers 256 records per
+// partition (Config.ChannelBufferSize), so a larger batch seldom fills.
+const DefaultMaxBatch = 256
 
 // Setup implements sarama.ConsumerGroupHandler.
 func (h *Handler) Setup(sarama.ConsumerGroupSession) error { return nil }
@@ -44,6 +58,11 @@ func (h *Handler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 // ConsumeClaim implements sarama.ConsumerGroupHandler.
 func (h *Handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	ctx := sess.Context()
+	maxBatch := h.MaxBatch
+	if maxBatch <= 0 {
+		maxBatch = DefaultMaxBatch
+	}
+	batch := make([]*sarama.ConsumerMessage, 0, maxBatch)
 	for {
 		select {
 		case <-ctx.Done():
@@ -52,44 +71,96 @@ func (h *Handler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.Co
 			if !ok {
 				return nil
 			}
-			if err := h.handle(ctx, msg); err != nil {
-				// The session ended before the record was applied: it is
-				// not marked, and its next owner gets it again.
+			batch, ok = h.fill(ctx, claim.Messages(), append(batch[:0], msg), maxBatch)
+			// A session that ends before a record is applied leaves it
+			// unmarked, and its next owner gets it again.
+			if err := h.apply(ctx, sess, batch); err != nil || !ok {
 				return nil
-			}
-			sess.MarkMessage(msg, "")
-			if h.CommitEach {
-				sess.Commit()
 			}
 		}
 	}
 }
 
-// handle applies one record, retrying until it is applied or skipped, or
-// ctx ends.
-func (h *Handler) handle(ctx context.Context, msg *sarama.ConsumerMessage) error {
-	headers := make([]inbox.Header, len(msg.Headers))
-	for i, rh := range msg.Headers {
-		headers[i] = inbox.Header{Key: rh.Key, Value: rh.Value}
+// fill adds to batch the records that have arrived, up to maxBatch, waiting
+// up to BatchWait for more. It reports false once the channel is closed.
+func (h *Handler) fill(ctx context.Context, msgs <-chan *sarama.ConsumerMessage, batch []*sarama.ConsumerMessage, maxBatch int) ([]*sarama.ConsumerMessage, bool) {
+	var deadline <-chan time.Time
+	if h.BatchWait > 0 {
+		t := time.NewTimer(h.BatchWait)
+		defer t.Stop()
+		deadline = t.C
 	}
+	for len(batch) < maxBatch {
+		select {
+		case msg, ok := <-msgs:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, msg)
+			continue
+		default:
+		}
+		if deadline == nil {
+			return batch, true
+		}
+		select {
+		case msg, ok := <-msgs:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, msg)
+		case <-deadline:
+			return batch, true
+		case <-ctx.Done():
+			return batch, true
+		}
+	}
+	return batch, true
+}
+
+// apply applies msgs, marking each record's offset once its transaction
+// committed (or the inbox skipped it), and retries from the first record
+// that failed until all are applied or ctx ends.
+func (h *Handler) apply(ctx context.Context, sess sarama.ConsumerGroupSession, msgs []*sarama.ConsumerMessage) error {
 	wait := time.Millisecond
 	maxWait := h.RetryMax
 	if maxWait <= 0 {
 		maxWait = 5 * time.Second
 	}
-	for {
-		ev, err := inbox.Parse(headers, msg.Value)
-		if err == nil {
-			_, err = h.Inbox.Handle(ctx, h.DB, ev, h.Handler)
-			if err == nil {
-				return nil
+	events := make([]inbox.Event, 0, len(msgs))
+	for len(msgs) > 0 {
+		events = events[:0]
+		var parseErr error
+		for _, msg := range msgs {
+			ev, err := inbox.Parse(headers(msg), msg.Value)
+			if err != nil {
+				parseErr = err
+				break
 			}
+			events = append(events, ev)
+		}
+		results, err := h.Inbox.HandleBatch(ctx, h.DB, events, h.Handler)
+		for i := range results {
+			sess.MarkMessage(msgs[i], "")
+		}
+		if len(results) > 0 {
+			if h.CommitEach {
+				sess.Commit()
+			}
+			msgs = msgs[len(results):]
+			wait = time.Millisecond
+		}
+		if err == nil {
+			err = parseErr
+		}
+		if err == nil {
+			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if h.OnError != nil {
-			h.OnError(msg, err)
+			h.OnError(msgs[0], err)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -100,4 +171,13 @@ func (h *Handler) handle(ctx context.Context, msg *sarama.ConsumerMessage) error
 		}
 		wait = min(2*wait, maxWait)
 	}
+	return nil
+}
+
+func headers(msg *sarama.ConsumerMessage) []inbox.Header {
+	hs := make([]inbox.Header, len(msg.Headers))
+	for i, rh := range msg.Headers {
+		hs[i] = inbox.Header{Key: rh.Key, Value: rh.Value}
+	}
+	return hs
 }

@@ -27,13 +27,23 @@ const gateLock = 4242
 
 // The offset of a record is committed only after the record's transaction
 // committed. The second record's COMMIT is held (a deferred trigger waits
-// on a lock the test holds) while the first record's offset is already
-// committed; its offset must stay behind until the COMMIT returns. A
-// record whose handler fails is retried, not skipped, and its offset waits
-// too. An adapter that marks a record when it arrives, or when the handler
-// returns, fails here with CommitEach (which commits what is marked at
-// once).
+// on a lock the test holds); its offset must stay behind until the COMMIT
+// returns. A record whose handler fails is retried, not skipped, and its
+// offset waits too. An adapter that marks a record when it arrives, or when
+// the handler returns, fails here with CommitEach (which commits what is
+// marked at once).
+//
+// One record per transaction (MaxBatch 1): the first record's offset is
+// committed while the second's COMMIT waits. In batches (the default) the
+// three records may share a transaction, which the third's handler error
+// rolls back; then they are applied one by one, and no offset may pass the
+// held COMMIT either.
 func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
+	t.Run("one record per transaction", func(t *testing.T) { testOffsetAfterCommit(t, 1) })
+	t.Run("batches", func(t *testing.T) { testOffsetAfterCommit(t, 0) })
+}
+
+func testOffsetAfterCommit(t *testing.T, maxBatch int) {
 	ctx := context.Background()
 	db := shared.Get(t).CreateTestDatabase(t)
 	ddl, err := inbox.SQL(inbox.Tables{})
@@ -76,7 +86,7 @@ func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
 	}
 	var e3Attempts, onError atomic.Int64
 	handler := &inboxsarama.Handler{
-		Inbox: ib, DB: pool, CommitEach: true,
+		Inbox: ib, DB: pool, CommitEach: true, MaxBatch: maxBatch,
 		Handler: func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
 			if ev.ID == "e3" && e3Attempts.Add(1) <= 2 {
 				return errors.New("downstream not ready")
@@ -117,12 +127,14 @@ func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
 		}
 		return o
 	}
-	harness.WaitFor(t, time.Minute, "e1's offset is committed", func() bool { return committed() >= 1 })
+	if maxBatch == 1 {
+		harness.WaitFor(t, time.Minute, "e1's offset is committed", func() bool { return committed() >= 1 })
+	}
 	harness.WaitFor(t, time.Minute, "e2's COMMIT waits on the gate", func() bool {
 		return db.QueryInt64(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND datname = current_database()`) == 1
 	})
-	if got := committed(); got != 1 {
-		t.Fatalf("committed offset %d while e2's transaction is still committing, want 1", got)
+	if got := committed(); got > 1 || (maxBatch == 1 && got != 1) {
+		t.Fatalf("committed offset %d while e2's transaction is still committing, want 1 (at most 1 in batches)", got)
 	}
 	if n := db.QueryInt64(t, `SELECT count(*) FROM effects WHERE event_id = 'e2'`); n != 0 {
 		t.Fatalf("e2's effect is visible before its commit returned")
@@ -134,7 +146,9 @@ func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
 	if got := db.QueryString(t, `SELECT string_agg(event_id, ',' ORDER BY seq) FROM effects`); got != "e1,e2,e3" {
 		t.Errorf("effects %q, want each event once, in order", got)
 	}
-	if e3Attempts.Load() != 3 || onError.Load() != 2 {
-		t.Errorf("e3: %d attempts, %d errors reported; want 3 and 2", e3Attempts.Load(), onError.Load())
+	// In batches the first of e3's failures may happen inside the batch,
+	// where it is isolated without being reported.
+	if e3Attempts.Load() != 3 || onError.Load() < 1 || (maxBatch == 1 && onError.Load() != 2) {
+		t.Errorf("e3: %d attempts, %d errors reported; want 3 and 2 (1 or 2 in batches)", e3Attempts.Load(), onError.Load())
 	}
 }

@@ -1,0 +1,310 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HandleBatch applies events, a run of records of one partition in their
+// order, in one transaction: one multi-row insert records the event_ids and
+// returns the new ones, one query reads and locks the versions of every
+// aggregate in the batch, h runs for each new event in order, parked
+// successors are released, and one commit ends it. That is a handful of
+// round trips per batch instead of several per event.
+//
+// On success it returns one Result per event. On error it returns the
+// results of the events before the failing one, all committed, and the
+// error of the first event that could not be applied; nothing after it was
+// applied. So a consumer marks the offsets of the returned results and
+// handles the rest again. A failing event is isolated by handling the batch
+// again one event per transaction, so a handler error in the middle of a
+// batch neither loses the events before it nor applies anything twice.
+func (ib *Inbox) HandleBatch(ctx context.Context, db Beginner, events []Event, h Handler) ([]Result, error) {
+	valid := len(events)
+	for i := range events {
+		if events[i].ID == "" {
+			valid = i
+			break
+		}
+	}
+	results, err := ib.handleValid(ctx, db, events[:valid], h)
+	if err == nil && valid < len(events) {
+		err = ErrNoEventID
+	}
+	return results, err
+}
+
+func (ib *Inbox) handleValid(ctx context.Context, db Beginner, events []Event, h Handler) ([]Result, error) {
+	if len(events) == 0 {
+		return nil, nil
+	}
+	if len(events) > 1 {
+		results, reports, err := ib.applyInTx(ctx, db, events, h)
+		if err == nil {
+			ib.count(results, reports)
+			return results, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+	}
+	results := make([]Result, 0, len(events))
+	for i := range events {
+		res, reports, err := ib.applyInTx(ctx, db, events[i:i+1], h)
+		if err != nil {
+			ib.countFailure(err)
+			return results, err
+		}
+		ib.count(res, reports)
+		results = append(results, res[0])
+	}
+	return results, nil
+}
+
+func (ib *Inbox) count(results []Result, reports []Missing) {
+	for _, r := range results {
+		switch r.Outcome {
+		case Applied:
+			ib.m.applied.Add(int64(1 + r.Released))
+		case Duplicate:
+			ib.m.duplicates.Add(1)
+		case Stale:
+			ib.m.staleVersions.Add(1)
+		case Parked:
+			ib.m.gaps.Add(1)
+		}
+	}
+	for _, m := range reports {
+		ib.m.missingReports.Add(1)
+		if ib.cfg.OnMissingPredecessor != nil {
+			ib.cfg.OnMissingPredecessor(m)
+		}
+	}
+}
+
+func (ib *Inbox) countFailure(err error) {
+	var he *handlerError
+	switch {
+	case errors.As(err, &he):
+		ib.m.handlerErrors.Add(1)
+	case errors.Is(err, ErrVersionGap):
+		ib.m.gaps.Add(1)
+	}
+}
+
+// aggregate names one aggregate.
+type aggregate struct{ typ, id string }
+
+// applyInTx applies events in one transaction begun on db and commits it.
+// It returns the missing-predecessor reports to make once committed.
+func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h Handler) ([]Result, []Missing, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("event %s: begin: %w", events[0].ID, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	fresh, err := ib.record(ctx, tx, events)
+	if err != nil {
+		return nil, nil, err
+	}
+	results := make([]Result, len(events))
+	var v *versionState
+	if ib.cfg.CheckVersions {
+		if v, err = ib.lockVersions(ctx, tx, events, fresh); err != nil {
+			return nil, nil, err
+		}
+	}
+	var reports []Missing
+	wrote := false
+	for i, ev := range events {
+		if !fresh[i] {
+			results[i] = Result{Outcome: Duplicate}
+			continue
+		}
+		wrote = true
+		if v == nil || ev.Version == 0 {
+			if err := ib.run(ctx, tx, ev, h); err != nil {
+				return nil, nil, err
+			}
+			results[i] = Result{Outcome: Applied}
+			continue
+		}
+		res, missing, err := ib.applyVersioned(ctx, tx, v, ev, h)
+		if err != nil {
+			return nil, nil, err
+		}
+		results[i] = res
+		if missing != nil {
+			reports = append(reports, *missing)
+		}
+	}
+	if !wrote {
+		// Only duplicates: nothing was written, so there is nothing to commit.
+		return results, nil, nil
+	}
+	if v != nil {
+		if err := ib.storeVersions(ctx, tx, v); err != nil {
+			return nil, nil, fmt.Errorf("event %s: %w", events[0].ID, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, nil, fmt.Errorf("event %s: commit: %w", events[0].ID, err)
+	}
+	return results, reports, nil
+}
+
+// record inserts the processed-event records of events in one statement
+// and reports which events are new: an event_id recorded before, or earlier
+// in the same batch, is a duplicate. The ids go in sorted order so that two
+// consumers recording overlapping batches (a rebalance) lock rows in the
+// same order instead of deadlocking.
+func (ib *Inbox) record(ctx context.Context, tx pgx.Tx, events []Event) ([]bool, error) {
+	ids := make([]string, len(events))
+	for i := range events {
+		ids[i] = events[i].ID
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	rows, err := tx.Query(ctx, `INSERT INTO `+ib.tables.processed()+` (consumer, event_id)
+		SELECT $1, id FROM unnest($2::text[]) AS u(id) ORDER BY id
+		ON CONFLICT DO NOTHING RETURNING event_id`, ib.cfg.Consumer, ids)
+	if err != nil {
+		return nil, fmt.Errorf("event %s: record: %w", events[0].ID, err)
+	}
+	inserted := make(map[string]bool, len(ids))
+	var id string
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		inserted[id] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("event %s: record: %w", events[0].ID, err)
+	}
+	fresh := make([]bool, len(events))
+	for i := range events {
+		// The first occurrence takes the record; later ones are duplicates.
+		fresh[i] = inserted[events[i].ID]
+		delete(inserted, events[i].ID)
+	}
+	return fresh, nil
+}
+
+// versionState is what a batch knows of its aggregates' versions.
+type versionState struct {
+	applied map[aggregate]int64
+	// parked: the aggregate has events parked, so applying one of its
+	// versions must look for successors to release.
+	parked map[aggregate]bool
+	// changed: the aggregates whose applied version the batch moved.
+	changed map[aggregate]bool
+}
+
+// lockVersions reads the applied version of every aggregate the batch's new
+// versioned events belong to (0 for a new one) and locks their rows, in a
+// fixed order, so two consumers handling the same aggregate at once (a
+// rebalance) take turns; and it notes which of them have parked events.
+func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fresh []bool) (*versionState, error) {
+	v := &versionState{applied: map[aggregate]int64{}, parked: map[aggregate]bool{}, changed: map[aggregate]bool{}}
+	var types, ids []string
+	for i, ev := range events {
+		a := aggregate{ev.AggregateType, ev.AggregateID}
+		if _, seen := v.applied[a]; seen || !fresh[i] || ev.Version == 0 {
+			continue
+		}
+		v.applied[a] = 0
+		types, ids = append(types, a.typ), append(ids, a.id)
+	}
+	if len(types) == 0 {
+		return v, nil
+	}
+	first := events[0].ID
+	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.versions()+` (consumer, aggregate_type, aggregate_id, version)
+		SELECT $1, t, i, 0 FROM unnest($2::text[], $3::text[]) AS a(t, i) ORDER BY t, i
+		ON CONFLICT DO NOTHING`, ib.cfg.Consumer, types, ids); err != nil {
+		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
+	}
+	rows, err := tx.Query(ctx, `SELECT v.aggregate_type, v.aggregate_id, v.version,
+			EXISTS (SELECT 1 FROM `+ib.tables.parked()+` p
+				WHERE p.consumer = v.consumer AND p.aggregate_type = v.aggregate_type AND p.aggregate_id = v.aggregate_id)
+		FROM `+ib.tables.versions()+` v JOIN unnest($2::text[], $3::text[]) AS a(t, i)
+			ON v.aggregate_type = a.t AND v.aggregate_id = a.i
+		WHERE v.consumer = $1
+		ORDER BY v.aggregate_type, v.aggregate_id
+		FOR UPDATE OF v`, ib.cfg.Consumer, types, ids)
+	if err != nil {
+		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
+	}
+	var a aggregate
+	var version int64
+	var parked bool
+	_, err = pgx.ForEachRow(rows, []any{&a.typ, &a.id, &version, &parked}, func() error {
+		v.applied[a] = version
+		v.parked[a] = parked
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
+	}
+	return v, nil
+}
+
+// applyVersioned applies, skips or parks one new event with a version.
+func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState, ev Event, h Handler) (Result, *Missing, error) {
+	a := aggregate{ev.AggregateType, ev.AggregateID}
+	applied := v.applied[a]
+	switch {
+	case ev.Version <= applied:
+		return Result{Outcome: Stale}, nil, nil
+	case ev.Version > applied+1:
+		if ib.cfg.Gaps == RefuseGaps {
+			return Result{}, nil, fmt.Errorf("event %s: %s %s version %d arrived after version %d: %w",
+				ev.ID, ev.AggregateType, ev.AggregateID, ev.Version, applied, ErrVersionGap)
+		}
+		parked, missing, err := ib.park(ctx, tx, ev, applied)
+		if err != nil {
+			return Result{}, nil, err
+		}
+		if !parked {
+			return Result{Outcome: Stale}, nil, nil
+		}
+		v.parked[a] = true
+		return Result{Outcome: Parked}, missing, nil
+	}
+	if err := ib.run(ctx, tx, ev, h); err != nil {
+		return Result{}, nil, err
+	}
+	last, released := ev.Version, 0
+	if v.parked[a] {
+		var err error
+		if released, last, err = ib.release(ctx, tx, ev, h); err != nil {
+			return Result{}, nil, err
+		}
+	}
+	v.applied[a] = last
+	v.changed[a] = true
+	return Result{Outcome: Applied, Released: released}, nil, nil
+}
+
+// storeVersions writes the versions the batch moved, in one statement.
+func (ib *Inbox) storeVersions(ctx context.Context, tx pgx.Tx, v *versionState) error {
+	if len(v.changed) == 0 {
+		return nil
+	}
+	types := make([]string, 0, len(v.changed))
+	ids := make([]string, 0, len(v.changed))
+	versions := make([]int64, 0, len(v.changed))
+	for a := range v.changed {
+		types, ids, versions = append(types, a.typ), append(ids, a.id), append(versions, v.applied[a])
+	}
+	if _, err := tx.Exec(ctx, `UPDATE `+ib.tables.versions()+` v SET version = a.version
+		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(t, i, version)
+		WHERE v.consumer = $1 AND v.aggregate_type = a.t AND v.aggregate_id = a.i`,
+		ib.cfg.Consumer, types, ids, versions); err != nil {
+		return fmt.Errorf("store versions: %w", err)
+	}
+	return nil
+}
