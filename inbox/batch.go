@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -207,47 +208,53 @@ type versionState struct {
 // versioned events belong to (0 for a new one) and locks their rows, in a
 // fixed order, so two consumers handling the same aggregate at once (a
 // rebalance) take turns; and it notes which of them have parked events.
+//
+// It sends one statement pair per aggregate, pipelined in one round trip,
+// rather than one statement over arrays: each is a primary-key lookup
+// whatever the table's statistics say, while a join against an unnested
+// array was planned as a scan of all the consumer's versions when the
+// statistics were older than the table (a new consumer draining a backlog).
 func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fresh []bool) (*versionState, error) {
 	v := &versionState{applied: map[aggregate]int64{}, parked: map[aggregate]bool{}, changed: map[aggregate]bool{}}
-	var types, ids []string
+	var aggs []aggregate
 	for i, ev := range events {
 		a := aggregate{ev.AggregateType, ev.AggregateID}
 		if _, seen := v.applied[a]; seen || !fresh[i] || ev.Version == 0 {
 			continue
 		}
 		v.applied[a] = 0
-		types, ids = append(types, a.typ), append(ids, a.id)
+		aggs = append(aggs, a)
 	}
-	if len(types) == 0 {
+	if len(aggs) == 0 {
 		return v, nil
 	}
-	first := events[0].ID
-	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.versions()+` (consumer, aggregate_type, aggregate_id, version)
-		SELECT $1, t, i, 0 FROM unnest($2::text[], $3::text[]) AS a(t, i) ORDER BY t, i
-		ON CONFLICT DO NOTHING`, ib.cfg.Consumer, types, ids); err != nil {
-		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
-	}
-	rows, err := tx.Query(ctx, `SELECT v.aggregate_type, v.aggregate_id, v.version,
-			EXISTS (SELECT 1 FROM `+ib.tables.parked()+` p
-				WHERE p.consumer = v.consumer AND p.aggregate_type = v.aggregate_type AND p.aggregate_id = v.aggregate_id)
-		FROM `+ib.tables.versions()+` v JOIN unnest($2::text[], $3::text[]) AS a(t, i)
-			ON v.aggregate_type = a.t AND v.aggregate_id = a.i
-		WHERE v.consumer = $1
-		ORDER BY v.aggregate_type, v.aggregate_id
-		FOR UPDATE OF v`, ib.cfg.Consumer, types, ids)
-	if err != nil {
-		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
-	}
-	var a aggregate
-	var version int64
-	var parked bool
-	_, err = pgx.ForEachRow(rows, []any{&a.typ, &a.id, &version, &parked}, func() error {
-		v.applied[a] = version
-		v.parked[a] = parked
-		return nil
+	slices.SortFunc(aggs, func(x, y aggregate) int {
+		if c := strings.Compare(x.typ, y.typ); c != 0 {
+			return c
+		}
+		return strings.Compare(x.id, y.id)
 	})
-	if err != nil {
-		return nil, fmt.Errorf("event %s: read versions: %w", first, err)
+	insert := `INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
+		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`
+	lock := `SELECT version, EXISTS (SELECT 1 FROM ` + ib.tables.parked() + `
+			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)
+		FROM ` + ib.tables.versions() + `
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`
+	batch := &pgx.Batch{}
+	for _, a := range aggs {
+		batch.Queue(insert, ib.cfg.Consumer, a.typ, a.id)
+		batch.Queue(lock, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
+			var version int64
+			var parked bool
+			if err := row.Scan(&version, &parked); err != nil {
+				return err
+			}
+			v.applied[a], v.parked[a] = version, parked
+			return nil
+		})
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return nil, fmt.Errorf("event %s: read versions: %w", events[0].ID, err)
 	}
 	return v, nil
 }
@@ -289,21 +296,19 @@ func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState,
 	return Result{Outcome: Applied, Released: released}, nil, nil
 }
 
-// storeVersions writes the versions the batch moved, in one statement.
+// storeVersions writes the versions the batch moved, one primary-key
+// update per aggregate, pipelined in one round trip (see lockVersions).
 func (ib *Inbox) storeVersions(ctx context.Context, tx pgx.Tx, v *versionState) error {
 	if len(v.changed) == 0 {
 		return nil
 	}
-	types := make([]string, 0, len(v.changed))
-	ids := make([]string, 0, len(v.changed))
-	versions := make([]int64, 0, len(v.changed))
+	update := `UPDATE ` + ib.tables.versions() + ` SET version = $4
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`
+	batch := &pgx.Batch{}
 	for a := range v.changed {
-		types, ids, versions = append(types, a.typ), append(ids, a.id), append(versions, v.applied[a])
+		batch.Queue(update, ib.cfg.Consumer, a.typ, a.id, v.applied[a])
 	}
-	if _, err := tx.Exec(ctx, `UPDATE `+ib.tables.versions()+` v SET version = a.version
-		FROM unnest($2::text[], $3::text[], $4::bigint[]) AS a(t, i, version)
-		WHERE v.consumer = $1 AND v.aggregate_type = a.t AND v.aggregate_id = a.i`,
-		ib.cfg.Consumer, types, ids, versions); err != nil {
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("store versions: %w", err)
 	}
 	return nil

@@ -65,6 +65,7 @@ type options struct {
 	pollRates     string
 	pollRows      int
 	pollIdle      time.Duration
+	inboxEvents   int
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -93,6 +94,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.IntVar(&o.writers, "writers", 4, "writer connections for the live-latency part (twice as many for max)")
 	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
 	fs.IntVar(&o.writerEvents, "writer-events", 200_000, "events each mode of the writer part writes")
+	fs.IntVar(&o.inboxEvents, "inbox-events", 30_000, "backlog each consumer of the inbox part drains")
 	fs.StringVar(&o.steadyRates, "steady-rates", "500,2000,5000", "commit rates per second of the steady-rate part")
 	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
 	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
@@ -218,7 +220,7 @@ func parseOptions(args []string) (*options, error) {
 }
 
 // parts are the parts of the benchmark that --skip can leave out.
-var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll"}
+var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll", "inbox"}
 
 // catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
 func catchUpShapes() []shape {
@@ -360,7 +362,7 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["writer"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["writer"] || !b.o.skip["inbox"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
@@ -446,6 +448,13 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Writer = wr
 		if err != nil {
 			return err
+		}
+	}
+	if !b.o.skip["inbox"] {
+		ir, err := b.inboxPart(ctx)
+		b.res.Inbox = ir
+		if err != nil {
+			return fmt.Errorf("inbox part: %w", err)
 		}
 	}
 	if !b.o.skip["poll"] {

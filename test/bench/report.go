@@ -44,6 +44,7 @@ type Results struct {
 	Allocs    []GoBenchResult   `json:"allocs,omitempty"`
 	Reconcile []ReconcileResult `json:"reconcile,omitempty"`
 	Writer    []WriterResult    `json:"writer,omitempty"`
+	Inbox     []InboxResult     `json:"inbox,omitempty"`
 	// Poll is the relay's two sources, WAL and poll mode, side by side.
 	Poll     *PollResult `json:"poll,omitempty"`
 	Problems []string    `json:"problems,omitempty"`
@@ -185,6 +186,7 @@ func (r *Results) evaluate() {
 	}
 	r.evaluateSteady()
 	r.evaluateEOS()
+	r.inboxTargets()
 	for _, a := range r.Allocs {
 		if a.Name == "single-row-txns" || a.Name == "100-row-txns" {
 			r.target("allocations per event, decode + build ("+a.Name+")", "≤ 4", "", []float64{a.AllocsPerOp},
@@ -408,6 +410,7 @@ func (r *Results) markdown() string {
 	}
 	r.reconcileMarkdown(w)
 	r.writerMarkdown(w)
+	r.inboxMarkdown(w)
 	r.pollMarkdown(w)
 	return b.String()
 }

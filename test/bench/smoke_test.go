@@ -29,7 +29,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	}
 	results := filepath.Join(dir, "results")
 	const rows = 1000
-	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--broker", "kfake",
+	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--inbox-events", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
 		"--poll-rates", "500", "--poll-idle", "2s",
@@ -152,6 +152,15 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 	}
 	if x := writer["single"]; x.Events != rows || x.EventsPerSec <= 0 || x.StatementsTxn != float64(x.PerTxn) {
 		bad("writer part, one INSERT per event: %+v; want %d events at one statement per event", x, rows)
+	}
+
+	if len(r.Inbox) != len(inboxConsumers) {
+		bad("inbox part: %d runs, want one per consumer (%d)", len(r.Inbox), len(inboxConsumers))
+	}
+	for _, x := range r.Inbox {
+		if x.Events != rows || x.EventsPerSec <= 0 || x.RatioToNaive <= 0 {
+			bad("inbox part, %s: %+v; want %d events and a ratio to the naive consumer", x.Consumer, x, rows)
+		}
 	}
 
 	out = append(out, unmeasuredPoll(r.Poll, rows)...)
