@@ -11,9 +11,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,6 +41,7 @@ func run() error {
 	topic := flag.String("topic", "", "topic to consume")
 	readCommitted := flag.Bool("read-committed", false, "read with isolation.level=read_committed")
 	statsEvery := flag.Duration("stats-interval", 100*time.Millisecond, "how often to print the counters")
+	failEvery := flag.Uint("fail-first-attempt-every", 0, "make the handler's first attempt at one event in N fail (chosen by event_id), to drive a failure into the middle of a batch; 0: never")
 	flag.Parse()
 	if *brokers == "" || *dsn == "" || *group == "" || *topic == "" {
 		return errors.New("--brokers, --dsn, --group and --topic are required")
@@ -56,9 +59,13 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	failures := &injectedFailures{every: uint32(*failEvery), failed: map[string]bool{}}
 	handler := &inboxsarama.Handler{
 		Inbox: ib, DB: pool, RetryMax: 500 * time.Millisecond,
 		Handler: func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+			if failures.first(ev.ID) {
+				return errors.New("injected failure")
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, aggregate_id, version, pid)
 				VALUES ($1, $2, $3, $4, $5)`, *group, ev.ID, ev.AggregateID, ev.Version, os.Getpid())
 			return err
@@ -92,7 +99,7 @@ func run() error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				_ = enc.Encode(metrics.Counts())
+				_ = enc.Encode(counts{metrics.Counts(), failures.count()})
 			}
 		}
 	}()
@@ -103,9 +110,50 @@ func run() error {
 	}
 	stop()
 	<-printed
-	_ = enc.Encode(metrics.Counts()) // the last word of a life that was not killed
+	_ = enc.Encode(counts{metrics.Counts(), failures.count()}) // the last word of a life that was not killed
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
 	return nil
+}
+
+// counts is a counter line: the inbox's counters and the failures injected.
+type counts struct {
+	inbox.Counts
+	InjectedFailures int64
+}
+
+// injectedFailures fails the first attempt at one event in every, in this
+// process. An attempt inside a batch that the failure rolls back is the
+// first; the inbox then applies the batch one event at a time, and the
+// second attempt succeeds, so the failure is absorbed without reaching
+// the handler's error count.
+type injectedFailures struct {
+	every  uint32
+	mu     sync.Mutex
+	failed map[string]bool
+}
+
+func (f *injectedFailures) first(eventID string) bool {
+	if f.every == 0 {
+		return false
+	}
+	h := fnv.New32a()
+	h.Write([]byte(eventID))
+	if h.Sum32()%f.every != 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed[eventID] {
+		return false
+	}
+	f.failed[eventID] = true
+	return true
+}
+
+func (f *injectedFailures) count() int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return int64(len(f.failed))
 }
