@@ -6,7 +6,6 @@ package inboxsarama
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -118,60 +117,27 @@ func (h *Handler) fill(ctx context.Context, msgs <-chan *sarama.ConsumerMessage,
 	return batch, true
 }
 
-// apply applies msgs, marking each record's offset once its transaction
+// apply applies msgs, marking each record's offset once its batch
 // committed (or the inbox skipped it), and retries from the first record
 // that failed until all are applied or ctx ends.
 func (h *Handler) apply(ctx context.Context, sess sarama.ConsumerGroupSession, msgs []*sarama.ConsumerMessage) error {
-	wait := time.Millisecond
-	maxWait := h.RetryMax
-	if maxWait <= 0 {
-		maxWait = 5 * time.Second
-	}
-	events := make([]inbox.Event, 0, len(msgs))
-	for len(msgs) > 0 {
-		events = events[:0]
-		var parseErr error
-		for _, msg := range msgs {
-			ev, err := inbox.Parse(headers(msg), msg.Value)
-			if err != nil {
-				parseErr = err
-				break
+	return h.Inbox.ApplyInOrder(ctx, h.DB, inbox.Records{
+		Len:   len(msgs),
+		Parse: func(i int) (inbox.Event, error) { return inbox.Parse(headers(msgs[i]), msgs[i].Value) },
+		Applied: func(from, to int) {
+			for _, msg := range msgs[from:to] {
+				sess.MarkMessage(msg, "")
 			}
-			events = append(events, ev)
-		}
-		results, err := h.Inbox.HandleBatch(ctx, h.DB, events, h.Handler)
-		for i := range results {
-			sess.MarkMessage(msgs[i], "")
-		}
-		if len(results) > 0 {
 			if h.CommitEach {
 				sess.Commit()
 			}
-			msgs = msgs[len(results):]
-			wait = time.Millisecond
-		}
-		if err == nil {
-			err = parseErr
-		}
-		if err == nil {
-			continue
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if h.OnError != nil {
-			h.OnError(msgs[0], err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(ctx.Err(), err)
-		case <-t.C:
-		}
-		wait = min(2*wait, maxWait)
-	}
-	return nil
+		},
+		Failed: func(i int, err error) {
+			if h.OnError != nil {
+				h.OnError(msgs[i], err)
+			}
+		},
+	}, h.Handler, h.RetryMax)
 }
 
 func headers(msg *sarama.ConsumerMessage) []inbox.Header {

@@ -2,19 +2,14 @@ package inboxsarama_test
 
 import (
 	"context"
-	"errors"
-	"sync"
-	"sync/atomic"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/inboxsarama"
+	"github.com/outbox-relay/outbox-relay/inbox/internal/adaptertest"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -22,133 +17,35 @@ var shared harness.SharedPostgres
 
 func TestMain(m *testing.M) { harness.Main(m) }
 
-// gateLock is the advisory lock the gated event's commit waits on.
-const gateLock = 4242
-
 // The offset of a record is committed only after the record's transaction
-// committed. The second record's COMMIT is held (a deferred trigger waits
-// on a lock the test holds); its offset must stay behind until the COMMIT
-// returns. A record whose handler fails is retried, not skipped, and its
-// offset waits too. An adapter that marks a record when it arrives, or when
-// the handler returns, fails here with CommitEach (which commits what is
-// marked at once).
-//
-// One record per transaction (MaxBatch 1): the first record's offset is
-// committed while the second's COMMIT waits. In batches (the default) the
-// three records may share a transaction, which the third's handler error
-// rolls back; then they are applied one by one, and no offset may pass the
-// held COMMIT either.
+// committed: see adaptertest. Once with one record per transaction
+// (MaxBatch 1), once in batches (the default).
 func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
-	t.Run("one record per transaction", func(t *testing.T) { testOffsetAfterCommit(t, 1) })
-	t.Run("batches", func(t *testing.T) { testOffsetAfterCommit(t, 0) })
-}
-
-func testOffsetAfterCommit(t *testing.T, maxBatch int) {
-	ctx := context.Background()
-	db := shared.Get(t).CreateTestDatabase(t)
-	ddl, err := inbox.SQL(inbox.Tables{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Exec(t, ddl)
-	db.Exec(t, `CREATE TABLE effects (seq bigserial PRIMARY KEY, event_id text NOT NULL)`)
-	db.Exec(t, `CREATE FUNCTION wait_for_gate() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_advisory_xact_lock(`+"4242"+`); RETURN NULL; END $$`)
-	db.Exec(t, `CREATE CONSTRAINT TRIGGER gate AFTER INSERT ON effects DEFERRABLE INITIALLY DEFERRED
-		FOR EACH ROW WHEN (NEW.event_id = 'e2') EXECUTE FUNCTION wait_for_gate()`)
-
-	k := harness.StartKfake(t)
-	const topic, group = "outbox.event.account", "billing"
-	k.CreateTopic(t, topic, 1, nil)
-	producer := k.Client(t)
-	for _, id := range []string{"e1", "e2", "e3"} {
-		rec := &kgo.Record{Topic: topic, Key: []byte("acct-1"), Value: []byte(`{}`), Headers: []kgo.RecordHeader{
-			{Key: "event_id", Value: []byte(id)}, {Key: "aggregate_type", Value: []byte("account")},
-			{Key: "aggregate_id", Value: []byte("acct-1")}, {Key: "event_type", Value: []byte("Credited")},
-		}}
-		if err := producer.ProduceSync(ctx, rec).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	gate := db.Connect(t)
-	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock($1)`, gateLock); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	ib, err := inbox.New(inbox.Config{Consumer: group})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var e3Attempts, onError atomic.Int64
-	handler := &inboxsarama.Handler{
-		Inbox: ib, DB: pool, CommitEach: true, MaxBatch: maxBatch,
-		Handler: func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
-			if ev.ID == "e3" && e3Attempts.Add(1) <= 2 {
-				return errors.New("downstream not ready")
-			}
-			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id) VALUES ($1)`, ev.ID)
-			return err
-		},
-		OnError: func(*sarama.ConsumerMessage, error) { onError.Add(1) },
-	}
-
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V3_6_0_0
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-	cg, err := sarama.NewConsumerGroup(k.Brokers(), group, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for runCtx.Err() == nil {
-			if err := cg.Consume(runCtx, []string{topic}, handler); err != nil && runCtx.Err() == nil {
-				t.Errorf("consume: %v", err)
-				return
-			}
-		}
-	})
-	defer func() {
-		stop()
-		wg.Wait()
-		cg.Close()
-	}()
-
-	committed := func() int64 {
-		o, ok := harness.CommittedOffsets(t, k.Brokers(), group, topic)[0]
-		if !ok {
-			return -1
-		}
-		return o
-	}
-	if maxBatch == 1 {
-		harness.WaitFor(t, time.Minute, "e1's offset is committed", func() bool { return committed() >= 1 })
-	}
-	harness.WaitFor(t, time.Minute, "e2's COMMIT waits on the gate", func() bool {
-		return db.QueryInt64(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory' AND datname = current_database()`) == 1
-	})
-	if got := committed(); got > 1 || (maxBatch == 1 && got != 1) {
-		t.Fatalf("committed offset %d while e2's transaction is still committing, want 1 (at most 1 in batches)", got)
-	}
-	if n := db.QueryInt64(t, `SELECT count(*) FROM effects WHERE event_id = 'e2'`); n != 0 {
-		t.Fatalf("e2's effect is visible before its commit returned")
-	}
-	if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock($1)`, gateLock); err != nil {
-		t.Fatal(err)
-	}
-	harness.WaitFor(t, time.Minute, "every offset is committed", func() bool { return committed() == 3 })
-	if got := db.QueryString(t, `SELECT string_agg(event_id, ',' ORDER BY seq) FROM effects`); got != "e1,e2,e3" {
-		t.Errorf("effects %q, want each event once, in order", got)
-	}
-	// In batches the first of e3's failures may happen inside the batch,
-	// where it is isolated without being reported.
-	if e3Attempts.Load() != 3 || onError.Load() < 1 || (maxBatch == 1 && onError.Load() != 2) {
-		t.Errorf("e3: %d attempts, %d errors reported; want 3 and 2 (1 or 2 in batches)", e3Attempts.Load(), onError.Load())
+	for _, maxBatch := range []int{1, 0} {
+		t.Run(fmt.Sprintf("MaxBatch=%d", maxBatch), func(t *testing.T) {
+			adaptertest.OffsetCommittedOnlyAfterTheDatabaseCommit(t, shared.Get(t).CreateTestDatabase(t), adaptertest.Adapter{
+				OneByOne: maxBatch == 1,
+				Consume: func(ctx context.Context, t *testing.T, brokers []string, group, topic string,
+					ib *inbox.Inbox, db inbox.Beginner, h inbox.Handler, onError func()) {
+					handler := &inboxsarama.Handler{Inbox: ib, DB: db, Handler: h, CommitEach: true, MaxBatch: maxBatch,
+						OnError: func(*sarama.ConsumerMessage, error) { onError() }}
+					cfg := sarama.NewConfig()
+					cfg.Version = sarama.V3_6_0_0
+					cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+					cg, err := sarama.NewConsumerGroup(brokers, group, cfg)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer cg.Close()
+					for ctx.Err() == nil {
+						if err := cg.Consume(ctx, []string{topic}, handler); err != nil && ctx.Err() == nil {
+							t.Errorf("consume: %v", err)
+							return
+						}
+					}
+				},
+			})
+		})
 	}
 }
