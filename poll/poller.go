@@ -312,7 +312,7 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan 
 	if err != nil {
 		return nil, err
 	}
-	q := &queries{conn: conn, t: p.t, workerID: p.cfg.WorkerID}
+	q := &queries{conn: conn, t: p.t, layout: p.cfg.Postgres.OutboxLayout(), workerID: p.cfg.WorkerID}
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)

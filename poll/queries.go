@@ -353,12 +353,14 @@ func (q *queries) retainable(ctx context.Context, cutoff time.Time) (int64, erro
 
 // deletePublished deletes up to batch published rows published before
 // cutoff, from the outbox and the state table together. A pending or
-// quarantined row has no published_at, so it can never match.
+// quarantined row has no published_at, so it can never match. The outbox
+// row is found by the layout's event id column (a Debezium table's is id);
+// the state table's own column is always event_id.
 func (q *queries) deletePublished(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
 	tag, err := q.conn.Exec(ctx, `WITH doomed AS (
 			SELECT seq, event_id FROM `+q.t.state.Quoted()+` WHERE published_at < $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
 		), outbox AS (
-			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.event_id = d.event_id
+			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.`+pgx.Identifier{q.layout.Column(layout.EventID)}.Sanitize()+` = d.event_id
 		)
 		DELETE FROM `+q.t.state.Quoted()+` s USING doomed d WHERE s.seq = d.seq`, cutoff, batch)
 	if err != nil {
