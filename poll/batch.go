@@ -46,6 +46,19 @@ func (w *worker) cycle(ctx context.Context) (full bool, err error) {
 	}
 	results, err := w.publish(ctx, rows)
 	if err != nil {
+		// Nothing of the batch was sent (publish builds every record
+		// before it sends one): give the rows back at once, without
+		// counting an attempt, rather than leave them leased until this
+		// poller's next session or the lease's end.
+		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		seqs := make([]int64, len(rows))
+		for i := range rows {
+			seqs[i] = rows[i].seq
+		}
+		if rerr := w.q.release(releaseCtx, seqs); rerr != nil {
+			w.p.log.Warn().Str("error", rerr.Error()).Int("rows", len(seqs)).Msg("could not give back an unsent batch; its rows wait for this poller's next session or their lease's end")
+		}
 		return false, err
 	}
 	// The marks are written even when ctx ended meanwhile: they record
@@ -233,6 +246,8 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.
 	if perr.Record != nil {
 		q = store.QuarantinedRecord(perr.Record, perr)
 	}
+	// The attempts the log line below names: one per claim that sent it.
+	q.Attempts = r.attempts
 	if err := w.quarantine.Put(ctx, q); err != nil {
 		return fmt.Errorf("%w: %w", ErrQuarantineWrite, err)
 	}

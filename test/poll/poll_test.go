@@ -137,6 +137,9 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent'", poison) == 1
 	})
+	// One attempt reached Kafka: the restart that taught the producer the
+	// topic's smaller limit sent nothing, and is not an attempt.
+	e.checkQuarantineAttempts(poller, poison, 1)
 	// The aggregate waits: its later event stays unpublished while the
 	// poison one is quarantined, across several claims.
 	waitClaims(t, poller, 3)
@@ -183,6 +186,7 @@ func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 	if attempts != 3 || lastClass != "retriable" {
 		t.Errorf("state says %d attempts, last error class %q; want 3 and retriable", attempts, lastClass)
 	}
+	e.checkQuarantineAttempts(poller, ids[0], 3)
 	if errs := harness.Metric(t, poller.AdminURL(t), "outbox_relay_publish_errors_total", "class", "retriable"); errs != 3 {
 		t.Errorf("outbox_relay_publish_errors_total{class=retriable} = %v, want 3 (one per attempt)", errs)
 	}
