@@ -102,7 +102,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	}
 	if reclaimed > 0 {
 		w.p.metrics.LeasesExpired.Add(float64(reclaimed))
-		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had expired: their poller stopped or took longer than --poll-lease, and may have published them too (duplicates)")
+		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had ended: their poller's session is gone, or it took longer than --poll-lease; it may have published them too (duplicates)")
 	}
 	outstanding := 0
 	apply := func(o publisher.Outcome) {

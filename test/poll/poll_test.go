@@ -422,3 +422,70 @@ func TestPollPendingIndexStaysSmall(t *testing.T) {
 		t.Errorf("the pending index grew from %d to %d bytes over 6 rounds of 2,000 events with none pending at the end: it grows with the table, not the backlog", first, last)
 	}
 }
+
+// A WAL relay and a poller on one table would each publish every event,
+// twice in all with no warning. Whichever starts second refuses (exit 1),
+// naming what runs and what to do; once the other stopped, it starts.
+func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
+	e := newEnv(t) // migrate --source poll
+	slot := "wal_beside_poll"
+	harness.Migrate(t, e.bin, []string{"migrate", "--pg-dsn", e.db.DSN(), "--slot", slot})
+	e.db.DropSlotAtEnd(t, slot)
+	walArgs := harness.RelayFlags{DSN: e.db.DSN(), Slot: slot, Brokers: e.kafka.Brokers()}.Args("run")
+	refused := func(p *harness.Process, what string, says ...string) {
+		t.Helper()
+		code, err := p.Wait(time.Minute)
+		if err != nil || code != 1 {
+			t.Fatalf("%s beside the other mode: exit %d (%v), want 1:\n%s", what, code, err, harness.LastLines(p.Output(), 20))
+		}
+		for _, s := range says {
+			if !strings.Contains(p.Output(), s) {
+				t.Fatalf("%s refused without saying %q:\n%s", what, s, harness.LastLines(p.Output(), 20))
+			}
+		}
+	}
+
+	wal := harness.StartStreaming(t, e.bin, walArgs)
+	refused(harness.StartProcess(t, e.bin, e.pollArgs("--slot", slot), nil), "a poller",
+		slot, "is active", "a WAL relay (run --source wal) is streaming", "stop that relay first", "Switching between the two")
+	if _, err := wal.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the stopped relay's walsender lets the slot go", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot) == 0
+	})
+
+	poller := e.startPoller("--slot", slot)
+	refused(harness.StartProcess(t, e.bin, walArgs, nil), "a WAL relay",
+		"1 poll-mode relays (run --source poll) are polling", "stop them first", "Switching between the two")
+	// Only the poller published: each event once.
+	e.writeEvents(e.db.Connect(t), 5, 2, 3)
+	if records := e.consumeAll(time.Minute); len(records) != e.CommittedCount() {
+		t.Errorf("%d records for %d events with one relay running", len(records), e.CommittedCount())
+	}
+	if _, err := poller.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The poller's lock left with its session: the WAL relay starts.
+	harness.StartStreaming(t, e.bin, walArgs)
+}
+
+// A state table made before leases named their session lacks two columns:
+// the poller refuses (exit 1) naming the command that adds them, and
+// `migrate --source poll` on the existing install adds them.
+func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, "ALTER TABLE outbox_events_poll DROP COLUMN lease_pid, DROP COLUMN lease_backend_start")
+	old := harness.StartProcess(t, e.bin, e.pollArgs(), nil)
+	if code, err := old.Wait(time.Minute); err != nil || code != 1 ||
+		!strings.Contains(old.Output(), "predates this release") || !strings.Contains(old.Output(), "migrate --source poll") {
+		t.Fatalf("a poller on the old state table: exit %d (%v), want 1 naming migrate:\n%s", code, err, harness.LastLines(old.Output(), 20))
+	}
+	code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()})
+	if code != 0 || !strings.Contains(out, "lease_pid, lease_backend_start") {
+		t.Fatalf("migrate on the old state table: exit %d, want 0 naming the columns it added:\n%s", code, out)
+	}
+	e.startPoller()
+	e.writeEvents(e.db.Connect(t), 3, 2, 3)
+	e.consumeAll(time.Minute)
+}
