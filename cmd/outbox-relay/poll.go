@@ -91,6 +91,14 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	}
 	registry := prometheus.NewRegistry()
 	notifier := newSystemdNotifier(log)
+	// The comparison reads the outbox table and Kafka, never the source's
+	// state, so it checks a poller's work as it checks the WAL path's.
+	periodicCtx, stopPeriodic := context.WithCancel(ctx)
+	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
+	defer func() {
+		stopPeriodic()
+		periodicDone()
+	}()
 	p, err := poll.New(cfg, log, poll.NewMetrics(registry), poll.Hooks{Polling: func() { notifier.readyAs(poll.StatePolling) }, Alive: notifier.alive})
 	if err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)

@@ -470,6 +470,33 @@ func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
 	harness.StartStreaming(t, e.bin, walArgs)
 }
 
+// run --source poll --reconcile-every runs the periodic comparison, as on
+// the WAL path: rows marked published that Kafka never got are reported
+// missing, and never republished.
+func TestPollPeriodicReconcileReportsMissingEvents(t *testing.T) {
+	e := newEnv(t)
+	conn := e.db.Connect(t)
+	e.writeEvents(conn, 3, 1, 3)
+	lost, _ := e.Committed()
+	// Marked published by hand, as a relay that lost them would leave
+	// them: no poller sends them.
+	e.db.Exec(t, "UPDATE outbox_events_poll SET published_at = now()")
+	e.Forget(lost)
+	p := e.startPoller("--admin-addr", "127.0.0.1:0", "--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s")
+	admin := p.AdminURL(t)
+	metric := func(name string) (float64, bool) { return harness.MetricValue(harness.Scrape(t, admin), name) }
+	if v, ok := metric("outbox_relay_reconcile_interval_seconds"); !ok || v != 0.2 {
+		t.Fatalf("outbox_relay_reconcile_interval_seconds = %v (present %v), want 0.2", v, ok)
+	}
+	e.writeEvents(conn, 2, 1, 3)
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, time.Minute, "a check reports the 3 lost events", func() bool {
+		missing, ok := metric("outbox_relay_reconcile_missing_events")
+		last, _ := metric("outbox_relay_reconcile_last_complete_timestamp_seconds")
+		return ok && missing == 3 && last > 0
+	})
+}
+
 // A state table made before leases named their session lacks two columns:
 // the poller refuses (exit 1) naming the command that adds them, and
 // `migrate --source poll` on the existing install adds them.
