@@ -44,24 +44,38 @@ func HoldPollerLock(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 	return nil
 }
 
-// CheckNoWALRelay refuses to poll cfg.Table while a WAL relay streams it
-// from the slot cfg.Slot.
+// CheckNoWALRelay refuses to poll cfg.Table while a WAL relay streams it:
+// while the slot cfg.Slot is active, or another pgoutput slot of this
+// database whose walsender's command names a publication of the table.
+// That command is visible only to the walsender's own role and to
+// pg_read_all_stats, so a WAL relay on another slot under another role is
+// not seen.
 func CheckNoWALRelay(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+	schema, table, err := SplitTable(cfg.Table)
+	if err != nil {
+		return err
+	}
+	var slot string
 	var pid *int32
-	err := conn.QueryRow(ctx, `SELECT active_pid FROM pg_replication_slots
-		WHERE slot_name = $1 AND database = current_database() AND active`, cfg.Slot).Scan(&pid)
+	err = conn.QueryRow(ctx, `SELECT s.slot_name::text, s.active_pid FROM pg_replication_slots s
+		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
+		WHERE s.database = current_database() AND s.active
+		  AND (s.slot_name = $1 OR (s.plugin = 'pgoutput' AND EXISTS (
+		      SELECT 1 FROM pg_publication_tables p WHERE p.schemaname = $2 AND p.tablename = $3
+		        AND a.query LIKE '%publication_names%' AND position(p.pubname in a.query) > 0)))
+		ORDER BY s.slot_name <> $1, s.slot_name LIMIT 1`, cfg.Slot, schema, table).Scan(&slot, &pid)
 	if err == pgx.ErrNoRows {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("look up replication slot %s: %w", cfg.Slot, err)
+		return fmt.Errorf("look up active replication slots: %w", err)
 	}
 	walsender := "unknown"
 	if pid != nil {
 		walsender = fmt.Sprint(*pid)
 	}
-	return precondition("replication slot %q is active (walsender PID %s): a WAL relay (run --source wal) is streaming %s, and polling it too would publish every event twice; stop that relay first, see %s (or give --slot the right name if that slot is not this table's)",
-		cfg.Slot, walsender, cfg.Table, modesDoc)
+	return precondition("replication slot %q is active (walsender PID %s): a WAL relay (run --source wal) is streaming %s, and polling it too would publish every event twice; stop that relay first, see %s (or, if that slot is not this table's, give --slot the right name)",
+		slot, walsender, cfg.Table, modesDoc)
 }
 
 // CheckNoPollers refuses to stream the table while a poller runs on it.

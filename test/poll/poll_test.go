@@ -446,8 +446,15 @@ func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
 	}
 
 	wal := harness.StartStreaming(t, e.bin, walArgs)
-	refused(harness.StartProcess(t, e.bin, e.pollArgs("--slot", slot), nil), "a poller",
-		slot, "is active", "a WAL relay (run --source wal) is streaming", "stop that relay first", "Switching between the two")
+	for _, flags := range [][]string{
+		{"--slot", slot},
+		// The default --slot is not the WAL relay's: its walsender's
+		// command names the table's publication.
+		nil,
+	} {
+		refused(harness.StartProcess(t, e.bin, e.pollArgs(flags...), nil), "a poller",
+			slot, "is active", "a WAL relay (run --source wal) is streaming", "stop that relay first", "Switching between the two")
+	}
 	if _, err := wal.Stop(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
