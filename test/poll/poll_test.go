@@ -523,3 +523,24 @@ func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
 	e.writeEvents(e.db.Connect(t), 3, 2, 3)
 	e.consumeAll(time.Minute)
 }
+
+// A poison event a poller claimed before it died has had one attempt
+// already: the next poller's claim is its second, and its log line and
+// `quarantine list` both say 2.
+func TestPollQuarantineCountsEarlierClaims(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	if err := e.Commit(context.Background(), e.db.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Huge",
+		Payload: fmt.Sprintf(`{"blob": %q}`, strings.Repeat("x", 10000))}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	// What a poller that claimed it and died leaves: one attempt, a lease
+	// that has ended.
+	e.db.Exec(t, "UPDATE outbox_events_poll SET attempts = 1, lease_holder = 'gone:1', lease_expires_at = now() - interval '1 second'")
+	p := e.startPoller()
+	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", ids[0]) == 1
+	})
+	e.checkQuarantineAttempts(p, ids[0], 2)
+}
