@@ -79,11 +79,13 @@ ORDER BY c.seq`
 const liveSessionsCTE = `live AS MATERIALIZED (SELECT pid, backend_start FROM pg_stat_get_activity(NULL) WHERE pid IS NOT NULL)`
 
 // leaseDead is true for a lease whose session is gone: no session has its
-// PID and start time. A role may see another role's sessions with their
-// PID but a NULL start time; one of those with the lease's PID may be the
-// holder, so it counts as alive, and the lease then ends at its expiry. Both tests are
-// hashed NOT IN subplans over live: a claim passes every leased row at
-// the head of the queue, so each must cost a lookup, not a scan.
+// PID and start time (a PID alone can be reused). A role may see another
+// role's sessions with their PID but a NULL start time; one of those with
+// the lease's PID may be the holder, so it counts as alive, and the lease
+// then ends at its expiry. A lease with no session recorded is left to
+// its expiry too. Both tests are hashed NOT IN subplans over live: a claim
+// passes every leased row at the head of the queue, so each must cost a
+// lookup, not a scan.
 func leaseDead(alias string) string {
 	return strings.ReplaceAll(`(x.lease_pid IS NOT NULL
         AND (x.lease_pid, x.lease_backend_start) NOT IN (SELECT pid, backend_start FROM live WHERE backend_start IS NOT NULL)
