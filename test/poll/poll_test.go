@@ -544,3 +544,33 @@ func TestPollQuarantineCountsEarlierClaims(t *testing.T) {
 	})
 	e.checkQuarantineAttempts(p, ids[0], 2)
 }
+
+// With --poll-session-check=false (behind a transaction-mode pooler) a
+// lease names no session and the poller holds no lock: a killed poller's
+// rows wait for --poll-lease, as its server session might be shared, and
+// are then published by another poller.
+func TestPollWithoutSessionCheckLeasesLastTheirTime(t *testing.T) {
+	e := newEnv(t)
+	release := e.kafka.HoldProduce()
+	defer release()
+	first := e.startPoller("--poll-session-check=false")
+	e.writeEvents(e.db.Connect(t), 3, 1, 3)
+	harness.WaitFor(t, time.Minute, "the rows are claimed and their records held by the broker", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.kafka.HeldProduces() > 0
+	})
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_pid IS NOT NULL OR lease_backend_start IS NOT NULL"); n != 0 {
+		t.Errorf("%d leases name a session with --poll-session-check=false", n)
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1886350444"); n != 0 {
+		t.Errorf("%d poller locks held with --poll-session-check=false", n)
+	}
+	expires := e.db.QueryString(t, "SELECT max(lease_expires_at)::text FROM outbox_events_poll")
+	first.Kill()
+	release()
+	e.startPoller("--poll-session-check=false")
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, time.Minute, "every row marked published", func() bool { return e.unpublished() == 0 })
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at < $1::timestamptz", expires); n != 0 {
+		t.Errorf("%d rows of the killed poller were published before its lease expired at %s", n, expires)
+	}
+}
