@@ -519,6 +519,9 @@ func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "lease_pid, lease_backend_start") {
 		t.Fatalf("migrate on the old state table: exit %d, want 0 naming the columns it added:\n%s", code, out)
 	}
+	if code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()}); code != 0 || !strings.Contains(out, "schema is up to date") {
+		t.Fatalf("migrate again: exit %d, want 0 and nothing to do:\n%s", code, out)
+	}
 	e.startPoller()
 	e.writeEvents(e.db.Connect(t), 3, 2, 3)
 	e.consumeAll(time.Minute)
