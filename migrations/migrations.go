@@ -209,7 +209,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'replayed_at' AND NOT attisdropped)",
 			quarantine.Quoted()},
 	}
-	const quarantineTable, replayColumns = 2, 3 // in objects
+	const quarantineTable, replayColumns, pollStateTable = 2, 3, 4 // in objects
 	if n.Poll {
 		poll, err := store.PollStateTable(outbox)
 		if err != nil {
@@ -219,7 +219,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 			struct{ what, exists, arg string }{"poll state table " + poll.String(), tableExists, poll.Quoted()},
 			struct{ what, exists, arg string }{"poll trigger on " + outbox.String(),
 				// Named after the state table, so a name found elsewhere is still this one's.
-				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", poll.Name + "_track"})
+				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", poll.Name + "_track"},
+			// A state table from before leases named their session gets these.
+			struct{ what, exists, arg string }{"columns lease_pid, lease_backend_start of " + poll.String(),
+				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'lease_pid' AND NOT attisdropped)",
+				poll.Quoted()})
 	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
@@ -233,6 +237,9 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	if !existed[quarantineTable] {
 		existed[replayColumns] = true // a new table comes with them: not worth a line of their own
+	}
+	if n.Poll && !existed[pollStateTable] {
+		existed[pollStateTable+2] = true // the lease columns come with a new state table too
 	}
 	untracked, err := untrackedRows(ctx, tx, n, existed[0])
 	if err != nil {

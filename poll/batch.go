@@ -46,6 +46,19 @@ func (w *worker) cycle(ctx context.Context) (full bool, err error) {
 	}
 	results, err := w.publish(ctx, rows)
 	if err != nil {
+		// Nothing of the batch was sent (publish builds every record
+		// before it sends one): give the rows back at once, without
+		// counting an attempt, rather than leave them leased until this
+		// poller's next session or the lease's end.
+		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+		defer cancel()
+		seqs := make([]int64, len(rows))
+		for i := range rows {
+			seqs[i] = rows[i].seq
+		}
+		if rerr := w.q.release(releaseCtx, seqs); rerr != nil {
+			w.p.log.Warn().Str("error", rerr.Error()).Int("rows", len(seqs)).Msg("could not give back an unsent batch; its rows wait for this poller's next session or their lease's end")
+		}
 		return false, err
 	}
 	// The marks are written even when ctx ended meanwhile: they record
@@ -89,7 +102,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	}
 	if reclaimed > 0 {
 		w.p.metrics.LeasesExpired.Add(float64(reclaimed))
-		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had expired: their poller stopped or took longer than --poll-lease, and may have published them too (duplicates)")
+		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had ended: their poller's session is gone, or it took longer than --poll-lease; it may have published them too (duplicates)")
 	}
 	outstanding := 0
 	apply := func(o publisher.Outcome) {
@@ -233,6 +246,8 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.
 	if perr.Record != nil {
 		q = store.QuarantinedRecord(perr.Record, perr)
 	}
+	// The attempts the log line below names: one per claim that sent it.
+	q.Attempts = r.attempts
 	if err := w.quarantine.Put(ctx, q); err != nil {
 		return fmt.Errorf("%w: %w", ErrQuarantineWrite, err)
 	}

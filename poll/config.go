@@ -52,6 +52,13 @@ type Config struct {
 	// connection through a transaction-mode pooler, which does not carry
 	// LISTEN.
 	Notify bool
+	// SessionCheck ties the poller to its PostgreSQL session: each lease
+	// names the session that took it, and is free as soon as that session
+	// is gone (the poller died), and the session holds a lock that tells a
+	// WAL relay a poller runs. Off behind a transaction-mode pooler, whose
+	// server sessions are shared and outlive the poller: leases then last
+	// until they expire.
+	SessionCheck bool
 	// MaxAttempts is how many times a retriable failure is tried before
 	// the event goes to the quarantine table.
 	MaxAttempts int
@@ -96,6 +103,7 @@ func DefaultConfig() Config {
 		Interval:          time.Second,
 		Tick:              5 * time.Millisecond,
 		Notify:            true,
+		SessionCheck:      true,
 		MaxAttempts:       10,
 		BackoffMin:        time.Second,
 		BackoffMax:        5 * time.Minute,

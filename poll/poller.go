@@ -186,9 +186,19 @@ func (p *Poller) session(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID)
+	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID, p.cfg.SessionCheck)
 	if err != nil {
 		return err
+	}
+	if err := replication.CheckNoWALRelay(ctx, conn, p.cfg.Postgres); err != nil {
+		return err
+	}
+	if p.cfg.SessionCheck {
+		// On the claiming session: the lock lives exactly as long as the
+		// leases this session takes stay valid.
+		if err := replication.HoldPollerLock(ctx, conn, p.cfg.Postgres); err != nil {
+			return err
+		}
 	}
 	quarantine, err := store.OpenQuarantine(ctx, p.cfg.Postgres, p.t.quarantine, store.ForRelay)
 	if err != nil {
@@ -312,7 +322,7 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan 
 	if err != nil {
 		return nil, err
 	}
-	q := &queries{conn: conn, t: p.t, workerID: p.cfg.WorkerID}
+	q := &queries{conn: conn, t: p.t, layout: p.cfg.Postgres.OutboxLayout(), workerID: p.cfg.WorkerID}
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)

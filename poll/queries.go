@@ -32,18 +32,23 @@ import (
 // and committed since this statement's snapshot fails the re-check of the
 // lease condition on the locked row, so two pollers never hold a valid
 // lease on one row.
+//
+// A lease is valid while it has not expired and the session that took it
+// still exists ({{lease_dead_*}}): a poller that died leaves leases that
+// are free at once, whatever its worker id. The claim records its own
+// session ($4 false: none, and the lease lasts until it expires).
 const claimSQL = `
-WITH picked AS (
+WITH ` + liveSessionsCTE + `, picked AS (
     SELECT s.seq, s.aggregate_type, s.aggregate_id, s.lease_holder IS NOT NULL AS reclaimed
     FROM {{state}} s
     WHERE s.published_at IS NULL AND s.quarantined_at IS NULL
       AND s.next_attempt_at <= now()
-      AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now())
+      AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now() OR {{lease_dead_s}})
       AND NOT EXISTS (
           SELECT 1 FROM {{state}} e
           WHERE e.aggregate_type = s.aggregate_type AND e.aggregate_id = s.aggregate_id
             AND e.seq < s.seq AND e.published_at IS NULL
-            AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now() OR e.lease_expires_at > now())
+            AND (e.quarantined_at IS NOT NULL OR e.next_attempt_at > now() OR (e.lease_expires_at > now() AND NOT {{lease_dead_e}}))
           OFFSET 0)
     ORDER BY s.seq
     LIMIT $1
@@ -58,13 +63,34 @@ WITH picked AS (
         OFFSET 0)
 ), claimed AS (
     UPDATE {{state}} s
-    SET lease_holder = $2, lease_expires_at = now() + $3 * interval '1 millisecond', attempts = s.attempts + 1
+    SET lease_holder = $2, lease_expires_at = now() + $3 * interval '1 millisecond', attempts = s.attempts + 1,
+        lease_pid = CASE WHEN $4 THEN pg_backend_pid() END,
+        lease_backend_start = CASE WHEN $4 THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) END
     FROM ready WHERE s.seq = ready.seq
     RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
 )
 SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.{{event_id}} IS NOT NULL, c.event_id::text, {{columns}}
 FROM claimed c LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = c.event_id) o ON true
 ORDER BY c.seq`
+
+// liveSessionsCTE lists the server's sessions once per statement, for
+// leaseDead. pg_stat_get_activity is what pg_stat_activity reads, without
+// its joins; any role may call it.
+const liveSessionsCTE = `live AS MATERIALIZED (SELECT pid, backend_start FROM pg_stat_get_activity(NULL) WHERE pid IS NOT NULL)`
+
+// leaseDead is true for a lease whose session is gone: no session has its
+// PID and start time (a PID alone can be reused). A role may see another
+// role's sessions with their PID but a NULL start time; one of those with
+// the lease's PID may be the holder, so it counts as alive, and the lease
+// then ends at its expiry. A lease with no session recorded is left to
+// its expiry too. Both tests are hashed NOT IN subplans over live: a claim
+// passes every leased row at the head of the queue, so each must cost a
+// lookup, not a scan.
+func leaseDead(alias string) string {
+	return strings.ReplaceAll(`(x.lease_pid IS NOT NULL
+        AND (x.lease_pid, x.lease_backend_start) NOT IN (SELECT pid, backend_start FROM live WHERE backend_start IS NOT NULL)
+        AND x.lease_pid NOT IN (SELECT pid FROM live WHERE backend_start IS NULL))`, "x.", alias+".")
+}
 
 // claimed is one row a claim returned.
 type claimed struct {
@@ -89,9 +115,12 @@ type queries struct {
 	layout   *layout.Layout
 	claim    string
 	workerID string
+	// sessionCheck records the claiming session in each lease (see
+	// Config.SessionCheck).
+	sessionCheck bool
 }
 
-func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout, workerID string) (*queries, error) {
+func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout, workerID string, sessionCheck bool) (*queries, error) {
 	if err := checkTables(ctx, conn, t); err != nil {
 		return nil, err
 	}
@@ -100,8 +129,9 @@ func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout,
 		return nil, err
 	}
 	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
-		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize()).Replace(claimSQL)
-	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID}, nil
+		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize(),
+		"{{lease_dead_s}}", leaseDead("s"), "{{lease_dead_e}}", leaseDead("e")).Replace(claimSQL)
+	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID, sessionCheck: sessionCheck}, nil
 }
 
 // checkTables names what `migrate --source poll` would have created and is
@@ -117,6 +147,15 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 	if !stateExists || !triggerExists {
 		return fmt.Errorf("%w: poll mode's state table %s or the trigger %s_track on %s is missing (or disabled): rows inserted now would never be published; run `outbox-relay migrate --source poll` as the schema's owner",
 			replication.ErrPrecondition, t.state, t.state.Name, t.outbox)
+	}
+	var leaseColumns bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'lease_backend_start' AND NOT attisdropped)`,
+		t.state.Quoted()).Scan(&leaseColumns); err != nil {
+		return fmt.Errorf("look up poll mode's tables: %w", err)
+	}
+	if !leaseColumns {
+		return fmt.Errorf("%w: poll mode's state table %s predates this release (no lease_pid, lease_backend_start): run `outbox-relay migrate --source poll` as the schema's owner; it adds them and changes no row",
+			replication.ErrPrecondition, t.state)
 	}
 	for _, need := range []struct {
 		table store.Table
@@ -143,7 +182,7 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 
 // claimBatch leases up to n rows.
 func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([]claimed, error) {
-	rows, err := q.conn.Query(ctx, q.claim, n, q.workerID, lease.Milliseconds())
+	rows, err := q.conn.Query(ctx, q.claim, n, q.workerID, lease.Milliseconds(), q.sessionCheck)
 	if err != nil {
 		return nil, fmt.Errorf("claim rows from %s: %w", q.t.state, err)
 	}
@@ -209,7 +248,7 @@ func (q *queries) markPublished(ctx context.Context, seqs []int64) error {
 		return nil
 	}
 	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
-		" SET published_at = now(), lease_holder = NULL, lease_expires_at = NULL WHERE seq = ANY($1) AND published_at IS NULL", seqs)
+		" SET published_at = now(), lease_holder = NULL, lease_expires_at = NULL, lease_pid = NULL, lease_backend_start = NULL WHERE seq = ANY($1) AND published_at IS NULL", seqs)
 	if err != nil {
 		return fmt.Errorf("mark %d rows published in %s: %w", len(seqs), q.t.state, err)
 	}
@@ -236,7 +275,7 @@ func (q *queries) markFailed(ctx context.Context, fs []failure) error {
 	}
 	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+` s
 		SET next_attempt_at = now() + f.delay_ms * interval '1 millisecond', last_error_class = f.class, last_error = f.msg,
-			lease_holder = NULL, lease_expires_at = NULL
+			lease_holder = NULL, lease_expires_at = NULL, lease_pid = NULL, lease_backend_start = NULL
 		FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[]) AS f(seq, delay_ms, class, msg)
 		WHERE s.seq = f.seq AND s.lease_holder = $5 AND s.published_at IS NULL`, seqs, delays, classes, msgs, q.workerID)
 	if err != nil {
@@ -251,7 +290,7 @@ func (q *queries) release(ctx context.Context, seqs []int64) error {
 		return nil
 	}
 	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
-		" SET lease_holder = NULL, lease_expires_at = NULL, attempts = greatest(attempts - 1, 0) WHERE seq = ANY($1) AND lease_holder = $2 AND published_at IS NULL",
+		" SET lease_holder = NULL, lease_expires_at = NULL, lease_pid = NULL, lease_backend_start = NULL, attempts = greatest(attempts - 1, 0) WHERE seq = ANY($1) AND lease_holder = $2 AND published_at IS NULL",
 		seqs, q.workerID)
 	if err != nil {
 		return fmt.Errorf("release %d rows in %s: %w", len(seqs), q.t.state, err)
@@ -264,7 +303,7 @@ func (q *queries) release(ctx context.Context, seqs []int64) error {
 // covered was never marked, and no part of this process still publishes it.
 func (q *queries) releaseOwn(ctx context.Context) (int64, error) {
 	tag, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
-		" SET lease_holder = NULL, lease_expires_at = NULL WHERE lease_holder = $1 AND published_at IS NULL", q.workerID)
+		" SET lease_holder = NULL, lease_expires_at = NULL, lease_pid = NULL, lease_backend_start = NULL WHERE lease_holder = $1 AND published_at IS NULL", q.workerID)
 	if err != nil {
 		return 0, fmt.Errorf("release this poller's earlier leases in %s: %w", q.t.state, err)
 	}
@@ -276,7 +315,7 @@ func (q *queries) releaseOwn(ctx context.Context) (int64, error) {
 // replay.
 func (q *queries) markQuarantined(ctx context.Context, seq int64, class, msg string) error {
 	_, err := q.conn.Exec(ctx, "UPDATE "+q.t.state.Quoted()+
-		" SET quarantined_at = now(), last_error_class = $2, last_error = $3, lease_holder = NULL, lease_expires_at = NULL WHERE seq = $1",
+		" SET quarantined_at = now(), last_error_class = $2, last_error = $3, lease_holder = NULL, lease_expires_at = NULL, lease_pid = NULL, lease_backend_start = NULL WHERE seq = $1",
 		seq, class, msg)
 	if err != nil {
 		return fmt.Errorf("mark row %d quarantined in %s: %w", seq, q.t.state, err)
@@ -312,8 +351,9 @@ func (q *queries) settleReplayed(ctx context.Context) (int64, error) {
 // Stats is poll mode's state as PostgreSQL holds it.
 type Stats struct {
 	// Pending rows wait to be published, Quarantined ones for a replay
-	// (they count in Pending too); Leased are claimed by a poller now,
-	// BackingOff wait for their next attempt.
+	// (they count in Pending too); Leased are claimed by a live poller now
+	// (a lease whose session ended is free, and not counted), BackingOff
+	// wait for their next attempt.
 	Pending     int64 `json:"pending"`
 	Quarantined int64 `json:"quarantined"`
 	Leased      int64 `json:"leased"`
@@ -327,10 +367,11 @@ type Stats struct {
 // ReadStats reads Stats through the pending rows' index.
 func ReadStats(ctx context.Context, conn *pgx.Conn, state store.Table) (Stats, error) {
 	var s Stats
-	err := conn.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE quarantined_at IS NOT NULL),
-			count(*) FILTER (WHERE lease_expires_at > now()), count(*) FILTER (WHERE next_attempt_at > now() AND quarantined_at IS NULL),
-			min(inserted_at), COALESCE(array_agg(DISTINCT lease_holder) FILTER (WHERE lease_expires_at > now()), '{}')
-		FROM `+state.Quoted()+` WHERE published_at IS NULL`).
+	held := "s.lease_expires_at > now() AND NOT " + leaseDead("s")
+	err := conn.QueryRow(ctx, `WITH `+liveSessionsCTE+` SELECT count(*), count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+			count(*) FILTER (WHERE `+held+`), count(*) FILTER (WHERE next_attempt_at > now() AND quarantined_at IS NULL),
+			min(inserted_at), COALESCE(array_agg(DISTINCT lease_holder) FILTER (WHERE `+held+`), '{}')
+		FROM `+state.Quoted()+` s WHERE published_at IS NULL`).
 		Scan(&s.Pending, &s.Quarantined, &s.Leased, &s.BackingOff, &s.OldestPending, &s.Pollers)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -353,12 +394,14 @@ func (q *queries) retainable(ctx context.Context, cutoff time.Time) (int64, erro
 
 // deletePublished deletes up to batch published rows published before
 // cutoff, from the outbox and the state table together. A pending or
-// quarantined row has no published_at, so it can never match.
+// quarantined row has no published_at, so it can never match. The outbox
+// row is found by the layout's event id column (a Debezium table's is id);
+// the state table's own column is always event_id.
 func (q *queries) deletePublished(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
 	tag, err := q.conn.Exec(ctx, `WITH doomed AS (
 			SELECT seq, event_id FROM `+q.t.state.Quoted()+` WHERE published_at < $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
 		), outbox AS (
-			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.event_id = d.event_id
+			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.`+pgx.Identifier{q.layout.Column(layout.EventID)}.Sanitize()+` = d.event_id
 		)
 		DELETE FROM `+q.t.state.Quoted()+` s USING doomed d WHERE s.seq = d.seq`, cutoff, batch)
 	if err != nil {

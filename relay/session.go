@@ -151,6 +151,9 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
 	}
+	if err := admin.CheckNoPollers(ctx); err != nil {
+		return 0, 0, err
+	}
 	senderTimeout, err = admin.SenderTimeout(ctx)
 	if err != nil {
 		return 0, 0, err

@@ -230,7 +230,9 @@ func (q *Quarantine) Table() Table { return q.table }
 func (q *Quarantine) Close() error { return q.conn.Close(context.Background()) }
 
 // Put stores an event, or counts one more attempt of an event already
-// there. It returns once the row is committed, so the caller may then let
+// there. e.Attempts, when set, is how many attempts the caller made in all
+// (poll mode counts them per event), so the table says what the relay's
+// log said; zero counts this one attempt. It returns once the row is committed, so the caller may then let
 // the slot pass the event. An event already replayed stays replayed: Kafka
 // holds it, and this is the original row sent again (a re-stream).
 func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
@@ -259,12 +261,12 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	}
 	_, err := q.conn.Exec(ctx, `
 		INSERT INTO `+q.table.Quoted()+` AS q (event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers,
-			occurred_at, topic, error_class, error_message)
-		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11)
-		ON CONFLICT (event_id) DO UPDATE SET attempts = q.attempts + 1, last_failed_at = now(),
+			occurred_at, topic, error_class, error_message, attempts)
+		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11, greatest($12::int, 1))
+		ON CONFLICT (event_id) DO UPDATE SET attempts = greatest(q.attempts + 1, excluded.attempts), last_failed_at = now(),
 			topic = excluded.topic, error_class = excluded.error_class, error_message = excluded.error_message`,
 		e.EventID, e.AggregateType, e.AggregateID, e.EventType, version, payload, headers, occurred,
-		e.Topic, e.ErrorClass, e.ErrorMessage)
+		e.Topic, e.ErrorClass, e.ErrorMessage, e.Attempts)
 	if err != nil {
 		return fmt.Errorf("quarantine event %s: %w", e.EventID, err)
 	}

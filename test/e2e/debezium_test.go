@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -204,6 +205,41 @@ func TestDebeziumLayoutPollMode(t *testing.T) {
 	harness.WaitFor(t, 30*time.Second, "every row marked published", func() bool {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
 	})
+}
+
+// Poll-mode retention on a Debezium table deletes published rows by the
+// layout's event id column (id, not event_id), outbox row and state row
+// together, and the poller stays ready throughout.
+func TestDebeziumLayoutPollRetention(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, debeziumTable)
+	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
+	p := harness.StartProcess(t, e.bin, []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
+		"--admin-addr", "127.0.0.1:0", "--outbox-layout", "debezium", "--header-columns", "tenant",
+		"--retention", "1s", "--retention-interval", "1s", "--retention-margin", "0s"}, []string{harness.LogLevelInfo})
+	p.WaitForOutput(t, `"message":"polling"`, time.Minute)
+	admin := p.AdminURL(t)
+	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant)
+		SELECT 'order', 'o-' || (i % 3), 'OrderPlaced', jsonb_build_object('n', i), NULL FROM generate_series(1, 20) i`)
+	e.checkRouterRecords()
+	harness.WaitFor(t, time.Minute, "retention deletes every published row", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0 &&
+			e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll") == 0
+	})
+	if n := harness.Metric(t, admin, "outbox_relay_retention_rows_deleted_total"); n != 20 {
+		t.Errorf("outbox_relay_retention_rows_deleted_total = %v, want 20", n)
+	}
+	resp, err := http.Get(admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz is %d after retention ran, want 200:\n%s", resp.StatusCode, harness.LastLines(p.Output(), 20))
+	}
+	if strings.Contains(p.Output(), "poll session failed") {
+		t.Errorf("a poll session failed:\n%s", harness.LastLines(p.Output(), 20))
+	}
 }
 
 // migrate checks a Debezium table before it makes anything: a mapped column

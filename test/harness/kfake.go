@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -212,6 +213,24 @@ func (k *Kfake) FailProduceAfterAppend(times int) *ProduceFault {
 // HeldProduces reports how many requests are parked.
 func (k *Kfake) HoldProduce() (release func()) {
 	return k.HoldRequests(kmsg.Produce)
+}
+
+// DelayProduce answers every produce request that arrives from now on d
+// later, as a broker whose acks take d (Apache Kafka's take tens of
+// milliseconds here; kfake's well under one), until remove is called. A
+// client then has records in flight most of the time, as against a real
+// broker; it is a latency injected, not a wait.
+func (k *Kfake) DelayProduce(d time.Duration) (remove func()) {
+	var removed atomic.Bool
+	k.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if removed.Load() {
+			k.c.DropControl()
+			return nil, nil, false
+		}
+		k.c.SleepControl(func() { time.Sleep(d) })
+		return nil, nil, false
+	})
+	return func() { removed.Store(true) }
 }
 
 // HeldProduces is the number of produce requests HoldProduce is parking.

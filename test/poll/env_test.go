@@ -5,7 +5,9 @@ package poll_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,4 +115,36 @@ func waitClaims(t *testing.T, p *harness.Process, n float64) {
 	t.Helper()
 	start := claims(t, p)
 	harness.WaitFor(t, time.Minute, fmt.Sprintf("%v more claims", n), func() bool { return claims(t, p) >= start+n })
+}
+
+// checkQuarantineAttempts checks that the poller's "event quarantined" log
+// line and `quarantine list --json` give the event the same attempts, want.
+func (e *env) checkQuarantineAttempts(p *harness.Process, eventID string, want int) {
+	e.t.Helper()
+	logged := ""
+	for _, l := range harness.LogLines(p.Output()) {
+		if strings.HasPrefix(l.Str("message"), "event quarantined") && l.Str("event_id") == eventID {
+			logged = l.Str("attempts")
+		}
+	}
+	code, out := harness.RunCommand(e.t, e.bin, []string{"quarantine", "list", "--json", "--pg-dsn", e.db.DSN()})
+	if code != 0 {
+		e.t.Fatalf("quarantine list exited %d:\n%s", code, out)
+	}
+	var listed []struct {
+		EventID  string `json:"event_id"`
+		Attempts int    `json:"attempts"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil {
+		e.t.Fatalf("quarantine list --json: %v\n%s", err, out)
+	}
+	listedAttempts := -1
+	for _, q := range listed {
+		if q.EventID == eventID {
+			listedAttempts = q.Attempts
+		}
+	}
+	if logged != fmt.Sprint(want) || listedAttempts != want {
+		e.t.Errorf("event %s: the log says \"attempts\":%s and quarantine list says %d; want both %d", eventID, logged, listedAttempts, want)
+	}
 }

@@ -137,6 +137,9 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
 		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent'", poison) == 1
 	})
+	// One attempt reached Kafka: the restart that taught the producer the
+	// topic's smaller limit sent nothing, and is not an attempt.
+	e.checkQuarantineAttempts(poller, poison, 1)
 	// The aggregate waits: its later event stays unpublished while the
 	// poison one is quarantined, across several claims.
 	waitClaims(t, poller, 3)
@@ -183,6 +186,7 @@ func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 	if attempts != 3 || lastClass != "retriable" {
 		t.Errorf("state says %d attempts, last error class %q; want 3 and retriable", attempts, lastClass)
 	}
+	e.checkQuarantineAttempts(poller, ids[0], 3)
 	if errs := harness.Metric(t, poller.AdminURL(t), "outbox_relay_publish_errors_total", "class", "retriable"); errs != 3 {
 		t.Errorf("outbox_relay_publish_errors_total{class=retriable} = %v, want 3 (one per attempt)", errs)
 	}
@@ -416,5 +420,160 @@ func TestPollPendingIndexStaysSmall(t *testing.T) {
 	t.Logf("pending index after 2,000 events: %d bytes; after 12,000: %d bytes; the state table: %d bytes", first, last, table)
 	if last > 3*first {
 		t.Errorf("the pending index grew from %d to %d bytes over 6 rounds of 2,000 events with none pending at the end: it grows with the table, not the backlog", first, last)
+	}
+}
+
+// A WAL relay and a poller on one table would each publish every event,
+// twice in all with no warning. Whichever starts second refuses (exit 1),
+// naming what runs and what to do; once the other stopped, it starts.
+func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
+	e := newEnv(t) // migrate --source poll
+	slot := "wal_beside_poll"
+	harness.Migrate(t, e.bin, []string{"migrate", "--pg-dsn", e.db.DSN(), "--slot", slot})
+	e.db.DropSlotAtEnd(t, slot)
+	walArgs := harness.RelayFlags{DSN: e.db.DSN(), Slot: slot, Brokers: e.kafka.Brokers()}.Args("run")
+	refused := func(p *harness.Process, what string, says ...string) {
+		t.Helper()
+		code, err := p.Wait(time.Minute)
+		if err != nil || code != 1 {
+			t.Fatalf("%s beside the other mode: exit %d (%v), want 1:\n%s", what, code, err, harness.LastLines(p.Output(), 20))
+		}
+		for _, s := range says {
+			if !strings.Contains(p.Output(), s) {
+				t.Fatalf("%s refused without saying %q:\n%s", what, s, harness.LastLines(p.Output(), 20))
+			}
+		}
+	}
+
+	wal := harness.StartStreaming(t, e.bin, walArgs)
+	for _, flags := range [][]string{
+		{"--slot", slot},
+		// The default --slot is not the WAL relay's: its walsender's
+		// command names the table's publication.
+		nil,
+	} {
+		refused(harness.StartProcess(t, e.bin, e.pollArgs(flags...), nil), "a poller",
+			slot, "is active", "a WAL relay (run --source wal) is streaming", "stop that relay first", "Switching between the two")
+	}
+	if _, err := wal.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the stopped relay's walsender lets the slot go", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot) == 0
+	})
+
+	poller := e.startPoller("--slot", slot)
+	refused(harness.StartProcess(t, e.bin, walArgs, nil), "a WAL relay",
+		"1 poll-mode relays (run --source poll) are polling", "stop them first", "Switching between the two")
+	// Only the poller published: each event once.
+	e.writeEvents(e.db.Connect(t), 5, 2, 3)
+	if records := e.consumeAll(time.Minute); len(records) != e.CommittedCount() {
+		t.Errorf("%d records for %d events with one relay running", len(records), e.CommittedCount())
+	}
+	if _, err := poller.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The poller's lock left with its session: the WAL relay starts.
+	harness.StartStreaming(t, e.bin, walArgs)
+}
+
+// run --source poll --reconcile-every runs the periodic comparison, as on
+// the WAL path: rows marked published that Kafka never got are reported
+// missing, and never republished.
+func TestPollPeriodicReconcileReportsMissingEvents(t *testing.T) {
+	e := newEnv(t)
+	conn := e.db.Connect(t)
+	e.writeEvents(conn, 3, 1, 3)
+	lost, _ := e.Committed()
+	// Marked published by hand, as a relay that lost them would leave
+	// them: no poller sends them.
+	e.db.Exec(t, "UPDATE outbox_events_poll SET published_at = now()")
+	e.Forget(lost)
+	p := e.startPoller("--admin-addr", "127.0.0.1:0", "--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s")
+	admin := p.AdminURL(t)
+	metric := func(name string) (float64, bool) { return harness.MetricValue(harness.Scrape(t, admin), name) }
+	if v, ok := metric("outbox_relay_reconcile_interval_seconds"); !ok || v != 0.2 {
+		t.Fatalf("outbox_relay_reconcile_interval_seconds = %v (present %v), want 0.2", v, ok)
+	}
+	e.writeEvents(conn, 2, 1, 3)
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, time.Minute, "a check reports the 3 lost events", func() bool {
+		missing, ok := metric("outbox_relay_reconcile_missing_events")
+		last, _ := metric("outbox_relay_reconcile_last_complete_timestamp_seconds")
+		return ok && missing == 3 && last > 0
+	})
+}
+
+// A state table made before leases named their session lacks two columns:
+// the poller refuses (exit 1) naming the command that adds them, and
+// `migrate --source poll` on the existing install adds them.
+func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, "ALTER TABLE outbox_events_poll DROP COLUMN lease_pid, DROP COLUMN lease_backend_start")
+	old := harness.StartProcess(t, e.bin, e.pollArgs(), nil)
+	if code, err := old.Wait(time.Minute); err != nil || code != 1 ||
+		!strings.Contains(old.Output(), "predates this release") || !strings.Contains(old.Output(), "migrate --source poll") {
+		t.Fatalf("a poller on the old state table: exit %d (%v), want 1 naming migrate:\n%s", code, err, harness.LastLines(old.Output(), 20))
+	}
+	code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()})
+	if code != 0 || !strings.Contains(out, "lease_pid, lease_backend_start") {
+		t.Fatalf("migrate on the old state table: exit %d, want 0 naming the columns it added:\n%s", code, out)
+	}
+	if code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()}); code != 0 || !strings.Contains(out, "schema is up to date") {
+		t.Fatalf("migrate again: exit %d, want 0 and nothing to do:\n%s", code, out)
+	}
+	e.startPoller()
+	e.writeEvents(e.db.Connect(t), 3, 2, 3)
+	e.consumeAll(time.Minute)
+}
+
+// A poison event a poller claimed before it died has had one attempt
+// already: the next poller's claim is its second, and its log line and
+// `quarantine list` both say 2.
+func TestPollQuarantineCountsEarlierClaims(t *testing.T) {
+	e := newEnv(t)
+	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	if err := e.Commit(context.Background(), e.db.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Huge",
+		Payload: fmt.Sprintf(`{"blob": %q}`, strings.Repeat("x", 10000))}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	// What a poller that claimed it and died leaves: one attempt, a lease
+	// that has ended.
+	e.db.Exec(t, "UPDATE outbox_events_poll SET attempts = 1, lease_holder = 'gone:1', lease_expires_at = now() - interval '1 second'")
+	p := e.startPoller()
+	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", ids[0]) == 1
+	})
+	e.checkQuarantineAttempts(p, ids[0], 2)
+}
+
+// With --poll-session-check=false (behind a transaction-mode pooler) a
+// lease names no session and the poller holds no lock: a killed poller's
+// rows wait for --poll-lease, as its server session might be shared, and
+// are then published by another poller.
+func TestPollWithoutSessionCheckLeasesLastTheirTime(t *testing.T) {
+	e := newEnv(t)
+	release := e.kafka.HoldProduce()
+	defer release()
+	first := e.startPoller("--poll-session-check=false")
+	e.writeEvents(e.db.Connect(t), 3, 1, 3)
+	harness.WaitFor(t, time.Minute, "the rows are claimed and their records held by the broker", func() bool {
+		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.kafka.HeldProduces() > 0
+	})
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_pid IS NOT NULL OR lease_backend_start IS NOT NULL"); n != 0 {
+		t.Errorf("%d leases name a session with --poll-session-check=false", n)
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1886350444"); n != 0 {
+		t.Errorf("%d poller locks held with --poll-session-check=false", n)
+	}
+	expires := e.db.QueryString(t, "SELECT max(lease_expires_at)::text FROM outbox_events_poll")
+	first.Kill()
+	release()
+	e.startPoller("--poll-session-check=false")
+	e.consumeAll(time.Minute)
+	harness.WaitFor(t, time.Minute, "every row marked published", func() bool { return e.unpublished() == 0 })
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at < $1::timestamptz", expires); n != 0 {
+		t.Errorf("%d rows of the killed poller were published before its lease expired at %s", n, expires)
 	}
 }
