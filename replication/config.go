@@ -91,15 +91,71 @@ func SplitTable(t string) (schema, table string, err error) {
 
 // SplitTableFlag is SplitTable for a value that came from another flag, so
 // the error names the flag the operator has to fix.
+//
+// The value follows PostgreSQL's quoting rules: a part in double quotes is
+// taken as written, may hold dots, and writes a double quote as two, so
+// "S"."a.b" names table a.b in schema S. An unquoted part is taken as
+// written too, case included: the relay always quotes the names it is given,
+// and folding them would point an existing --table MyTable at another table.
 func SplitTableFlag(flagName, t string) (schema, table string, err error) {
-	parts := strings.Split(t, ".")
+	parts, ok := splitQualified(t)
 	switch {
-	case len(parts) == 1 && parts[0] != "":
+	case !ok:
+	case len(parts) == 1:
 		return "public", parts[0], nil
-	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+	case len(parts) == 2:
 		return parts[0], parts[1], nil
 	}
-	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events", flagName, t)
+	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events, with a part in double quotes when it holds a dot (\"S\".\"a.b\")", flagName, t)
+}
+
+// splitQualified splits a dotted name into its parts, unquoting the quoted
+// ones; false when a part is empty or a quote is left open.
+func splitQualified(s string) ([]string, bool) {
+	var parts []string
+	for {
+		var part strings.Builder
+		if strings.HasPrefix(s, `"`) {
+			s = s[1:]
+			for {
+				i := strings.IndexByte(s, '"')
+				if i < 0 {
+					return nil, false
+				}
+				part.WriteString(s[:i])
+				s = s[i+1:]
+				if !strings.HasPrefix(s, `"`) {
+					break
+				}
+				part.WriteByte('"') // "" inside quotes is one quote
+				s = s[1:]
+			}
+			if s != "" && s[0] != '.' {
+				return nil, false // text after the closing quote
+			}
+		} else {
+			i := strings.IndexByte(s, '.')
+			if i < 0 {
+				i = len(s)
+			}
+			if strings.Contains(s[:i], `"`) {
+				return nil, false
+			}
+			part.WriteString(s[:i])
+			s = s[i:]
+		}
+		if part.Len() == 0 {
+			return nil, false
+		}
+		parts = append(parts, part.String())
+		if s == "" {
+			return parts, true
+		}
+		s = s[1:] // the dot
+		if s == "" {
+			return nil, false
+		}
+	}
 }
 
 // unparseable stands in for a connection string that does not parse: such a

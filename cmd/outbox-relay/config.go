@@ -97,7 +97,7 @@ func newFlagSet(command string, o *options, stderr io.Writer) *flag.FlagSet {
 func postgresFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.StringVar(&c.Replication.DSN, "pg-dsn", "", "PostgreSQL connection string, libpq URL or key=value (required)")
-	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table")
+	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table; a part in double quotes may hold a dot")
 	fs.StringVar(&c.Replication.Publication, "publication", c.Replication.Publication, "publication that carries the outbox table's inserts")
 	fs.StringVar(&c.Replication.Slot, "slot", c.Replication.Slot, "logical replication slot name")
 }
