@@ -43,6 +43,16 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	connectSink := func() (sink, error) {
 		return await(ctx, newSink, func(s sink) { s.Close(time.Second) })
 	}
+	// The quarantine table is opened, and its privileges checked, before
+	// prepare may create the slot: a start that fails on it must not
+	// leave a slot nobody reads holding WAL.
+	var quarantineTable *store.Quarantine
+	if r.cfg.OnPermanentError == OnPermanentQuarantine {
+		if quarantineTable, err = r.openQuarantine(ctx, store.ForRelay); err != nil {
+			return false, err
+		}
+		defer quarantineTable.Close()
+	}
 	var snk sink
 	start, senderTimeout, err := r.prepare(ctx, func(s replication.System) error {
 		sys = s
@@ -67,14 +77,8 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
 	var quarantine *quarantiner
-	if r.cfg.OnPermanentError == OnPermanentQuarantine {
-		table, err := r.openQuarantine(ctx, store.ForRelay)
-		if err != nil {
-			closeSink()
-			return false, err
-		}
-		defer table.Close()
-		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.inFlightEvents()+2)
+	if quarantineTable != nil {
+		quarantine = newQuarantiner(quarantineTable.Table().String(), quarantineTable, r.cfg.inFlightEvents()+2)
 	}
 	if snk == nil {
 		if snk, err = connectSink(); err != nil {
@@ -148,8 +152,15 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	if err := admin.RequirePrimary(ctx); err != nil {
 		return 0, 0, err
 	}
+	// Everything that can be checked is checked before PrepareSlot: a
+	// start that fails after creating the slot leaves it holding WAL.
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
+	}
+	if r.cfg.Retention.After > 0 {
+		if err := admin.CheckRetention(ctx); err != nil {
+			return 0, 0, err
+		}
 	}
 	senderTimeout, err = admin.SenderTimeout(ctx)
 	if err != nil {

@@ -142,6 +142,9 @@ func (a *Admin) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := RequireSchemaUsage(ctx, a.conn, schema); err != nil {
+		return err
+	}
 	var exists bool
 	if err := a.conn.QueryRow(ctx,
 		"SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL", schema, table).Scan(&exists); err != nil {

@@ -273,6 +273,11 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()
 		log.Error().Msg(operatorMessage(err, o.relay.Replication.DSN))
+		if errors.Is(err, replication.ErrColumnMapping) {
+			// The flags name columns the table does not have: bad
+			// configuration, found before the slot was made.
+			return exitUsage
+		}
 		return exitFailure
 	}
 	notifier.stopping()
