@@ -449,9 +449,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return usageError(stderr, "status", err, o.relay.Replication.DSN)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	// PostgreSQL's part has a bound of its own; the Kafka part below is
+	// bounded by --kafka-timeout as a whole.
+	pgCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	info, failoverWarning, err := relay.ReadSlot(ctx, o.relay.Replication)
+	info, failoverWarning, err := relay.ReadSlot(pgCtx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}

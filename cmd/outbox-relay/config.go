@@ -143,7 +143,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.MaxMessageBytes, "kafka-max-message-bytes", c.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
 	fs.IntVar(&c.RetryMax, "kafka-retry-max", c.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot (at least 1; under --delivery exactly-once it is not used: a record gets the retries that fit in 20 s, then its Kafka transaction aborts and is re-streamed)")
 	fs.DurationVar(&c.RetryBackoffMax, "kafka-retry-backoff-max", c.RetryBackoffMax, "cap of the producer's exponential retry backoff")
-	fs.DurationVar(&c.Timeout, "kafka-timeout", c.Timeout, "bound on every wait for a broker: connecting, each request's answer, a metadata lookup; a broker that accepts connections and never answers fails a command within about three times this (connect, then each request's answer)")
+	fs.DurationVar(&c.Timeout, "kafka-timeout", c.Timeout, "bound on every wait for a broker: connecting, each request's answer, a metadata lookup; a broker that accepts connections and never answers fails a command within about three times this (connect, then each request's answer); status's whole Kafka part ends within this")
 	fs.DurationVar(&c.Linger, "kafka-linger", c.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
 	fs.BoolVar(&c.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
 	fs.StringVar(&c.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")
