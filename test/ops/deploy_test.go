@@ -556,6 +556,17 @@ tests:
         alertname: OutboxRelaySlotGap
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
 
+  # Slot gauges from a reading over two minutes old: PostgreSQL is away.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_reading_age_seconds{job="outbox-relay", instance="a"}'
+        values: '5 5 5 65 125 185 245 305'
+    alert_rule_test:
+      - {eval_time: 4m, alertname: OutboxRelaySlotReadingStale, exp_alerts: []}
+      - eval_time: 6m
+        alertname: OutboxRelaySlotReadingStale
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+
   # Quarantine, down, WAL at risk, old events, restarts, permanent errors.
   - interval: 1m
     input_series:
