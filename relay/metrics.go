@@ -38,6 +38,7 @@ type Metrics struct {
 	OrderBreaks        *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
 	RetentionRuns      prometheus.Counter
+	RetentionFailures  prometheus.Counter
 	RetentionWatermark prometheus.Gauge
 	State              *prometheus.GaugeVec
 	SlotWALStatus      *prometheus.GaugeVec
@@ -92,6 +93,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_retention_rows_deleted_total", Help: "Published outbox rows deleted by retention cleanup."}),
 		RetentionRuns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_retention_runs_total", Help: "Retention cleanup passes completed."}),
+		RetentionFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_retention_failures_total", Help: "Retention cleanup passes that failed; each is retried at the next interval."}),
 		RetentionWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_retention_cutoff_timestamp_seconds", Help: "Rows created before this Unix time may be deleted by retention cleanup."}),
 		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -111,7 +114,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.SlotReadingAge, m.OldestUnpublished, m.KafkaStall,
-			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
+			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionFailures, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}

@@ -556,6 +556,18 @@ tests:
         alertname: OutboxRelaySlotGap
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
 
+  # A cleanup that fails at every pass alerts; one failure does not.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_retention_failures_total{job="failing", instance="a"}'
+        values: '0+1x40'
+      - series: 'outbox_relay_retention_failures_total{job="blip", instance="b"}'
+        values: '0 0 1x40'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: OutboxRelayRetentionFailing
+        exp_alerts: [{exp_labels: {job: failing, severity: warning}}]
+
   # Slot gauges from a reading over two minutes old: PostgreSQL is away.
   - interval: 1m
     input_series:

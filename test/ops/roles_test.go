@@ -295,3 +295,28 @@ func TestFailedStartLeavesNoSlot(t *testing.T) {
 		t.Errorf("the failed start left %d replication slot %s behind", n, e.slot)
 	}
 }
+
+// Issue 30: a retention that fails at every interval only logged a
+// warning behind a ready relay. Each failed pass is now counted
+// (outbox_relay_retention_failures_total, alerted on by
+// OutboxRelayRetentionFailing) while streaming goes on.
+func TestRetentionFailuresAreCounted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	role := "ret_" + e.slot
+	const pass = "ret-pw-8b2f"
+	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
+	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role+"; GRANT SELECT, DELETE ON outbox_events TO "+role)
+	p := e.start(e.argsAs(e.db.DSNFor(role, pass), "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "300ms"))
+	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+	base := p.AdminURL(t)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 1), time.Minute)
+	e.db.Exec(t, "REVOKE DELETE ON outbox_events FROM "+role)
+	harness.WaitFor(t, 30*time.Second, "failed cleanup passes to be counted", func() bool {
+		return harness.Metric(t, base, "outbox_relay_retention_failures_total") >= 2
+	})
+	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d %q: a failing cleanup must not stop the stream", code, body)
+	}
+}
