@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -368,9 +367,11 @@ type latestRead struct {
 // runs on its own goroutine, and a one-shot command gives up on it at the
 // deadline.
 func readLatest(ctx context.Context, cfg Config, key []byte) (latestRead, error) {
+	// The store's calls take ctx, but the client's own waits do not all
+	// heed it; the deadline reaches them through Within.
 	ctx, cancel := context.WithTimeout(ctx, cfg.Publisher.Timeout)
 	defer cancel()
-	read, err := await(ctx, func() (latestRead, error) {
+	return publisher.Within(ctx, cfg.Publisher, "read the progress record from topic "+cfg.Progress.Topic, func() (latestRead, error) {
 		store, err := openProgress(ctx, cfg, progress.OpenExisting)
 		if err != nil {
 			return latestRead{}, err
@@ -379,11 +380,6 @@ func readLatest(ctx context.Context, cfg Config, key []byte) (latestRead, error)
 		rec, found, err := store.Latest(ctx, key)
 		return latestRead{rec, found}, err
 	}, func(latestRead) {})
-	if errors.Is(err, context.DeadlineExceeded) {
-		return latestRead{}, fmt.Errorf("read the progress record from topic %s: Kafka (%s) did not answer within --kafka-timeout %s: check --kafka-brokers and that the brokers are up, or raise --kafka-timeout: %w",
-			cfg.Progress.Topic, strings.Join(cfg.Publisher.Brokers, ","), cfg.Publisher.Timeout, err)
-	}
-	return read, err
 }
 
 // isProgressFatal reports the progress errors retrying cannot fix.
