@@ -95,7 +95,7 @@ func SplitTable(t string) (schema, table string, err error) {
 // The value follows PostgreSQL's quoting rules: a part in double quotes is
 // taken as written, may hold dots, and writes a double quote as two, so
 // "S"."a.b" names table a.b in schema S. An unquoted part is taken as
-// written too, case included: the relay always quotes the names it is given,
+// written too, case and any quote inside it included: the relay always quotes the names it is given,
 // and folding them would point an existing --table MyTable at another table.
 func SplitTableFlag(flagName, t string) (schema, table string, err error) {
 	parts, ok := splitQualified(t)
@@ -138,9 +138,8 @@ func splitQualified(s string) ([]string, bool) {
 			if i < 0 {
 				i = len(s)
 			}
-			if strings.Contains(s[:i], `"`) {
-				return nil, false
-			}
+			// A quote inside an unquoted part is kept as written, as
+			// before quoting was understood: only a leading one quotes.
 			part.WriteString(s[:i])
 			s = s[i:]
 		}

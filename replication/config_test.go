@@ -92,13 +92,15 @@ func TestSplitTableQuoting(t *testing.T) {
 		{`"a.b"`, "public", "a.b"},
 		{`"x""".y`, `x"`, "y"},
 		{"App.Outbox", "App", "Outbox"},
+		{`sales.odd"name`, "sales", `odd"name`},
+		{`my schema.refused "events"`, "my schema", `refused "events"`},
 	} {
 		s, tb, err := SplitTable(tc.in)
 		if err != nil || s != tc.schema || tb != tc.table {
 			t.Errorf("SplitTable(%s) = %q, %q, %v; want %q, %q", tc.in, s, tb, err, tc.schema, tc.table)
 		}
 	}
-	for _, bad := range []string{"", ".", "a.", ".b", "a.b.c", `"a`, `"a"b.c`, `a"b.c`, `"".c`, `"S"."a.b".c`, `"a".`} {
+	for _, bad := range []string{"", ".", "a.", ".b", "a.b.c", `"a`, `"a"b.c`, `"".c`, `"S"."a.b".c`, `"a".`} {
 		if s, tb, err := SplitTable(bad); err == nil {
 			t.Errorf("SplitTable(%s) = %q, %q; want an error", bad, s, tb)
 		}
