@@ -167,7 +167,7 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 		return 0, 0, err
 	}
 	policy := r.slotPolicy()
-	policy.BeforeCreate = r.checkKafka
+	policy.BeforeCreate = r.beforeSlotCreate
 	slot, err := admin.PrepareSlot(ctx, policy)
 	if err != nil {
 		return 0, 0, err
@@ -182,6 +182,22 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	}
 	start, err = r.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
+}
+
+// beforeSlotCreate checks Kafka before the relay creates its slot: that
+// the brokers answer, and that the progress topic exists or can be made
+// (its store is opened now, and kept for resume). Either failing after the
+// slot was made would leave it holding WAL with no relay to read it.
+func (r *Relay) beforeSlotCreate(ctx context.Context) error {
+	if err := r.checkKafka(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	if _, err := r.progressStore(ctx); err != nil {
+		return fmt.Errorf("the replication slot was not created: %w", err)
+	}
+	return nil
 }
 
 // checkKafka connects to the brokers once before the relay creates its

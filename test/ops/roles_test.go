@@ -320,3 +320,27 @@ func TestRetentionFailuresAreCounted(t *testing.T) {
 		t.Errorf("/readyz %d %q: a failing cleanup must not stop the stream", code, body)
 	}
 }
+
+// A progress topic Kafka refuses to create stops run (exit 1), and, as
+// every other start-up check, before the slot is made: the failed start
+// leaves no slot holding WAL.
+func TestRefusedProgressTopicLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnvNoKafka(t)
+	e.kafka = harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: 3, DisableAutoCreate: true})
+	e.brokers = e.kafka.Brokers()
+	e.migrate("--skip-slot")
+	harness.RefuseCreateTopics(e.kafka.Cluster())
+	p := e.start(e.args("run"))
+	code, err := p.Wait(time.Minute)
+	if err != nil {
+		p.Kill()
+		t.Fatalf("run with a progress topic Kafka refuses to create is still running after a minute")
+	}
+	if code != 1 || !strings.Contains(p.Output(), "--create --topic") {
+		t.Errorf("run with a progress topic Kafka refuses to create: exit %d, want 1 with the command that creates it:\n%s", code, harness.LastLines(p.Output(), 5))
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Errorf("the failed start left replication slot %s behind", e.slot)
+	}
+}
