@@ -43,18 +43,25 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	connectSink := func() (sink, error) {
 		return await(ctx, newSink, func(s sink) { s.Close(time.Second) })
 	}
-	// The quarantine table is opened, and its privileges checked, before
-	// prepare may create the slot: a start that fails on it must not
-	// leave a slot nobody reads holding WAL.
+	// The quarantine table is opened, and its privileges checked, after
+	// the server's checks and before prepare may create the slot: a start
+	// that fails on it must not leave a slot nobody reads holding WAL.
 	var quarantineTable *store.Quarantine
-	if r.cfg.OnPermanentError == OnPermanentQuarantine {
-		if quarantineTable, err = r.openQuarantine(ctx, store.ForRelay); err != nil {
-			return false, err
+	defer func() {
+		if quarantineTable != nil {
+			quarantineTable.Close()
 		}
-		defer quarantineTable.Close()
+	}()
+	openQuarantine := func() error {
+		if r.cfg.OnPermanentError != OnPermanentQuarantine {
+			return nil
+		}
+		var err error
+		quarantineTable, err = r.openQuarantine(ctx, store.ForRelay)
+		return err
 	}
 	var snk sink
-	start, senderTimeout, err := r.prepare(ctx, func(s replication.System) error {
+	start, senderTimeout, err := r.prepare(ctx, openQuarantine, func(s replication.System) error {
 		sys = s
 		if !r.cfg.exactlyOnce() {
 			return nil
@@ -141,9 +148,10 @@ func (s *streamer) runToEnd(ctx context.Context) error {
 }
 
 // prepare checks the server and the slot and returns where to start.
-// beforeResume runs once the slot is ready and before the progress record
-// is read.
-func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.System) error) (start lsn.LSN, senderTimeout time.Duration, err error) {
+// beforeSlot runs after the server's checks and before the slot is
+// prepared; beforeResume runs once the slot is ready and before the
+// progress record is read.
+func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResume func(replication.System) error) (start lsn.LSN, senderTimeout time.Duration, err error) {
 	admin, err := replication.Connect(ctx, r.cfg.Replication)
 	if err != nil {
 		return 0, 0, err
@@ -161,6 +169,9 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 		if err := admin.CheckRetention(ctx); err != nil {
 			return 0, 0, err
 		}
+	}
+	if err := beforeSlot(); err != nil {
+		return 0, 0, err
 	}
 	senderTimeout, err = admin.SenderTimeout(ctx)
 	if err != nil {
