@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/pgname"
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
@@ -98,7 +99,7 @@ func SplitTable(t string) (schema, table string, err error) {
 // written too, case and any quote inside it included: the relay always quotes the names it is given,
 // and folding them would point an existing --table MyTable at another table.
 func SplitTableFlag(flagName, t string) (schema, table string, err error) {
-	parts, ok := splitQualified(t)
+	parts, ok := pgname.Split(t)
 	switch {
 	case !ok:
 	case len(parts) == 1:
@@ -107,54 +108,6 @@ func SplitTableFlag(flagName, t string) (schema, table string, err error) {
 		return parts[0], parts[1], nil
 	}
 	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events, with a part in double quotes when it holds a dot (\"S\".\"a.b\")", flagName, t)
-}
-
-// splitQualified splits a dotted name into its parts, unquoting the quoted
-// ones; false when a part is empty or a quote is left open.
-func splitQualified(s string) ([]string, bool) {
-	var parts []string
-	for {
-		var part strings.Builder
-		if strings.HasPrefix(s, `"`) {
-			s = s[1:]
-			for {
-				i := strings.IndexByte(s, '"')
-				if i < 0 {
-					return nil, false
-				}
-				part.WriteString(s[:i])
-				s = s[i+1:]
-				if !strings.HasPrefix(s, `"`) {
-					break
-				}
-				part.WriteByte('"') // "" inside quotes is one quote
-				s = s[1:]
-			}
-			if s != "" && s[0] != '.' {
-				return nil, false // text after the closing quote
-			}
-		} else {
-			i := strings.IndexByte(s, '.')
-			if i < 0 {
-				i = len(s)
-			}
-			// A quote inside an unquoted part is kept as written, as
-			// before quoting was understood: only a leading one quotes.
-			part.WriteString(s[:i])
-			s = s[i:]
-		}
-		if part.Len() == 0 {
-			return nil, false
-		}
-		parts = append(parts, part.String())
-		if s == "" {
-			return parts, true
-		}
-		s = s[1:] // the dot
-		if s == "" {
-			return nil, false
-		}
-	}
 }
 
 // unparseable stands in for a connection string that does not parse: such a
