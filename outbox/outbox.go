@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/internal/pgname"
 )
 
 // DefaultTable is the outbox table migrate creates.
@@ -81,17 +83,19 @@ type Writer struct {
 }
 
 // New returns a writer for the outbox table "schema.table" (schema defaults
-// to public); an empty name means DefaultTable.
+// to public); an empty name means DefaultTable. The name is read as the
+// relay's --table is: a part in double quotes may hold a dot ("S"."a.b"),
+// and every part is taken as written, case included.
 func New(table string) (*Writer, error) {
 	if table == "" {
 		table = DefaultTable
 	}
-	parts := strings.Split(table, ".")
-	if len(parts) == 1 {
+	parts, ok := pgname.Split(table)
+	if ok && len(parts) == 1 {
 		parts = []string{"public", parts[0]}
 	}
-	if len(parts) != 2 {
-		return nil, fmt.Errorf("outbox table %q: want schema.table, e.g. %s", table, DefaultTable)
+	if !ok || len(parts) != 2 {
+		return nil, fmt.Errorf("outbox table %q: want schema.table, e.g. %s, with a part in double quotes when it holds a dot", table, DefaultTable)
 	}
 	for _, p := range parts {
 		if p == "" || len(p) > 63 || strings.ContainsRune(p, 0) {

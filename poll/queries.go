@@ -137,6 +137,9 @@ func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout,
 // checkTables names what `migrate --source poll` would have created and is
 // missing, and the privileges the poller lacks, before the first claim.
 func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
+	if err := replication.RequireSchemaUsage(ctx, conn, t.outbox.Schema, t.state.Schema, t.quarantine.Schema); err != nil {
+		return err
+	}
 	var stateExists, triggerExists bool
 	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
 		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $3 AND tgenabled <> 'D')`,

@@ -1,13 +1,18 @@
 package publisher
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/internal/await"
 )
 
 // ConnectError explains a failure to connect to the brokers. An
@@ -83,4 +88,24 @@ func ClientConfig(cfg Config) (*sarama.Config, error) {
 		return nil, err
 	}
 	return sc, nil
+}
+
+// Within runs connect, which may block on Kafka without taking a context,
+// and gives up on it once cfg.Timeout has passed or ctx ended; a result
+// that arrives later is released. The client's own timeouts apply to each
+// connection and request in turn, so a broker that accepts connections and
+// never answers held a one-shot command for about three of them: with
+// Within, --kafka-timeout bounds the whole wait. what names the wait in
+// the error.
+func Within[T any](ctx context.Context, cfg Config, what string, connect func() (T, error), release func(T)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	v, err := await.Do(ctx, connect, release)
+	if errors.Is(err, context.DeadlineExceeded) {
+		// ConnectError still tells a plaintext listener under --kafka-tls
+		// (it asks each broker once more without TLS).
+		return v, ConnectError(cfg, fmt.Errorf("%s: no answer from %s within --kafka-timeout %s (raise it if the brokers are only slow): %w",
+			what, strings.Join(cfg.Brokers, ","), cfg.Timeout, err))
+	}
+	return v, err
 }

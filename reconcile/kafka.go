@@ -44,7 +44,8 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 		return res, nil
 	}
 	progress.waitOn(fmt.Sprintf("connecting to brokers %v", cfg.Kafka.Brokers))
-	client, err := publisher.NewReadClient(cfg.Kafka)
+	client, err := publisher.Within(ctx, cfg.Kafka, "connect to Kafka", func() (sarama.Client, error) { return publisher.NewReadClient(cfg.Kafka) },
+		func(c sarama.Client) { c.Close() })
 	if err != nil {
 		return nil, err
 	}

@@ -91,7 +91,8 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 	}
 	pubCfg := cfg.Kafka
 	progress.waitOn(fmt.Sprintf("connecting to brokers %v", cfg.Kafka.Brokers))
-	pub, err := publisher.New(pubCfg, log)
+	pub, err := publisher.Within(ctx, pubCfg, "connect to Kafka", func() (*publisher.Publisher, error) { return publisher.New(pubCfg, log) },
+		func(p *publisher.Publisher) { p.Close(time.Second) })
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,8 @@ type statusSink interface {
 	kafkaTxnEnded(rep publisher.TxnReport, timeline uint32)
 	progressWritten(rec progress.Record)
 	noteOrderBreak(perr *publisher.Error)
+	pauseReading()
+	unpublishedAge(now time.Time) float64
 }
 
 // loopEnv is what a read loop is given to work with, besides the stream
@@ -103,6 +105,7 @@ type streamer struct {
 	quarantining   int  // events handed to the quarantine writer, not yet stored
 	flushed        bool // a flush went to the sink since its last outcome
 	timer          timer
+	paused         bool      // waiting for Kafka: nothing is read, so the tracker's age says nothing
 	failure        error     // the first outcome that ends the session
 	finishBy       time.Time // set when a stop came inside a transaction
 
@@ -542,11 +545,16 @@ func (s *streamer) statusIfDue(force bool) error {
 	m.ReceivedLSN.Set(float64(s.received))
 	m.ConfirmedLSN.Set(float64(confirmed))
 	m.InFlightEvents.Set(float64(stats.InFlightEvents))
-	if stats.OldestInFlight.IsZero() {
-		m.OldestUnpublished.Set(0)
-	} else {
-		m.OldestUnpublished.Set(now.Sub(stats.OldestInFlight).Seconds())
+	var age float64
+	if !stats.OldestInFlight.IsZero() {
+		age = now.Sub(stats.OldestInFlight).Seconds()
 	}
+	if s.paused {
+		// Waiting for Kafka, the loop reads nothing: the events committed
+		// meanwhile are known only from the slot's position.
+		age = max(age, s.status.unpublishedAge(now))
+	}
+	m.OldestUnpublished.Set(age)
 	if retries := s.sink.Retries(); retries > s.retries {
 		m.Retries.Add(float64(retries - s.retries))
 		s.retries = retries

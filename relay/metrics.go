@@ -24,6 +24,7 @@ type Metrics struct {
 	SlotRetainedWAL   prometheus.Gauge
 	SlotLag           prometheus.Gauge
 	SlotActive        prometheus.Gauge
+	SlotReadingAge    prometheus.Gauge
 	OldestUnpublished prometheus.Gauge
 	KafkaStall        prometheus.Gauge
 	// CommitToAck observes commit-to-ack latency in seconds. It is an
@@ -37,6 +38,7 @@ type Metrics struct {
 	OrderBreaks        *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
 	RetentionRuns      prometheus.Counter
+	RetentionFailures  prometheus.Counter
 	RetentionWatermark prometheus.Gauge
 	State              *prometheus.GaugeVec
 	SlotWALStatus      *prometheus.GaugeVec
@@ -77,7 +79,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_slot_active", Help: "1 when a process is streaming from the slot."}),
 		OldestUnpublished: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outbox_relay_oldest_unpublished_event_age_seconds", Help: "Age of the oldest event sent and not yet acknowledged."}),
+			Name: "outbox_relay_oldest_unpublished_event_age_seconds", Help: "Age of the oldest event not yet acknowledged: of those in flight while the relay reads the stream; while it does not (waiting for Kafka, restarting) and the slot is behind the server's WAL, the time since the slot last confirmed everything committed before it (an upper bound)."}),
+		SlotReadingAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_slot_reading_age_seconds", Help: "Time since the slot's state was last read from PostgreSQL; the slot gauges keep the values of that reading."}),
 		KafkaStall: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_kafka_stall_seconds", Help: "How long the events in flight have waited with no acknowledgement from Kafka; 0 when none wait."}),
 
@@ -89,6 +93,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_retention_rows_deleted_total", Help: "Published outbox rows deleted by retention cleanup."}),
 		RetentionRuns: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_retention_runs_total", Help: "Retention cleanup passes completed."}),
+		RetentionFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_relay_retention_failures_total", Help: "Retention cleanup passes that failed; each is retried at the next interval."}),
 		RetentionWatermark: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outbox_relay_retention_cutoff_timestamp_seconds", Help: "Rows created before this Unix time may be deleted by retention cleanup."}),
 		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -107,8 +113,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.CommitToReceive = commitToReceive
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
-			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.OldestUnpublished, m.KafkaStall,
-			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionWatermark,
+			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.SlotReadingAge, m.OldestUnpublished, m.KafkaStall,
+			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionFailures, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}

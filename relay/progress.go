@@ -315,14 +315,17 @@ type ProgressReport struct {
 }
 
 // ReadProgress reads the progress record for the slot and says where a
-// relay starting now would start. It creates nothing.
+// relay starting now would start. It creates nothing. Kafka's part ends
+// within --kafka-timeout.
 func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*ProgressReport, error) {
-	sys, err := replication.IdentifySystem(ctx, cfg.Replication)
+	pgCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	sys, err := replication.IdentifySystem(pgCtx, cfg.Replication)
 	if err != nil {
 		return nil, err
 	}
 	rep := &ProgressReport{Topic: cfg.Progress.Topic, SystemID: sys.ID, Timeline: sys.Timeline}
-	store, err := openProgress(ctx, cfg, progress.OpenExisting)
+	read, err := readLatest(ctx, cfg, progress.Key(cfg.Replication.Slot, sys.ID))
 	if errors.Is(err, progress.ErrTopic) {
 		rep.NextStartSource, rep.NextStartLSN = StartFromSlot, slotStart.String()
 		rep.Error = err.Error()
@@ -331,11 +334,7 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	if err != nil {
 		return nil, err
 	}
-	defer store.Close()
-	rec, found, err := store.Latest(ctx, progress.Key(cfg.Replication.Slot, sys.ID))
-	if err != nil {
-		return nil, err
-	}
+	rec, found := read.rec, read.found
 	var stored *progress.Record
 	if found {
 		stored = &rec
@@ -353,6 +352,34 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	}
 	rep.NextStartSource, rep.NextStartLSN = d.Source, d.Start.String()
 	return rep, nil
+}
+
+// latestRead is the progress record readLatest found, if any.
+type latestRead struct {
+	rec   progress.Record
+	found bool
+}
+
+// readLatest opens the progress topic and reads key's record, all within
+// --kafka-timeout. The client's own timeouts apply to each connection and
+// request in turn (a broker that accepts connections and never answers
+// took three of them), and some of its waits take no context: so the read
+// runs on its own goroutine, and a one-shot command gives up on it at the
+// deadline.
+func readLatest(ctx context.Context, cfg Config, key []byte) (latestRead, error) {
+	// The store's calls take ctx, but the client's own waits do not all
+	// heed it; the deadline reaches them through Within.
+	ctx, cancel := context.WithTimeout(ctx, cfg.Publisher.Timeout)
+	defer cancel()
+	return publisher.Within(ctx, cfg.Publisher, "read the progress record from topic "+cfg.Progress.Topic, func() (latestRead, error) {
+		store, err := openProgress(ctx, cfg, progress.OpenExisting)
+		if err != nil {
+			return latestRead{}, err
+		}
+		defer store.Close()
+		rec, found, err := store.Latest(ctx, key)
+		return latestRead{rec, found}, err
+	}, func(latestRead) {})
 }
 
 // isProgressFatal reports the progress errors retrying cannot fix.

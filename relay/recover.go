@@ -41,6 +41,8 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 		s.closeSink(old, 5*time.Second)
 	}()
 	s.failure = nil
+	s.paused = true
+	s.status.pauseReading()
 	for attempt := 1; ; attempt++ {
 		wait := backoff.Delay(s.cfg.backoffMin, s.cfg.backoffMax, attempt)
 		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).

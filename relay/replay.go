@@ -75,7 +75,8 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 	// that never answers Close may keep one waiting, which must not hold
 	// up the replay's answer.
 	var collecting sync.WaitGroup
-	pub, err := publisher.New(cfg, log)
+	pub, err := publisher.Within(ctx, cfg, "connect to Kafka", func() (*publisher.Publisher, error) { return publisher.New(cfg, log) },
+		func(p *publisher.Publisher) { p.Close(time.Second) })
 	if err != nil {
 		return nil, err
 	}

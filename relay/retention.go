@@ -73,7 +73,10 @@ func (r *Relay) retain(ctx context.Context) {
 		n, err := r.deleteBefore(ctx, cutoff)
 		r.metrics.RetentionRuns.Inc()
 		if err != nil && ctx.Err() == nil {
-			log.Warn().Err(err).Msg("outbox cleanup failed; retrying next interval (check the role has DELETE on the outbox table)")
+			// Streaming goes on: a cleanup that keeps failing shows in
+			// outbox_relay_retention_failures_total and its alert.
+			r.metrics.RetentionFailures.Inc()
+			log.Warn().Err(err).Msg("outbox cleanup failed; retrying next interval (check the role has SELECT and DELETE on the outbox table)")
 			continue
 		}
 		if n > 0 || cfg.DryRun {

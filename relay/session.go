@@ -43,8 +43,25 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	connectSink := func() (sink, error) {
 		return await(ctx, newSink, func(s sink) { s.Close(time.Second) })
 	}
+	// The quarantine table is opened, and its privileges checked, after
+	// the server's checks and before prepare may create the slot: a start
+	// that fails on it must not leave a slot nobody reads holding WAL.
+	var quarantineTable *store.Quarantine
+	defer func() {
+		if quarantineTable != nil {
+			quarantineTable.Close()
+		}
+	}()
+	openQuarantine := func() error {
+		if r.cfg.OnPermanentError != OnPermanentQuarantine {
+			return nil
+		}
+		var err error
+		quarantineTable, err = r.openQuarantine(ctx, store.ForRelay)
+		return err
+	}
 	var snk sink
-	start, senderTimeout, err := r.prepare(ctx, func(s replication.System) error {
+	start, senderTimeout, err := r.prepare(ctx, openQuarantine, func(s replication.System) error {
 		sys = s
 		if !r.cfg.exactlyOnce() {
 			return nil
@@ -67,14 +84,8 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
 	var quarantine *quarantiner
-	if r.cfg.OnPermanentError == OnPermanentQuarantine {
-		table, err := r.openQuarantine(ctx, store.ForRelay)
-		if err != nil {
-			closeSink()
-			return false, err
-		}
-		defer table.Close()
-		quarantine = newQuarantiner(table.Table().String(), table, r.cfg.inFlightEvents()+2)
+	if quarantineTable != nil {
+		quarantine = newQuarantiner(quarantineTable.Table().String(), quarantineTable, r.cfg.inFlightEvents()+2)
 	}
 	if snk == nil {
 		if snk, err = connectSink(); err != nil {
@@ -137,9 +148,10 @@ func (s *streamer) runToEnd(ctx context.Context) error {
 }
 
 // prepare checks the server and the slot and returns where to start.
-// beforeResume runs once the slot is ready and before the progress record
-// is read.
-func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.System) error) (start lsn.LSN, senderTimeout time.Duration, err error) {
+// beforeSlot runs after the server's checks and before the slot is
+// prepared; beforeResume runs once the slot is ready and before the
+// progress record is read.
+func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResume func(replication.System) error) (start lsn.LSN, senderTimeout time.Duration, err error) {
 	admin, err := replication.Connect(ctx, r.cfg.Replication)
 	if err != nil {
 		return 0, 0, err
@@ -148,10 +160,20 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	if err := admin.RequirePrimary(ctx); err != nil {
 		return 0, 0, err
 	}
+	// Everything that can be checked is checked before PrepareSlot: a
+	// start that fails after creating the slot leaves it holding WAL.
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
 	}
 	if err := admin.CheckNoPollers(ctx); err != nil {
+		return 0, 0, err
+	}
+	if r.cfg.Retention.After > 0 {
+		if err := admin.CheckRetention(ctx); err != nil {
+			return 0, 0, err
+		}
+	}
+	if err := beforeSlot(); err != nil {
 		return 0, 0, err
 	}
 	senderTimeout, err = admin.SenderTimeout(ctx)
@@ -159,7 +181,7 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 		return 0, 0, err
 	}
 	policy := r.slotPolicy()
-	policy.BeforeCreate = r.checkKafka
+	policy.BeforeCreate = r.beforeSlotCreate
 	slot, err := admin.PrepareSlot(ctx, policy)
 	if err != nil {
 		return 0, 0, err
@@ -174,6 +196,22 @@ func (r *Relay) prepare(ctx context.Context, beforeResume func(replication.Syste
 	}
 	start, err = r.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
+}
+
+// beforeSlotCreate checks Kafka before the relay creates its slot: that
+// the brokers answer, and that the progress topic exists or can be made
+// (its store is opened now, and kept for resume). Either failing after the
+// slot was made would leave it holding WAL with no relay to read it.
+func (r *Relay) beforeSlotCreate(ctx context.Context) error {
+	if err := r.checkKafka(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	if _, err := r.progressStore(ctx); err != nil {
+		return fmt.Errorf("the replication slot was not created: %w", err)
+	}
+	return nil
 }
 
 // checkKafka connects to the brokers once before the relay creates its

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -20,7 +21,10 @@ import (
 // it recovers. It works whether this instance streams or is a standby, on
 // connections of its own.
 func (r *Relay) PollSlot(ctx context.Context, every time.Duration) {
-	p := &slotPoller{relay: r}
+	p := &slotPoller{relay: r, started: time.Now()}
+	r.mu.Lock()
+	r.status.pollStarted = p.started
+	r.mu.Unlock()
 	defer p.close()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -43,7 +47,27 @@ type slotPoller struct {
 	walState   string            // the wal_status last logged about
 	failing    bool              // the last read failed, and that was logged
 	limitsRead bool              // the slot limits were read and warned about
+
+	// What the slot's position says of the events the relay has not read
+	// (see Relay.unpublishedAge).
+	started  time.Time // when polling began: the oldest a reading can be
+	lastRead time.Time // when the last good reading began
+	marks    []walMark // readings whose WAL end the slot has not confirmed yet, oldest first
+	caughtUp time.Time // the newest reading whose WAL end the slot confirmed
 }
+
+// walMark is the server's WAL end as a reading found it, and when that
+// reading began: every transaction committed before then ends at or before
+// it.
+type walMark struct {
+	at  time.Time
+	end lsn.LSN
+}
+
+// maxWALMarks bounds the readings kept while the slot stays behind (an
+// hour at the 5 s poll). Dropping the oldest keeps the anchor where it
+// was, so the age can only be overstated, never understated.
+const maxWALMarks = 720
 
 func (p *slotPoller) close() {
 	p.closeSlot()
@@ -69,11 +93,19 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 	m := r.metrics
 	st := r.Status()
 	m.InFlightEvents.Set(float64(st.InFlightEvents))
-	m.OldestUnpublished.Set(st.OldestInFlightSeconds)
+	// Set after the reading, from what it and the earlier ones say.
+	defer func() {
+		now := time.Now()
+		m.OldestUnpublished.Set(r.unpublishedAge(now))
+		m.SlotReadingAge.Set(now.Sub(later(p.lastRead, p.started)).Seconds())
+	}()
 
 	ctx, cancel := context.WithTimeout(ctx, max(every, 10*time.Second))
 	defer cancel()
 	p.countQuarantined(ctx)
+	// Taken before the query: a transaction committed before this time
+	// ends at or before the WAL end the query reads.
+	began := time.Now()
 	info, exists, err := p.read(ctx)
 	if ctx.Err() != nil && err != nil {
 		return // shutting down, or the read took too long; try again later
@@ -98,6 +130,7 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 		p.failing = false
 		r.log.Info().Msg("reading the replication slot's state again")
 	}
+	p.notePosition(info, began)
 	if info.Active {
 		m.SlotActive.Set(1)
 	} else {
@@ -257,4 +290,39 @@ func (p *slotPoller) noteWALStatus(info *replication.SlotInfo, walStatus string)
 		r.log.Info().Str("wal_status", walStatus).Msg("the replication slot's WAL is no longer at risk")
 		p.walState = ""
 	}
+}
+
+// notePosition keeps what a good reading of the slot, begun at at, says
+// of the WAL the slot has confirmed.
+func (p *slotPoller) notePosition(info *replication.SlotInfo, at time.Time) {
+	p.lastRead = at
+	confirmed, err := info.Confirmed()
+	if err != nil {
+		return
+	}
+	end, err := lsn.Parse(info.CurrentLSN)
+	if err != nil {
+		return
+	}
+	// Once the slot confirmed a reading's WAL end, every transaction
+	// committed before that reading began is published (or quarantined).
+	keep := p.marks[:0]
+	for _, mark := range p.marks {
+		if mark.end <= confirmed {
+			p.caughtUp = later(p.caughtUp, mark.at)
+		} else {
+			keep = append(keep, mark)
+		}
+	}
+	p.marks = keep
+	behind := confirmed < end
+	if !behind {
+		p.caughtUp = later(p.caughtUp, at)
+	} else {
+		if len(p.marks) == maxWALMarks {
+			p.marks = append(p.marks[:0], p.marks[1:]...)
+		}
+		p.marks = append(p.marks, walMark{at: at, end: end})
+	}
+	p.relay.noteSlotPosition(p.caughtUp, behind)
 }

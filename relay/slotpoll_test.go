@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -48,5 +50,46 @@ func TestSlotPollerWarnsOnceWhenWALIsAtRisk(t *testing.T) {
 	}
 	if !strings.Contains(lines[1], "invalidated") || !strings.Contains(lines[0], "safe_wal_size") {
 		t.Errorf("the warnings do not explain themselves:\n%s", logs.String())
+	}
+}
+
+// Outside the stream the age of the oldest unpublished event comes from
+// the slot's position (issue 30: it stayed 0 through a Kafka outage). A
+// reading's moment counts as caught up only once the slot confirmed the
+// WAL end that reading found; while the relay reads the stream, the age is
+// that of the events in flight.
+func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
+	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := &slotPoller{relay: r, started: t0}
+	r.status.pollStarted = t0
+	reading := func(at time.Duration, confirmed, end lsn.LSN) {
+		c := confirmed.String()
+		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))
+	}
+	age := func(at time.Duration) float64 { return r.unpublishedAge(t0.Add(at)) }
+	r.setState(StateBackingOff, nil)
+
+	reading(0, 100, 100) // caught up at t0+0
+	if got := age(3 * time.Second); got != 0 {
+		t.Errorf("slot caught up: age %v, want 0", got)
+	}
+	reading(5*time.Second, 100, 200) // behind: events may be committed from t0+0 on
+	reading(10*time.Second, 150, 300)
+	if got := age(20 * time.Second); got != 20 {
+		t.Errorf("slot behind since the reading at 0 s: age at 20 s = %v, want 20", got)
+	}
+	reading(15*time.Second, 200, 300) // confirmed the end read at 5 s
+	if got := age(20 * time.Second); got != 15 {
+		t.Errorf("slot confirmed what the 5 s reading found: age at 20 s = %v, want 15", got)
+	}
+	// Streaming with nothing in flight: the relay reads every event at once.
+	r.setStreaming(lsn.NewTracker(0, lsn.Limits{Events: 10}))
+	if got := age(20 * time.Second); got != 0 {
+		t.Errorf("streaming, nothing in flight: age %v, want 0", got)
+	}
+	r.pauseReading()
+	if got := age(20 * time.Second); got != 15 {
+		t.Errorf("waiting for Kafka: age %v, want 15", got)
 	}
 }

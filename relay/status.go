@@ -57,6 +57,14 @@ type Status struct {
 	// on a missing slot means lost events, not a first start.
 	streamed bool
 	slot     slotReading
+	// paused says the read loop waits for Kafka and reads nothing: the
+	// tracker then knows nothing of the events committed meanwhile.
+	paused bool
+	// What the slot poller's readings say of the slot's position; see
+	// unpublishedAge.
+	slotCaughtUp time.Time // the newest moment before which every commit is confirmed
+	slotBehind   bool      // the last good reading found the slot short of the WAL end
+	pollStarted  time.Time // when the slot poller began
 }
 
 // slotReading is the slot poller's last reading, served by /slot.
@@ -107,6 +115,7 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.mu.Lock()
 	r.status.tracker = t
 	r.status.streamed = true
+	r.status.paused = false
 	r.mu.Unlock()
 	r.setState(StateStreaming, nil)
 }
@@ -132,6 +141,64 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	r.mu.Lock()
 	r.status.slot = reading
 	r.mu.Unlock()
+}
+
+// pauseReading tells the relay its read loop stopped reading to wait for
+// Kafka; the next session's setStreaming ends it.
+func (r *Relay) pauseReading() {
+	r.mu.Lock()
+	r.status.paused = true
+	r.mu.Unlock()
+}
+
+// noteSlotPosition keeps what the slot poller's readings say: the newest
+// moment before which every committed transaction is confirmed, and
+// whether the last good reading found the slot behind the WAL end.
+func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
+	r.mu.Lock()
+	r.status.slotCaughtUp, r.status.slotBehind = caughtUp, behind
+	r.mu.Unlock()
+}
+
+// unpublishedAge is outbox_relay_oldest_unpublished_event_age_seconds.
+// While the read loop reads the stream it is the age of the oldest event in
+// flight: events arrive within moments of their commit. Outside the stream
+// (waiting for Kafka, restarting) the relay sees none of the events
+// committed meanwhile, so when the slot poller's last good reading found
+// the slot behind the server's WAL end, the age is the time since the
+// newest moment before which everything committed is known confirmed: the
+// later of the slot poller's caught-up moment and the commit time of the
+// newest transaction this process confirmed (or, with neither, when the
+// poller began, which may understate); never less than the in-flight age.
+// That is an upper bound: other tables' WAL also puts the slot behind, and
+// an idle outbox in a busy database shows the time since the slot last
+// caught up.
+func (r *Relay) unpublishedAge(now time.Time) float64 {
+	r.mu.Lock()
+	s := r.status
+	r.mu.Unlock()
+	var inFlight float64
+	if s.tracker != nil {
+		if oldest := s.tracker.Stats().OldestInFlight; !oldest.IsZero() {
+			inFlight = now.Sub(oldest).Seconds()
+		}
+	}
+	if s.State == StateStreaming && !s.paused || !s.slotBehind {
+		return inFlight
+	}
+	anchor := later(s.slotCaughtUp, s.confirmedCommitTime)
+	if anchor.IsZero() {
+		anchor = s.pollStarted
+	}
+	return max(inFlight, now.Sub(anchor).Seconds())
+}
+
+// later is the later of two times.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // noteQuarantined keeps the poller's count of quarantined events.

@@ -142,6 +142,9 @@ func (a *Admin) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := RequireSchemaUsage(ctx, a.conn, schema); err != nil {
+		return err
+	}
 	var exists bool
 	if err := a.conn.QueryRow(ctx,
 		"SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL", schema, table).Scan(&exists); err != nil {
@@ -150,8 +153,20 @@ func (a *Admin) Check(ctx context.Context) error {
 	if !exists {
 		return precondition("table %s.%s does not exist: run `outbox-relay migrate` (or apply the README's SQL), or fix --table", schema, table)
 	}
-	var pubInsert, allTables bool
-	err = a.conn.QueryRow(ctx, "SELECT pubinsert, puballtables FROM pg_publication WHERE pubname = $1", a.cfg.Publication).Scan(&pubInsert, &allTables)
+	var partitioned bool
+	if err := a.conn.QueryRow(ctx,
+		"SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(format('%I.%I', $1::text, $2::text))", schema, table).Scan(&partitioned); err != nil {
+		return fmt.Errorf("look up table %s: %w", a.cfg.Table, err)
+	}
+	var pubInsert, allTables, viaRoot bool
+	// pubviaroot exists from PostgreSQL 13, which publishing a partitioned
+	// table needs anyway.
+	viaRootColumn := "false"
+	if partitioned {
+		viaRootColumn = "pubviaroot"
+	}
+	err = a.conn.QueryRow(ctx, "SELECT pubinsert, puballtables, "+viaRootColumn+" FROM pg_publication WHERE pubname = $1",
+		a.cfg.Publication).Scan(&pubInsert, &allTables, &viaRoot)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return precondition("publication %q does not exist: run `outbox-relay migrate` (or CREATE PUBLICATION %s FOR TABLE %s.%s WITH (publish = 'insert')), or fix --publication. "+
 			"If it was dropped while the slot still had WAL to read, the slot cannot pass the changes written without it even once it exists again; the relay then stops with the steps to take",
@@ -162,6 +177,13 @@ func (a *Admin) Check(ctx context.Context) error {
 	}
 	if !pubInsert {
 		return precondition("publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", a.cfg.Publication, quoteIdent(a.cfg.Publication))
+	}
+	if partitioned && !viaRoot {
+		// Without it the stream names each partition, never the table,
+		// and pg_publication_tables lists only the partitions: ADD TABLE
+		// would be refused, as the table is a member already.
+		return precondition("table %s.%s is partitioned, and publication %q publishes its partitions under their own names: ALTER PUBLICATION %s SET (publish_via_partition_root = true); as the publication's owner, so the rows arrive as the table's",
+			schema, table, a.cfg.Publication, quoteIdent(a.cfg.Publication))
 	}
 	var included bool
 	if err := a.conn.QueryRow(ctx,

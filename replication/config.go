@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/internal/pgname"
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
@@ -91,15 +92,22 @@ func SplitTable(t string) (schema, table string, err error) {
 
 // SplitTableFlag is SplitTable for a value that came from another flag, so
 // the error names the flag the operator has to fix.
+//
+// The value follows PostgreSQL's quoting rules: a part in double quotes is
+// taken as written, may hold dots, and writes a double quote as two, so
+// "S"."a.b" names table a.b in schema S. An unquoted part is taken as
+// written too, case and any quote inside it included: the relay always quotes the names it is given,
+// and folding them would point an existing --table MyTable at another table.
 func SplitTableFlag(flagName, t string) (schema, table string, err error) {
-	parts := strings.Split(t, ".")
+	parts, ok := pgname.Split(t)
 	switch {
-	case len(parts) == 1 && parts[0] != "":
+	case !ok:
+	case len(parts) == 1:
 		return "public", parts[0], nil
-	case len(parts) == 2 && parts[0] != "" && parts[1] != "":
+	case len(parts) == 2:
 		return parts[0], parts[1], nil
 	}
-	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events", flagName, t)
+	return "", "", fmt.Errorf("%s %q: want schema.table, e.g. public.outbox_events, with a part in double quotes when it holds a dot (\"S\".\"a.b\")", flagName, t)
 }
 
 // unparseable stands in for a connection string that does not parse: such a

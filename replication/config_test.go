@@ -78,3 +78,31 @@ func TestSplitTableFlagNamesTheFlag(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// --table follows PostgreSQL's quoting: a quoted part may hold a dot or a
+// doubled quote (issue 30: "S"."a.b" was refused), and an unquoted part is
+// kept as written.
+func TestSplitTableQuoting(t *testing.T) {
+	for _, tc := range []struct{ in, schema, table string }{
+		{"outbox_events", "public", "outbox_events"},
+		{"app.outbox_events", "app", "outbox_events"},
+		{`"S"."a.b"`, "S", "a.b"},
+		{`"a""b".c`, `a"b`, "c"},
+		{`s."T"`, "s", "T"},
+		{`"a.b"`, "public", "a.b"},
+		{`"x""".y`, `x"`, "y"},
+		{"App.Outbox", "App", "Outbox"},
+		{`sales.odd"name`, "sales", `odd"name`},
+		{`my schema.refused "events"`, "my schema", `refused "events"`},
+	} {
+		s, tb, err := SplitTable(tc.in)
+		if err != nil || s != tc.schema || tb != tc.table {
+			t.Errorf("SplitTable(%s) = %q, %q, %v; want %q, %q", tc.in, s, tb, err, tc.schema, tc.table)
+		}
+	}
+	for _, bad := range []string{"", ".", "a.", ".b", "a.b.c", `"a`, `"a"b.c`, `"".c`, `"S"."a.b".c`, `"a".`} {
+		if s, tb, err := SplitTable(bad); err == nil {
+			t.Errorf("SplitTable(%s) = %q, %q; want an error", bad, s, tb)
+		}
+	}
+}

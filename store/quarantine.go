@@ -118,6 +118,9 @@ func OpenQuarantine(ctx context.Context, cfg replication.Config, table Table, ac
 
 func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access Access) error {
 	quoted := q.table.Quoted()
+	if err := replication.RequireSchemaUsage(ctx, q.conn, q.table.Schema); err != nil {
+		return err
+	}
 	var exists bool
 	if err := q.conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", quoted).Scan(&exists); err != nil {
 		return fmt.Errorf("look up quarantine table: %w", err)

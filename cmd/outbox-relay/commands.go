@@ -273,6 +273,11 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()
 		log.Error().Msg(operatorMessage(err, o.relay.Replication.DSN))
+		if errors.Is(err, replication.ErrColumnMapping) {
+			// The flags name columns the table does not have: bad
+			// configuration, found before the slot was made.
+			return exitUsage
+		}
 		return exitFailure
 	}
 	notifier.stopping()
@@ -444,9 +449,11 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return usageError(stderr, "status", err, o.relay.Replication.DSN)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	// PostgreSQL's part has a bound of its own; the Kafka part below is
+	// bounded by --kafka-timeout as a whole.
+	pgCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	info, failoverWarning, err := relay.ReadSlot(ctx, o.relay.Replication)
+	info, failoverWarning, err := relay.ReadSlot(pgCtx, o.relay.Replication)
 	if err != nil {
 		return failure(stderr, "status", err, o.relay.Replication.DSN)
 	}

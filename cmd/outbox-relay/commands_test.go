@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -212,6 +213,30 @@ func TestHelpListsOnlyTheCommandsFlags(t *testing.T) {
 				t.Errorf("%v lists %s, which does not apply", tc.args, f)
 			}
 		}
+	}
+}
+
+// run -h printed the worker id's default twice, "(default host:pid)
+// (default "vm:28809")" (issue 30): the usage names the default, the
+// process's own host:pid is no default to show.
+func TestHelpShowsTheWorkerIDDefaultOnce(t *testing.T) {
+	_, _, help := runCaptured("run", "-h")
+	i := strings.Index(help, "-poll-worker-id")
+	if i < 0 {
+		t.Fatalf("run -h does not list -poll-worker-id:\n%s", help)
+	}
+	text := help[i:]
+	if j := strings.Index(text, "\n  -"); j > 0 {
+		text = text[:j]
+	}
+	if n := strings.Count(text, "(default"); n != 1 {
+		t.Errorf("-poll-worker-id's help shows %d defaults, want 1:\n%s", n, text)
+	}
+	if o, _, code := setup("run", []string{"--source", "poll"}, 0, io.Discard); o == nil || o.poll.WorkerID == "" {
+		t.Errorf("without --poll-worker-id the worker id is empty (exit %d)", code)
+	}
+	if o, _, _ := setup("run", []string{"--poll-worker-id", "w1"}, 0, io.Discard); o == nil || o.poll.WorkerID != "w1" {
+		t.Errorf("--poll-worker-id w1 is not taken")
 	}
 }
 

@@ -97,7 +97,7 @@ func newFlagSet(command string, o *options, stderr io.Writer) *flag.FlagSet {
 func postgresFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.StringVar(&c.Replication.DSN, "pg-dsn", "", "PostgreSQL connection string, libpq URL or key=value (required)")
-	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table")
+	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table; a part in double quotes may hold a dot")
 	fs.StringVar(&c.Replication.Publication, "publication", c.Replication.Publication, "publication that carries the outbox table's inserts")
 	fs.StringVar(&c.Replication.Slot, "slot", c.Replication.Slot, "logical replication slot name")
 }
@@ -143,7 +143,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.MaxMessageBytes, "kafka-max-message-bytes", c.MaxMessageBytes, "largest record and per-partition batch the producer sends; keep at or below the topics' max.message.bytes")
 	fs.IntVar(&c.RetryMax, "kafka-retry-max", c.RetryMax, "producer retries of a retriable error before the relay re-streams from the slot (at least 1; under --delivery exactly-once it is not used: a record gets the retries that fit in 20 s, then its Kafka transaction aborts and is re-streamed)")
 	fs.DurationVar(&c.RetryBackoffMax, "kafka-retry-backoff-max", c.RetryBackoffMax, "cap of the producer's exponential retry backoff")
-	fs.DurationVar(&c.Timeout, "kafka-timeout", c.Timeout, "bound on every wait for a broker: connecting, each request's answer, a metadata lookup; a broker that accepts connections and never answers fails a command within about three times this (connect, then each request's answer)")
+	fs.DurationVar(&c.Timeout, "kafka-timeout", c.Timeout, "bound on every wait for a broker: connecting, each request's answer, a metadata lookup; a broker that accepts connections and never answers fails run's attempt within about three times this (connect, then each request's answer); one-shot commands give up on connecting to Kafka (status: on its whole Kafka part) within this")
 	fs.DurationVar(&c.Linger, "kafka-linger", c.Linger, "how long a batch waits for more records when no request is in flight (linger.ms); a few ms cut the broker's CPU at the cost of that much latency")
 	fs.BoolVar(&c.Security.TLS, "kafka-tls", false, "connect to Kafka over TLS (certificate and host name verified)")
 	fs.StringVar(&c.Security.CA, "kafka-tls-ca", "", "PEM file of the CA that signed the brokers' certificates (default: system roots)")

@@ -39,7 +39,11 @@ func pollFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&c.Tick, "poll-tick", c.Tick, "poll mode: least time between two claims while rows trickle in, so the commits within it go out together: less CPU on PostgreSQL per event for up to this much latency (0: claim at every wake-up)")
 	fs.BoolVar(&c.Notify, "poll-notify", c.Notify, "poll mode: wake on the trigger's NOTIFY at commit (turn off behind a transaction-mode pooler, which does not carry LISTEN)")
 	fs.BoolVar(&c.SessionCheck, "poll-session-check", c.SessionCheck, "poll mode: a lease is free as soon as the PostgreSQL session that took it is gone (its poller died), and a WAL relay sees that a poller runs; turn off behind a transaction-mode pooler, whose server sessions outlive the poller (leases then last --poll-lease)")
-	fs.StringVar(&c.WorkerID, "poll-worker-id", c.WorkerID, "poll mode: this poller's name in its leases and on /poll, unique among the table's pollers; with --poll-session-check=false, a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)")
+	// The default is this process's host:pid, known only at run time: a
+	// flag.Func shows no default of its own, so -h prints the usage's
+	// "(default host:pid)" once instead of also this process's value.
+	fs.Func("poll-worker-id", "poll mode: this poller's `name` in its leases and on /poll, unique among the table's pollers; with --poll-session-check=false, a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)",
+		func(v string) error { c.WorkerID = v; return nil })
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "poll mode: attempts of an event that keeps failing with retriable errors before it goes to the quarantine table")
 	fs.DurationVar(&c.BackoffMin, "poll-backoff-min", c.BackoffMin, "poll mode: first wait before an event's next attempt; doubled per attempt, with jitter")
 	fs.DurationVar(&c.BackoffMax, "poll-backoff-max", c.BackoffMax, "poll mode: longest wait between an event's attempts")

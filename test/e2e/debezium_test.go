@@ -405,3 +405,25 @@ func TestDebeziumHandOver(t *testing.T) {
 		t.Fatalf("reconcile exited %d, want 0 with %d rows and no gap: %s", code, len(want), out)
 	}
 }
+
+// Debezium's stock table has no "timestamp" column. --retention on it was
+// accepted, the relay reported ready, and every interval failed with
+// `column "timestamp" does not exist` (issue 30). It is a flag problem:
+// exit 2 at start naming --column-created-at, before any slot is made.
+func TestDebeziumRetentionWithoutCreatedAtColumn(t *testing.T) {
+	e := newEnv(t)
+	e.db.Exec(t, strings.Replace(debeziumTable, "timestamp     timestamptz  NOT NULL DEFAULT now(),", "", 1))
+	e.migrate(append(debeziumFlags, "--skip-slot")...)
+	p := e.startRelayNoWait(append(debeziumFlags, "--retention", "168h")...)
+	code, err := p.Wait(30 * time.Second)
+	if err != nil {
+		p.Kill()
+		t.Fatalf("run --retention without the column is still running after 30 s (%v):\n%s", err, harness.LastLines(p.Output(), 5))
+	}
+	if code != 2 || !strings.Contains(p.Output(), "--column-created-at") {
+		t.Fatalf("run --retention without the column: exit %d, want 2 naming --column-created-at:\n%s", code, harness.LastLines(p.Output(), 5))
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Errorf("the refused start left a replication slot")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"testing"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -209,4 +210,37 @@ func NewUUID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// PartitionedOutboxSQL is the relay's outbox table partitioned by created_at,
+// as docs/operations.md describes: the primary key holds the partition key,
+// and retention can drop old partitions whole. Partition outbox_events_old
+// takes rows created before 2000, outbox_events_new the rest.
+const PartitionedOutboxSQL = `
+CREATE TABLE public.outbox_events (
+	event_id       uuid        NOT NULL,
+	aggregate_type text        NOT NULL,
+	aggregate_id   text        NOT NULL,
+	event_type     text        NOT NULL,
+	schema_version int         NOT NULL DEFAULT 1,
+	payload        jsonb       NOT NULL,
+	headers        jsonb,
+	occurred_at    timestamptz NOT NULL DEFAULT now(),
+	created_at     timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (event_id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE TABLE public.outbox_events_old PARTITION OF public.outbox_events FOR VALUES FROM (MINVALUE) TO ('2000-01-01');
+CREATE TABLE public.outbox_events_new PARTITION OF public.outbox_events FOR VALUES FROM ('2000-01-01') TO (MAXVALUE)`
+
+// InsertIntoPartitions commits one event into each partition and returns
+// their ids.
+func InsertIntoPartitions(t testing.TB, db *PGDatabase, aggType string) []string {
+	t.Helper()
+	old, recent := NewUUID(), NewUUID()
+	db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, created_at)
+		VALUES ($1, $3, 'a-1', 'Happened', '{"n": 1}', '1999-06-01T00:00:00Z'), ($2, $3, 'a-2', 'Happened', '{"n": 2}', now())`, old, recent, aggType)
+	if n := db.QueryInt64(t, "SELECT count(*) FROM outbox_events_old WHERE event_id = $1", old); n != 1 {
+		t.Fatalf("the old event is not in partition outbox_events_old")
+	}
+	return []string{old, recent}
 }

@@ -556,6 +556,29 @@ tests:
         alertname: OutboxRelaySlotGap
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
 
+  # A cleanup that fails at every pass alerts; one failure does not.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_retention_failures_total{job="failing", instance="a"}'
+        values: '0+1x40'
+      - series: 'outbox_relay_retention_failures_total{job="blip", instance="b"}'
+        values: '0 0 1x40'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: OutboxRelayRetentionFailing
+        exp_alerts: [{exp_labels: {job: failing, severity: warning}}]
+
+  # Slot gauges from a reading over two minutes old: PostgreSQL is away.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_reading_age_seconds{job="outbox-relay", instance="a"}'
+        values: '5 5 5 65 125 185 245 305'
+    alert_rule_test:
+      - {eval_time: 4m, alertname: OutboxRelaySlotReadingStale, exp_alerts: []}
+      - eval_time: 6m
+        alertname: OutboxRelaySlotReadingStale
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+
   # Quarantine, down, WAL at risk, old events, restarts, permanent errors.
   - interval: 1m
     input_series:

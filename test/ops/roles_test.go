@@ -225,3 +225,122 @@ func TestMinimalRole(t *testing.T) {
 		t.Errorf("retention failed with SELECT and DELETE granted:\n%s", harness.LastLines(p.Output(), 10))
 	}
 }
+
+// A role without USAGE on the outbox's schema cannot see any table in it.
+// run retried that for ever with the raw "permission denied for schema"
+// (issue 30); like a missing table grant, it must stop at once (exit 1)
+// with the GRANT to run, in WAL mode and in poll mode.
+func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	role := "nousage_" + e.slot
+	const pass = "nousage-pw-7a21"
+	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
+	e.db.Exec(t, "CREATE SCHEMA app")
+	dsn := e.db.DSNFor(role, pass)
+	want := fmt.Sprintf(`GRANT USAGE ON SCHEMA "app" TO "%s"`, role)
+	for _, mode := range []struct {
+		name   string
+		flags  []string
+		grants string
+	}{
+		{"wal", []string{"--table", "app.outbox_events"},
+			"GRANT SELECT, INSERT, UPDATE ON app.outbox_quarantine TO " + role},
+		{"poll", []string{"--table", "app.poll_events", "--source", "poll"},
+			fmt.Sprintf("GRANT SELECT, DELETE ON app.poll_events TO %[1]s; GRANT SELECT, UPDATE, DELETE ON app.poll_events_poll TO %[1]s; GRANT SELECT, INSERT, UPDATE ON app.outbox_quarantine TO %[1]s", role)},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			e.migrate(mode.flags...)
+			e.db.Exec(t, mode.grants)
+			p := e.start(e.argsAs(dsn, "run", mode.flags...))
+			code, err := p.Wait(30 * time.Second)
+			if err != nil {
+				p.Kill()
+				t.Fatalf("run without USAGE on the schema is still running after 30 s (%v):\n%s", err, harness.LastLines(p.Output(), 5))
+			}
+			// The log line is JSON: its quotes come escaped.
+			if code != 1 || !strings.Contains(strings.ReplaceAll(p.Output(), `\"`, `"`), want) {
+				t.Fatalf("run without USAGE on the schema: exit %d, want 1 naming %q:\n%s", code, want, harness.LastLines(p.Output(), 5))
+			}
+			// The GRANT it names is enough.
+			e.db.Exec(t, want)
+			p = e.start(e.argsAs(dsn, "run", mode.flags...))
+			waitFor := `"message":"streaming"`
+			if mode.name == "poll" {
+				waitFor = `"message":"polling"`
+			}
+			p.WaitForOutput(t, waitFor, time.Minute)
+			p.Stop(time.Minute)
+			e.db.Exec(t, "REVOKE USAGE ON SCHEMA app FROM "+role)
+		})
+	}
+}
+
+// run created the replication slot before it checked its quarantine
+// privileges, then stopped on them and left a slot nobody reads holding
+// WAL (issue 30). Every check must come before the slot: the failed start
+// leaves no slot behind.
+func TestFailedStartLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	role := "noquar_" + e.slot
+	const pass = "noquar-pw-19c4"
+	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
+	e.migrate("--skip-slot")
+	code, out := e.run(e.argsAs(e.db.DSNFor(role, pass), "run"))
+	if code != 1 || !strings.Contains(out, "GRANT SELECT, INSERT, UPDATE ON") {
+		t.Errorf("run without quarantine privileges: exit %d, want 1 naming the GRANT:\n%s", code, harness.LastLines(out, 5))
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Errorf("the failed start left %d replication slot %s behind", n, e.slot)
+	}
+}
+
+// Issue 30: a retention that fails at every interval only logged a
+// warning behind a ready relay. Each failed pass is now counted
+// (outbox_relay_retention_failures_total, alerted on by
+// OutboxRelayRetentionFailing) while streaming goes on.
+func TestRetentionFailuresAreCounted(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.migrate()
+	role := "ret_" + e.slot
+	const pass = "ret-pw-8b2f"
+	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
+	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role+"; GRANT SELECT, DELETE ON outbox_events TO "+role)
+	p := e.start(e.argsAs(e.db.DSNFor(role, pass), "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "300ms"))
+	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
+	base := p.AdminURL(t)
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 1), time.Minute)
+	e.db.Exec(t, "REVOKE DELETE ON outbox_events FROM "+role)
+	harness.WaitFor(t, 30*time.Second, "failed cleanup passes to be counted", func() bool {
+		return harness.Metric(t, base, "outbox_relay_retention_failures_total") >= 2
+	})
+	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz %d %q: a failing cleanup must not stop the stream", code, body)
+	}
+}
+
+// A progress topic Kafka refuses to create stops run (exit 1), and, as
+// every other start-up check, before the slot is made: the failed start
+// leaves no slot holding WAL.
+func TestRefusedProgressTopicLeavesNoSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnvNoKafka(t)
+	e.kafka = harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: 3, DisableAutoCreate: true})
+	e.brokers = e.kafka.Brokers()
+	e.migrate("--skip-slot")
+	harness.RefuseCreateTopics(e.kafka.Cluster())
+	p := e.start(e.args("run"))
+	code, err := p.Wait(time.Minute)
+	if err != nil {
+		p.Kill()
+		t.Fatalf("run with a progress topic Kafka refuses to create is still running after a minute")
+	}
+	if code != 1 || !strings.Contains(p.Output(), "--create --topic") {
+		t.Errorf("run with a progress topic Kafka refuses to create: exit %d, want 1 with the command that creates it:\n%s", code, harness.LastLines(p.Output(), 5))
+	}
+	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+		t.Errorf("the failed start left replication slot %s behind", e.slot)
+	}
+}

@@ -128,3 +128,33 @@ func TestReconcileProgressSaysItWaitsOnKafka(t *testing.T) {
 		t.Fatalf("no progress line says reconcile waits on Kafka (want %s):\n%s", want, harness.LastLines(p.Output(), 10))
 	}
 }
+
+// Issue 30: status against a broker that never answers took 90 s with the
+// default --kafka-timeout of 30 s, since the client's timeouts apply to
+// each connection and request in turn (quarantine replay and reconcile
+// too). --kafka-timeout is now the deadline of status's whole Kafka part,
+// and of the other commands' connection to Kafka: each must end within
+// about one timeout, so the bound asserted here (3x, with start-up and
+// PostgreSQL inside it) is one a per-request timeout cannot meet.
+func TestOneShotKafkaWaitEndsWithinKafkaTimeout(t *testing.T) {
+	e, silent := silentEnv(t)
+	const timeout = 2 * time.Second
+	for name, args := range silentCommands(e) {
+		started := time.Now()
+		p := harness.StartProcess(t, e.bin, append(args, "--kafka-brokers", silent.Addr(), "--kafka-timeout", timeout.String()), nil)
+		code, err := p.Wait(time.Minute)
+		took := time.Since(started)
+		if err != nil {
+			p.Kill()
+			t.Errorf("%s against a silent broker still running after a minute", name)
+			continue
+		}
+		t.Logf("%s --kafka-timeout %v against a silent broker: exit %d after %v", name, timeout, code, took.Round(time.Millisecond))
+		if code != 1 || !strings.Contains(p.Output(), "--kafka-timeout") {
+			t.Errorf("%s exited %d, want 1 naming --kafka-timeout:\n%s", name, code, harness.LastLines(p.Output(), 5))
+		}
+		if limit := 3 * timeout; took >= limit {
+			t.Errorf("%s took %v against a silent broker, want under %v with --kafka-timeout %v", name, took.Round(time.Millisecond), limit, timeout)
+		}
+	}
+}

@@ -577,3 +577,21 @@ func TestPollWithoutSessionCheckLeasesLastTheirTime(t *testing.T) {
 		t.Errorf("%d rows of the killed poller were published before its lease expired at %s", n, expires)
 	}
 }
+
+// Issue 30: poll mode on an outbox table partitioned by created_at. The
+// statement-level trigger with a transition table sits on the partitioned
+// table (PostgreSQL 13 and later fire it for rows routed to any
+// partition), so events inserted into both partitions are tracked and
+// published.
+func TestPollPartitionedOutbox(t *testing.T) {
+	db := cluster.CreateTestDatabase(t)
+	db.Exec(t, harness.PartitionedOutboxSQL)
+	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
+		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
+		Ledger: harness.NewLedger()}
+	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
+	e.startPoller()
+	ids := harness.InsertIntoPartitions(t, db, "order")
+	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.order$`, ids, time.Minute)
+	harness.WaitFor(t, 30*time.Second, "both events marked published", func() bool { return e.unpublished() == 0 })
+}
