@@ -45,7 +45,7 @@ type inboxConsumer struct {
 // defaults with and without version checks, and the inbox one record per
 // transaction (what inboxsarama did before batches) for comparison.
 var inboxConsumers = []inboxConsumer{
-	{name: "naive"},
+	{name: "naive", naive: true},
 	{name: "inbox"},
 	{name: "inbox, versions", checkVersions: true},
 	{name: "inbox, versions, 1 per transaction", checkVersions: true, maxBatch: 1},
@@ -100,6 +100,9 @@ func (b *bench) inboxPart(ctx context.Context) ([]InboxResult, error) {
 				}
 				reps = append(reps, r)
 				b.logf("inbox, %s, rep %d, %s: %d events in %.2f s, %.0f events/s", br.name, rep, c.name, r.Events, secs, r.EventsPerSec)
+			}
+			if naive <= 0 {
+				return out, fmt.Errorf("inbox, %s: the naive consumer was not measured", br.name)
 			}
 			for i := range reps {
 				reps[i].RatioToNaive = reps[i].EventsPerSec / naive

@@ -33,6 +33,9 @@ func measuredResults(rows int) Results {
 		Writer: []WriterResult{{Mode: "batch", Events: rows, EventsPerSec: 9000, PerTxn: 100, StatementsTxn: 1},
 			{Mode: "single", Events: rows, EventsPerSec: 4000, PerTxn: 100, StatementsTxn: 100}},
 	}
+	for _, c := range inboxConsumers {
+		r.Inbox = append(r.Inbox, InboxResult{Broker: "kfake", Consumer: c.name, Events: rows, Seconds: 1, EventsPerSec: float64(rows), RatioToNaive: 1})
+	}
 	for _, source := range []string{"wal", "poll"} {
 		r.Poll = pollResultWith(r.Poll, source, rows)
 	}

@@ -21,6 +21,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -130,7 +131,13 @@ func exists(path string) bool {
 func buildDeb(t *testing.T, dir string, vars ...string) (file, version string) {
 	t.Helper()
 	args := append([]string{"-C", repoRoot, "--no-print-directory", "deb", "DEB_DIR=" + dir, "BIN=" + filepath.Join(dir, "outbox-relay")}, vars...)
-	out := run(t, "make", args...)
+	// make deb's -trimpath build compiles every dependency again (go
+	// test's build cache does not serve it): on the 2-core machine, with
+	// the other test packages running, that once took over two minutes.
+	out, err := harness.RunToolWithin(t, 10*time.Minute, "make", args...)
+	if err != nil {
+		t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
 	matches, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
 	if len(matches) != 1 {
 		t.Fatalf("make deb made %d packages in %s:\n%s", len(matches), dir, out)

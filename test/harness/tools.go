@@ -38,7 +38,13 @@ func SkipUnlessRequired(t testing.TB, requireEnv, why string) {
 // combined output.
 func RunTool(t testing.TB, name string, args ...string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return RunToolWithin(t, 2*time.Minute, name, args...)
+}
+
+// RunToolWithin is RunTool with its own time limit.
+func RunToolWithin(t testing.TB, limit time.Duration, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	return string(out), err
