@@ -122,11 +122,16 @@ func waitClaims(t *testing.T, p *harness.Process, n float64) {
 func (e *env) checkQuarantineAttempts(p *harness.Process, eventID string, want int) {
 	e.t.Helper()
 	logged := ""
-	for _, l := range harness.LogLines(p.Output()) {
-		if strings.HasPrefix(l.Str("message"), "event quarantined") && l.Str("event_id") == eventID {
-			logged = l.Str("attempts")
+	// The poller logs the quarantine after its row committed, so a test
+	// that saw the row may get here before the line.
+	harness.WaitFor(e.t, 30*time.Second, "the poller logs the quarantine of "+eventID, func() bool {
+		for _, l := range harness.LogLines(p.Output()) {
+			if strings.HasPrefix(l.Str("message"), "event quarantined") && l.Str("event_id") == eventID {
+				logged = l.Str("attempts")
+			}
 		}
-	}
+		return logged != ""
+	})
 	code, out := harness.RunCommand(e.t, e.bin, []string{"quarantine", "list", "--json", "--pg-dsn", e.db.DSN()})
 	if code != 0 {
 		e.t.Fatalf("quarantine list exited %d:\n%s", code, out)
