@@ -28,6 +28,13 @@ import (
 // `ready` then drops a row whose earlier row was claimable but skipped as
 // locked by a poller claiming at this very moment.
 //
+// The scan starts at the oldest pending row, found in the pending rows'
+// index: every row before it is published or quarantined. Without that
+// bound the claim's generic plan may walk the primary key from the
+// table's first row, through every published row not yet deleted by
+// retention: measured at 300,000 rows, a plan that did cost 180 µs per
+// claimed row against 60, and it grows with the table.
+//
 // SKIP LOCKED keeps concurrent pollers apart; a row another poller leased
 // and committed since this statement's snapshot fails the re-check of the
 // lease condition on the locked row, so two pollers never hold a valid
@@ -42,6 +49,7 @@ WITH ` + liveSessionsCTE + `, picked AS (
     SELECT s.seq, s.aggregate_type, s.aggregate_id, s.lease_holder IS NOT NULL AS reclaimed
     FROM {{state}} s
     WHERE s.published_at IS NULL AND s.quarantined_at IS NULL
+      AND s.seq >= (SELECT min(h.seq) FROM {{state}} h WHERE h.published_at IS NULL AND h.quarantined_at IS NULL)
       AND s.next_attempt_at <= now()
       AND (s.lease_expires_at IS NULL OR s.lease_expires_at <= now() OR {{lease_dead_s}})
       AND NOT EXISTS (
