@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -179,7 +180,7 @@ func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
 	if store != nil {
 		return store, nil
 	}
-	store, err := await(ctx, func() (*progress.Store, error) { return openProgress(ctx, r.cfg, progress.Open) },
+	store, err := await.Do(ctx, func() (*progress.Store, error) { return openProgress(ctx, r.cfg, progress.Open) },
 		func(s *progress.Store) { s.Close() })
 	if err != nil {
 		return nil, err

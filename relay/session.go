@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -41,7 +42,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	// connectSink is newSink for this session's start, given up when ctx
 	// ends; waitForKafka makes its own producers.
 	connectSink := func() (sink, error) {
-		return await(ctx, newSink, func(s sink) { s.Close(time.Second) })
+		return await.Do(ctx, newSink, func(s sink) { s.Close(time.Second) })
 	}
 	// The quarantine table is opened, and its privileges checked, after
 	// the server's checks and before prepare may create the slot: a start
@@ -219,7 +220,7 @@ func (r *Relay) beforeSlotCreate(ctx context.Context) error {
 // cannot reach Kafka (a wrong address or password) must not leave one.
 func (r *Relay) checkKafka(ctx context.Context) error {
 	r.log.Info().Strs("brokers", r.cfg.Publisher.Brokers).Msg("the replication slot does not exist: checking Kafka before creating it")
-	client, err := await(ctx, func() (io.Closer, error) { return publisher.NewReadClient(r.cfg.Publisher) },
+	client, err := await.Do(ctx, func() (io.Closer, error) { return publisher.NewReadClient(r.cfg.Publisher) },
 		func(c io.Closer) { c.Close() })
 	if err != nil {
 		return fmt.Errorf("the replication slot was not created, as Kafka is not reachable yet: %w", err)
