@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/layout"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -66,7 +66,7 @@ func (n Names) validate() error {
 	for _, name := range []struct{ flag, value string }{
 		{"--table (schema)", n.Schema}, {"--table", n.Table}, {"--publication", n.Publication},
 	} {
-		if err := replication.ValidateIdentifier(name.flag, name.value); err != nil {
+		if err := pg.ValidateIdentifier(name.flag, name.value); err != nil {
 			return err
 		}
 		if strings.Contains(name.value, dollarTag) {
@@ -162,7 +162,7 @@ func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 // SlotSQL returns the statement that creates the replication slot, for
 // scripts run by hand; the slot name is validated first.
 func SlotSQL(slot string) (string, error) {
-	if err := replication.ValidateSlotName(slot); err != nil {
+	if err := pg.ValidateSlotName(slot); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("-- the replication slot, created by the relay's role (REPLICATION):\nSELECT pg_create_logical_replication_slot('%s', 'pgoutput');\n", slot), nil
@@ -197,7 +197,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		}
 		if !exists {
 			return nil, fmt.Errorf("%w: outbox table %s does not exist, and migrate does not create a Debezium outbox table: fix --table, or create the table your services write (Debezium's outbox columns: id uuid, aggregatetype, aggregateid, type varchar, payload jsonb) and run migrate again",
-				replication.ErrPrecondition, outbox)
+				pg.ErrPrecondition, outbox)
 		}
 	}
 	objects := []struct{ what, exists, arg string }{

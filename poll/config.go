@@ -15,16 +15,18 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Config is what a poller needs.
 type Config struct {
-	// Postgres is the database, with Table the outbox table; the slot and
-	// publication are not used.
-	Postgres  replication.Config
+	// Postgres is the database, with Table the outbox table.
+	Postgres pg.Config
+	// Slot is --slot: a poller refuses to run while a WAL relay streams
+	// from it (see pg.CheckNoWALRelay).
+	Slot      string
 	Publisher publisher.Config
 	// QuarantineTable is --quarantine-table; empty means the default.
 	QuarantineTable string

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -145,7 +145,7 @@ func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout,
 // checkTables names what `migrate --source poll` would have created and is
 // missing, and the privileges the poller lacks, before the first claim.
 func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
-	if err := replication.RequireSchemaUsage(ctx, conn, t.outbox.Schema, t.state.Schema, t.quarantine.Schema); err != nil {
+	if err := pg.RequireSchemaUsage(ctx, conn, t.outbox.Schema, t.state.Schema, t.quarantine.Schema); err != nil {
 		return err
 	}
 	var stateExists, triggerExists bool
@@ -157,7 +157,7 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 	}
 	if !stateExists || !triggerExists {
 		return fmt.Errorf("%w: poll mode's state table %s or the trigger %s_track on %s is missing (or disabled): rows inserted now would never be published; run `outbox-relay migrate --source poll` as the schema's owner",
-			replication.ErrPrecondition, t.state, t.state.Name, t.outbox)
+			pg.ErrPrecondition, t.state, t.state.Name, t.outbox)
 	}
 	var leaseColumns bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'lease_backend_start' AND NOT attisdropped)`,
@@ -166,7 +166,7 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 	}
 	if !leaseColumns {
 		return fmt.Errorf("%w: poll mode's state table %s predates this release (no lease_pid, lease_backend_start): run `outbox-relay migrate --source poll` as the schema's owner; it adds them and changes no row",
-			replication.ErrPrecondition, t.state)
+			pg.ErrPrecondition, t.state)
 	}
 	for _, need := range []struct {
 		table store.Table
@@ -180,11 +180,11 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 			var ok bool
 			var role string
 			if err := conn.QueryRow(ctx, "SELECT current_user, has_table_privilege($1, $2)", need.table.Quoted(), priv).Scan(&role, &ok); err != nil {
-				return fmt.Errorf("%w: check %s on %s: %v (run `outbox-relay migrate --source poll`)", replication.ErrPrecondition, priv, need.table, err)
+				return fmt.Errorf("%w: check %s on %s: %v (run `outbox-relay migrate --source poll`)", pg.ErrPrecondition, priv, need.table, err)
 			}
 			if !ok {
 				return fmt.Errorf("%w: role %s lacks %s on %s, which poll mode needs: GRANT %s ON %s TO %s",
-					replication.ErrPrecondition, role, priv, need.table, priv, need.table.Quoted(), pgx.Identifier{role}.Sanitize())
+					pg.ErrPrecondition, role, priv, need.table, priv, need.table.Quoted(), pgx.Identifier{role}.Sanitize())
 			}
 		}
 	}
@@ -387,7 +387,7 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, state store.Table) (Stats, e
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-			return s, fmt.Errorf("%w: %s does not exist: run `outbox-relay migrate --source poll`", replication.ErrPrecondition, state)
+			return s, fmt.Errorf("%w: %s does not exist: run `outbox-relay migrate --source poll`", pg.ErrPrecondition, state)
 		}
 		return s, fmt.Errorf("read poll state from %s: %w", state, err)
 	}

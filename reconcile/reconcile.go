@@ -20,14 +20,14 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Config is one comparison.
 type Config struct {
-	Postgres replication.Config
+	Postgres pg.Config
 	Kafka    publisher.Config
 
 	// Quarantine is the quarantine table; rows held there are reported as

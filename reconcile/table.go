@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -42,7 +42,7 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := replication.Dial(ctx, cfg.Postgres)
+	conn, err := pg.Dial(ctx, cfg.Postgres)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,7 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 	if err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("%w: look up %s.%s: %v (check --table, --outbox-layout and --column-event-id, and that `outbox-relay migrate` ran)",
-			replication.ErrPrecondition, t.outbox, l.Column(layout.EventID), err)
+			pg.ErrPrecondition, t.outbox, l.Column(layout.EventID), err)
 	}
 	if err := t.checkCreatedColumn(ctx); err != nil {
 		conn.Close(context.Background())
@@ -97,7 +97,7 @@ func (t *table) checkCreatedColumn(ctx context.Context) error {
 	}
 	if !exists {
 		return fmt.Errorf("%w: reconcile selects the window's rows by their insert time, and %s has no column %s: set --column-created-at to the table's insert-time column (one with DEFAULT now(); add it if there is none)",
-			replication.ErrPrecondition, t.outbox, column)
+			pg.ErrPrecondition, t.outbox, column)
 	}
 	return nil
 }

@@ -36,6 +36,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -285,8 +286,10 @@ func benchStream(b *testing.B, wal []byte) *replication.Stream {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cfg := replication.Config{
-		DSN:         fmt.Sprintf("postgres://bench@%s/bench?sslmode=disable&gssencmode=disable", ln.Addr()),
-		Table:       "public.outbox_events",
+		Config: pg.Config{
+			DSN:   fmt.Sprintf("postgres://bench@%s/bench?sslmode=disable&gssencmode=disable", ln.Addr()),
+			Table: "public.outbox_events",
+		},
 		Publication: "outbox_relay",
 		Slot:        "bench",
 	}

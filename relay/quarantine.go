@@ -83,5 +83,5 @@ func (r *Relay) openQuarantine(ctx context.Context, access store.Access) (*store
 	if err != nil {
 		return nil, err
 	}
-	return store.OpenQuarantine(ctx, r.cfg.Replication, table, access)
+	return store.OpenQuarantine(ctx, r.cfg.Replication.Config, table, access)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -123,7 +124,7 @@ const maxTransactionInterval = 10 * time.Second
 func DefaultConfig() Config {
 	return Config{
 		Replication: replication.Config{
-			Table:       "public.outbox_events",
+			Config:      pg.Config{Table: "public.outbox_events"},
 			Publication: "outbox_relay",
 			Slot:        "outbox_relay",
 		},
@@ -267,7 +268,7 @@ func (r *Relay) noteAck(at time.Time) { r.lastAck.note(at) }
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
 	var perr *publisher.Error
-	return errors.Is(err, replication.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
+	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) || errors.Is(err, publisher.ErrAuth) ||
 		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
 		isProgressFatal(err)

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -97,7 +97,7 @@ func (r *Relay) deleteBefore(ctx context.Context, cutoff time.Time) (int64, erro
 	if err != nil {
 		return 0, err
 	}
-	conn, err := replication.Dial(ctx, r.cfg.Replication)
+	conn, err := pg.Dial(ctx, r.cfg.Replication.Config)
 	if err != nil {
 		return 0, err
 	}

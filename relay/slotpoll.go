@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -118,7 +119,7 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 			p.failing = true
 			ev := r.log.Warn()
 			if err != nil {
-				ev.Str("error", replication.RedactError(err.Error(), r.cfg.Replication.DSN)).
+				ev.Str("error", pg.RedactError(err.Error(), r.cfg.Replication.DSN)).
 					Msg("cannot read the replication slot's state; the slot gauges keep their last values")
 			} else {
 				ev.Msg("the replication slot does not exist")
@@ -179,7 +180,7 @@ func (p *slotPoller) read(ctx context.Context) (*replication.SlotInfo, bool, err
 func (p *slotPoller) warnSlotLimits(ctx context.Context) {
 	limits, err := p.admin.SlotLimits(ctx)
 	if err != nil {
-		p.relay.log.Debug().Str("error", replication.RedactError(err.Error(), p.relay.cfg.Replication.DSN)).Msg("cannot read the slot limits")
+		p.relay.log.Debug().Str("error", pg.RedactError(err.Error(), p.relay.cfg.Replication.DSN)).Msg("cannot read the slot limits")
 		return
 	}
 	p.limitsRead = true
@@ -199,7 +200,7 @@ func (p *slotPoller) countQuarantined(ctx context.Context) {
 	if p.quarantine == nil {
 		q, err := r.openQuarantine(ctx, store.ForList)
 		if err != nil {
-			r.log.Debug().Str("error", replication.RedactError(err.Error(), r.cfg.Replication.DSN)).Msg("cannot count quarantined events")
+			r.log.Debug().Str("error", pg.RedactError(err.Error(), r.cfg.Replication.DSN)).Msg("cannot count quarantined events")
 			return
 		}
 		p.quarantine = q

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -134,7 +135,7 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	reading := slotReading{info: info, at: at}
 	switch {
 	case err != nil:
-		reading.err = replication.RedactError(err.Error(), r.cfg.Replication.DSN)
+		reading.err = pg.RedactError(err.Error(), r.cfg.Replication.DSN)
 	case !exists:
 		reading.err = (&slotMissingError{slot: r.cfg.Replication.Slot}).Error()
 	}

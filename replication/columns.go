@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // ErrColumnMapping marks a table that exists but does not match the
@@ -18,7 +20,7 @@ var ErrColumnMapping = errors.New("columns do not match the layout")
 // found and the types accepted. A bytea payload, for one, would otherwise
 // be published as the text \x00ff...
 func (a *Admin) CheckColumns(ctx context.Context) error {
-	schema, table, err := SplitTable(a.cfg.Table)
+	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return err
 	}
@@ -45,15 +47,15 @@ func (a *Admin) CheckColumns(ctx context.Context) error {
 	}
 	l := a.cfg.OutboxLayout()
 	if len(found) == 0 && !l.CreatesTable() {
-		return precondition("outbox table %s.%s does not exist. With --outbox-layout %s the relay reads the table your services already write and never creates it: fix --table, or create the table as Debezium's outbox documentation describes (id, aggregatetype, aggregateid, type, payload)",
+		return pg.Preconditionf("outbox table %s.%s does not exist. With --outbox-layout %s the relay reads the table your services already write and never creates it: fix --table, or create the table as Debezium's outbox documentation describes (id, aggregatetype, aggregateid, type, payload)",
 			schema, table, l.Name())
 	}
 	if problems := l.ColumnProblems(found); len(problems) > 0 {
 		if !l.CreatesTable() {
 			return fmt.Errorf("%w: %w: outbox table %s.%s: %s. Map the columns with the --column-* flags and --header-columns, point --table at the right table, or fix its column types (ALTER TABLE ... ALTER COLUMN ... TYPE ...)",
-				ErrPrecondition, ErrColumnMapping, schema, table, strings.Join(problems, "; "))
+				pg.ErrPrecondition, ErrColumnMapping, schema, table, strings.Join(problems, "; "))
 		}
-		return precondition("outbox table %s.%s: %s. Fix the table (ALTER TABLE ... ALTER COLUMN ... TYPE ...) or point --table at the right one; `outbox-relay migrate --print-sql` shows the expected definition",
+		return pg.Preconditionf("outbox table %s.%s: %s. Fix the table (ALTER TABLE ... ALTER COLUMN ... TYPE ...) or point --table at the right one; `outbox-relay migrate --print-sql` shows the expected definition",
 			schema, table, strings.Join(problems, "; "))
 	}
 	return nil

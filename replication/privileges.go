@@ -4,67 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
-
-// Querier is what the privilege checks need of a connection; *pgx.Conn has
-// it.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// RequireSchemaUsage checks the role may look into each schema. Without
-// USAGE every lookup of a table in it fails with "permission denied for
-// schema", which is no failure a retry can fix: it is a precondition, with
-// the GRANT to run. A schema that does not exist passes: the table lookup
-// that follows says the table is missing.
-func RequireSchemaUsage(ctx context.Context, conn Querier, schemas ...string) error {
-	seen := map[string]bool{}
-	for _, schema := range schemas {
-		if seen[schema] {
-			continue
-		}
-		seen[schema] = true
-		var role string
-		var usage *bool
-		err := conn.QueryRow(ctx, `SELECT current_user, (SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1)`,
-			schema).Scan(&role, &usage)
-		if err != nil {
-			return fmt.Errorf("check usage of schema %s: %w", schema, err)
-		}
-		if usage != nil && !*usage {
-			return precondition("role %q lacks USAGE on schema %s, so it cannot see the tables in it: run GRANT USAGE ON SCHEMA %s TO %s; as the schema's owner",
-				role, schema, quoteIdent(schema), quoteIdent(role))
-		}
-	}
-	return nil
-}
-
-// RequireTablePrivileges checks the role holds privs on the table
-// (schema-qualified, quoted) and names the GRANT to run when it does not;
-// why says what needs them.
-func RequireTablePrivileges(ctx context.Context, conn Querier, quotedTable string, privs []string, why string) error {
-	var role string
-	var missing []string
-	for _, priv := range privs {
-		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT current_user, has_table_privilege($1, $2)", quotedTable, priv).Scan(&role, &ok); err != nil {
-			return fmt.Errorf("check %s on %s: %w", priv, quotedTable, err)
-		}
-		if !ok {
-			missing = append(missing, priv)
-		}
-	}
-	if len(missing) > 0 {
-		return precondition("role %q lacks %s on %s, which %s needs: run GRANT %s ON %s TO %s; as the table's owner",
-			role, strings.Join(missing, ", "), quotedTable, why, strings.Join(privs, ", "), quotedTable, quoteIdent(role))
-	}
-	return nil
-}
 
 // CheckRetention verifies what deleting published rows needs, before the
 // relay starts: the column that dates a row (a Debezium table has no
@@ -73,11 +18,11 @@ func RequireTablePrivileges(ctx context.Context, conn Querier, quotedTable strin
 // the column the cleanup would fail at every interval behind a ready
 // relay.
 func (a *Admin) CheckRetention(ctx context.Context) error {
-	schema, table, err := SplitTable(a.cfg.Table)
+	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return err
 	}
-	quoted := quoteIdent(schema) + "." + quoteIdent(table)
+	quoted := pg.QuoteIdent(schema) + "." + pg.QuoteIdent(table)
 	l := a.cfg.OutboxLayout()
 	col := l.Column(layout.CreatedAt)
 	var typ string
@@ -87,14 +32,14 @@ func (a *Admin) CheckRetention(ctx context.Context) error {
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, quoted, col).Scan(&typ)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %w: --retention deletes rows by the time they were inserted, but the outbox table %s.%s has no column %s: name the table's insert-time column with --column-created-at, add one (ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now()), or leave --retention unset",
-			ErrPrecondition, ErrColumnMapping, schema, table, quoteIdent(col), quoted, quoteIdent(col))
+			pg.ErrPrecondition, ErrColumnMapping, schema, table, pg.QuoteIdent(col), quoted, pg.QuoteIdent(col))
 	}
 	if err != nil {
 		return fmt.Errorf("read column %s of %s: %w", col, quoted, err)
 	}
 	if typ != "timestamp with time zone" && typ != "timestamp without time zone" {
 		return fmt.Errorf("%w: %w: --retention dates rows by column %s of %s, which is %s, not a timestamp: name the insert-time column with --column-created-at, or leave --retention unset",
-			ErrPrecondition, ErrColumnMapping, quoteIdent(col), quoted, typ)
+			pg.ErrPrecondition, ErrColumnMapping, pg.QuoteIdent(col), quoted, typ)
 	}
-	return RequireTablePrivileges(ctx, a.conn, quoted, []string{"SELECT", "DELETE"}, "--retention")
+	return pg.RequireTablePrivileges(ctx, a.conn, quoted, []string{"SELECT", "DELETE"}, "--retention")
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // ErrSlotLost marks a slot the server invalidated: the WAL it held is gone.
@@ -114,7 +115,7 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
 		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. "+
 		"Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them",
-		ErrSlotMissing, a.cfg.Slot, Describe(a.cfg.DSN), since)
+		ErrSlotMissing, a.cfg.Slot, pg.Describe(a.cfg.DSN), since)
 }
 
 // TableRows describes what the outbox table holds when a slot is created:
@@ -131,7 +132,7 @@ type TableRows struct {
 // the count alone does not say anything was missed; the newest row's age
 // does: a row created long before the slot was most likely published.
 func (a *Admin) ExistingRows(ctx context.Context) (TableRows, error) {
-	schema, table, err := SplitTable(a.cfg.Table)
+	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return TableRows{}, err
 	}
@@ -281,22 +282,22 @@ func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
 			ErrSlotLost, info.Name, info.Invalidation(), info.Name)
 	}
 	if info.Plugin != "pgoutput" {
-		return precondition("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)
+		return pg.Preconditionf("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)
 	}
 	var db string
 	if err := a.conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		return fmt.Errorf("read current database: %w", err)
 	}
 	if info.Database != db {
-		return precondition("slot %q belongs to database %q, not %q: choose another --slot", info.Name, info.Database, db)
+		return pg.Preconditionf("slot %q belongs to database %q, not %q: choose another --slot", info.Name, info.Database, db)
 	}
 	if a.cfg.SlotFailover {
 		if err := a.requireFailoverSupport(ctx); err != nil {
 			return err
 		}
 		if info.Failover == nil || !*info.Failover {
-			return precondition("--slot-failover is set but slot %q is not a failover slot: run ALTER_REPLICATION_SLOT %s (FAILOVER true) on a replication connection, or drop the slot and run `outbox-relay migrate --slot-failover`",
-				info.Name, quoteIdent(info.Name))
+			return pg.Preconditionf("--slot-failover is set but slot %q is not a failover slot: run ALTER_REPLICATION_SLOT %s (FAILOVER true) on a replication connection, or drop the slot and run `outbox-relay migrate --slot-failover`",
+				info.Name, pg.QuoteIdent(info.Name))
 		}
 	}
 	return nil
@@ -309,7 +310,7 @@ func (a *Admin) requireFailoverSupport(ctx context.Context) error {
 		return fmt.Errorf("read server version: %w", err)
 	}
 	if version < 170000 {
-		return precondition("--slot-failover needs PostgreSQL 17 or newer; this server is %s: drop the flag, or upgrade", releaseName(version))
+		return pg.Preconditionf("--slot-failover needs PostgreSQL 17 or newer; this server is %s: drop the flag, or upgrade", releaseName(version))
 	}
 	return nil
 }

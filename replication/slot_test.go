@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -18,11 +19,11 @@ func TestMain(m *testing.M) { harness.Main(m) }
 
 func testDatabase(t *testing.T) (*harness.PGDatabase, Config) {
 	t.Helper()
-	pg := cluster.Get(t)
-	db := pg.CreateTestDatabase(t)
-	cfg := Config{DSN: db.DSN(), Table: "public.outbox_events", Publication: "outbox_relay", Slot: db.Name()}
+	server := cluster.Get(t)
+	db := server.CreateTestDatabase(t)
+	cfg := Config{Config: pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}, Publication: "outbox_relay", Slot: db.Name()}
 	t.Cleanup(func() {
-		pg.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", cfg.Slot)
+		server.Exec(t, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", cfg.Slot)
 	})
 	return db, cfg
 }
@@ -85,7 +86,7 @@ func TestCheckColumnsNamesWrongTypes(t *testing.T) {
 	db.Exec(t, `CREATE PUBLICATION outbox_relay FOR TABLE outbox_events WITH (publish = 'insert')`)
 	admin := connect(t, cfg)
 	err := admin.Check(context.Background())
-	if !errors.Is(err, ErrPrecondition) {
+	if !errors.Is(err, pg.ErrPrecondition) {
 		t.Fatalf("Check: %v, want a precondition error", err)
 	}
 	for _, want := range []string{

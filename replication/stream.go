@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // ErrPublicationGone marks a stream the walsender ended because the
@@ -38,17 +39,11 @@ type Stream struct {
 
 // OpenStream opens a replication=database connection.
 func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
-	pc, err := pgconn.ParseConfig(cfg.DSN)
+	conn, err := pg.DialReplication(ctx, cfg.Config)
 	if err != nil {
-		return nil, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
+		return nil, err
 	}
-	pinParams(pc.RuntimeParams, true)
-	defaultConnectTimeout(pc)
-	conn, err := pgconn.ConnectConfig(ctx, pc)
-	if err != nil {
-		return nil, connectError(err, cfg.DSN)
-	}
-	schema, table, err := SplitTable(cfg.Table)
+	schema, table, err := pg.SplitTable(cfg.Table)
 	if err != nil {
 		conn.Close(ctx)
 		return nil, err
@@ -62,7 +57,7 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 // sends each transaction only once it has committed and never an aborted one.
 func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
 	err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.cfg.Publication))},
+		PluginArgs: []string{"proto_version '1'", "publication_names " + pg.QuoteLiteral(pg.QuoteIdent(s.cfg.Publication))},
 	})
 	if err == nil {
 		return nil
@@ -76,7 +71,7 @@ func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
 			return fmt.Errorf("%w: slot %q: %s %s: events committed while the relay was behind may never reach Kafka; reconcile the outbox table against Kafka, then recreate the slot (--recreate-lost-slot)",
 				ErrSlotLost, s.cfg.Slot, pgErr.Message, pgErr.Detail)
 		case pgErr.Code == "42704":
-			return precondition("start replication: %s: run `outbox-relay migrate`, or fix --slot", pgErr.Message)
+			return pg.Preconditionf("start replication: %s: run `outbox-relay migrate`, or fix --slot", pgErr.Message)
 		}
 	}
 	return fmt.Errorf("start replication on slot %s: %w", s.cfg.Slot, err)

@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // System is what IDENTIFY_SYSTEM and TIMELINE_HISTORY say about the server:
@@ -40,15 +40,9 @@ type TimelineSwitch struct {
 // server's timeline when it has a history, on a short-lived replication
 // connection.
 func IdentifySystem(ctx context.Context, cfg Config) (System, error) {
-	pc, err := pgconn.ParseConfig(cfg.DSN)
+	conn, err := pg.DialReplication(ctx, cfg.Config)
 	if err != nil {
-		return System{}, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
-	}
-	pinParams(pc.RuntimeParams, true)
-	defaultConnectTimeout(pc)
-	conn, err := pgconn.ConnectConfig(ctx, pc)
-	if err != nil {
-		return System{}, connectError(err, cfg.DSN)
+		return System{}, err
 	}
 	defer conn.Close(context.Background())
 	id, err := pglogrepl.IdentifySystem(ctx, conn)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/layout"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // Quarantined is one event Kafka would not accept, as it is kept in the
@@ -103,8 +103,8 @@ type Quarantine struct {
 // OpenQuarantine connects to the database and checks the quarantine table
 // exists, the role may use it as access needs, and (for ForRelay) that it
 // can hold every payload the outbox table can.
-func OpenQuarantine(ctx context.Context, cfg replication.Config, table Table, access Access) (*Quarantine, error) {
-	conn, err := replication.Dial(ctx, cfg)
+func OpenQuarantine(ctx context.Context, cfg pg.Config, table Table, access Access) (*Quarantine, error) {
+	conn, err := pg.Dial(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,9 +116,9 @@ func OpenQuarantine(ctx context.Context, cfg replication.Config, table Table, ac
 	return q, nil
 }
 
-func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access Access) error {
+func (q *Quarantine) check(ctx context.Context, cfg pg.Config, access Access) error {
 	quoted := q.table.Quoted()
-	if err := replication.RequireSchemaUsage(ctx, q.conn, q.table.Schema); err != nil {
+	if err := pg.RequireSchemaUsage(ctx, q.conn, q.table.Schema); err != nil {
 		return err
 	}
 	var exists bool
@@ -130,7 +130,7 @@ func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access A
 		if access == ForRelay {
 			advice = "run `outbox-relay migrate`, or use --on-permanent-error halt"
 		}
-		return fmt.Errorf("%w: quarantine table %s does not exist: %s", replication.ErrPrecondition, quoted, advice)
+		return fmt.Errorf("%w: quarantine table %s does not exist: %s", pg.ErrPrecondition, quoted, advice)
 	}
 	var role string
 	var missing []string
@@ -145,7 +145,7 @@ func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access A
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: role %q lacks %s on the quarantine table %s: run GRANT %s ON %s TO %s; as the table's owner",
-			replication.ErrPrecondition, role, strings.Join(missing, ", "), quoted,
+			pg.ErrPrecondition, role, strings.Join(missing, ", "), quoted,
 			strings.Join(access.privileges(), ", "), quoted, pgx.Identifier{role}.Sanitize())
 	}
 	replayedAt, err := q.columnType(ctx, quoted, "replayed_at")
@@ -155,7 +155,7 @@ func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access A
 	q.replayedColumns = replayedAt != ""
 	if access == ForReplay && !q.replayedColumns {
 		return fmt.Errorf("%w: the quarantine table %s has no column replayed_at, where replay records what it delivered: run `outbox-relay migrate` to add it",
-			replication.ErrPrecondition, quoted)
+			pg.ErrPrecondition, quoted)
 	}
 	if access != ForRelay {
 		return nil
@@ -188,7 +188,7 @@ func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access A
 			// would fail the insert: the event could then be neither
 			// published nor quarantined, and the relay would stall.
 			return fmt.Errorf("%w: the outbox table's %s is %s but the quarantine table %s stores it as %s, so some events could not be quarantined: run ALTER TABLE %s ALTER COLUMN %s TYPE text;",
-				replication.ErrPrecondition, l.Column(c.field), source, quoted, stored, quoted, column)
+				pg.ErrPrecondition, l.Column(c.field), source, quoted, stored, quoted, column)
 		}
 	}
 	if l.PayloadNullable() {
@@ -201,7 +201,7 @@ func (q *Quarantine) check(ctx context.Context, cfg replication.Config, access A
 			// An event with a NULL payload could then not be quarantined,
 			// and the relay would stall on it.
 			return fmt.Errorf("%w: the quarantine table %s cannot hold a NULL payload, which --outbox-layout %s publishes as a null value: run `outbox-relay migrate` to allow it",
-				replication.ErrPrecondition, quoted, l.Name())
+				pg.ErrPrecondition, quoted, l.Name())
 		}
 	}
 	return nil

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/store"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -79,12 +79,12 @@ func TestQuarantinedJSONIsSnakeCase(t *testing.T) {
 func TestOpenQuarantineNamesTheMissingGrant(t *testing.T) {
 	db := migrated(t)
 	db.Exec(t, "CREATE ROLE quarantine_user LOGIN")
-	cfg := replication.Config{DSN: db.DSNFor("quarantine_user", ""), Table: "public.outbox_events"}
+	cfg := pg.Config{DSN: db.DSNFor("quarantine_user", ""), Table: "public.outbox_events"}
 	table := store.Table{Schema: "public", Name: store.DefaultQuarantineName}
 	ctx := context.Background()
 	for _, access := range []store.Access{store.ForRelay, store.ForReplay} {
 		_, err := store.OpenQuarantine(ctx, cfg, table, access)
-		if !errors.Is(err, replication.ErrPrecondition) {
+		if !errors.Is(err, pg.ErrPrecondition) {
 			t.Fatalf("access %d without grants: %v, want a precondition error", access, err)
 		}
 		grant := regexp.MustCompile(`GRANT [A-Z, ]+ ON \S+ TO \S+;`).FindString(err.Error())
@@ -109,11 +109,11 @@ func TestOpenQuarantineNamesTheMissingGrant(t *testing.T) {
 func TestQuarantinePayloadColumnFitsTheOutbox(t *testing.T) {
 	db := migrated(t)
 	db.Exec(t, "ALTER TABLE outbox_events ALTER COLUMN payload TYPE text")
-	cfg := replication.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
 	table := store.Table{Schema: "public", Name: store.DefaultQuarantineName}
 	ctx := context.Background()
 	_, err := store.OpenQuarantine(ctx, cfg, table, store.ForRelay)
-	if !errors.Is(err, replication.ErrPrecondition) || !strings.Contains(err.Error(), "ALTER COLUMN payload TYPE text") {
+	if !errors.Is(err, pg.ErrPrecondition) || !strings.Contains(err.Error(), "ALTER COLUMN payload TYPE text") {
 		t.Fatalf("text outbox payload, jsonb quarantine payload: %v", err)
 	}
 	db.Exec(t, `ALTER TABLE outbox_quarantine ALTER COLUMN payload TYPE text`)
@@ -149,7 +149,7 @@ func TestQuarantinePayloadColumnFitsTheOutbox(t *testing.T) {
 // suggested --on-permanent-error, a flag of run only.
 func TestMissingQuarantineTableAdviceFitsTheCommand(t *testing.T) {
 	db := migrated(t)
-	cfg := replication.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
 	table := store.Table{Schema: "public", Name: "no_such_quarantine"}
 	ctx := context.Background()
 	for access, want := range map[store.Access]string{

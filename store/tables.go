@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // DefaultQuarantineName is the quarantine table's name when
@@ -26,12 +26,12 @@ func (t Table) String() string { return t.Schema + "." + t.Name }
 // ParseTable splits "schema.table" (schema defaults to public), and names
 // flag in the error.
 func ParseTable(flag, name string) (Table, error) {
-	schema, table, err := replication.SplitTableFlag(flag, name)
+	schema, table, err := pg.SplitTableFlag(flag, name)
 	if err != nil {
 		return Table{}, err
 	}
 	for _, part := range []string{schema, table} {
-		if err := replication.ValidateIdentifier(flag, part); err != nil {
+		if err := pg.ValidateIdentifier(flag, part); err != nil {
 			return Table{}, err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -191,7 +192,7 @@ func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
 // program: with what to do about a Kafka failure (said once, however often
 // the error was wrapped), and no password of dsn.
 func operatorMessage(err error, dsn string) string {
-	return replication.RedactError(publisher.Explain(err), dsn)
+	return pg.RedactError(publisher.Explain(err), dsn)
 }
 
 // usageError reports bad flags or configuration.
@@ -266,7 +267,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		defer srv.Close()
 		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
 	}
-	log.Info().Str("version", versionString()).Str("postgres", replication.Describe(o.relay.Replication.DSN)).
+	log.Info().Str("version", versionString()).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.relay.Publisher.Brokers).Str("table", o.relay.Replication.Table).
 		Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
@@ -310,7 +311,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		// A team that polls may have no REPLICATION role to make one.
 		o.skipSlot = true
 	}
-	schema, table, _ := replication.SplitTable(o.relay.Replication.Table)
+	schema, table, _ := pg.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
 		Quarantine: o.relay.QuarantineTable, ExternalTable: !o.relay.Replication.OutboxLayout().CreatesTable(),
 		Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout()}
@@ -358,7 +359,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 				return failure(stderr, "migrate", err, dsn)
 			}
 		}
-		conn, err := replication.Dial(ctx, o.relay.Replication)
+		conn, err := pg.Dial(ctx, o.relay.Replication.Config)
 		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}

@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // Sources: where run reads committed outbox rows.
@@ -57,7 +57,8 @@ func pollMigrateFlags(fs *flag.FlagSet, o *options) {
 // WAL path and its own.
 func (o *options) pollConfig() poll.Config {
 	c := o.poll
-	c.Postgres = o.relay.Replication
+	c.Postgres = o.relay.Replication.Config
+	c.Slot = o.relay.Replication.Slot
 	c.Publisher = o.relay.Publisher
 	c.QuarantineTable = o.relay.QuarantineTable
 	c.OnPermanentError = o.relay.OnPermanentError
@@ -121,7 +122,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		defer srv.Close()
 		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
 	}
-	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", replication.Describe(cfg.Postgres.DSN)).
+	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
 		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
 		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")
 	err = p.Run(ctx)

@@ -57,7 +57,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if sub == "replay" {
 		access = store.ForReplay
 	}
-	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication, table, access)
+	quarantine, err := store.OpenQuarantine(ctx, o.relay.Replication.Config, table, access)
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}

@@ -131,7 +131,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 // which validateRun has checked.
 func reconcileConfig(o *options) reconcile.Config {
 	quarantine, _ := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
-	return reconcile.Config{Postgres: o.relay.Replication, Kafka: o.relay.Publisher,
+	return reconcile.Config{Postgres: o.relay.Replication.Config, Kafka: o.relay.Publisher,
 		Quarantine: quarantine, Margin: 5 * time.Minute, Stall: time.Minute}
 }
 

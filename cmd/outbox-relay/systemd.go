@@ -11,8 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/relay"
-	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // systemdNotifier speaks the sd_notify protocol when systemd started the
@@ -142,7 +142,7 @@ func (n *systemdNotifier) watch(ctx context.Context, status func() relay.Status,
 	if n.socket == "" {
 		return
 	}
-	redact := func(s string) string { return replication.RedactError(s, cfg.Replication.DSN) }
+	redact := func(s string) string { return pg.RedactError(s, cfg.Replication.DSN) }
 	tick := time.Second
 	if n.every > 0 {
 		tick = min(tick, n.every/2)

@@ -1,7 +1,8 @@
-package replication
+package pg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -9,8 +10,9 @@ import (
 
 // A WAL relay and a poller on one table each publish every event: both
 // running at once sends everything twice, with nothing to tell a consumer
-// why. Each mode therefore looks for the other before it starts, in what
+// why. Each source therefore looks for the other before it starts, in what
 // PostgreSQL knows of live sessions, so a dead process never blocks one.
+// The checks are here, beside neither source, because each is about both.
 
 // pollerLockClass is the first key of the advisory lock a poller holds on
 // its session while it polls a table; the second is the outbox table's
@@ -20,21 +22,12 @@ const pollerLockClass = 1886350444
 // modesDoc is where an operator reads how to switch without loss.
 const modesDoc = `"Switching between the two" in docs/polling-or-cdc.md`
 
-// quotedTable is cfg.Table as a quoted, schema-qualified name.
-func (c Config) quotedTable() (string, error) {
-	schema, table, err := SplitTable(c.Table)
-	if err != nil {
-		return "", err
-	}
-	return pgx.Identifier{schema, table}.Sanitize(), nil
-}
-
 // HoldPollerLock takes, on conn's session, the shared advisory lock that
 // tells a WAL relay a poller runs on cfg.Table. Shared, so pollers never
 // wait for one another; it ends with the session, so a poller that died
 // holds it no more.
 func HoldPollerLock(ctx context.Context, conn *pgx.Conn, cfg Config) error {
-	table, err := cfg.quotedTable()
+	table, err := cfg.QuotedTable()
 	if err != nil {
 		return err
 	}
@@ -45,17 +38,17 @@ func HoldPollerLock(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 }
 
 // CheckNoWALRelay refuses to poll cfg.Table while a WAL relay streams it:
-// while the slot cfg.Slot is active, or another pgoutput slot of this
+// while the slot named slot is active, or another pgoutput slot of this
 // database whose walsender's command names a publication of the table.
 // That command is visible only to the walsender's own role and to
 // pg_read_all_stats, so a WAL relay on another slot under another role is
 // not seen.
-func CheckNoWALRelay(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+func CheckNoWALRelay(ctx context.Context, conn Querier, cfg Config, slot string) error {
 	schema, table, err := SplitTable(cfg.Table)
 	if err != nil {
 		return err
 	}
-	var slot string
+	var active string
 	var pid *int32
 	err = conn.QueryRow(ctx, `SELECT s.slot_name::text, s.active_pid FROM pg_replication_slots s
 		LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid
@@ -63,8 +56,8 @@ func CheckNoWALRelay(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 		  AND (s.slot_name = $1 OR (s.plugin = 'pgoutput' AND EXISTS (
 		      SELECT 1 FROM pg_publication_tables p WHERE p.schemaname = $2 AND p.tablename = $3
 		        AND a.query LIKE '%publication_names%' AND position(p.pubname in a.query) > 0)))
-		ORDER BY s.slot_name <> $1, s.slot_name LIMIT 1`, cfg.Slot, schema, table).Scan(&slot, &pid)
-	if err == pgx.ErrNoRows {
+		ORDER BY s.slot_name <> $1, s.slot_name LIMIT 1`, slot, schema, table).Scan(&active, &pid)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
 	}
 	if err != nil {
@@ -74,29 +67,29 @@ func CheckNoWALRelay(ctx context.Context, conn *pgx.Conn, cfg Config) error {
 	if pid != nil {
 		walsender = fmt.Sprint(*pid)
 	}
-	return precondition("replication slot %q is active (walsender PID %s): a WAL relay (run --source wal) is streaming %s, and polling it too would publish every event twice; stop that relay first, see %s (or, if that slot is not this table's, give --slot the right name)",
-		slot, walsender, cfg.Table, modesDoc)
+	return Preconditionf("replication slot %q is active (walsender PID %s): a WAL relay (run --source wal) is streaming %s, and polling it too would publish every event twice; stop that relay first, see %s (or, if that slot is not this table's, give --slot the right name)",
+		active, walsender, cfg.Table, modesDoc)
 }
 
-// CheckNoPollers refuses to stream the table while a poller runs on it.
+// CheckNoPollers refuses to stream cfg.Table while a poller runs on it.
 // Pollers run with --poll-session-check=false hold no lock and are not
 // seen.
-func (a *Admin) CheckNoPollers(ctx context.Context) error {
-	table, err := a.cfg.quotedTable()
+func CheckNoPollers(ctx context.Context, conn Querier, cfg Config) error {
+	table, err := cfg.QuotedTable()
 	if err != nil {
 		return err
 	}
 	var pids []int32
-	err = a.conn.QueryRow(ctx, `SELECT COALESCE(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
+	err = conn.QueryRow(ctx, `SELECT COALESCE(array_agg(pid ORDER BY pid), '{}') FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND objsubid = 2
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND classid = $1::bigint::oid AND objid = to_regclass($2)::oid`, pollerLockClass, table).Scan(&pids)
 	if err != nil {
-		return fmt.Errorf("look up pollers of %s: %w", a.cfg.Table, err)
+		return fmt.Errorf("look up pollers of %s: %w", cfg.Table, err)
 	}
 	if len(pids) == 0 {
 		return nil
 	}
-	return precondition("%d poll-mode relays (run --source poll) are polling %s (their PostgreSQL sessions: PIDs %v), and streaming it too would publish every event twice; stop them first, see %s",
-		len(pids), a.cfg.Table, pids, modesDoc)
+	return Preconditionf("%d poll-mode relays (run --source poll) are polling %s (their PostgreSQL sessions: PIDs %v), and streaming it too would publish every event twice; stop them first, see %s",
+		len(pids), cfg.Table, pids, modesDoc)
 }

@@ -1,4 +1,4 @@
-package replication
+package pg
 
 import (
 	"strings"
@@ -42,7 +42,7 @@ func TestUnparseableDSNIsDescribedNotEchoed(t *testing.T) {
 		"host=db user=relay password='s3cret dbname=app",
 		"host=db port=abc user=relay password=s3cret",
 	} {
-		err := Config{DSN: dsn, Table: "public.outbox", Slot: "s", Publication: "p"}.Validate()
+		err := Config{DSN: dsn, Table: "public.outbox"}.Validate()
 		if err == nil {
 			t.Fatalf("%q: Validate accepted it", dsn)
 		}
@@ -59,8 +59,8 @@ func TestUnparseableDSNIsDescribedNotEchoed(t *testing.T) {
 		}
 		// pgconn's own parse error, passed through RedactError by callers
 		// that print it, loses its quote of the DSN too.
-		if _, perr := Connect(t.Context(), Config{DSN: dsn}); perr == nil {
-			t.Fatalf("%q: Connect parsed it", dsn)
+		if _, perr := Dial(t.Context(), Config{DSN: dsn}); perr == nil {
+			t.Fatalf("%q: Dial parsed it", dsn)
 		} else if got := RedactError(perr.Error(), dsn); strings.Contains(got, "s3cret") || strings.Contains(got, "relay") {
 			t.Errorf("%q: RedactError(%q) = %q", dsn, perr, got)
 		}
@@ -103,6 +103,24 @@ func TestSplitTableQuoting(t *testing.T) {
 	for _, bad := range []string{"", ".", "a.", ".b", "a.b.c", `"a`, `"a"b.c`, `"".c`, `"S"."a.b".c`, `"a".`} {
 		if s, tb, err := SplitTable(bad); err == nil {
 			t.Errorf("SplitTable(%s) = %q, %q; want an error", bad, s, tb)
+		}
+	}
+}
+
+// Describe is what the relay prints of a DSN: never the password, in any
+// of the forms a DSN can carry it, but the user and the database.
+func TestDescribeShowsNoPassword(t *testing.T) {
+	for in, secret := range map[string]string{
+		"postgres://relay:s3cret@db:5432/app?sslmode=verify-full": "s3cret",
+		"host=db user=relay password=s3cret dbname=app":           "s3cret",
+		"host=db user=relay password='s3 cret' dbname=app":        "s3 cret",
+	} {
+		out := Describe(in)
+		if strings.Contains(out, secret) {
+			t.Errorf("Describe(%q) = %q still has the password", in, out)
+		}
+		if !strings.Contains(out, "user=relay") || !strings.Contains(out, "dbname=app") {
+			t.Errorf("Describe(%q) = %q lost the user or the database", in, out)
 		}
 	}
 }
