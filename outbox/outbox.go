@@ -40,7 +40,7 @@ const VersionHeader = "aggregate_version"
 
 // reservedHeaders are the headers every record carries already; a row's
 // own headers may not use them. The list is the relay's
-// (publisher.ReservedHeaders, checked by a test) and the table's CHECK.
+// (event.ReservedHeaders, checked by a test) and the table's CHECK.
 var reservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "schema_version", "occurred_at"}
 
 // maxRowsPerStatement keeps a statement far below PostgreSQL's 65,535

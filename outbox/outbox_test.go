@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
+	relayevent "github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -226,7 +227,7 @@ func TestWriterBatchRowsAsTheRelayReadsThem(t *testing.T) {
 			}
 			return []byte(*s)
 		}
-		ev := &publisher.Event{EventID: b(f[0]), AggregateType: b(f[1]), AggregateID: b(f[2]), EventType: b(f[3]),
+		ev := &relayevent.Event{EventID: b(f[0]), AggregateType: b(f[1]), AggregateID: b(f[2]), EventType: b(f[3]),
 			SchemaVersion: b(f[4]), Payload: b(f[5]), Headers: b(f[6]), OccurredAt: b(f[7])}
 		if perr := publisher.CheckRow(ev); perr != nil {
 			t.Fatalf("the relay refuses row %s: %v", *f[0], perr)

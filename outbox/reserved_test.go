@@ -4,13 +4,13 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // The writer refuses the headers the relay would refuse: a list that drifts
 // lets an event through here that the relay then quarantines.
 func TestReservedHeadersAreTheRelays(t *testing.T) {
-	if !slices.Equal(reservedHeaders, publisher.ReservedHeaders) {
-		t.Fatalf("writer reserves %v, the relay %v", reservedHeaders, publisher.ReservedHeaders)
+	if !slices.Equal(reservedHeaders, event.ReservedHeaders) {
+		t.Fatalf("writer reserves %v, the relay %v", reservedHeaders, event.ReservedHeaders)
 	}
 }

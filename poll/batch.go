@@ -79,6 +79,8 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	// An event that cannot be built holds back the rest of its aggregate
 	// in this batch: they are not sent, and go again after it.
 	refused := map[string]bool{}
+	// Outcomes come back in any order; each finds its row by its record.
+	rowOf := make(map[*publisher.Record]int, len(rows))
 	for i := range rows {
 		r := &rows[i]
 		if r.reclaimed {
@@ -87,8 +89,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		if r.gone || refused[r.aggKey] {
 			continue
 		}
-		r.event.Txn = uint64(i)
-		rec, err := w.pub.BuildWait(ctx, &r.event)
+		rec, err := w.pub.BuildWait(ctx, &r.ev)
 		if err != nil {
 			var perr *publisher.Error
 			if !errors.As(err, &perr) {
@@ -99,6 +100,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 			continue
 		}
 		r.record = rec
+		rowOf[rec] = i
 	}
 	if reclaimed > 0 {
 		w.p.metrics.LeasesExpired.Add(float64(reclaimed))
@@ -107,7 +109,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	outstanding := 0
 	apply := func(o publisher.Outcome) {
 		outstanding--
-		i := int(o.Txn)
+		i := rowOf[o.Record]
 		results[i].delivery = o.Delivery
 		if o.Err != nil {
 			results[i].err = o.Err
@@ -242,9 +244,10 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 // quarantineRow keeps a refused event in the quarantine table, then marks
 // its row, which holds back its aggregate until `quarantine replay`.
 func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.Error) error {
-	q := store.QuarantinedEvent(&r.event, perr)
+	f := store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: publisher.Explain(perr)}
+	q := store.QuarantinedEvent(&r.ev, f)
 	if perr.Record != nil {
-		q = store.QuarantinedRecord(perr.Record, perr)
+		q = store.QuarantinedRecord(perr.Record.Shaped(), f)
 	}
 	// The attempts the log line below names: one per claim that sent it.
 	q.Attempts = r.attempts

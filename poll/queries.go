@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -110,7 +111,7 @@ type claimed struct {
 	reclaimed bool
 	// gone: the outbox row was deleted while its state said pending.
 	gone    bool
-	event   publisher.Event
+	ev      event.Event
 	eventID string
 	aggKey  string // aggregate type and id, to keep order within a batch
 	record  *publisher.Record
@@ -246,8 +247,8 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout) (claimed, error) {
 			text[i] = []byte(s)
 		}
 	}
-	c.event = publisher.EventOfColumns(l, text)
-	c.aggKey = string(c.event.AggregateType) + "\x00" + string(c.event.AggregateID)
+	c.ev = event.OfColumns(l, text)
+	c.aggKey = string(c.ev.AggregateType) + "\x00" + string(c.ev.AggregateID)
 	return c, nil
 }
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // Validate checks the Kafka-side settings once, before the relay starts.
@@ -63,7 +65,7 @@ func validateTopicTemplate(template string) error {
 		return err
 	}
 	standIn := []byte("x")
-	sample := t.appendName(nil, &Event{AggregateType: standIn, EventType: standIn})
+	sample := t.appendName(nil, &event.Event{AggregateType: standIn, EventType: standIn})
 	if err := validTopicName(string(sample)); err != nil {
 		return fmt.Errorf("%q cannot form a valid topic name whatever the placeholders hold: %w", template, err)
 	}

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
 // sink is what both sinks offer the read loop.
 type sink interface {
-	Build(ev *Event) (*Record, error)
+	Build(ev *event.Event) (*Record, error)
 	Input() chan<- Item
 	Outcomes() <-chan Outcome
 	Close(timeout time.Duration) error
@@ -80,7 +81,7 @@ func (d *driver) put(ctx context.Context, it Item) error {
 
 func (d *driver) send(ctx context.Context, r *Record) error { return d.put(ctx, Item{Record: r}) }
 
-func (d *driver) build(ctx context.Context, ev *Event) (*Record, error) {
+func (d *driver) build(ctx context.Context, ev *event.Event) (*Record, error) {
 	return BuildWhenReady(ctx, d.s.Build, ev)
 }
 

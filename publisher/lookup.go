@@ -2,6 +2,8 @@ package publisher
 
 import (
 	"github.com/IBM/sarama"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // TopicNamer resolves the topic an event routes to, with the same template
@@ -20,7 +22,7 @@ func NewTopicNamer(template string) (*TopicNamer, error) {
 }
 
 // Topic returns the topic of an event.
-func (n *TopicNamer) Topic(ev *Event) string {
+func (n *TopicNamer) Topic(ev *event.Event) string {
 	var scratch [256]byte
 	return string(n.t.appendName(scratch[:0], ev))
 }

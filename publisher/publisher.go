@@ -1,9 +1,10 @@
-// Package publisher talks to Kafka. It turns outbox events into Kafka
-// records (topic from a template, key = aggregate ID, payload as value,
-// standard headers, Java-compatible partitioning), sends them through an
-// idempotent sarama producer, and reports every acknowledgement and failure
-// with the event's position so the caller can decide what is safe to confirm.
-// It knows nothing of WAL or replication slots.
+// Package publisher talks to Kafka. It gives each outbox event its topic
+// (from a template) and wraps the record the event's shape builds (see
+// package event) in a producer message, partitions it as Java clients do,
+// sends it through an idempotent sarama producer, and reports every
+// acknowledgement and failure with the event's position so the caller can
+// decide what is safe to confirm. It knows nothing of WAL or replication
+// slots.
 package publisher
 
 import (
@@ -19,6 +20,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
@@ -98,6 +100,10 @@ type Delivery struct {
 	// At is when the producer reported the outcome, so latency is measured
 	// to the ack and not to when the caller got round to reading it.
 	At time.Time
+	// Record is the record the outcome is of. A caller whose records are
+	// not a WAL stream's (a poller's rows, a replay's list) finds which of
+	// its own it was by it, where the read loop goes by Txn.
+	Record *Record
 }
 
 // Item is one thing the read loop hands a sink, in WAL order: a record,
@@ -283,17 +289,17 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
-func (p *Publisher) Build(ev *Event) (*Record, error) { return p.topics.build(ev) }
+func (p *Publisher) Build(ev *event.Event) (*Record, error) { return p.topics.build(ev) }
 
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
-func (p *Publisher) BuildWait(ctx context.Context, ev *Event) (*Record, error) {
+func (p *Publisher) BuildWait(ctx context.Context, ev *event.Event) (*Record, error) {
 	return BuildWhenReady(ctx, p.Build, ev)
 }
 
 // BuildWhenReady calls build (a sink's Build) until the event's topic is
 // looked up or ctx ends: Build for callers without a loop of their own.
-func BuildWhenReady(ctx context.Context, build func(*Event) (*Record, error), ev *Event) (*Record, error) {
+func BuildWhenReady(ctx context.Context, build func(*event.Event) (*Record, error), ev *event.Event) (*Record, error) {
 	for {
 		r, err := build(ev)
 		var pending *TopicPendingError
@@ -420,7 +426,7 @@ func (p *Publisher) drainOutcomes() {
 				o.Partition = -1 // refused by sarama before it chose a partition
 			}
 			o.Err = &Error{
-				Class: Classify(perr.Err), EventID: string(r.eventID),
+				Class: Classify(perr.Err), EventID: string(r.rec.EventID),
 				Topic: o.Topic, Partition: o.Partition, Err: perr.Err, Record: r,
 			}
 		}
@@ -450,14 +456,14 @@ func (p *Publisher) drainOutcomes() {
 // the producer writes into its message (partition, offset): a sink that
 // gave up waiting may report a record the producer still holds.
 func failedDelivery(r *Record) Delivery {
-	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size, Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now()}
+	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size, Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now(), Record: r}
 }
 
 func delivery(msg *sarama.ProducerMessage) Delivery {
 	r := msg.Metadata.(*Record)
 	return Delivery{
 		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size,
-		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, At: time.Now(),
+		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, At: time.Now(), Record: r,
 	}
 }
 

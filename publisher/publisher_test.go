@@ -2,7 +2,6 @@ package publisher
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
@@ -55,8 +55,8 @@ func TestJavaPartitionIsNonNegativeModulo(t *testing.T) {
 	}
 }
 
-func sampleEvent() *Event {
-	return &Event{
+func sampleEvent() *event.Event {
+	return &event.Event{
 		EventID:       []byte("0b7e7f2e-6d5f-4c1e-9b7a-2f0d6c1a9e01"),
 		AggregateType: []byte("order"),
 		AggregateID:   []byte("order-42"),
@@ -161,19 +161,6 @@ func TestBuildRejectsBadHeaders(t *testing.T) {
 	}
 }
 
-func TestRFC3339(t *testing.T) {
-	for in, want := range map[string]string{
-		"2026-11-29 21:03:56.123456+00": "2026-11-29T21:03:56.123456Z",
-		"2026-11-29 21:03:56+00":        "2026-11-29T21:03:56Z",
-		"infinity":                      "infinity",
-		"2026-11-29 21:03:56+05:30":     "2026-11-29 21:03:56+05:30",
-	} {
-		if got := string(appendRFC3339(nil, []byte(in))); got != want {
-			t.Errorf("appendRFC3339(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // The decode-and-build path must stay at two allocations per event: the
 // record and its byte buffer.
 func TestBuildAllocations(t *testing.T) {
@@ -181,7 +168,7 @@ func TestBuildAllocations(t *testing.T) {
 	ev.Headers = nil
 	ev.Layout = layout.Relay // as the relay sets it: the shape's dispatch is on the path
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := buildShaped(ev, "t"); err != nil {
+		if _, err := build(ev, "t"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -290,53 +277,6 @@ type stringer string
 
 func (s stringer) String() string { return string(s) }
 
-// The scanner must agree with encoding/json on every object it accepts.
-func TestRowHeadersMatchEncodingJSON(t *testing.T) {
-	for _, raw := range []string{
-		`{"tenant": "acme", "n": 1.5e3, "ok": true, "none": null, "nested": {"a": [1, {"b": "}"}]}, "esc": "q\"uote\\n\u00e9"}`,
-		`{"a":"b","c":[]}`,
-		" \n{ \"sp ace\" :\t\"v\" } ",
-		`{}`,
-		`{"emoji": "🚀", "empty": ""}`,
-	} {
-		got, err := rowHeaders([]byte(raw), nil)
-		if err != nil {
-			t.Fatalf("%s: %v", raw, err)
-		}
-		var want map[string]json.RawMessage
-		if err := json.Unmarshal([]byte(raw), &want); err != nil {
-			t.Fatal(err)
-		}
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d headers, want %d", raw, len(got), len(want))
-		}
-		for _, h := range got {
-			w := want[string(h.Key)]
-			var s string
-			switch {
-			case string(w) == "null":
-				if h.Value != nil {
-					t.Errorf("%s: %s = %q, want a null value", raw, h.Key, h.Value)
-				}
-			case json.Unmarshal(w, &s) == nil:
-				if string(h.Value) != s {
-					t.Errorf("%s: %s = %q, want %q", raw, h.Key, h.Value, s)
-				}
-			default:
-				var a, b any
-				if json.Unmarshal(h.Value, &a) != nil || json.Unmarshal(w, &b) != nil || fmt.Sprint(a) != fmt.Sprint(b) {
-					t.Errorf("%s: %s = %s, want %s", raw, h.Key, h.Value, w)
-				}
-			}
-		}
-	}
-	for _, bad := range []string{`{"a": }`, `{"a" 1}`, `{"a": 1,}`, `{"a": "x"`, `{"a": 1} x`, `{"a": tru}`, `[1]`, `"s"`} {
-		if _, err := rowHeaders([]byte(bad), nil); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
-	}
-}
-
 // A row with a couple of headers (tenant, traceparent) costs no more
 // allocations than one without.
 func TestBuildWithHeadersAllocations(t *testing.T) {
@@ -344,7 +284,7 @@ func TestBuildWithHeadersAllocations(t *testing.T) {
 	ev.Headers = []byte(`{"tenant": "acme", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}`)
 	ev.Layout = layout.Relay
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := buildShaped(ev, "t"); err != nil {
+		if _, err := build(ev, "t"); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
@@ -14,7 +15,7 @@ var ErrUnmappedRow = errors.New("row cannot be published")
 
 // UnmappedRow is the error of such a row, with the reason the decoder gave
 // and the row's WAL position.
-func UnmappedRow(ev *Event, reason string, at fmt.Stringer) *Error {
+func UnmappedRow(ev *event.Event, reason string, at fmt.Stringer) *Error {
 	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
 		Err: fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at)}
 }
@@ -29,7 +30,7 @@ func UnmappedRow(ev *Event, reason string, at fmt.Stringer) *Error {
 //
 // In Debezium's layout the event type and the payload may be NULL: the
 // router places the type nowhere, and sends a NULL payload as a null value.
-func CheckRow(ev *Event) *Error {
+func CheckRow(ev *event.Event) *Error {
 	l := ev.Layout
 	if l == nil {
 		l = layout.Relay

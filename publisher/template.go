@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // topicTemplate is a parsed --topic value: literal text and placeholders.
@@ -13,12 +15,12 @@ type topicTemplate struct {
 
 type templatePart struct {
 	literal string
-	field   func(*Event) []byte // nil for a literal
+	field   func(*event.Event) []byte // nil for a literal
 }
 
-var templateFields = map[string]func(*Event) []byte{
-	"aggregate_type": func(e *Event) []byte { return e.AggregateType },
-	"event_type":     func(e *Event) []byte { return e.EventType },
+var templateFields = map[string]func(*event.Event) []byte{
+	"aggregate_type": func(e *event.Event) []byte { return e.AggregateType },
+	"event_type":     func(e *event.Event) []byte { return e.EventType },
 }
 
 func parseTopicTemplate(s string) (*topicTemplate, error) {
@@ -56,7 +58,7 @@ func parseTopicTemplate(s string) (*topicTemplate, error) {
 	return t, nil
 }
 
-func (t *topicTemplate) appendName(dst []byte, ev *Event) []byte {
+func (t *topicTemplate) appendName(dst []byte, ev *event.Event) []byte {
 	for _, p := range t.parts {
 		if p.field != nil {
 			dst = append(dst, p.field(ev)...)

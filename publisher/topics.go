@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
 )
 
@@ -89,12 +90,12 @@ func (e *TopicPendingError) Error() string {
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
-func (t *topicResolver) build(ev *Event) (*Record, error) {
+func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	topic, err := t.topic(ev)
 	if err != nil {
 		return nil, err
 	}
-	r, err := buildShaped(ev, topic.name)
+	r, err := build(ev, topic.name)
 	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
@@ -109,7 +110,7 @@ func (t *topicResolver) build(ev *Event) (*Record, error) {
 }
 
 // topic resolves and, on first use, checks an event's topic.
-func (t *topicResolver) topic(ev *Event) (*topicInfo, error) {
+func (t *topicResolver) topic(ev *event.Event) (*topicInfo, error) {
 	var scratch [256]byte
 	name := t.template.appendName(scratch[:0], ev)
 	if t, ok := t.known[string(name)]; ok {

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -25,14 +26,14 @@ func (a *ackCounter) Acked(Delivery)          { a.acked.Add(1) }
 func (a *ackCounter) Failed(Delivery, *Error) { a.failed.Add(1) }
 
 // benchEvents builds n events of ~300-byte payloads over 1,000 aggregates.
-func benchEvents(topic string, n int) []*Event {
+func benchEvents(topic string, n int) []*event.Event {
 	payload := make([]byte, 300)
 	for i := range payload {
 		payload[i] = 'x'
 	}
-	evs := make([]*Event, n)
+	evs := make([]*event.Event, n)
 	for i := range evs {
-		evs[i] = &Event{
+		evs[i] = &event.Event{
 			EventID: []byte(fmt.Sprintf("%s-%09d", topic, i)), AggregateType: []byte(topic),
 			AggregateID: []byte("agg-" + strconv.Itoa(i%1000)), EventType: []byte("Happened"),
 			SchemaVersion: []byte("1"), Payload: payload, OccurredAt: []byte("2026-12-01 03:00:00+00"),
@@ -203,7 +204,7 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 				for ; i < due; i++ {
 					var v [8]byte
 					binary.BigEndian.PutUint64(v[:], uint64(time.Now().UnixNano()))
-					ev := &Event{
+					ev := &event.Event{
 						EventID: []byte("lat-" + strconv.Itoa(i)), AggregateType: []byte(topic),
 						AggregateID: []byte("agg-" + strconv.Itoa(i%100)), EventType: []byte("Happened"),
 						SchemaVersion: []byte("1"), Payload: v[:], OccurredAt: []byte("2026-12-01 03:00:00+00"),

@@ -9,6 +9,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/event"
 )
 
 // TxnSink is the exactly-once sink, behind the same channels as Publisher:
@@ -124,7 +126,7 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 // transaction anything Kafka would refuse: the checks of Publisher.Build,
 // and events Kafka already refused inside an earlier transaction. It never
 // blocks, and must be called from one goroutine.
-func (s *TxnSink) Build(ev *Event) (*Record, error) {
+func (s *TxnSink) Build(ev *event.Event) (*Record, error) {
 	if err := s.cfg.Poison.refused(ev.EventID); err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
 	}
@@ -370,7 +372,7 @@ func (o *owner) ack(msg *sarama.ProducerMessage) {
 	if !ok || r.pos >= len(o.batch) || o.batch[r.pos] != r {
 		return // the progress record, or one of a transaction given up on
 	}
-	o.acked[r.pos] = ackedRecord{d: delivery(msg), eventID: string(r.eventID)}
+	o.acked[r.pos] = ackedRecord{d: delivery(msg), eventID: string(r.rec.EventID)}
 	o.batch[r.pos] = nil
 }
 
@@ -443,7 +445,7 @@ func (o *owner) record(r *Record) {
 	o.acked = append(o.acked, ackedRecord{})
 	o.bytes += r.size
 	o.next, o.nextRec = &r.msg, r
-	if o.cfg.Poison.suspect(r.eventID) {
+	if o.cfg.Poison.suspect(r.rec.EventID) {
 		o.isolate = settleBefore
 		o.progress()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -23,7 +24,7 @@ import (
 type sourceTxn struct {
 	id     lsn.TxnID
 	end    lsn.LSN
-	events []*Event
+	events []*event.Event
 }
 
 // makeTxns builds n source transactions of sizes cycling through 1..maxSize
@@ -35,7 +36,7 @@ func makeTxns(prefix string, n, maxSize, aggregates int) []sourceTxn {
 		st := sourceTxn{id: lsn.TxnID(i + 1), end: lsn.LSN(1000 * (i + 1))}
 		for range i%maxSize + 1 {
 			seq++
-			st.events = append(st.events, &Event{
+			st.events = append(st.events, &event.Event{
 				EventID:       []byte(fmt.Sprintf("%s-ev-%06d", prefix, seq)),
 				AggregateType: []byte(prefix),
 				AggregateID:   []byte("agg-" + strconv.Itoa(seq%aggregates)),
@@ -508,7 +509,7 @@ func TestTxnUnansweredCommitGivesUpAtTheTimeout(t *testing.T) {
 }
 
 func TestPoisonMemory(t *testing.T) {
-	rec := func(id string) *Record { return &Record{eventID: []byte(id)} }
+	rec := func(id string) *Record { return &Record{rec: event.Record{EventID: []byte(id)}} }
 	invalid := fmt.Errorf("produce: %w", sarama.ErrInvalidRecord)
 	m := NewPoisonMemory(3)
 

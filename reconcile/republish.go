@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -24,7 +25,8 @@ const (
 
 // republisher sends the missing events through the publisher `run` uses and
 // records each one's outcome. Acks and failures arrive on the publisher's
-// outcome goroutine; the event's index in the missing list rides in Txn.
+// outcome goroutine, each found in the missing list by its record's event
+// id.
 type republisher struct {
 	missing    sortedIDs
 	quarantine *store.Quarantine // nil: permanent errors fail the event
@@ -37,9 +39,17 @@ type republisher struct {
 	acks     *counters
 }
 
+// indexOf is the place in the missing list of a record's event; only
+// events found there are sent.
+func (r *republisher) indexOf(rec *publisher.Record) int {
+	id, _ := ParseEventID(rec.Shaped().EventID)
+	i, _ := r.missing.index(id)
+	return i
+}
+
 func (r *republisher) Acked(d publisher.Delivery) {
 	r.mu.Lock()
-	r.state[d.Txn] = acked
+	r.state[r.indexOf(d.Record)] = acked
 	r.mu.Unlock()
 	r.acks.done.Add(1)
 	r.inFlight.Done()
@@ -49,16 +59,21 @@ func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 	defer r.inFlight.Done()
 	if perr.Class == publisher.ClassPermanent && perr.Record != nil && r.quarantine != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := r.quarantine.Put(ctx, store.QuarantinedRecord(perr.Record, perr))
+		err := r.quarantine.Put(ctx, store.QuarantinedRecord(perr.Record.Shaped(), failure(perr)))
 		cancel()
 		if err == nil {
-			r.quarantined(int(d.Txn), perr)
+			r.quarantined(r.indexOf(d.Record), perr)
 			return
 		}
 		perr = &publisher.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
-	r.fail(int(d.Txn), publisher.Explain(perr))
+	r.fail(r.indexOf(d.Record), publisher.Explain(perr))
+}
+
+// failure is what the quarantine table keeps of why an event failed.
+func failure(perr *publisher.Error) store.Failure {
+	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: publisher.Explain(perr)}
 }
 
 func (r *republisher) quarantined(i int, perr *publisher.Error) {
@@ -105,7 +120,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		}
 	}()
 
-	err = t.eachWindowRow(ctx, func(ev *publisher.Event) error {
+	err = t.eachWindowRow(ctx, func(ev *event.Event) error {
 		id, ok := ParseEventID(ev.EventID)
 		if !ok {
 			return nil
@@ -120,7 +135,6 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		if state != pending {
 			return nil // the table returned the row twice (a text id without a key)
 		}
-		ev.Txn = uint64(i)
 		rec, err := build(ctx, pub, ev)
 		var limit *publisher.BatchLimitError
 		if errors.As(err, &limit) {
@@ -141,7 +155,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		var perr *publisher.Error
 		switch {
 		case errors.As(err, &perr) && perr.Class == publisher.ClassPermanent && r.quarantine != nil:
-			if qerr := r.quarantine.Put(ctx, store.QuarantinedEvent(ev, perr)); qerr != nil {
+			if qerr := r.quarantine.Put(ctx, store.QuarantinedEvent(ev, failure(perr))); qerr != nil {
 				return qerr
 			}
 			r.quarantined(i, perr)
@@ -205,7 +219,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 
 // build checks the row's required values as `run` does, then builds its
 // record.
-func build(ctx context.Context, pub *publisher.Publisher, ev *publisher.Event) (*publisher.Record, error) {
+func build(ctx context.Context, pub *publisher.Publisher, ev *event.Event) (*publisher.Record, error) {
 	if perr := publisher.CheckRow(ev); perr != nil {
 		return nil, perr
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -121,7 +122,7 @@ func (t *table) topics(ctx context.Context) ([]string, int64, error) {
 	seen := map[string]bool{}
 	var total int64
 	for rows.Next() {
-		var ev publisher.Event
+		var ev event.Event
 		var n int64
 		if err := rows.Scan(&ev.AggregateType, &ev.EventType, &n); err != nil {
 			return nil, 0, fmt.Errorf("read the window's topics: %w", err)
@@ -293,7 +294,7 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
-func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) error) error {
+func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) error) error {
 	columns, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
 		return err
@@ -304,9 +305,9 @@ func (t *table) eachWindowRow(ctx context.Context, fn func(ev *publisher.Event) 
 		return fmt.Errorf("read the window's rows: %w", err)
 	}
 	defer rows.Close()
-	var ev publisher.Event
+	var ev event.Event
 	for rows.Next() {
-		ev = publisher.EventOfColumns(t.layout, rows.RawValues())
+		ev = event.OfColumns(t.layout, rows.RawValues())
 		if err := fn(&ev); err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -96,8 +97,8 @@ func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 	cfg := publisher.DefaultConfig()
 	cfg.Brokers = kafka.Brokers()
 	events := []Quarantined{
-		{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "", EventType: "created", Payload: "{}"},
-		{EventID: harness.NewUUID(), AggregateType: "", AggregateID: "1", EventType: "created", Payload: "{}"},
+		{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "", EventType: "created", Payload: "{}"}},
+		{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "", AggregateID: "1", EventType: "created", Payload: "{}"}},
 	}
 	results, err := Replay(context.Background(), cfg, layout.Relay, nil, events, 10*time.Second, zerolog.Nop())
 	if err != nil {

@@ -34,6 +34,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
@@ -76,7 +77,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			// checks, then Publisher.Build.
 			st := &streamer{sink: pub}
 			row := benchRow(b, payload, bc.headers)
-			var ev publisher.Event
+			var ev event.Event
 			var txn lsn.TxnID
 			var commitTime time.Time
 			// streamer.publish also adds to the tracker and sends; neither

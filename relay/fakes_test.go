@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -265,7 +266,7 @@ func newFakeSink(c *fakeClock) *fakeSink {
 		lookups: map[string]chan struct{}{}, missing: map[string]bool{}}
 }
 
-func (k *fakeSink) Build(ev *publisher.Event) (*publisher.Record, error) {
+func (k *fakeSink) Build(ev *event.Event) (*publisher.Record, error) {
 	topic := "outbox." + string(ev.AggregateType)
 	k.mu.Lock()
 	defer k.mu.Unlock()

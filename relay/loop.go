@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
@@ -93,7 +94,7 @@ type streamer struct {
 	inTxn      bool
 	rowSeen    bool // the open transaction's first row was read
 	commitTime time.Time
-	event      publisher.Event
+	event      event.Event
 
 	received       lsn.LSN // highest position read
 	flushedSent    lsn.LSN // flush position last reported
@@ -407,9 +408,9 @@ func (s *streamer) awaitQuarantined(ctx context.Context) error {
 
 // eventOf maps a decoded outbox row to the publisher's event; the slices
 // still alias the read buffer.
-func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime time.Time) publisher.Event {
+func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime time.Time) event.Event {
 	v := &row.Values
-	return publisher.Event{
+	return event.Event{
 		Extra:         row.Extra,
 		Layout:        l,
 		EventID:       v[replication.FieldEventID],
@@ -455,7 +456,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		// so neither it nor anything after it is confirmed before that.
 		s.tracker.Add(s.txn, 0)
 		s.quarantining++
-		s.quarantine.put(store.QuarantinedEvent(ev, perr), perr, s.txn, 0)
+		s.quarantine.put(store.QuarantinedEvent(ev, failure(perr)), perr, s.txn, 0)
 		return nil
 	}
 	s.tracker.Add(s.txn, rec.Size())
@@ -484,7 +485,7 @@ func (s *streamer) send(ctx context.Context, it publisher.Item) error {
 // awaitTopic waits, keeping the loop's duties, while the sink looks up the
 // event's topic. The event counts as in flight meanwhile: it is what holds
 // the stream, and the admin endpoint should say so.
-func (s *streamer) awaitTopic(ctx context.Context, ev *publisher.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
+func (s *streamer) awaitTopic(ctx context.Context, ev *event.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
 	s.tracker.Add(s.txn, 0)
 	defer s.tracker.Ack(s.txn, 0)
 	for {
@@ -507,7 +508,7 @@ func (s *streamer) awaitTopic(ctx context.Context, ev *publisher.Event, pending 
 }
 
 // build checks the row's required values, then builds its record.
-func (s *streamer) build(ev *publisher.Event) (*publisher.Record, error) {
+func (s *streamer) build(ev *event.Event) (*publisher.Record, error) {
 	if perr := publisher.CheckRow(ev); perr != nil {
 		// The topic is not named: it may be derived from the missing value.
 		perr.Topic = "(not resolved)"

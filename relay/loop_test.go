@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -564,7 +565,7 @@ func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 	snk := newFakeSink(newFakeClock())
 	s := &streamer{loopEnv: r.loopEnv()}
 	for i, topic := range []string{"outbox.a", "outbox.b"} {
-		rec, err := publisher.BuildRecord(&publisher.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
+		rec, err := publisher.BuildRecord(&event.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
 			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)
 		if err != nil {
 			t.Fatal(err)

@@ -40,7 +40,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		// it in WAL order before then. It is not re-delivered, so it
 		// cannot land after later events either.
 		s.quarantining++
-		s.quarantine.put(store.QuarantinedRecord(perr.Record, perr), perr, lsn.TxnID(o.Txn), o.Bytes)
+		s.quarantine.put(store.QuarantinedRecord(perr.Record.Shaped(), failure(perr)), perr, lsn.TxnID(o.Txn), o.Bytes)
 		return
 	}
 	s.status.noteOrderBreak(perr)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -22,11 +23,11 @@ type ReplayResult struct {
 }
 
 // replayOutcomes collects the producer's answer for each replayed event,
-// indexed by the event's position in the replay list.
+// by its record.
 type replayOutcomes struct {
 	mu      sync.Mutex
-	errs    map[uint64]error
-	topics  map[uint64]string
+	errs    map[*publisher.Record]error
+	topics  map[*publisher.Record]string
 	pending sync.WaitGroup
 }
 
@@ -39,9 +40,9 @@ func (o *replayOutcomes) collect(pub *publisher.Publisher, done *sync.WaitGroup)
 		for out := range pub.Outcomes() {
 			o.mu.Lock()
 			if out.Err != nil {
-				o.errs[out.Txn] = out.Err
+				o.errs[out.Record] = out.Err
 			} else {
-				o.topics[out.Txn] = out.Topic
+				o.topics[out.Record] = out.Topic
 			}
 			o.mu.Unlock()
 			o.pending.Done()
@@ -70,7 +71,7 @@ func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
 // of its aggregate. The layout gives the records their shape, as `run`
 // would have.
 func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
-	out := &replayOutcomes{errs: map[uint64]error{}, topics: map[uint64]string{}}
+	out := &replayOutcomes{errs: map[*publisher.Record]error{}, topics: map[*publisher.Record]string{}}
 	// The collectors end when their publisher's Outcomes closes; a broker
 	// that never answers Close may keep one waiting, which must not hold
 	// up the replay's answer.
@@ -82,10 +83,13 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 	}
 	out.collect(pub, &collecting)
 	results := make([]ReplayResult, len(events))
+	sent := make([]*publisher.Record, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
-		ev := eventOfQuarantined(&events[i], l)
-		ev.Txn = uint64(i)
+		// The quarantine table cannot hold a NULL (but for the payload of
+		// Debezium's layout), so a value the row lacked comes back empty;
+		// the row check refuses it like the read loop's.
+		ev := event.Restore(&events[i].Stored, l)
 		if perr := publisher.CheckRow(ev); perr != nil {
 			results[i].Err = perr
 			continue
@@ -111,6 +115,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 			continue
 		}
 		results[i].Topic = rec.Topic()
+		sent[i] = rec
 		out.pending.Add(1)
 		if err := pub.Send(ctx, rec); err != nil {
 			out.pending.Done()
@@ -127,11 +132,11 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 		if r.Err != nil {
 			continue
 		}
-		if err, failed := out.errs[uint64(i)]; failed {
+		if err, failed := out.errs[sent[i]]; failed {
 			r.Err = err
 			continue
 		}
-		if _, acked := out.topics[uint64(i)]; !acked {
+		if _, acked := out.topics[sent[i]]; !acked {
 			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
 			continue
 		}

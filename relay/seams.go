@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -53,7 +54,7 @@ type source interface {
 //   - Close flushes for at most timeout; outcomes reported after it is
 //     called may be dropped. Outcomes is closed once the sink ended.
 type sink interface {
-	Build(ev *publisher.Event) (*publisher.Record, error)
+	Build(ev *event.Event) (*publisher.Record, error)
 	Input() chan<- publisher.Item
 	Outcomes() <-chan publisher.Outcome
 	Retries() int64

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 )
@@ -18,17 +19,7 @@ import (
 // Quarantined is one event Kafka would not accept, as it is kept in the
 // quarantine table. Text fields hold PostgreSQL's text forms.
 type Quarantined struct {
-	EventID       string `json:"event_id"`
-	AggregateType string `json:"aggregate_type"`
-	AggregateID   string `json:"aggregate_id"`
-	EventType     string `json:"event_type"`
-	SchemaVersion string `json:"schema_version"`
-	Payload       string `json:"payload"`
-	// PayloadNull is a SQL NULL payload, which Debezium's layout publishes
-	// as a null value; Payload is then empty.
-	PayloadNull   bool      `json:"payload_null,omitempty"`
-	Headers       string    `json:"headers,omitempty"`     // may be empty
-	OccurredAt    string    `json:"occurred_at,omitempty"` // may be empty
+	event.Stored
 	Topic         string    `json:"topic"`
 	ErrorClass    string    `json:"error_class"`
 	ErrorMessage  string    `json:"error_message"`

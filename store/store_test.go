@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -59,7 +60,7 @@ func TestQuarantineTableName(t *testing.T) {
 // Issue 11.15: `quarantine list --json` printed Go field names (EventID)
 // while /slot uses snake_case.
 func TestQuarantinedJSONIsSnakeCase(t *testing.T) {
-	b, err := json.Marshal(store.Quarantined{EventID: "e", ErrorClass: "permanent"})
+	b, err := json.Marshal(store.Quarantined{Stored: event.Stored{EventID: "e"}, ErrorClass: "permanent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,8 +123,8 @@ func TestQuarantinePayloadColumnFitsTheOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer q.Close()
-	e := store.Quarantined{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created",
-		Payload: "not JSON at all", Topic: "t", ErrorClass: "permanent", ErrorMessage: "too large"}
+	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created",
+		Payload: "not JSON at all"}, Topic: "t", ErrorClass: "permanent", ErrorMessage: "too large"}
 	if err := q.Put(ctx, e); err != nil {
 		t.Fatalf("Put a non-JSON payload into a text column: %v", err)
 	}

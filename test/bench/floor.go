@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -90,7 +91,7 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 				time.Sleep(wait) // pacing the open-loop schedule
 			}
 			seq++
-			ev := &publisher.Event{
+			ev := &event.Event{
 				EventID:       []byte(fmt.Sprintf("floor-%012d", seq)),
 				AggregateType: []byte("order"),
 				AggregateID:   []byte(fmt.Sprintf("agg-%d", seq%b.o.aggregates)),

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -164,7 +164,7 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 		return err
 	}
 	defer func() { m.relay.stop() }()
-	cons, err := consumeArrivals(m.br, m.topic, publisher.ReservedHeaders[0])
+	cons, err := consumeArrivals(m.br, m.topic, event.ReservedHeaders[0])
 	if err != nil {
 		return err
 	}

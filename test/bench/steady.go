@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -406,7 +407,7 @@ func (b *bench) steadyRelay(ctx context.Context, dsn string, br *broker, vi int,
 	case <-ctx.Done():
 		return run, ctx.Err()
 	}
-	cons, err := consumeArrivals(br, topic, publisher.ReservedHeaders[0])
+	cons, err := consumeArrivals(br, topic, event.ReservedHeaders[0])
 	if err != nil {
 		return run, err
 	}

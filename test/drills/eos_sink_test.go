@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/test/harness"
@@ -181,7 +182,7 @@ func eosStream(ctx context.Context, e *eosSink, topic, progressTopic, key string
 	for i := first; i < first+n; i++ {
 		for j := range i%4 + 1 {
 			id := fmt.Sprintf("%s-%d-%d", topic, i, j)
-			ev := &publisher.Event{
+			ev := &event.Event{
 				EventID: []byte(id), AggregateType: []byte(topic), AggregateID: []byte("agg-" + strconv.Itoa((i+j)%13)),
 				EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: []byte(`{}`),
 				OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(i),
@@ -286,13 +287,13 @@ func TestEOSSink(t *testing.T) {
 
 // eosEvent is one outbox event of eosStream's shape with a payload of
 // size bytes.
-func eosEvent(topic, id string, txn int, size int) *publisher.Event {
+func eosEvent(topic, id string, txn int, size int) *event.Event {
 	payload := make([]byte, size)
 	for i := range payload {
 		payload[i] = 'p'
 	}
 	payload[0], payload[size-1] = '"', '"'
-	return &publisher.Event{
+	return &event.Event{
 		EventID: []byte(id), AggregateType: []byte(topic), AggregateID: []byte("agg-" + strconv.Itoa(txn%5)),
 		EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: payload,
 		OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(txn),
@@ -324,9 +325,9 @@ func setTopicConfig(t *testing.T, brokers []string, topic, name, value string) {
 func eosPoisonDrill(t *testing.T, b eosBroker) {
 	topic := "eos_sink_poison"
 	b.createTopic(t, topic, 1)
-	var txns [][]*publisher.Event
+	var txns [][]*event.Event
 	for i := range 4 {
-		var evs []*publisher.Event
+		var evs []*event.Event
 		for j := range 3 {
 			size := 100
 			if i == 2 && j == 1 {

@@ -1,0 +1,107 @@
+package event
+
+import (
+	"encoding/json"
+
+	"github.com/outbox-relay/outbox-relay/layout"
+)
+
+// Relay is the relay's own shape: key the aggregate id, value the
+// payload, the six ReservedHeaders, then the row's headers column.
+type Relay struct{}
+
+var (
+	headerEventID       = []byte("event_id")
+	headerEventType     = []byte("event_type")
+	headerAggregateType = []byte("aggregate_type")
+	headerAggregateID   = []byte("aggregate_id")
+	headerSchemaVersion = []byte("schema_version")
+	headerOccurredAt    = []byte("occurred_at")
+)
+
+// Build implements Shape.
+func (Relay) Build(ev *Event, r *Record) error {
+	n := len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) +
+		len(ev.SchemaVersion) + len(ev.OccurredAt) + len(ev.Payload)
+	var extraInline [inlineHeaders - 6]Header
+	extra, err := rowHeaders(ev.Headers, extraInline[:0])
+	if err != nil {
+		return err
+	}
+	for _, h := range extra {
+		n += len(h.Key) + len(h.Value)
+	}
+
+	a := arena{buf: make([]byte, 0, n)}
+	r.shape = Relay{}
+	r.EventID = a.take(ev.EventID)
+	r.Key = a.take(ev.AggregateID)
+	r.Value = a.take(ev.Payload)
+	r.EventType = a.take(ev.EventType)
+	r.AggregateType = a.take(ev.AggregateType)
+	headers := append(r.headers(6+len(extra)),
+		Header{Key: headerEventID, Value: r.EventID},
+		Header{Key: headerEventType, Value: r.EventType},
+		Header{Key: headerAggregateType, Value: r.AggregateType},
+		Header{Key: headerAggregateID, Value: r.Key},
+		Header{Key: headerSchemaVersion, Value: a.take(ev.SchemaVersion)},
+		Header{Key: headerOccurredAt, Value: a.takeRFC3339(ev.OccurredAt)},
+	)
+	for _, h := range extra {
+		headers = append(headers, Header{Key: a.take(h.Key), Value: a.take(h.Value)})
+	}
+	r.Headers = headers
+	return nil
+}
+
+// Store implements Shape.
+func (Relay) Store(ev *Event) Stored {
+	return Stored{
+		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
+		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
+		Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
+	}
+}
+
+// StoreRecord implements Shape. occurred_at is kept as the header has it,
+// RFC 3339, which a replay sends as it is.
+func (Relay) StoreRecord(r *Record) Stored {
+	return Stored{
+		EventID: string(r.EventID), AggregateType: string(r.AggregateType), AggregateID: string(r.Key),
+		EventType: string(r.EventType), SchemaVersion: string(r.Header("schema_version")),
+		Payload: string(r.Value), Headers: string(headersObject(r.Headers[len(ReservedHeaders):])),
+		OccurredAt: string(r.Header("occurred_at")),
+	}
+}
+
+// Restore implements Shape.
+func (Relay) Restore(s *Stored, l *layout.Layout) *Event {
+	ev := &Event{
+		EventID: []byte(s.EventID), AggregateType: []byte(s.AggregateType), AggregateID: []byte(s.AggregateID),
+		EventType: []byte(s.EventType), SchemaVersion: []byte(s.SchemaVersion), Payload: []byte(s.Payload),
+		OccurredAt: []byte(s.OccurredAt), Layout: l,
+	}
+	if s.Headers != "" {
+		ev.Headers = []byte(s.Headers)
+	}
+	return ev
+}
+
+// headersObject is headers as a JSON object, a null value as null; nil
+// when there are none.
+func headersObject(headers []Header) []byte {
+	if len(headers) == 0 {
+		return nil
+	}
+	obj := make(map[string]*string, len(headers))
+	for _, h := range headers {
+		if h.Value == nil {
+			obj[string(h.Key)] = nil
+			continue
+		}
+		v := string(h.Value)
+		obj[string(h.Key)] = &v
+	}
+	b, _ := json.Marshal(obj)
+	return b
+}

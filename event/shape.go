@@ -1,0 +1,122 @@
+package event
+
+import "github.com/outbox-relay/outbox-relay/layout"
+
+// Shape is one shape of Kafka record an outbox row can become. A new
+// shape is a file with a type that implements it, and a case in ShapeOf.
+type Shape interface {
+	// Build makes ev's record into r: key, value and headers, copied into
+	// one buffer so r does not alias ev. An error says why Kafka could
+	// never take the event as it is (malformed or clashing headers).
+	Build(ev *Event, r *Record) error
+	// Store is ev as the quarantine table keeps it.
+	Store(ev *Event) Stored
+	// StoreRecord is the same of a record this shape built, which Kafka
+	// refused.
+	StoreRecord(r *Record) Stored
+	// Restore turns a stored event back into the event to publish again;
+	// l is the layout it is restored into, of this shape.
+	Restore(s *Stored, l *layout.Layout) *Event
+}
+
+// ShapeOf is the shape of the records a layout asks for; nil is the
+// relay's own.
+func ShapeOf(l *layout.Layout) Shape {
+	if l == nil {
+		return Relay{}
+	}
+	switch l.Shape {
+	case layout.ShapeDebezium:
+		return Debezium{}
+	default:
+		return Relay{}
+	}
+}
+
+// Header is one record header; a nil Value is a null one.
+type Header struct{ Key, Value []byte }
+
+// inlineHeaders is how many headers fit in a Record without another
+// allocation: the six standard ones plus a couple of the row's own.
+const inlineHeaders = 8
+
+// Record is a built Kafka record before a client wraps it. Its slices
+// share one buffer, which does not alias the event it was built from.
+type Record struct {
+	EventID []byte
+	Key     []byte
+	// Value is the payload; nil is a null value.
+	Value   []byte
+	Headers []Header
+	// AggregateType and EventType are the event's, whatever the shape
+	// placed in the headers, for the quarantine table.
+	AggregateType, EventType []byte
+
+	shape  Shape
+	inline [inlineHeaders]Header
+}
+
+// Stored is the record's event as the quarantine table keeps it.
+func (r *Record) Stored() Stored { return r.shape.StoreRecord(r) }
+
+// Header returns the value of the named header, or nil.
+func (r *Record) Header(name string) []byte {
+	for _, h := range r.Headers {
+		if string(h.Key) == name {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+// headers gives Build room for n headers: the record's own inline array
+// when they fit, so most records cost no allocation for them.
+func (r *Record) headers(n int) []Header {
+	if n > inlineHeaders {
+		return make([]Header, 0, n)
+	}
+	return r.inline[:0]
+}
+
+// arena is the one buffer a record's values are copied into.
+type arena struct{ buf []byte }
+
+// take copies b into the arena. Even a nil b comes back as an empty,
+// non-nil value: in the relay's shape a NULL column is an empty header.
+func (a *arena) take(b []byte) []byte {
+	start := len(a.buf)
+	a.buf = append(a.buf, b...)
+	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
+// takeNullable is take where nil stays nil, so a NULL stays a null.
+func (a *arena) takeNullable(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	start := len(a.buf)
+	a.buf = append(a.buf, b...)
+	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
+// takeRFC3339 copies PostgreSQL's timestamptz text in as RFC 3339.
+func (a *arena) takeRFC3339(pg []byte) []byte {
+	start := len(a.buf)
+	a.buf = appendRFC3339(a.buf, pg)
+	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
+// appendRFC3339 appends PostgreSQL's ISO timestamptz text in UTC
+// ("2026-11-29 21:03:56.123456+00") as RFC 3339 ("2026-11-29T21:03:56.123456Z"),
+// without parsing it. Anything else (infinity, a far year) passes unchanged,
+// because the header should show the row's value rather than fail the line.
+func appendRFC3339(dst, pg []byte) []byte {
+	n := len(pg)
+	if n < 22 || pg[10] != ' ' || pg[n-3] != '+' || pg[n-2] != '0' || pg[n-1] != '0' {
+		return append(dst, pg...)
+	}
+	dst = append(dst, pg[:10]...)
+	dst = append(dst, 'T')
+	dst = append(dst, pg[11:n-3]...)
+	return append(dst, 'Z')
+}

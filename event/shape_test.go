@@ -1,0 +1,69 @@
+package event
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/outbox-relay/outbox-relay/layout"
+)
+
+func debeziumLayout(t *testing.T, headerColumns string) *layout.Layout {
+	t.Helper()
+	var columns [layout.NumColumns]string
+	l, err := layout.New(layout.NameDebezium, columns, headerColumns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestShapeOf(t *testing.T) {
+	if _, ok := ShapeOf(nil).(Relay); !ok {
+		t.Error("no layout is not the relay's shape")
+	}
+	if _, ok := ShapeOf(layout.Relay).(Relay); !ok {
+		t.Error("the relay's layout is not the relay's shape")
+	}
+	if _, ok := ShapeOf(debeziumLayout(t, "")).(Debezium); !ok {
+		t.Error("Debezium's layout is not the router's shape")
+	}
+}
+
+// What the quarantine table keeps of an event, whether it failed before
+// its record was built or with the record, restores to the event it was:
+// replay publishes the same record again.
+func TestStoreAndRestore(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ev   Event
+	}{
+		{"relay", Event{EventID: []byte("e1"), AggregateType: []byte("order"), AggregateID: []byte("42"), EventType: []byte("Placed"),
+			SchemaVersion: []byte("2"), Payload: []byte(`{"a":1}`), Headers: []byte(`{"tenant":"acme"}`),
+			OccurredAt: []byte("2026-11-29T21:03:56Z"), Layout: layout.Relay}},
+		{"debezium", Event{EventID: []byte("e2"), AggregateType: []byte("order"), AggregateID: []byte("42"), EventType: []byte("Placed"),
+			Payload: []byte(`{"a":1}`), Extra: [][]byte{[]byte("acme"), nil}, Layout: debeziumLayout(t, "tenant,region")}},
+		{"debezium, NULL payload", Event{EventID: []byte("e3"), AggregateType: []byte("order"), AggregateID: []byte("42"),
+			Extra: [][]byte{nil, []byte("eu")}, Layout: debeziumLayout(t, "tenant,region")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r Record
+			if err := ShapeOf(tc.ev.Layout).Build(&tc.ev, &r); err != nil {
+				t.Fatal(err)
+			}
+			fromEvent, fromRecord := tc.ev.Stored(), r.Stored()
+			if !reflect.DeepEqual(fromEvent, fromRecord) {
+				t.Errorf("stored from the event %+v, from its record %+v", fromEvent, fromRecord)
+			}
+			for _, s := range []Stored{fromEvent, fromRecord} {
+				var again Record
+				if err := ShapeOf(tc.ev.Layout).Build(Restore(&s, tc.ev.Layout), &again); err != nil {
+					t.Fatal(err)
+				}
+				if string(again.Key) != string(r.Key) || string(again.Value) != string(r.Value) || (again.Value == nil) != (r.Value == nil) ||
+					!reflect.DeepEqual(again.Headers, r.Headers) {
+					t.Errorf("restored record %+v, want %+v", again, r)
+				}
+			}
+		})
+	}
+}
