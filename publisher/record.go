@@ -2,15 +2,12 @@ package publisher
 
 import (
 	"time"
+	"unsafe"
 
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/event"
 )
-
-// inlineHeaders is how many headers fit in a Record without another
-// allocation, as many as the event's own Record holds inline.
-const inlineHeaders = 8
 
 // recordBatchOverhead is the size of a Kafka v2 record batch header. The
 // broker checks max.message.bytes against whole batches, so a record alone
@@ -23,11 +20,10 @@ const recordBatchOverhead = 61
 // buffer, which keeps the per-event cost of the hot path at two
 // allocations.
 type Record struct {
-	rec     event.Record
-	msg     sarama.ProducerMessage
-	key     bytesEncoder
-	value   bytesEncoder
-	headers [inlineHeaders]sarama.RecordHeader
+	rec   event.Record
+	msg   sarama.ProducerMessage
+	key   bytesEncoder
+	value bytesEncoder
 
 	txn        uint64
 	commitTime time.Time
@@ -86,13 +82,6 @@ func build(ev *event.Event, topic string) (*Record, error) {
 	if err := event.ShapeOf(ev.Layout).Build(ev, &r.rec); err != nil {
 		return nil, err
 	}
-	headers := r.headers[:0]
-	if len(r.rec.Headers) > inlineHeaders {
-		headers = make([]sarama.RecordHeader, 0, len(r.rec.Headers))
-	}
-	for _, h := range r.rec.Headers {
-		headers = append(headers, sarama.RecordHeader{Key: h.Key, Value: h.Value})
-	}
 	r.key.b, r.value.b = r.rec.Key, r.rec.Value
 	r.msg = sarama.ProducerMessage{
 		Topic: topic,
@@ -101,9 +90,21 @@ func build(ev *event.Event, topic string) (*Record, error) {
 		Partition: -1,
 		Key:       &r.key,
 		Value:     &r.value,
-		Headers:   headers,
+		Headers:   saramaHeaders(r.rec.Headers),
 		Metadata:  r,
 	}
 	r.size = r.msg.ByteSize(2)
 	return r, nil
+}
+
+// The conversion compiles only while sarama.RecordHeader and event.Header
+// are the same struct (a Key and a Value []byte, in that order), which is
+// what makes saramaHeaders sound.
+var _ = sarama.RecordHeader(event.Header{})
+
+// saramaHeaders is the shape's headers as sarama's type, in place. A copy
+// would cost a second header array in every record, a third more memory
+// per event on the hot path, for two types that are the same struct.
+func saramaHeaders(h []event.Header) []sarama.RecordHeader {
+	return unsafe.Slice((*sarama.RecordHeader)(unsafe.Pointer(unsafe.SliceData(h))), len(h))
 }

@@ -406,7 +406,7 @@ func (s *streamer) awaitQuarantined(ctx context.Context) error {
 	return nil
 }
 
-// eventOf maps a decoded outbox row to the publisher's event; the slices
+// eventOf maps a decoded outbox row to its event; the slices
 // still alias the read buffer.
 func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime time.Time) event.Event {
 	v := &row.Values
