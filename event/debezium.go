@@ -48,7 +48,6 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	}
 
 	a := arena{buf: make([]byte, 0, n)}
-	r.shape = Debezium{}
 	r.EventID = a.takeNullable(ev.EventID)
 	r.Key = a.takeNullable(ev.AggregateID)
 	r.Value = a.takeNullable(ev.Payload)

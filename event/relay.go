@@ -33,7 +33,6 @@ func (Relay) Build(ev *Event, r *Record) error {
 	}
 
 	a := arena{buf: make([]byte, 0, n)}
-	r.shape = Relay{}
 	r.EventID = a.take(ev.EventID)
 	r.Key = a.take(ev.AggregateID)
 	r.Value = a.take(ev.Payload)

@@ -19,6 +19,12 @@ type Shape interface {
 	Restore(s *Stored, l *layout.Layout) *Event
 }
 
+// Build makes ev's record into r in the shape ev's layout asks for.
+func Build(ev *Event, r *Record) error {
+	r.layout = ev.Layout
+	return ShapeOf(ev.Layout).Build(ev, r)
+}
+
 // ShapeOf is the shape of the records a layout asks for; nil is the
 // relay's own.
 func ShapeOf(l *layout.Layout) Shape {
@@ -52,12 +58,13 @@ type Record struct {
 	// placed in the headers, for the quarantine table.
 	AggregateType, EventType []byte
 
-	shape  Shape
+	// layout is the event's, which says the shape that built the record.
+	layout *layout.Layout
 	inline [inlineHeaders]Header
 }
 
 // Stored is the record's event as the quarantine table keeps it.
-func (r *Record) Stored() Stored { return r.shape.StoreRecord(r) }
+func (r *Record) Stored() Stored { return ShapeOf(r.layout).StoreRecord(r) }
 
 // Header returns the value of the named header, or nil.
 func (r *Record) Header(name string) []byte {

@@ -47,7 +47,7 @@ func TestStoreAndRestore(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r Record
-			if err := ShapeOf(tc.ev.Layout).Build(&tc.ev, &r); err != nil {
+			if err := Build(&tc.ev, &r); err != nil {
 				t.Fatal(err)
 			}
 			fromEvent, fromRecord := tc.ev.Stored(), r.Stored()
@@ -56,7 +56,7 @@ func TestStoreAndRestore(t *testing.T) {
 			}
 			for _, s := range []Stored{fromEvent, fromRecord} {
 				var again Record
-				if err := ShapeOf(tc.ev.Layout).Build(Restore(&s, tc.ev.Layout), &again); err != nil {
+				if err := Build(Restore(&s, tc.ev.Layout), &again); err != nil {
 					t.Fatal(err)
 				}
 				if string(again.Key) != string(r.Key) || string(again.Value) != string(r.Value) || (again.Value == nil) != (r.Value == nil) ||

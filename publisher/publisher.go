@@ -456,13 +456,13 @@ func (p *Publisher) drainOutcomes() {
 // the producer writes into its message (partition, offset): a sink that
 // gave up waiting may report a record the producer still holds.
 func failedDelivery(r *Record) Delivery {
-	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size, Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now(), Record: r}
+	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.Size(), Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now(), Record: r}
 }
 
 func delivery(msg *sarama.ProducerMessage) Delivery {
 	r := msg.Metadata.(*Record)
 	return Delivery{
-		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.size,
+		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.Size(),
 		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, At: time.Now(), Record: r,
 	}
 }

@@ -99,8 +99,8 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
-	if limit := min(topic.maxBytes-recordBatchOverhead, t.cfg.batchBytes()); r.size > limit {
-		sizeErr := &LocalSizeError{Size: r.size, Limit: limit, TopicMax: topic.maxBytes, ProducerMax: t.cfg.MaxMessageBytes}
+	if limit := min(topic.maxBytes-recordBatchOverhead, t.cfg.batchBytes()); r.Size() > limit {
+		sizeErr := &LocalSizeError{Size: r.Size(), Limit: limit, TopicMax: topic.maxBytes, ProducerMax: t.cfg.MaxMessageBytes}
 		if t.cfg.batchBytes() < t.cfg.MaxMessageBytes {
 			sizeErr.LoweredTo = t.cfg.batchBytes()
 		}

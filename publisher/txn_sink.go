@@ -369,7 +369,7 @@ func (o *owner) takeMore() {
 func (o *owner) ack(msg *sarama.ProducerMessage) {
 	o.answered++
 	r, ok := msg.Metadata.(*Record)
-	if !ok || r.pos >= len(o.batch) || o.batch[r.pos] != r {
+	if !ok || int(r.pos) >= len(o.batch) || o.batch[r.pos] != r {
 		return // the progress record, or one of a transaction given up on
 	}
 	o.acked[r.pos] = ackedRecord{d: delivery(msg), eventID: string(r.rec.EventID)}
@@ -440,10 +440,10 @@ func (o *owner) record(r *Record) {
 			o.idleCheck, o.taken = o.steady, 0
 		}
 	}
-	r.pos = len(o.batch)
+	r.pos = int32(len(o.batch))
 	o.batch = append(o.batch, r)
 	o.acked = append(o.acked, ackedRecord{})
-	o.bytes += r.size
+	o.bytes += r.Size()
 	o.next, o.nextRec = &r.msg, r
 	if o.cfg.Poison.suspect(r.rec.EventID) {
 		o.isolate = settleBefore
