@@ -30,6 +30,10 @@ type Config struct {
 	// Layout is the outbox table's columns and the records' shape; nil
 	// is the relay's own.
 	Layout *layout.Layout
+	// MessagePrefix, when set, makes this the messages source: the events
+	// are the transactional logical decoding messages with this prefix,
+	// and Table is not read.
+	MessagePrefix string
 }
 
 // OutboxLayout is the configured layout, the relay's own when none is.
