@@ -33,12 +33,12 @@ type Metrics struct {
 	// CommitToReceive observes, per transaction, the time from its commit
 	// to the relay reading its first outbox row: the database's share of
 	// CommitToAck (WAL flush, the walsender's decoding, the socket).
-	CommitToReceive    prometheus.Observer
-	Quarantined        prometheus.Gauge
-	OrderBreaks        *prometheus.CounterVec
+	CommitToReceive prometheus.Observer
+	Quarantined     prometheus.Gauge
+	OrderBreaks     *prometheus.CounterVec
 	// MessagesSkipped counts the logical decoding messages the messages
 	// source read and did not publish, by reason.
-	MessagesSkipped *prometheus.CounterVec
+	MessagesSkipped    *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
 	RetentionRuns      prometheus.Counter
 	RetentionFailures  prometheus.Counter
