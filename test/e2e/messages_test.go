@@ -154,6 +154,9 @@ func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
 	if !strings.Contains(payload, "not-a-uuid") {
 		t.Errorf("quarantined payload %s does not keep the message's content", payload)
 	}
+	if code, out := harness.RunCommand(t, e.bin, e.messagesArgs("status")); code != 0 || !strings.Contains(out, e.slot+messagesSlotSuffix) {
+		t.Errorf("status --source messages: exit %d:\n%s", code, out)
+	}
 	url := relay.AdminURL(t)
 	harness.WaitFor(t, 30*time.Second, "the skipped messages are counted", func() bool {
 		return harness.Metric(t, url, "outbox_relay_messages_skipped_total", "reason", "non_transactional") == 1 &&
