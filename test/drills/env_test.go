@@ -111,6 +111,30 @@ func (w *world) startRelayNoWait(extra ...string) *harness.Process {
 	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{harness.LogLevelInfo})
 }
 
+// killAfter SIGKILLs relay life number life once it produced target more
+// records to the drill's topics (committed or not; at once for 0), and
+// starts the next life with flags. A life that exits on its own fails the
+// drill.
+func (w *world) killAfter(relay *harness.Process, off *offsets, life int, target int64, flags []string) *harness.Process {
+	w.t.Helper()
+	before, err := off.read(w.topics())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if target > 0 {
+		harness.WaitFor(w.t, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", life, target), func() bool {
+			m, err := off.read(w.topics())
+			return relay.Exited() || err == nil && sumOffsets(m)-sumOffsets(before) >= target
+		})
+	}
+	if relay.Exited() {
+		w.t.Fatalf("relay life %d exited on its own:\n%s", life, relay.Output())
+	}
+	relay.Kill()
+	w.t.Logf("kill %d: %d events committed so far; slot at %s", life, w.CommittedCount(), w.confirmedFlush())
+	return w.startRelayNoWait(flags...)
+}
+
 // Log lines the drills look for in the relay's JSON output.
 const (
 	msgRestart = "stream stopped; restarting from the slot"

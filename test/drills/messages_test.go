@@ -2,7 +2,6 @@ package drills
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -57,21 +56,7 @@ func messagesDrill(t *testing.T, exactlyOnce bool) {
 	relay := w.startRelayNoWait(flags...)
 	for i := range kills {
 		w.emitForbidden(side, forbidden)
-		before, err := off.read(w.topics())
-		if err != nil {
-			t.Fatal(err)
-		}
-		target := int64(200 + rng.IntN(2000))
-		harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", i+1, target), func() bool {
-			m, err := off.read(w.topics())
-			return relay.Exited() || err == nil && sumOffsets(m)-sumOffsets(before) >= target
-		})
-		if relay.Exited() {
-			t.Fatalf("relay life %d exited on its own:\n%s", i+1, relay.Output())
-		}
-		relay.Kill()
-		t.Logf("kill %d: %d events committed so far; slot at %s", i+1, w.CommittedCount(), w.confirmedFlush())
-		relay = w.startRelayNoWait(flags...)
+		relay = w.killAfter(relay, off, i+1, int64(200+rng.IntN(2000)), flags)
 	}
 
 	relay.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
