@@ -62,7 +62,7 @@ test: lint kafka postgres
 # standby and slot-invalidation drills, and the failover-slot drills (each
 # skips on a server that lacks what it tests).
 PG_VERSIONS ?= 16 17 18
-PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestDrillRelayWaitsForPromotion|TestDrillSlotInvalidated|TestDrillSlotIdleTimeout|TestDrillFailoverSlotNotSyncedStatus|TestSlotFailoverNeedsPostgres17)$$
+PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestDrillRelayWaitsForPromotion|TestDrillSlotInvalidated|TestDrillSlotIdleTimeout|TestDrillFailoverSlotNotSyncedStatus|TestSlotFailoverNeedsPostgres17|TestDrillMessages|TestMessagesRecordsAreTheTableSourcesByteForByte)$$
 test-postgres-versions: postgres
 	@set -e; for v in $(PG_VERSIONS); do \
 		echo "== PostgreSQL $$v"; start=$$(date +%s); \
@@ -103,11 +103,15 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzRowHeaders -fuzztime 60s ./publisher/
 
 # staticcheck is a tool dependency in go.mod: `go tool` builds the pinned
-# version, so nothing needs installing beyond the Go module proxy.
+# version, so nothing needs installing beyond the Go module proxy. doccheck
+# fails a page that names a file, package, type, function or method the code
+# does not have, or places one in the wrong file (internal/doccheck says
+# which code spans it reads).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	$(GO) run ./internal/doccheck/cmd/doccheck docs/*.md README.md
 
 kafka:
 	@bash test/kafka/fetch.sh || { echo "make kafka: fetching Apache Kafka from Maven Central failed (the lines above say why). It needs Java 17+, Maven (mvn) and access to Maven Central: fix that and run make kafka again. Without Apache Kafka, go test skips its tests and says so." >&2; exit 1; }

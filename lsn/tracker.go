@@ -47,8 +47,10 @@ type unreported struct {
 }
 
 // Tracker records transactions in commit order and answers what is safe to
-// confirm. It is safe for concurrent use: the reader opens, adds and closes
-// transactions while the producer's acknowledgement goroutine acks them.
+// confirm. It is safe for concurrent use: one goroutine, the relay's read
+// loop, opens, adds to, closes and acks transactions and reports what it
+// confirmed, while others (the admin endpoint, the stall watch, the slot
+// poller) read Stats.
 type Tracker struct {
 	limits Limits
 	now    func() time.Time

@@ -1,5 +1,7 @@
 // Package migrations holds the SQL that prepares a database for the relay:
-// the outbox table, its publication and the quarantine table. The SQL is embedded in the binary and
+// the outbox table, its publication and the quarantine table; poll mode's
+// state table; or, for the messages source, a publication of no table and
+// the quarantine table. The SQL is embedded in the binary and
 // safe to apply any number of times. Creating the replication slot belongs to
 // the same step (see the migrate command); a slot records only what is
 // committed after it exists.
@@ -20,7 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-//go:embed *.sql poll/*.sql
+//go:embed *.sql poll/*.sql messages/*.sql
 var files embed.FS
 
 // Names are the database objects the SQL creates.
@@ -45,12 +47,19 @@ type Names struct {
 	// change it; the publication and the quarantine table are made as
 	// usual.
 	ExternalTable bool
+	// Messages is the messages source's schema (migrations/messages): a
+	// publication of no table and the quarantine table; no outbox table.
+	Messages bool
 }
 
 // ownTable are the migrations that create or change the relay's own outbox
 // table; they are left out for an external table. A new migration that
 // touches the outbox table belongs here.
 var ownTable = map[string]bool{"001_outbox.sql": true}
+
+// tableSource are the migrations that only a source reading an outbox
+// table needs; the messages source has its own publication instead.
+var tableSource = map[string]bool{"001_outbox.sql": true, "001_outbox_publication.sql": true}
 
 // QuarantineTable returns the quarantine table.
 func (n Names) QuarantineTable() (store.Table, error) {
@@ -97,13 +106,19 @@ func SQL(n Names) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if n.Poll {
-		pollEntries, err := fs.Glob(files, "poll/*.sql")
+	for _, extra := range []struct {
+		dir  string
+		used bool
+	}{{"poll", n.Poll}, {"messages", n.Messages}} {
+		if !extra.used {
+			continue
+		}
+		more, err := fs.Glob(files, extra.dir+"/*.sql")
 		if err != nil {
 			return "", fmt.Errorf("list migrations: %w", err)
 		}
-		sort.Strings(pollEntries)
-		entries = append(entries, pollEntries...)
+		sort.Strings(more)
+		entries = append(entries, more...)
 	}
 	l := n.Layout
 	if l == nil {
@@ -144,7 +159,7 @@ func SQL(n Names) (string, error) {
 	)
 	var b strings.Builder
 	for _, name := range entries {
-		if n.ExternalTable && ownTable[name] {
+		if n.ExternalTable && ownTable[name] || n.Messages && tableSource[name] {
 			continue
 		}
 		body, err := files.ReadFile(name)
@@ -227,8 +242,8 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
-		if i == 0 && n.ExternalTable {
-			existed[i] = true // checked above; never created here
+		if i == 0 && (n.ExternalTable || n.Messages) {
+			existed[i] = true // checked above, or not needed; never created here
 			continue
 		}
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {

@@ -128,6 +128,12 @@ func (w *Writer) WriteSQL(ctx context.Context, tx *sql.Tx, events ...Event) ([]s
 type execFunc func(ctx context.Context, query string, args []any) error
 
 func (w *Writer) write(ctx context.Context, events []Event, exec execFunc) ([]string, error) {
+	return writeEvents(ctx, events, exec, w.insert, func(n int) string { return fmt.Sprintf("insert %d events into %s", n, w.name) })
+}
+
+// writeEvents checks every event, then runs one statement per chunk of
+// them; what says what a failed statement of n events did.
+func writeEvents(ctx context.Context, events []Event, exec execFunc, statement func([]row) (string, []any), what func(n int) string) ([]string, error) {
 	rows := make([]row, len(events))
 	ids := make([]string, len(events))
 	for i := range events {
@@ -139,9 +145,9 @@ func (w *Writer) write(ctx context.Context, events []Event, exec execFunc) ([]st
 	}
 	for start := 0; start < len(rows); start += maxRowsPerStatement {
 		chunk := rows[start:min(start+maxRowsPerStatement, len(rows))]
-		query, args := w.insert(chunk)
+		query, args := statement(chunk)
 		if err := exec(ctx, query, args); err != nil {
-			return nil, fmt.Errorf("insert %d events into %s: %w", len(chunk), w.name, err)
+			return nil, fmt.Errorf("%s: %w", what(len(chunk)), err)
 		}
 	}
 	return ids, nil

@@ -77,6 +77,9 @@ type loopEnv struct {
 	metrics *Metrics
 	status  statusSink
 	clock   clock
+	// skips remembers, across sessions, which kinds of skipped message
+	// were logged: each is logged once per process, then only counted.
+	skips *skipNotes
 }
 
 // streamer is one session's read loop. It alone touches the tracker's
@@ -369,6 +372,8 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 		}
 		s.inTxn, s.txnEnded = false, true
 		s.received = max(s.received, msg.EndLSN)
+	case replication.KindSkippedMessage:
+		s.skipped(msg.Skipped)
 	case replication.KindKeepalive:
 		s.received = max(s.received, msg.ServerWALEnd)
 		if !s.inTxn {
@@ -382,6 +387,29 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 		}
 	}
 	return nil
+}
+
+// skipNotes are the kinds of skipped message already logged.
+type skipNotes map[replication.Skip]bool
+
+// skipped counts a logical decoding message that is not an event, and
+// logs the first of each kind.
+func (s *streamer) skipped(why replication.Skip) {
+	reason, msg := "other_prefix", "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
+	if why == replication.SkipNonTransactional {
+		reason, msg = "non_transactional", "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. "+
+			"Emit events with pg_logical_emit_message(true, ...) (the writer library's Emit does); skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
+	}
+	s.metrics.MessagesSkipped.WithLabelValues(reason).Inc()
+	if s.skips == nil || (*s.skips)[why] {
+		return
+	}
+	(*s.skips)[why] = true
+	ev := s.log.Info()
+	if why == replication.SkipNonTransactional {
+		ev = s.log.Warn()
+	}
+	ev.Str("reason", reason).Msg(msg)
 }
 
 // awaitQuarantined waits, keeping the loop's duties, until the events

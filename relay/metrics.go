@@ -33,9 +33,12 @@ type Metrics struct {
 	// CommitToReceive observes, per transaction, the time from its commit
 	// to the relay reading its first outbox row: the database's share of
 	// CommitToAck (WAL flush, the walsender's decoding, the socket).
-	CommitToReceive    prometheus.Observer
-	Quarantined        prometheus.Gauge
-	OrderBreaks        *prometheus.CounterVec
+	CommitToReceive prometheus.Observer
+	Quarantined     prometheus.Gauge
+	OrderBreaks     *prometheus.CounterVec
+	// MessagesSkipped counts the logical decoding messages the messages
+	// source read and did not publish, by reason.
+	MessagesSkipped    *prometheus.CounterVec
 	RetentionDeleted   prometheus.Counter
 	RetentionRuns      prometheus.Counter
 	RetentionFailures  prometheus.Counter
@@ -89,6 +92,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outbox_relay_quarantined_events", Help: "Events in the quarantine table waiting for a replay."}),
 		OrderBreaks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_relay_order_breaks_total", Help: "Times a producer failure may have let later records of a partition land before re-delivered earlier ones."}, []string{"topic", "partition"}),
+		MessagesSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_relay_messages_skipped_total", Help: "Logical decoding messages read and not published (--source messages): non-transactional ones, and those of another prefix."}, []string{"reason"}),
 		RetentionDeleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_relay_retention_rows_deleted_total", Help: "Published outbox rows deleted by retention cleanup."}),
 		RetentionRuns: prometheus.NewCounter(prometheus.CounterOpts{
@@ -114,7 +119,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.EventsPublished, m.BytesPublished, m.PublishErrors, m.Restarts, m.Retries, m.InFlightEvents,
 			m.ReceivedLSN, m.ConfirmedLSN, m.SlotRetainedWAL, m.SlotLag, m.SlotActive, m.SlotReadingAge, m.OldestUnpublished, m.KafkaStall,
-			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.RetentionDeleted, m.RetentionRuns, m.RetentionFailures, m.RetentionWatermark,
+			commitToAck, commitToReceive, m.Quarantined, m.OrderBreaks, m.MessagesSkipped, m.RetentionDeleted, m.RetentionRuns, m.RetentionFailures, m.RetentionWatermark,
 			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 		reg.MustRegister(m.State, m.SlotWALStatus)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -157,6 +158,9 @@ func (c Config) Validate() error {
 	if c.Publisher.Linger < 0 || c.Publisher.Linger > time.Second {
 		return fmt.Errorf("--kafka-linger %s: must be between 0 and 1s", c.Publisher.Linger)
 	}
+	if err := c.validateMessages(); err != nil {
+		return err
+	}
 	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
 		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
 	}
@@ -182,6 +186,21 @@ func (c Config) Validate() error {
 		return err
 	}
 	return c.Retention.validate()
+}
+
+// validateMessages refuses, for the messages source, what needs an outbox
+// table.
+func (c Config) validateMessages() error {
+	if c.Replication.MessagePrefix == "" {
+		return nil
+	}
+	if c.Retention.After > 0 {
+		return fmt.Errorf("--retention %s with --source messages: there is no outbox table to delete from (the messages leave the WAL once the slot confirms them); drop --retention", c.Retention.After)
+	}
+	if l := c.Replication.OutboxLayout(); l.Shape != layout.ShapeRelay || l.Columns != layout.Relay.Columns || len(l.HeaderColumns) > 0 {
+		return errors.New("--outbox-layout and the column flags with --source messages: a message's content has the relay's own fields and makes the relay's own records; drop them")
+	}
+	return nil
 }
 
 // validateProgressTopic refuses a progress topic that an event could be
@@ -226,6 +245,9 @@ type Relay struct {
 	txns   txnCounters
 	txnID  string
 	poison *publisher.PoisonMemory
+
+	// skips are the kinds of skipped message logged so far.
+	skips skipNotes
 }
 
 // Hooks let the process around the relay react to its progress (systemd
@@ -247,12 +269,12 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 	metrics.txn.mode(cfg.DeliveryMode())
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
 		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes,
-		poison: publisher.NewPoisonMemory(0), clock: wallClock{}}
+		poison: publisher.NewPoisonMemory(0), clock: wallClock{}, skips: skipNotes{}}
 }
 
 // loopEnv is what this relay gives each session's read loop.
 func (r *Relay) loopEnv() loopEnv {
-	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, status: r, clock: r.clock}
+	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, status: r, clock: r.clock, skips: &r.skips}
 }
 
 // alive tells the watchdog the read loop is turning.

@@ -166,8 +166,10 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
 	}
-	if err := admin.CheckNoPollers(ctx); err != nil {
-		return 0, 0, err
+	if r.cfg.Replication.MessagePrefix == "" { // pollers poll a table
+		if err := admin.CheckNoPollers(ctx); err != nil {
+			return 0, 0, err
+		}
 	}
 	if r.cfg.Retention.After > 0 {
 		if err := admin.CheckRetention(ctx); err != nil {

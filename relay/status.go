@@ -76,8 +76,9 @@ type slotReading struct {
 }
 
 // ackClock is when Kafka last acknowledged an event of this process. The
-// producer's acknowledgement goroutine writes it on every ack, so it is an
-// atomic rather than under the relay's mutex.
+// read loop writes it on every ack it takes (noteAck), while the admin
+// endpoint and the stall watch read it on their own goroutines; it is an
+// atomic so that an ack does not take the relay's mutex.
 type ackClock struct{ ns atomic.Int64 }
 
 // note records an ack; a nil clock (outcomes built without a relay, as in

@@ -68,6 +68,9 @@ func (a *Admin) Check(ctx context.Context) error {
 	if !canReplicate {
 		return pg.Preconditionf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s REPLICATION; as a superuser", role, pg.QuoteIdent(role))
 	}
+	if a.cfg.MessagePrefix != "" {
+		return a.checkMessagesPublication(ctx)
+	}
 	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return err
@@ -126,6 +129,28 @@ func (a *Admin) Check(ctx context.Context) error {
 			a.cfg.Publication, schema, table, pg.QuoteIdent(a.cfg.Publication), pg.QuoteIdent(schema), pg.QuoteIdent(table))
 	}
 	return a.CheckColumns(ctx)
+}
+
+// checkMessagesPublication checks what the messages source needs besides
+// replication: a server that sends messages over protocol version 1, and
+// the publication pgoutput must be given, which may publish no table.
+func (a *Admin) checkMessagesPublication(ctx context.Context) error {
+	var version int
+	if err := a.conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return fmt.Errorf("read server_version_num: %w", err)
+	}
+	if version < 140000 {
+		return pg.Preconditionf("PostgreSQL %d.%d sends no logical decoding messages to pgoutput (14 and later do): use --source wal with an outbox table, or upgrade", version/10000, version%10000)
+	}
+	var exists bool
+	if err := a.conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", a.cfg.Publication).Scan(&exists); err != nil {
+		return fmt.Errorf("look up publication %s: %w", a.cfg.Publication, err)
+	}
+	if !exists {
+		return pg.Preconditionf("publication %q does not exist: run `outbox-relay migrate --source messages` (or CREATE PUBLICATION %s; it needs no table), or fix --publication",
+			a.cfg.Publication, pg.QuoteIdent(a.cfg.Publication))
+	}
+	return nil
 }
 
 // SenderTimeout reads wal_sender_timeout: status updates must come well

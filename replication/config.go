@@ -19,6 +19,10 @@ type Config struct {
 	Slot        string
 	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+).
 	SlotFailover bool
+	// MessagePrefix, when set, makes this the messages source: the events
+	// are the transactional logical decoding messages with this prefix,
+	// and Table is not read.
+	MessagePrefix string
 }
 
 // Validate checks the names before any connection is made.

@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/messages"
 )
 
 // Kind says what a Message carries.
@@ -28,6 +30,22 @@ const (
 	KindKeepalive
 	// KindOther: anything else (relation, type, origin, other tables); skip it.
 	KindOther
+	// KindSkippedMessage: a logical decoding message the messages source
+	// must not publish; Message.Skipped says why.
+	KindSkippedMessage
+)
+
+// Skip says why a logical decoding message is not an event.
+type Skip uint8
+
+const (
+	// SkipNonTransactional: the message was emitted with transactional
+	// false, so it was decoded at once, whether its transaction committed
+	// or not.
+	SkipNonTransactional Skip = iota + 1
+	// SkipOtherPrefix: the message is another application's; every
+	// logical slot of the database receives every message.
+	SkipOtherPrefix
 )
 
 // Field indexes into Row.Values, one per field the relay reads; the
@@ -76,6 +94,8 @@ type Message struct {
 	EndLSN     lsn.LSN
 
 	Row Row
+	// Skipped says why a KindSkippedMessage is not published.
+	Skipped Skip
 }
 
 // relation is the decoder's record of one table from a Relation message.
@@ -100,12 +120,28 @@ type decoder struct {
 	// extra backs Row.Extra, reused for every row.
 	extra     [][]byte
 	relations map[uint32]*relation
+
+	// messages decodes the contents of the messages source's logical
+	// decoding messages with prefix; nil when the source is the table.
+	messages *messages.Decoder
+	prefix   []byte
+	// commitTime is the open transaction's, for a message's default
+	// occurred_at.
+	commitTime time.Time
 }
 
 func newDecoder(schema, table string, l *layout.Layout) *decoder {
 	fieldOf, headerOf := l.ColumnIndex()
 	return &decoder{schema: schema, table: table, layout: l, fieldOf: fieldOf, headerOf: headerOf,
 		extra: make([][]byte, len(l.HeaderColumns)), relations: make(map[uint32]*relation)}
+}
+
+// newMessageDecoder decodes the messages source's stream: the
+// transactional messages with prefix are its events, and no table is.
+func newMessageDecoder(prefix string) *decoder {
+	d := newDecoder("", "", layout.Relay)
+	d.messages, d.prefix = &messages.Decoder{}, []byte(prefix)
+	return d
 }
 
 var errShort = errors.New("message too short")
@@ -130,6 +166,7 @@ func (d *decoder) decode(data []byte, m *Message) error {
 		m.CommitLSN = lsn.LSN(binary.BigEndian.Uint64(body))
 		m.CommitTime = pgTime(int64(binary.BigEndian.Uint64(body[8:])))
 		m.XID = binary.BigEndian.Uint32(body[16:])
+		d.commitTime = m.CommitTime
 	case 'C':
 		if len(body) < 25 {
 			return fmt.Errorf("commit: %w", errShort)
@@ -143,8 +180,10 @@ func (d *decoder) decode(data []byte, m *Message) error {
 		return d.relation(body)
 	case 'I':
 		return d.insert(body, m)
+	case 'M':
+		return d.message(body, m)
 	default:
-		// Type, Origin, Update, Delete, Truncate, Message and any later
+		// Type, Origin, Update, Delete, Truncate and any later
 		// additions say nothing the relay needs.
 		m.Kind = KindOther
 	}
@@ -272,6 +311,42 @@ func (d *decoder) insert(b []byte, m *Message) error {
 				m.Row.Extra[h] = value
 			}
 		}
+	}
+	return nil
+}
+
+// message reads a logical decoding message: flags (1 = transactional), its
+// LSN, the prefix, and the content.
+func (d *decoder) message(b []byte, m *Message) error {
+	m.Kind = KindOther
+	if d.messages == nil {
+		return nil // the table source does not ask for messages
+	}
+	if len(b) < 9 {
+		return fmt.Errorf("message: %w", errShort)
+	}
+	transactional := b[0]&1 != 0
+	at := binary.BigEndian.Uint64(b[1:])
+	end := bytes.IndexByte(b[9:], 0)
+	if end < 0 || len(b) < 9+end+1+4 {
+		return fmt.Errorf("message at %s: %w", lsn.LSN(at), errShort)
+	}
+	prefix := b[9 : 9+end]
+	b = b[9+end+1:]
+	n := int(binary.BigEndian.Uint32(b))
+	if n < 0 || len(b)-4 < n {
+		return fmt.Errorf("message at %s: content length %d: %w", lsn.LSN(at), n, errShort)
+	}
+	content := b[4 : 4+n]
+	switch {
+	case !bytes.Equal(prefix, d.prefix):
+		m.Kind, m.Skipped = KindSkippedMessage, SkipOtherPrefix
+	case !transactional:
+		m.Kind, m.Skipped = KindSkippedMessage, SkipNonTransactional
+	default:
+		m.Kind = KindRow
+		m.Row = Row{}
+		m.Row.Unmapped = d.messages.Decode(content, at, d.commitTime, &m.Row.Values)
 	}
 	return nil
 }

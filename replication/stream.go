@@ -48,7 +48,11 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 		conn.Close(ctx)
 		return nil, err
 	}
-	return &Stream{cfg: cfg, conn: conn, decoder: newDecoder(schema, table, cfg.OutboxLayout())}, nil
+	d := newDecoder(schema, table, cfg.OutboxLayout())
+	if cfg.MessagePrefix != "" {
+		d = newMessageDecoder(cfg.MessagePrefix)
+	}
+	return &Stream{cfg: cfg, conn: conn, decoder: d}, nil
 }
 
 // Start begins streaming the slot from a position, normally the slot's own
@@ -56,9 +60,12 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 // and later; streaming of in-progress transactions stays off, so the server
 // sends each transaction only once it has committed and never an aborted one.
 func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
-	err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", "publication_names " + pg.QuoteLiteral(pg.QuoteIdent(s.cfg.Publication))},
-	})
+	args := []string{"proto_version '1'", "publication_names " + pg.QuoteLiteral(pg.QuoteIdent(s.cfg.Publication))}
+	if s.cfg.MessagePrefix != "" {
+		// Protocol version 1 carries messages on PostgreSQL 14 and later.
+		args = append(args, "messages 'true'")
+	}
+	err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err == nil {
 		return nil
 	}

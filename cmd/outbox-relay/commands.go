@@ -267,9 +267,14 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		defer srv.Close()
 		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
 	}
-	log.Info().Str("version", versionString()).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
-		Strs("kafka_brokers", o.relay.Publisher.Brokers).Str("table", o.relay.Replication.Table).
-		Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
+	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
+		Strs("kafka_brokers", o.relay.Publisher.Brokers)
+	if o.source == sourceMessages {
+		start = start.Str("message_prefix", o.messagePrefix)
+	} else {
+		start = start.Str("table", o.relay.Replication.Table)
+	}
+	start.Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()
@@ -314,7 +319,11 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	schema, table, _ := pg.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
 		Quarantine: o.relay.QuarantineTable, ExternalTable: !o.relay.Replication.OutboxLayout().CreatesTable(),
-		Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout()}
+		Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout(),
+		Messages: o.source == sourceMessages}
+	if names.Messages && names.ExternalTable {
+		return usageError(stderr, "migrate", errors.New("--outbox-layout debezium with --source messages: the messages source has no outbox table; drop --outbox-layout"), "")
+	}
 	if o.printSQL {
 		// The same parts a migrate with these flags would create.
 		var script string
@@ -368,10 +377,17 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
-		if err := admin.CheckColumns(ctx); err != nil {
-			return failure(stderr, "migrate", err, dsn)
+		if !names.Messages {
+			if err := admin.CheckColumns(ctx); err != nil {
+				return failure(stderr, "migrate", err, dsn)
+			}
 		}
-		ev := log.Info().Str("table", o.relay.Replication.Table).Str("publication", o.relay.Replication.Publication)
+		ev := log.Info().Str("publication", o.relay.Replication.Publication)
+		if names.Messages {
+			ev = ev.Str("source", sourceMessages)
+		} else {
+			ev = ev.Str("table", o.relay.Replication.Table)
+		}
 		if len(created) > 0 {
 			ev.Strs("created", created).Msg("created the schema objects that were missing")
 		} else {

@@ -37,10 +37,11 @@ type options struct {
 	// reconcile, and run's periodic check
 	reconcile reconcileOptions
 
-	// source is --source: the WAL path or poll mode.
-	source       string
-	poll         poll.Config
-	pollExisting string
+	// source is --source: the WAL path, poll mode or the messages source.
+	source        string
+	messagePrefix string
+	poll          poll.Config
+	pollExisting  string
 	// the outbox table's layout, made into relay.Replication.Layout
 	outboxLayout  string
 	columns       [layout.NumColumns]string
@@ -72,7 +73,7 @@ func commandFlags(command string) []flagGroup {
 	case "quarantine replay":
 		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
 	case "reconcile":
-		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
 	}
 	return nil
 }

@@ -9,11 +9,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -21,14 +23,16 @@ import (
 
 // Sources: where run reads committed outbox rows.
 const (
-	sourceWAL  = "wal"
-	sourcePoll = "poll"
+	sourceWAL      = "wal"
+	sourcePoll     = "poll"
+	sourceMessages = "messages"
 )
 
 // sourceFlag picks the WAL path or poll mode, for every command whose work
 // differs between them.
 func sourceFlag(fs *flag.FlagSet, o *options) {
-	fs.StringVar(&o.source, "source", sourceWAL, "wal: stream the outbox from a logical replication slot; poll: claim rows from a state table beside it, for databases where the relay cannot hold a slot (see docs/polling-or-cdc.md)")
+	fs.StringVar(&o.source, "source", sourceWAL, "wal: stream the outbox table's inserts from a logical replication slot; poll: claim rows from a state table beside it, for databases where the relay cannot hold a slot (see docs/polling-or-cdc.md); messages: stream events that services emit with pg_logical_emit_message, with no outbox table (see docs/messages.md)")
+	fs.StringVar(&o.messagePrefix, "message-prefix", messages.DefaultPrefix, "with --source messages: the prefix of the logical decoding messages that are this relay's events")
 }
 
 func pollFlags(fs *flag.FlagSet, o *options) {
@@ -75,13 +79,29 @@ func validateSource(o *options) error {
 	switch o.source {
 	case sourceWAL:
 		return nil
+	case sourceMessages:
+		return validateMessagesSource(o)
 	case sourcePoll:
 	default:
-		return fmt.Errorf("--source %q: use wal or poll", o.source)
+		return fmt.Errorf("--source %q: use wal, poll or messages", o.source)
 	}
 	if o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
 		return errors.New("--delivery exactly-once needs --source wal: a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id")
 	}
+	return nil
+}
+
+// validateMessagesSource makes the relay read messages with the prefix,
+// and refuses what needs an outbox table: reconcile re-reads the table's
+// rows, and there are none.
+func validateMessagesSource(o *options) error {
+	if o.messagePrefix == "" || strings.ContainsRune(o.messagePrefix, 0) {
+		return fmt.Errorf("--message-prefix %q: must be non-empty, with no NUL byte", o.messagePrefix)
+	}
+	if o.reconcile.every > 0 {
+		return errors.New("--reconcile-every with --source messages: reconcile compares the outbox table with Kafka, and the messages source has no table; drop --reconcile-every (see docs/messages.md for what this source gives up)")
+	}
+	o.relay.Replication.MessagePrefix = o.messagePrefix
 	return nil
 }
 

@@ -76,6 +76,9 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if o == nil {
 		return code
 	}
+	if o.source == sourceMessages {
+		return usageError(stderr, "reconcile", errors.New("--source messages: reconcile compares the outbox table with Kafka, and the messages source has no table, so there is nothing to compare (see docs/messages.md for what this source gives up)"), "")
+	}
 	f := &o.reconcile
 	since, until, err := parseWindow(f.since, f.until, time.Now())
 	if err == nil && f.margin < 0 {

@@ -220,7 +220,7 @@ func parseOptions(args []string) (*options, error) {
 }
 
 // parts are the parts of the benchmark that --skip can leave out.
-var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll", "inbox"}
+var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll", "inbox", "messages"}
 
 // catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
 func catchUpShapes() []shape {
@@ -367,7 +367,7 @@ func (b *bench) run(ctx context.Context) error {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["poll"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["poll"] || !b.o.skip["messages"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -462,6 +462,13 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Poll = pr
 		if err != nil {
 			return fmt.Errorf("poll part: %w", err)
+		}
+	}
+	if !b.o.skip["messages"] {
+		mr, err := b.messagesCompare(ctx)
+		b.res.Messages = mr
+		if err != nil {
+			return fmt.Errorf("messages part: %w", err)
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()

@@ -41,6 +41,28 @@ BEGIN
 END
 $$`
 
+// fillMessagesProcedure is bench_fill for the messages source: the same
+// events, emitted as transactional logical decoding messages whose content
+// PostgreSQL builds as the writer library's Emit does.
+const fillMessagesProcedure = `
+CREATE OR REPLACE PROCEDURE bench_fill_messages(first bigint, n bigint, per_txn int, aggregates int, pad int)
+LANGUAGE plpgsql AS $$
+DECLARE
+	i bigint := first;
+BEGIN
+	WHILE i < first + n LOOP
+		PERFORM pg_logical_emit_message(true, 'outbox', jsonb_build_object(
+		           'event_id', gen_random_uuid(), 'aggregate_type', 'order', 'aggregate_id', 'agg-' || (g % aggregates),
+		           'event_type', 'order.updated', 'schema_version', 1, 'occurred_at', now(),
+		           'payload', jsonb_build_object('seq', g, 'customer', 'cust-' || (g % 977), 'amount', (g % 100000) / 100.0,
+		                                         'currency', 'EUR', 'pad', repeat('x', pad)))::text)
+		FROM generate_series(i, least(i + per_txn, first + n) - 1) AS g;
+		COMMIT;
+		i := i + per_txn;
+	END LOOP;
+END
+$$`
+
 // createDB creates a database with the outbox schema and the fill
 // procedure, and returns its DSN.
 func (b *bench) createDB(ctx context.Context, name string) (string, error) {
@@ -71,8 +93,10 @@ func createDatabase(ctx context.Context, pg *harness.Postgres, name string, poll
 	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication, Poll: poll}); err != nil {
 		return "", err
 	}
-	if _, err := conn.Exec(ctx, fillProcedure); err != nil {
-		return "", fmt.Errorf("create fill procedure: %w", err)
+	for _, proc := range []string{fillProcedure, fillMessagesProcedure} {
+		if _, err := conn.Exec(ctx, proc); err != nil {
+			return "", fmt.Errorf("create fill procedure: %w", err)
+		}
 	}
 	return dsn, nil
 }
@@ -140,6 +164,12 @@ func padFor(ctx context.Context, dsn string, size int) (int, error) {
 // right after it makes the walsender move past that position, so
 // pg_recvlogical's --endpos and the relay's idle confirmation both see it.
 func fill(ctx context.Context, dsn string, rows, perTxn, conns, aggregates, pad int) (end lsn.LSN, err error) {
+	return fillWith(ctx, dsn, "bench_fill", rows, perTxn, conns, aggregates, pad)
+}
+
+// fillWith is fill with the procedure proc: bench_fill, or
+// bench_fill_messages for the messages source.
+func fillWith(ctx context.Context, dsn, proc string, rows, perTxn, conns, aggregates, pad int) (end lsn.LSN, err error) {
 	last := perTxn
 	if last > rows {
 		last = rows
@@ -157,7 +187,7 @@ func fill(ctx context.Context, dsn string, rows, perTxn, conns, aggregates, pad 
 		wg.Add(1)
 		go func(w, first, n int) {
 			defer wg.Done()
-			errs[w] = callFill(ctx, dsn, first, n, perTxn, aggregates, pad, false)
+			errs[w] = callProc(ctx, dsn, proc, first, n, perTxn, aggregates, pad, false)
 		}(w, first, n)
 	}
 	wg.Wait()
@@ -171,7 +201,7 @@ func fill(ctx context.Context, dsn string, rows, perTxn, conns, aggregates, pad 
 		return 0, err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CALL bench_fill(%d, %d, %d, %d, %d)", bulk, last, perTxn, aggregates, pad)); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CALL %s(%d, %d, %d, %d, %d)", proc, bulk, last, perTxn, aggregates, pad)); err != nil {
 		return 0, fmt.Errorf("fill last transaction: %w", err)
 	}
 	var at string
@@ -194,6 +224,10 @@ func nudgeWAL(ctx context.Context, conn *pgx.Conn) error {
 }
 
 func callFill(ctx context.Context, dsn string, first, n, perTxn, aggregates, pad int, syncCommit bool) error {
+	return callProc(ctx, dsn, "bench_fill", first, n, perTxn, aggregates, pad, syncCommit)
+}
+
+func callProc(ctx context.Context, dsn, proc string, first, n, perTxn, aggregates, pad int, syncCommit bool) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
@@ -204,7 +238,7 @@ func callFill(ctx context.Context, dsn string, first, n, perTxn, aggregates, pad
 			return err
 		}
 	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CALL bench_fill(%d, %d, %d, %d, %d)", first, n, perTxn, aggregates, pad)); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CALL %s(%d, %d, %d, %d, %d)", proc, first, n, perTxn, aggregates, pad)); err != nil {
 		return fmt.Errorf("fill: %w", err)
 	}
 	return nil

@@ -88,12 +88,28 @@ const pollMethod = "both sources on one PostgreSQL 15 (autovacuum on, fsync as t
 	"Catch-up: a backlog of 10-row transactions written with the relay stopped, then drained. PostgreSQL CPU is every server process, exited ones included (the postmaster's reaped children). " +
 	"Poll mode runs with its defaults (batch 500, NOTIFY, 1 s fallback interval)"
 
-// pollSources are measured in this order, reversed on even repetitions.
-var pollSources = []string{"wal", "poll"}
+const messagesMethod = "the table source (the WAL path) and the messages source (pg_logical_emit_message, no outbox table) on one PostgreSQL 15 (autovacuum on, fsync as the bench's) and one broker, a fresh database and topic each, in alternating order per repetition; " +
+	"the same events, the messages' content built by PostgreSQL as the writer library's Emit builds it. " +
+	"Steady: single-event transactions (synchronous_commit=on) on an open-loop schedule, after a warm-up; latency is commit to an independent franz-go consumer. " +
+	"Catch-up: a backlog of 10-event transactions written with the relay stopped, then drained. PostgreSQL CPU is every server process, exited ones included; WAL is every byte written over the span. " +
+	"Rates, backlog and idle period are the poll part's (--poll-rates, --poll-rows, --poll-idle)"
 
-// pollCompare runs the part on every broker.
+// pollCompare runs the poll part on every broker: the WAL path and poll
+// mode.
 func (b *bench) pollCompare(ctx context.Context) (*PollResult, error) {
-	res := &PollResult{Method: pollMethod}
+	return b.compareSources(ctx, "poll", []string{"wal", "poll"}, pollMethod)
+}
+
+// messagesCompare runs the messages part on every broker: the table
+// source and the messages source.
+func (b *bench) messagesCompare(ctx context.Context) (*PollResult, error) {
+	return b.compareSources(ctx, "messages", []string{"wal", "messages"}, messagesMethod)
+}
+
+// compareSources measures sources side by side, in this order and
+// reversed on even repetitions, as the bench part part.
+func (b *bench) compareSources(ctx context.Context, part string, sources []string, method string) (*PollResult, error) {
+	res := &PollResult{Method: method}
 	pg, closePG, err := harness.StartPostgresMain(harness.PGOptions{Settings: map[string]string{
 		"max_wal_size": "16GB", "checkpoint_timeout": "30min", "shared_buffers": "256MB",
 		"fsync": map[bool]string{true: "on", false: "off"}[b.o.pgFsync],
@@ -113,7 +129,7 @@ func (b *bench) pollCompare(ctx context.Context) (*PollResult, error) {
 	}
 	for _, br := range b.brokers {
 		for rep := 1; rep <= b.o.repeat; rep++ {
-			order := append([]string(nil), pollSources...)
+			order := append([]string(nil), sources...)
 			if rep%2 == 0 {
 				order[0], order[1] = order[1], order[0]
 			}
@@ -121,7 +137,7 @@ func (b *bench) pollCompare(ctx context.Context) (*PollResult, error) {
 				if err := ctx.Err(); err != nil {
 					return res, err
 				}
-				m := &pollMeasure{b: b, pg: pg, br: br, source: source, rep: rep, logDir: logDir}
+				m := &pollMeasure{b: b, pg: pg, br: br, part: part, source: source, rep: rep, logDir: logDir}
 				if err := m.run(ctx, rates, res); err != nil {
 					return res, fmt.Errorf("%s on %s: %w", source, br.name, err)
 				}
@@ -137,6 +153,7 @@ type pollMeasure struct {
 	b      *bench
 	pg     *harness.Postgres
 	br     *broker
+	part   string // the bench part, for names and log lines
 	source string
 	rep    int
 	logDir string
@@ -151,12 +168,12 @@ type pollMeasure struct {
 }
 
 func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) error {
-	name := fmt.Sprintf("bench_%s_%s_%d", m.source, m.br.name, m.rep)
+	name := fmt.Sprintf("bench_%s_%s_%s_%d", m.part, m.source, m.br.name, m.rep)
 	if err := m.createDB(ctx, name); err != nil {
 		return err
 	}
 	defer dropDatabase(m.pg, name)
-	m.topic = fmt.Sprintf("bench.poll.%s.%s.%d.%d", m.source, m.br.name, m.rep, time.Now().Unix())
+	m.topic = fmt.Sprintf("bench.%s.%s.%s.%d.%d", m.part, m.source, m.br.name, m.rep, time.Now().Unix())
 	if err := m.br.createTopic(m.topic, m.b.o.partitions); err != nil {
 		return err
 	}
@@ -179,8 +196,8 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 		if err != nil {
 			return fmt.Errorf("%d/s: %w", rate, err)
 		}
-		m.b.logf("poll part: %s on %s, %s: %.0f events/s, p50 %.1f ms, p99 %.1f ms, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event",
-			run.Source, run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
+		m.b.logf("%s part: %s on %s, %s: %.0f events/s, p50 %.1f ms, p99 %.1f ms, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event",
+			m.part, run.Source, run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
 		res.Runs = append(res.Runs, run)
 	}
 	if err := ctx.Err(); err != nil {
@@ -190,8 +207,8 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 	if err != nil {
 		return fmt.Errorf("catch-up: %w", err)
 	}
-	m.b.logf("poll part: %s on %s, catch-up of %d: %.0f events/s, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event (+%.0f writing)",
-		run.Source, run.Broker, run.Events, run.EventsPerSec, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent, run.FillWALBytesPerEvent)
+	m.b.logf("%s part: %s on %s, catch-up of %d: %.0f events/s, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event (+%.0f writing)",
+		m.part, run.Source, run.Broker, run.Events, run.EventsPerSec, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent, run.FillWALBytesPerEvent)
 	res.Runs = append(res.Runs, run)
 	size, err := m.sizes(ctx)
 	if err != nil {
@@ -202,8 +219,8 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 	if err != nil {
 		return err
 	}
-	m.b.logf("poll part: %s on %s idle for %.0f s: relay %.2f ms CPU/s, postgres %.2f ms CPU/s, %.0f WAL B/s, %.2f statements/s",
-		idle.Source, idle.Broker, idle.Seconds, idle.RelayCPUMsPerS, idle.PostgresCPUMsPS, idle.WALBytesPerS, idle.StatementsPerS)
+	m.b.logf("%s part: %s on %s idle for %.0f s: relay %.2f ms CPU/s, postgres %.2f ms CPU/s, %.0f WAL B/s, %.2f statements/s",
+		m.part, idle.Source, idle.Broker, idle.Seconds, idle.RelayCPUMsPerS, idle.PostgresCPUMsPS, idle.WALBytesPerS, idle.StatementsPerS)
 	res.Idle = append(res.Idle, idle)
 	return nil
 }
@@ -229,7 +246,7 @@ func (m *pollMeasure) createDB(ctx context.Context, name string) error {
 	if m.postmaster, err = parentPID(self); err != nil {
 		return err
 	}
-	if m.source == "wal" {
+	if m.source != "poll" {
 		if _, err := createSlots(ctx, dsn, []string{"bench_poll"}); err != nil {
 			return err
 		}
@@ -245,8 +262,8 @@ func (m *pollMeasure) start() error {
 	}
 	m.admin = admin
 	extra := []string{"--admin-addr", admin}
-	if m.source == "poll" {
-		extra = append(extra, "--source", "poll")
+	if m.source != "wal" {
+		extra = append(extra, "--source", m.source)
 	}
 	p, err := m.b.startRelay(m.dsn, "bench_poll", m.br, m.topic, variant{}, filepath.Join(m.logDir, fmt.Sprintf("%s-%s-%d.log", m.source, m.br.name, m.rep)), extra...)
 	if err != nil {
@@ -303,6 +320,9 @@ func (m *pollMeasure) steady(ctx context.Context, cons *arrivals, seen *int, rat
 		return run, err
 	}
 	defer pool.close()
+	if m.source == "messages" {
+		pool.statement = steadyEmitSQL
+	}
 	warm, err := pool.write(ctx, rate, m.b.o.steadyWarm, m.b.o.aggregates, pad)
 	if err != nil {
 		return run, err
@@ -356,7 +376,11 @@ func (m *pollMeasure) catchUp(ctx context.Context, cons *arrivals, seen *int, pa
 	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").Scan(&before); err != nil {
 		return run, err
 	}
-	if _, err := fill(ctx, m.dsn, run.Events, 10, m.b.o.prefillConns, m.b.o.aggregates, max(pad, 0)); err != nil {
+	proc := "bench_fill"
+	if m.source == "messages" {
+		proc = "bench_fill_messages"
+	}
+	if _, err := fillWith(ctx, m.dsn, proc, run.Events, 10, m.b.o.prefillConns, m.b.o.aggregates, max(pad, 0)); err != nil {
 		return run, err
 	}
 	sp, err := m.sample(ctx, conn)
@@ -513,12 +537,18 @@ func parentPID(pid int) (int, error) {
 }
 
 func (r *Results) pollMarkdown(w func(string, ...any)) {
-	if r.Poll == nil || len(r.Poll.Runs) == 0 {
+	sourcesMarkdown(w, r.Poll, "Polling or CDC: poll mode and the WAL path side by side")
+	sourcesMarkdown(w, r.Messages, "Messages: the messages source and the table source side by side")
+}
+
+// sourcesMarkdown writes a part that measured sources side by side.
+func sourcesMarkdown(w func(string, ...any), res *PollResult, title string) {
+	if res == nil || len(res.Runs) == 0 {
 		return
 	}
-	w("\n## Polling or CDC: poll mode and the WAL path side by side\n\n%s.\n\n", r.Poll.Method)
+	w("\n## %s\n\n%s.\n\n", title, res.Method)
 	w("| broker | phase | source | rep | events | events/s | p50 ms | p99 ms | relay µs/event | PostgreSQL µs/event | WAL B/event | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	runs := append([]PollRun(nil), r.Poll.Runs...)
+	runs := append([]PollRun(nil), res.Runs...)
 	sort.SliceStable(runs, func(i, j int) bool {
 		a, b := runs[i], runs[j]
 		if a.Broker != b.Broker {
@@ -530,7 +560,7 @@ func (r *Results) pollMarkdown(w func(string, ...any)) {
 		if a.Rep != b.Rep {
 			return a.Rep < b.Rep
 		}
-		return a.Source > b.Source // wal before poll
+		return a.Source == "wal" && b.Source != "wal" // wal first
 	})
 	for _, x := range runs {
 		wal := fmt.Sprintf("%.0f", x.WALBytesPerEvent)
@@ -552,12 +582,12 @@ func (r *Results) pollMarkdown(w func(string, ...any)) {
 	}
 	w("\nTables once every event is published (outbox, and poll mode's state table beside it; dead tuples in all tables, autovacuum on):\n\n")
 	w("| broker | source | events | outbox MB | outbox indexes MB | state MB | state indexes MB | pending-rows index kB | dead tuples |\n|---|---|---|---|---|---|---|---|---|\n")
-	for _, x := range r.Poll.Sizes {
+	for _, x := range res.Sizes {
 		w("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %d |\n", x.Broker, x.Source, x.Events, mb(x.OutboxBytes), mb(x.OutboxIndexBytes),
 			mb(x.StateBytes), mb(x.StateIndexBytes), float64(x.PendingIndexBytes)/1024, x.DeadTuples)
 	}
 	w("\nIdle, the relay running and nothing written, after a VACUUM ANALYZE:\n\n| broker | source | seconds | relay CPU ms/s | PostgreSQL CPU ms/s | WAL B/s | transactions/s |\n|---|---|---|---|---|---|---|\n")
-	for _, x := range r.Poll.Idle {
+	for _, x := range res.Idle {
 		w("| %s | %s | %.0f | %.2f | %.2f | %.0f | %.2f |\n", x.Broker, x.Source, x.Seconds, x.RelayCPUMsPerS, x.PostgresCPUMsPS, x.WALBytesPerS, x.StatementsPerS)
 	}
 }

@@ -46,7 +46,9 @@ type Results struct {
 	Writer    []WriterResult    `json:"writer,omitempty"`
 	Inbox     []InboxResult     `json:"inbox,omitempty"`
 	// Poll is the relay's two sources, WAL and poll mode, side by side.
-	Poll     *PollResult `json:"poll,omitempty"`
+	Poll *PollResult `json:"poll,omitempty"`
+	// Messages is the messages source and the table source side by side.
+	Messages *PollResult `json:"messages,omitempty"`
 	Problems []string    `json:"problems,omitempty"`
 	Duration string      `json:"duration"`
 }

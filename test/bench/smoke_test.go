@@ -163,12 +163,13 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 		}
 	}
 
-	out = append(out, unmeasuredPoll(r.Poll, rows)...)
+	out = append(out, unmeasuredSources(r.Poll, "poll", []string{"wal", "poll"}, rows)...)
+	out = append(out, unmeasuredSources(r.Messages, "messages", []string{"wal", "messages"}, rows)...)
 
 	if !strings.Contains(hist, "reduced-size check") {
 		bad("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC"} {
+	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC", "## Messages"} {
 		if !strings.Contains(md, "\n"+heading) {
 			bad("latest.md has no section %q", heading)
 		}
@@ -176,15 +177,16 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 	return out
 }
 
-// unmeasuredPoll lists what the poll part failed to measure: for both
-// sources, the 500/s run and the catch-up, the sizes and the idle period.
-func unmeasuredPoll(p *PollResult, rows int) []string {
+// unmeasuredSources lists what a part that compares sources (poll,
+// messages) failed to measure: for each source, the 500/s run and the
+// catch-up, the sizes and the idle period.
+func unmeasuredSources(p *PollResult, part string, sources []string, rows int) []string {
 	if p == nil {
-		return []string{"no poll part"}
+		return []string{"no " + part + " part"}
 	}
 	var out []string
 	bad := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
-	for _, source := range []string{"wal", "poll"} {
+	for _, source := range sources {
 		phases := map[string]PollRun{}
 		for _, run := range p.Runs {
 			if run.Source == source {
@@ -192,20 +194,21 @@ func unmeasuredPoll(p *PollResult, rows int) []string {
 			}
 		}
 		if run, ok := phases["500/s"]; !ok || run.Events == 0 || run.P99Ms <= 0 || run.RelayCPUUsPerEvent <= 0 || run.PostgresCPUUsPerEvent <= 0 || run.WALBytesPerEvent <= 0 {
-			bad("poll part, %s at 500/s: %+v; want events, p99, relay and PostgreSQL CPU, WAL measured", source, run)
+			bad("%s part, %s at 500/s: %+v; want events, p99, relay and PostgreSQL CPU, WAL measured", part, source, run)
 		}
 		if run, ok := phases["catch-up"]; !ok || run.Events != rows || run.EventsPerSec <= 0 || run.RelayCPUUsPerEvent <= 0 || run.FillWALBytesPerEvent <= 0 {
-			bad("poll part, %s catch-up: %+v; want %d events drained with CPU and WAL measured", source, run, rows)
+			bad("%s part, %s catch-up: %+v; want %d events drained with CPU and WAL measured", part, source, run, rows)
 		}
 		sized, idled := false, false
 		for _, s := range p.Sizes {
-			sized = sized || s.Source == source && s.Events > int64(rows) && s.OutboxBytes > 0 && (source == "wal" || s.StateBytes > 0)
+			// The messages source has no outbox rows to count or size.
+			sized = sized || s.Source == source && (source == "messages" || s.Events > int64(rows) && s.OutboxBytes > 0) && (source != "poll" || s.StateBytes > 0)
 		}
 		for _, i := range p.Idle {
 			idled = idled || i.Source == source && i.Seconds > 0 && i.PostgresCPUMsPS > 0
 		}
 		if !sized || !idled {
-			bad("poll part, %s: sizes measured %v, idle period measured %v; want both", source, sized, idled)
+			bad("%s part, %s: sizes measured %v, idle period measured %v; want both", part, source, sized, idled)
 		}
 	}
 	return out

@@ -95,6 +95,12 @@ const steadyMethod = "single-row transactions committed (synchronous_commit=on) 
 const steadyInsertSQL = `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 VALUES ($1::uuid, 'order', $2, 'order.updated', $3::jsonb)`
 
+// steadyEmitSQL is steadyInsertSQL for the messages source, with the
+// same parameters, its content built as the writer library's Emit does.
+const steadyEmitSQL = `SELECT pg_logical_emit_message(true, 'outbox', jsonb_build_object(
+	'event_id', $1::uuid, 'aggregate_type', 'order', 'aggregate_id', $2::text, 'event_type', 'order.updated',
+	'schema_version', 1, 'payload', $3::jsonb, 'occurred_at', now())::text)`
+
 // liveRelayDB creates database name for live runs of relay subprocesses,
 // and the directory their logs go to; done drops and removes both.
 func (b *bench) liveRelayDB(ctx context.Context, name string) (dsn, logDir string, done func(), err error) {
@@ -184,6 +190,8 @@ type writerPool struct {
 	dsn   string
 	conns []*pgx.Conn
 	pids  []int
+	// statement writes one event: steadyInsertSQL unless set.
+	statement string
 }
 
 func openWriters(ctx context.Context, dsn string, n int) (*writerPool, error) {
@@ -253,7 +261,11 @@ func (w *writerPool) write(ctx context.Context, rate int, d time.Duration, aggre
 				}
 				lates[i] = append(lates[i], time.Since(due).Seconds())
 				id := harness.NewUUID()
-				if _, err := c.Exec(ctx, steadyInsertSQL, id, "agg-"+strconv.Itoa(k%aggregates), payloadJSON(k, pad)); err != nil {
+				statement := w.statement
+				if statement == "" {
+					statement = steadyInsertSQL
+				}
+				if _, err := c.Exec(ctx, statement, id, "agg-"+strconv.Itoa(k%aggregates), payloadJSON(k, pad)); err != nil {
 					errs[i] = err
 					return
 				}

@@ -39,6 +39,9 @@ func measuredResults(rows int) Results {
 	for _, source := range []string{"wal", "poll"} {
 		r.Poll = pollResultWith(r.Poll, source, rows)
 	}
+	for _, source := range []string{"wal", "messages"} {
+		r.Messages = pollResultWith(r.Messages, source, rows)
+	}
 	r.evaluate()
 	return r
 }
@@ -60,7 +63,7 @@ func pollResultWith(p *PollResult, source string, rows int) *PollResult {
 	return p
 }
 
-const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n"
+const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n## Messages\n"
 
 // A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
 // The bench read it in 10 ms clock ticks, so it often reported 0, and the
@@ -84,6 +87,8 @@ func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
 		{"pg_recvlogical CPU", func(r *Results) { r.Steady.Runs[0].CPUUsPerEvent = 0 }, "steady rate, pg_recvlogical", 0},
 		{"poll mode's PostgreSQL CPU", func(r *Results) { r.Poll.Runs[2].PostgresCPUUsPerEvent = 0 }, "poll part, poll at 500/s", 0},
 		{"poll part missing", func(r *Results) { r.Poll = nil }, "no poll part", 0},
+		{"messages source's WAL", func(r *Results) { r.Messages.Runs[2].WALBytesPerEvent = 0 }, "messages part, messages at 500/s", 0},
+		{"messages part missing", func(r *Results) { r.Messages = nil }, "no messages part", 0},
 		{"exactly-once catch-up", func(r *Results) {
 			r.Ceiling[0].Runs = r.Ceiling[0].Runs[:3]
 			r.evaluate()

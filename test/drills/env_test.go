@@ -38,6 +38,9 @@ type world struct {
 	// types are the aggregate types whose topics the drill uses; the first
 	// one carries the settle marker.
 	types []string
+	// messages makes the drill run the messages source: its events are
+	// logical decoding messages (see harness.Ledger.EmitMessages).
+	messages bool
 
 	seq atomic.Int64 // numbers events across writers, for payloads
 
@@ -79,14 +82,22 @@ func (w *world) topics() []string {
 
 // args are the flags every relay command of the drill uses.
 func (w *world) args(cmd string, extra ...string) []string {
-	return harness.RelayFlags{DSN: w.relayDSN, Slot: w.slot, Brokers: w.brokers, Topic: w.topicPrefix + "{aggregate_type}"}.Args(cmd, extra...)
+	return harness.RelayFlags{DSN: w.relayDSN, Slot: w.slot, Brokers: w.brokers, Topic: w.topicPrefix + "{aggregate_type}"}.Args(cmd, w.sourceArgs(extra)...)
+}
+
+// sourceArgs puts the drill's --source before extra.
+func (w *world) sourceArgs(extra []string) []string {
+	if !w.messages {
+		return extra
+	}
+	return append([]string{"--source", "messages"}, extra...)
 }
 
 // migrate runs `outbox-relay migrate` (schema, publication and slot) on the
 // drill's database directly, never through a proxy.
 func (w *world) migrate() {
 	w.t.Helper()
-	harness.Migrate(w.t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate"))
+	harness.Migrate(w.t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", w.sourceArgs(nil)...))
 }
 
 // startRelay starts `outbox-relay run` and waits until it streams.
@@ -98,6 +109,30 @@ func (w *world) startRelay(extra ...string) *harness.Process {
 func (w *world) startRelayNoWait(extra ...string) *harness.Process {
 	w.t.Helper()
 	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{harness.LogLevelInfo})
+}
+
+// killAfter SIGKILLs relay life number life once it produced target more
+// records to the drill's topics (committed or not; at once for 0), and
+// starts the next life with flags. A life that exits on its own fails the
+// drill.
+func (w *world) killAfter(relay *harness.Process, off *offsets, life int, target int64, flags []string) *harness.Process {
+	w.t.Helper()
+	before, err := off.read(w.topics())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if target > 0 {
+		harness.WaitFor(w.t, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", life, target), func() bool {
+			m, err := off.read(w.topics())
+			return relay.Exited() || err == nil && sumOffsets(m)-sumOffsets(before) >= target
+		})
+	}
+	if relay.Exited() {
+		w.t.Fatalf("relay life %d exited on its own:\n%s", life, relay.Output())
+	}
+	relay.Kill()
+	w.t.Logf("kill %d: %d events committed so far; slot at %s", life, w.CommittedCount(), w.confirmedFlush())
+	return w.startRelayNoWait(flags...)
 }
 
 // Log lines the drills look for in the relay's JSON output.
@@ -300,8 +335,12 @@ func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
 	ids := make([]string, len(events))
 	for i, e := range events {
 		ids[i] = harness.NewUUID()
-		if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
-			VALUES ($1, $2, $3, $4, $5::jsonb)`, ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload); err != nil {
+		write, args := `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, $2, $3, $4, $5::jsonb)`, []any{ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload}
+		if w.messages {
+			write, args = harness.EmitSQL, []any{"outbox", ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload, nil}
+		}
+		if _, err := tx.Exec(ctx, write, args...); err != nil {
 			w.t.Fatalf("fence: %v", err)
 		}
 	}

@@ -41,7 +41,7 @@ func (d inDoubt) settle(t *testing.T, w *world) {
 	if len(d.ids) == 0 {
 		return
 	}
-	switch n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", d.ids); n {
+	switch n := w.db.QueryInt64(t, "SELECT count(*) FROM "+w.Table()+" WHERE event_id = ANY($1::uuid[])", d.ids); n {
 	case int64(len(d.ids)):
 		w.Record(d.ids, d.events)
 	case 0:

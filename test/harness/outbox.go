@@ -47,6 +47,10 @@ func NumberedEvent(n, agg int, payload string) OutboxEvent {
 // Commit order is the order commits return only when one goroutine writes
 // a given aggregate; tests checking per-aggregate order keep to that.
 type Ledger struct {
+	// prefix, when set, makes the ledger emit logical decoding messages
+	// with it instead of inserting outbox rows (see EmitMessages).
+	prefix string
+
 	mu          sync.Mutex
 	ids         []string            // committed event ids, in commit order
 	index       map[string]int      // event id -> position in ids
@@ -56,6 +60,32 @@ type Ledger struct {
 // NewLedger returns an empty Ledger.
 func NewLedger() *Ledger {
 	return &Ledger{index: map[string]int{}, commitOrder: map[string][]string{}}
+}
+
+// EmittedTable is the table a ledger that emits messages writes each
+// event's ID to, in the same transaction: the business change a real
+// service would make, and what tells a test whether a transaction whose
+// COMMIT got no answer committed.
+const EmittedTable = "emitted_events"
+
+// EmitMessages makes the ledger write events as the messages source reads
+// them: pg_logical_emit_message(true, prefix, content), the content built
+// as the writer library's Emit builds it, with each event's ID also
+// inserted into EmittedTable, which it creates in db.
+func (l *Ledger) EmitMessages(t testing.TB, db *PGDatabase, prefix string) *Ledger {
+	t.Helper()
+	db.Exec(t, "CREATE TABLE IF NOT EXISTS "+EmittedTable+" (event_id uuid PRIMARY KEY, aggregate_id text NOT NULL)")
+	l.prefix = prefix
+	return l
+}
+
+// Table is where the ledger's events can be counted and looked up by
+// event_id: the outbox table, or EmittedTable.
+func (l *Ledger) Table() string {
+	if l.prefix != "" {
+		return EmittedTable
+	}
+	return "outbox_events"
 }
 
 // Commit writes events to outbox_events in one transaction, with fresh
@@ -84,6 +114,11 @@ func (l *Ledger) CommitIDs(ctx context.Context, conn *pgx.Conn, ids []string, ev
 		if e.Headers != "" {
 			headers = e.Headers
 		}
+		if l.prefix != "" {
+			batch.Queue("INSERT INTO "+EmittedTable+" (event_id, aggregate_id) VALUES ($1, $2)", ids[i], e.AggregateID)
+			batch.Queue(EmitSQL, l.prefix, ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload, headers)
+			continue
+		}
 		batch.Queue(`INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 			VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`, ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload, headers)
 	}
@@ -96,6 +131,14 @@ func (l *Ledger) CommitIDs(ctx context.Context, conn *pgx.Conn, ids []string, ev
 	l.Record(ids, events)
 	return nil
 }
+
+// EmitSQL emits one event as the writer library's Emit does, with
+// parameters prefix, event_id, aggregate_type, aggregate_id, event_type,
+// payload and headers (NULL for none).
+const EmitSQL = `SELECT pg_logical_emit_message(true, $1, (jsonb_build_object(
+	'event_id', $2::uuid, 'aggregate_type', $3::text, 'aggregate_id', $4::text, 'event_type', $5::text,
+	'schema_version', 1, 'payload', $6::jsonb, 'occurred_at', now())
+	|| CASE WHEN $7::jsonb IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('headers', $7::jsonb) END)::text)`
 
 // CommitBulk commits n events of aggregateType in one INSERT ... SELECT,
 // the way a batch job writes: one transaction spread over 1,000 aggregates

@@ -1,0 +1,244 @@
+// Package messages is the contract of the table-free source: an outbox
+// event carried in the WAL by pg_logical_emit_message(true, prefix,
+// content) instead of an outbox row. It turns a message's content, one JSON
+// object with the outbox row's fields, into the text values the table
+// source's WAL row carries, so that the record built from a message is byte
+// for byte the one built from the same row in the outbox table.
+package messages
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outbox-relay/outbox-relay/layout"
+)
+
+// DefaultPrefix is the prefix the relay reads when --message-prefix is not
+// given, and the one the writer library emits with by default.
+const DefaultPrefix = "outbox"
+
+// Values are an event's fields as text, indexed by layout.Field, as the
+// table source's WAL row holds them; nil is SQL NULL.
+type Values = [layout.NumFields][]byte
+
+// Decoder decodes message contents. It reuses one buffer for the values of
+// the last content decoded, so those stay valid only until the next
+// Decode; it is used from one goroutine.
+type Decoder struct {
+	buf []byte
+}
+
+// Decode fills v from a message's content. commitTime stands in for an
+// absent occurred_at: the table's default is the transaction's start time,
+// which the WAL does not carry, and the commit is the closest time it
+// does. A content that is not an outbox event returns a problem that says
+// what is wrong; v then holds what could be read, and always an event ID
+// and a payload, so the event can be kept in the quarantine table (an ID
+// derived from the message's WAL position when the content has no valid
+// one, and the whole content as a JSON string when it is no JSON object).
+func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Values) (problem string) {
+	*v = Values{}
+	d.buf = d.buf[:0]
+	problem = d.decode(content, commitTime, v)
+	if problem == "" {
+		return ""
+	}
+	if v[layout.EventID] == nil {
+		v[layout.EventID] = d.keep([]byte(derivedID(at)))
+	}
+	if v[layout.Payload] == nil {
+		quoted, _ := json.Marshal(string(content))
+		v[layout.Payload] = d.keep(quoted)
+	}
+	if v[layout.SchemaVersion] == nil {
+		v[layout.SchemaVersion] = d.keep([]byte("1"))
+	}
+	for _, f := range []layout.Field{layout.AggregateType, layout.AggregateID, layout.EventType} {
+		if v[f] == nil {
+			v[f] = []byte{}
+		}
+	}
+	return "message content is not an outbox event: " + problem +
+		"; emit one JSON object with event_id (uuid), aggregate_type, aggregate_id, event_type and payload (the writer library's Emit builds it)"
+}
+
+// derivedID names a content that has no valid event ID by its message's
+// WAL position, which is the same on every re-delivery, so the quarantine
+// table keeps it once.
+func derivedID(at uint64) string {
+	return uuid.NewSHA1(uuid.NameSpaceOID, []byte("outbox-relay message at "+strconv.FormatUint(at, 16))).String()
+}
+
+// keep copies b into the decoder's buffer and returns the copy. The buffer
+// is sized before any copy, so earlier copies never move.
+func (d *Decoder) keep(b []byte) []byte {
+	if cap(d.buf)-len(d.buf) < len(b) {
+		// A new array: the values already kept point into the old one.
+		d.buf = make([]byte, 0, max(2*cap(d.buf), len(b)+256))
+	}
+	start := len(d.buf)
+	d.buf = append(d.buf, b...)
+	return d.buf[start:len(d.buf):len(d.buf)]
+}
+
+func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string {
+	if !json.Valid(content) {
+		return "not valid JSON"
+	}
+	var object members
+	if !object.start(content) {
+		return "not a JSON object"
+	}
+	var seen uint16
+	var problems []string
+	for {
+		key, value, ok := object.next()
+		if !ok {
+			break
+		}
+		f, ours := fieldNamed(key)
+		if !ours {
+			continue // a later writer may add members
+		}
+		seen |= 1 << f
+		if p := d.field(f, value, v); p != "" {
+			problems = append(problems, p)
+		}
+	}
+	var missing []string
+	for _, f := range required {
+		if seen&(1<<f) == 0 {
+			missing = append(missing, layout.Relay.Column(f))
+		}
+	}
+	if len(missing) > 0 {
+		problems = append(problems, "no "+strings.Join(missing, ", "))
+	}
+	if len(problems) > 0 {
+		return strings.Join(problems, "; ")
+	}
+	if v[layout.SchemaVersion] == nil {
+		v[layout.SchemaVersion] = one
+	}
+	if v[layout.OccurredAt] == nil {
+		var text [40]byte
+		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
+	}
+	return ""
+}
+
+// one is the default schema version, as the column's default prints.
+var one = []byte("1")
+
+// required are the members every content must have: the table's NOT NULL
+// columns without a default.
+var required = [...]layout.Field{layout.EventID, layout.AggregateType, layout.AggregateID, layout.EventType, layout.Payload}
+
+// fieldNamed is the field a member name stands for: the relay layout's
+// column names, which the content shares.
+func fieldNamed(key []byte) (layout.Field, bool) {
+	for f := layout.Field(0); f < layout.NumFields; f++ {
+		if string(key) == layout.Relay.Column(f) {
+			return f, true
+		}
+	}
+	return 0, false
+}
+
+// field takes one member of the content; a problem says why it cannot.
+func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
+	name := layout.Relay.Column(f)
+	switch f {
+	case layout.EventID:
+		s, ok := d.text(value)
+		if !ok {
+			return "event_id is not a string"
+		}
+		id, err := uuid.ParseBytes(s)
+		if err != nil {
+			return fmt.Sprintf("event_id %q is not a UUID", s)
+		}
+		// The canonical form, as PostgreSQL prints a uuid column.
+		var text [36]byte
+		v[f] = d.keep(canonical(text[:0], id))
+	case layout.AggregateType, layout.AggregateID, layout.EventType:
+		s, ok := d.text(value)
+		if !ok {
+			return name + " is not a string"
+		}
+		v[f] = s
+	case layout.Payload:
+		v[f] = value
+	case layout.SchemaVersion:
+		n, err := strconv.ParseInt(string(value), 10, 32)
+		if err != nil {
+			return fmt.Sprintf("schema_version %s is not an integer of 32 bits", value)
+		}
+		var text [11]byte
+		v[f] = d.keep(strconv.AppendInt(text[:0], n, 10))
+	case layout.OccurredAt:
+		if string(value) == "null" {
+			return ""
+		}
+		s, ok := d.text(value)
+		if !ok {
+			return "occurred_at is not a string"
+		}
+		t, err := time.Parse(time.RFC3339Nano, string(s))
+		if err != nil {
+			return fmt.Sprintf("occurred_at %q is not an RFC 3339 time", s)
+		}
+		var text [40]byte
+		v[f] = d.keep(pgTimestamp(text[:0], t))
+	case layout.Headers:
+		switch value[0] {
+		case 'n': // null: no headers, as a NULL column
+		case '{':
+			v[f] = value
+		default:
+			return "headers is not a JSON object"
+		}
+	}
+	return ""
+}
+
+// canonical is a UUID's lower-case hyphenated form.
+func canonical(out []byte, id uuid.UUID) []byte {
+	const digits = "0123456789abcdef"
+	for i, b := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			out = append(out, '-')
+		}
+		out = append(out, digits[b>>4], digits[b&0xf])
+	}
+	return out
+}
+
+// text is a JSON string's content: value itself without its quotes when
+// it holds no escape, which is the common case, else its unescaped copy.
+func (d *Decoder) text(value []byte) ([]byte, bool) {
+	if len(value) < 2 || value[0] != '"' {
+		return nil, false
+	}
+	inner := value[1 : len(value)-1]
+	if !containsBackslash(inner) {
+		return inner, true
+	}
+	var s string
+	if err := json.Unmarshal(value, &s); err != nil {
+		return nil, false
+	}
+	return d.keep([]byte(s)), true
+}
+
+// pgTimestamp is t as PostgreSQL prints a timestamptz in UTC, the form the
+// table source's WAL row carries.
+func pgTimestamp(dst []byte, t time.Time) []byte {
+	// PostgreSQL keeps microseconds, rounding the input.
+	return t.Round(time.Microsecond).UTC().AppendFormat(dst, "2006-01-02 15:04:05.999999-07")
+}

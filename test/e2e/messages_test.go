@@ -1,0 +1,194 @@
+package e2e
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/outbox"
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// The messages source's own names, beside the table source's defaults.
+const (
+	messagesSlotSuffix  = "_msg"
+	messagesPublication = "outbox_relay_messages"
+	messagesTopicPrefix = "msg."
+)
+
+// messagesArgs are the flags of a messages-source command: its own slot
+// and publication, so a table-source relay can run on the same database.
+func (e *env) messagesArgs(cmd string, extra ...string) []string {
+	own := []string{"--source", "messages", "--slot", e.slot + messagesSlotSuffix, "--publication", messagesPublication}
+	if cmd == "run" {
+		own = append(own, "--topic", messagesTopicPrefix+"{aggregate_type}")
+	}
+	return e.args(cmd, append(own, extra...)...)
+}
+
+// A service that writes each event both ways, as an outbox row and as a
+// message, in one transaction, gets the same Kafka record from both
+// sources: topic (up to the template's prefix), partition, key, value and
+// every header, byte for byte. Read with the independent client.
+func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
+	e := newEnv(t)
+	e.migrate()
+	harness.Migrate(t, e.bin, e.messagesArgs("migrate"))
+	e.DropSlotAtEnd(t)
+	e.startRelay()
+	harness.StartStreaming(t, e.bin, e.messagesArgs("run"), harness.LogLevelInfo)
+
+	writer, err := outbox.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	emitter, err := outbox.NewEmitter("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := e.db.Connect(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 2, 9, 30, 15, 123456789, time.FixedZone("CET", 3600))
+	var ids []string
+	for i := range 60 {
+		events := []outbox.Event{
+			{AggregateType: "order", AggregateID: "o-" + string(rune('a'+i%7)), EventType: "Placed",
+				Payload: []byte(`{"z": 1, "a": [1.50, "x\u00e9"],   "n": null, "big": 12345678901234567890}`)},
+			{AggregateType: "customer", AggregateID: "c-1", EventType: "Renamed", SchemaVersion: 3,
+				Payload: []byte(`"just a string"`), Headers: map[string]string{"tenant": "acme", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+				OccurredAt: at, AggregateVersion: int64(i + 1)},
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		written, err := writer.Write(ctx, tx, events...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range events {
+			events[j].ID = written[j]
+		}
+		emitted, err := emitter.Emit(ctx, tx, events...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(written, emitted) {
+			t.Fatalf("Emit returned %v for the IDs %v", emitted, written)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, written...)
+	}
+	fromTable := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
+	fromMessages := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^msg\.`, ids, time.Minute)
+	if len(fromTable) != len(ids) || len(fromMessages) != len(ids) {
+		t.Fatalf("%d records from the table, %d from messages, for %d events", len(fromTable), len(fromMessages), len(ids))
+	}
+	byID := map[string]harness.Record{}
+	for _, r := range fromTable {
+		byID[r.EventID()] = r
+	}
+	for _, m := range fromMessages {
+		r := byID[m.EventID()]
+		if strings.TrimPrefix(m.Topic, messagesTopicPrefix) != strings.TrimPrefix(r.Topic, "outbox.event.") || m.Partition != r.Partition ||
+			string(m.Key) != string(r.Key) || string(m.Value) != string(r.Value) ||
+			!slices.Equal(m.HeaderKeys, r.HeaderKeys) || !slices.EqualFunc(m.HeaderValues, r.HeaderValues, func(a, b []byte) bool { return string(a) == string(b) }) {
+			t.Fatalf("event %s differs:\nmessages: %s/%d key %q value %q headers %q %q\ntable:    %s/%d key %q value %q headers %q %q",
+				m.EventID(), m.Topic, m.Partition, m.Key, m.Value, m.HeaderKeys, m.HeaderValues,
+				r.Topic, r.Partition, r.Key, r.Value, r.HeaderKeys, r.HeaderValues)
+		}
+	}
+}
+
+// A message that is no outbox event is quarantined with the reason and its
+// content, and the events after it keep flowing; messages that must never
+// be published (rolled back, non-transactional, another prefix) are not,
+// and are counted.
+func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
+	e := newEnv(t)
+	harness.Migrate(t, e.bin, e.messagesArgs("migrate"))
+	e.DropSlotAtEnd(t)
+	relay := harness.StartStreaming(t, e.bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	conn := e.db.Connect(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`SELECT pg_logical_emit_message(true, 'outbox', '{"event_id": "not-a-uuid", "aggregate_type": "order"}')`)
+	exec(`SELECT pg_logical_emit_message(false, 'outbox', $1)`, validContent(harness.NewUUID()))
+	exec(`SELECT pg_logical_emit_message(true, 'someone-else', $1)`, validContent(harness.NewUUID()))
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rolledBack := harness.NewUUID()
+	if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', $1)`, validContent(rolledBack)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	good := harness.NewUUID()
+	exec(`SELECT pg_logical_emit_message(true, 'outbox', $1)`, validContent(good))
+
+	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^msg\.`, []string{good}, time.Minute)
+	if len(records) != 1 {
+		t.Fatalf("published %d records, want only event %s: %v", len(records), good, records)
+	}
+	var reason, payload string
+	if err := conn.QueryRow(ctx, "SELECT error_message, payload::text FROM outbox_quarantine").Scan(&reason, &payload); err != nil {
+		t.Fatalf("the bad message is not in the quarantine table: %v", err)
+	}
+	for _, want := range []string{`event_id "not-a-uuid" is not a UUID`, "no aggregate_id, event_type, payload", "WAL position"} {
+		if !strings.Contains(reason, want) {
+			t.Errorf("quarantine reason %q does not say %q", reason, want)
+		}
+	}
+	if !strings.Contains(payload, "not-a-uuid") {
+		t.Errorf("quarantined payload %s does not keep the message's content", payload)
+	}
+	if code, out := harness.RunCommand(t, e.bin, e.messagesArgs("status")); code != 0 || !strings.Contains(out, e.slot+messagesSlotSuffix) {
+		t.Errorf("status --source messages: exit %d:\n%s", code, out)
+	}
+	url := relay.AdminURL(t)
+	harness.WaitFor(t, 30*time.Second, "the skipped messages are counted", func() bool {
+		return harness.Metric(t, url, "outbox_relay_messages_skipped_total", "reason", "non_transactional") == 1 &&
+			harness.Metric(t, url, "outbox_relay_messages_skipped_total", "reason", "other_prefix") == 1
+	})
+}
+
+// validContent is a message content of one valid event.
+func validContent(id string) string {
+	return `{"event_id": "` + id + `", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "Placed", "payload": {"ok": true}}`
+}
+
+// What needs an outbox table is refused in this mode at start-up, with
+// exit 2 and a line that says why.
+func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{e.messagesArgs("run", "--retention", "24h"), "--retention 24h0m0s with --source messages"},
+		{e.messagesArgs("run", "--reconcile-every", "1m"), "--reconcile-every with --source messages"},
+		{e.messagesArgs("run", "--outbox-layout", "debezium"), "--outbox-layout and the column flags with --source messages"},
+		{append([]string{"reconcile", "--source", "messages"}, e.args("")[1:]...), "reconcile compares the outbox table with Kafka"},
+		{e.args("run", "--source", "messages", "--message-prefix", ""), "--message-prefix"},
+	} {
+		code, out := harness.RunCommand(t, e.bin, c.args)
+		if code != 2 || !strings.Contains(out, c.want) {
+			t.Errorf("%v: exit %d, want 2 and %q:\n%s", c.args, code, c.want, out)
+		}
+	}
+}
+
+// DropSlotAtEnd drops the messages source's slot when the test ends.
+func (e *env) DropSlotAtEnd(t *testing.T) { e.db.DropSlotAtEnd(t, e.slot+messagesSlotSuffix) }
