@@ -86,7 +86,7 @@ func validateSource(o *options) error {
 		return fmt.Errorf("--source %q: use wal, poll or messages", o.source)
 	}
 	if o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
-		return errors.New("--delivery exactly-once needs --source wal: a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id")
+		return errors.New("--delivery exactly-once needs --source wal or messages: a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id")
 	}
 	return nil
 }
