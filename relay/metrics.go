@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
@@ -132,7 +133,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, class := range []publisher.Class{publisher.ClassRetriable, publisher.ClassProducer, publisher.ClassPermanent} {
 		m.PublishErrors.WithLabelValues(string(class))
 	}
+	for _, reason := range skipReasons {
+		m.MessagesSkipped.WithLabelValues(reason)
+	}
 	return m
+}
+
+// skipReasons are outbox_relay_messages_skipped_total's reason labels.
+var skipReasons = map[replication.Skip]string{
+	replication.SkipNonTransactional: "non_transactional",
+	replication.SkipOtherPrefix:      "other_prefix",
 }
 
 // latencyBuckets suit both latency histograms: sub-millisecond on an idle
