@@ -397,7 +397,7 @@ type skipNotes map[replication.Skip]bool
 func (s *streamer) skipped(why replication.Skip) {
 	reason, msg := skipReasons[why], "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	if why == replication.SkipNonTransactional {
-		msg = "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. "+
+		msg = "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. " +
 			"Emit events with pg_logical_emit_message(true, ...) (the writer library's Emit does); skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	}
 	s.metrics.MessagesSkipped.WithLabelValues(reason).Inc()
