@@ -549,7 +549,11 @@ func (o *owner) commit() {
 	o.phase, o.returned, o.endBy, o.commitStart = committing, false, o.endDeadline(), time.Now()
 	if o.last != nil && o.last.Progress != nil {
 		p := o.last.Progress
-		o.next = &sarama.ProducerMessage{Topic: p.Topic, Key: sarama.ByteEncoder(p.Key), Value: sarama.ByteEncoder(p.Value)}
+		value := p.Value
+		if p.Encode != nil {
+			value = p.Encode(o.last.End, o.last.CommitTime)
+		}
+		o.next = &sarama.ProducerMessage{Topic: p.Topic, Key: sarama.ByteEncoder(p.Key), Value: sarama.ByteEncoder(value)}
 		return // CommitTxn once the producer took it; see handed
 	}
 	o.call(o.producer.CommitTxn)
