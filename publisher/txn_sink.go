@@ -216,6 +216,13 @@ type owner struct {
 	// commit.
 	commitCost  time.Duration
 	commitStart time.Time
+	// committedOnce says a transaction of this sink committed. Until one
+	// did, the transaction commits at the steady deadline even while
+	// catching up: a relay that starts behind (a restart, a failover)
+	// otherwise showed read_committed consumers nothing for up to a
+	// catch-up interval after its start (measured: the first commit 1.1 to
+	// 4.2 s after the start, draining 200,000 single-row transactions).
+	committedOnce bool
 	// batch holds the transaction's records; one the broker acknowledged
 	// is replaced by what acked keeps of it, so a large transaction holds
 	// a few dozen bytes per acknowledged record until its commit, not the
@@ -434,6 +441,9 @@ func (o *owner) record(r *Record) {
 		o.phase, o.began = open, time.Now()
 		o.deadline = commitDeadline(r.built, r.commitTime, o.began, o.cfg.Interval, o.commitCost)
 		o.steady = steadyDeadline(r.built, o.began, o.cfg.Interval, o.commitCost)
+		if !o.committedOnce {
+			o.deadline = o.steady
+		}
 		if o.deadline.After(o.steady) {
 			o.idleCheck, o.taken = o.steady, 0
 		}
@@ -643,6 +653,7 @@ func (o *owner) progress() {
 func (o *owner) committed() {
 	now := time.Now()
 	o.commitCost = (3*o.commitCost + now.Sub(o.commitStart)) / 4
+	o.committedOnce = true
 	for i, r := range o.batch {
 		d := o.acked[i].d
 		if r != nil { // acknowledged without passing through ack: not expected
