@@ -136,6 +136,12 @@ type SourceEnd struct {
 type ProgressRecord struct {
 	Topic      string
 	Key, Value []byte
+	// Encode, when set, makes the value instead, on the sink's goroutine
+	// as the Kafka transaction commits, for the last source transaction it
+	// holds. Only that one is written: encoding the value at every source
+	// transaction's end took a tenth of the relay's CPU catching up on
+	// single-row transactions, and a third of its allocations.
+	Encode func(end lsn.LSN, commitTime time.Time) []byte
 }
 
 // Outcome is one record's result, acknowledged when Err is nil; or, when

@@ -59,6 +59,11 @@ type TxnConfig struct {
 	// BatchEvents and BatchBytes end a Kafka transaction at the next
 	// source-transaction boundary once it holds that much. Keep them below
 	// the caller's in-flight limits, since acks are held until the commit.
+	// The sink holds a transaction's records until its commit, so the
+	// events bound is what a catching-up relay's memory follows: 25,000
+	// took 73-83 MB peak RSS draining 200,000 single-row transactions on
+	// Apache Kafka, 10,000 (with the relay's GOGC of 150 in this mode)
+	// 45-48 MB, at the same rate within that run's noise.
 	BatchEvents int
 	BatchBytes  int
 
@@ -86,7 +91,7 @@ type TxnConfig struct {
 func DefaultTxnConfig() TxnConfig {
 	return TxnConfig{
 		Interval:    100 * time.Millisecond,
-		BatchEvents: 25000,
+		BatchEvents: 10000,
 		BatchBytes:  8 << 20,
 		MaxEvents:   100000,
 		MaxBytes:    64 << 20,

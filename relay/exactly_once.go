@@ -79,25 +79,33 @@ func (r *Relay) newTxnSink(pubCfg publisher.Config, sys replication.System) (*pu
 	return publisher.NewTxnSink(pubCfg, tcfg, r.log)
 }
 
-// txnProgress builds the progress record each Kafka transaction carries
-// for its last whole source transaction, under the key and timeline the
-// session's start decided. The read loop builds it and hands it to the
-// sink with the transaction's end: progress is data, not a callback.
+// txnProgress is the progress record each Kafka transaction carries for
+// its last whole source transaction, under the key and timeline the
+// session's start decided. The read loop hands the same one to the sink
+// with every source transaction's end, and the sink encodes the value of
+// the last one when it commits: it never changes, so sharing it is safe.
 type txnProgress struct {
 	topic        string
 	key          []byte
 	timeline     uint32
 	relayVersion string
+	// record is what the sink gets; nil when the session has no progress
+	// key. withRecord makes it.
+	record *publisher.ProgressRecord
 }
 
-// record is the progress record for a source transaction ending at end;
-// nil when the session has no progress key.
-func (p txnProgress) record(end lsn.LSN, commitTime time.Time) *publisher.ProgressRecord {
-	if p.key == nil {
-		return nil
+// withRecord returns p with its progress record made.
+func (p txnProgress) withRecord() txnProgress {
+	if p.key != nil {
+		p.record = &publisher.ProgressRecord{Topic: p.topic, Key: p.key, Encode: p.encode}
 	}
+	return p
+}
+
+// encode is the progress value for a source transaction ending at end.
+func (p txnProgress) encode(end lsn.LSN, commitTime time.Time) []byte {
 	rec := progress.Record{LSN: end, Timeline: p.timeline, CommitTime: commitTime, RelayVersion: p.relayVersion, Delivery: DeliveryExactlyOnce}
-	return &publisher.ProgressRecord{Topic: p.topic, Key: p.key, Value: rec.Marshal()}
+	return rec.Marshal()
 }
 
 // sessionProgress is the txnProgress of the session resume just started.
@@ -108,7 +116,7 @@ func (r *Relay) sessionProgress() txnProgress {
 	if p.store == nil {
 		return txnProgress{}
 	}
-	return txnProgress{topic: p.store.Topic(), key: p.key, timeline: p.timeline, relayVersion: r.cfg.Progress.RelayVersion}
+	return txnProgress{topic: p.store.Topic(), key: p.key, timeline: p.timeline, relayVersion: r.cfg.Progress.RelayVersion}.withRecord()
 }
 
 // txnCounters add up what every session's transactional producer did.

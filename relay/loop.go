@@ -365,7 +365,7 @@ func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
 			return err
 		}
 		if s.txnSink {
-			end := &publisher.SourceEnd{Txn: s.txn, End: msg.EndLSN, CommitTime: s.commitTime, Progress: s.progress.record(msg.EndLSN, s.commitTime)}
+			end := &publisher.SourceEnd{Txn: s.txn, End: msg.EndLSN, CommitTime: s.commitTime, Progress: s.progress.record}
 			if err := s.send(ctx, publisher.Item{End: end}); err != nil {
 				return err
 			}

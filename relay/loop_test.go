@@ -46,7 +46,7 @@ func TestLoopConfirmsInCommitOrder(t *testing.T) {
 // at-least-once sink gets the records alone.
 func TestLoopSendsEndsInWALOrderToATransactionalSink(t *testing.T) {
 	rig := startLoop(t, rigOptions{delivery: DeliveryExactlyOnce})
-	rig.streamer.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}
+	rig.streamer.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}.withRecord()
 	rig.source.begin(t)
 	var got []string
 	take := func() {

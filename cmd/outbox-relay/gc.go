@@ -13,6 +13,13 @@ import (
 // GOGC=100 with the former 10,000-event window, peak RSS 47-52 MB.
 const gcPercent = 300
 
+// gcPercentExactlyOnce is the default GOGC in exactly-once mode. Its live
+// heap is larger, a Kafka transaction's records held until the commit, and
+// GOGC=300 let the heap grow to four times that: draining 200,000
+// single-row transactions on Apache Kafka, 54 MB peak RSS against 45 MB at
+// GOGC=150, with 10,000-event transactions.
+const gcPercentExactlyOnce = 150
+
 // tuneGC sets the relay's garbage collector defaults unless the operator set
 // GOGC or GOMEMLIMIT, which always win. The soft memory limit keeps a window
 // of large records (up to --max-in-flight-bytes) from growing the heap to
@@ -21,6 +28,9 @@ func tuneGC(cfg relay.Config, getenv func(string) string) (percent int, limit in
 	percent, limit = -1, -1
 	if getenv("GOGC") == "" {
 		percent = gcPercent
+		if cfg.DeliveryMode() == relay.DeliveryExactlyOnce {
+			percent = gcPercentExactlyOnce
+		}
 		debug.SetGCPercent(percent)
 	}
 	if getenv("GOMEMLIMIT") == "" {

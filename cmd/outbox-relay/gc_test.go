@@ -21,6 +21,11 @@ func TestTuneGC(t *testing.T) {
 		t.Errorf("GOMEMLIMIT unset: limit %d, want %d", limit, want)
 	}
 
+	cfg.Delivery = relay.DeliveryExactlyOnce
+	if percent, _ := tuneGC(cfg, func(string) string { return "" }); percent != gcPercentExactlyOnce {
+		t.Errorf("exactly-once, GOGC unset: applied %d, want %d", percent, gcPercentExactlyOnce)
+	}
+
 	// The operator's settings win: nothing is touched.
 	debug.SetGCPercent(150)
 	debug.SetMemoryLimit(1 << 30)

@@ -112,6 +112,14 @@ type DrainRun struct {
 	AckedSeconds float64 `json:"acked_seconds,omitempty"`
 	// StreamingAfter: until the relay logged "streaming".
 	StreamingAfter float64 `json:"streaming_after_seconds,omitempty"`
+	// FirstConfirmAfter: from "streaming" until the slot's
+	// confirmed_flush_lsn first moved, polled every 10 ms (relay only).
+	FirstConfirmAfter float64 `json:"first_confirm_after_seconds,omitempty"`
+	// FirstVisibleAfter: from "streaming" until a read_committed reader
+	// could first see a record, the topic's last stable offset polled
+	// every 10 ms (relay only). In exactly-once mode that is the first
+	// Kafka transaction's commit; at-least-once, the first ack.
+	FirstVisibleAfter float64 `json:"first_visible_after_seconds,omitempty"`
 	// CPUSeconds is the reader's CPU time from "streaming" to the end
 	// (pg_recvlogical: whole run).
 	CPUSeconds    float64 `json:"cpu_seconds"`
@@ -132,6 +140,9 @@ type DrainRun struct {
 	// allocations per event (in-process runs only).
 	MallocsPerEvent    float64 `json:"mallocs_per_event,omitempty"`
 	AllocBytesPerEvent float64 `json:"alloc_bytes_per_event,omitempty"`
+	// PeakLiveHeapMB is the largest live heap a collection found during
+	// the drain (in-process runs only).
+	PeakLiveHeapMB float64 `json:"peak_live_heap_mb,omitempty"`
 	// MachineBusyPercent is how busy all CPUs of the machine were during
 	// the run, this run and everything else on the machine included.
 	MachineBusyPercent float64 `json:"machine_busy_percent"`
@@ -253,9 +264,13 @@ type relayProcess struct {
 	cmd       *exec.Cmd
 	done      chan error
 	streaming chan struct{}
-	mu        sync.Mutex
-	tail      []string
-	stopped   sync.Once
+	// streamingAt is when the "streaming" line was read, set before
+	// streaming is closed: the drain loop may notice the close only after
+	// its own polling, a hundred milliseconds late on a busy machine.
+	streamingAt time.Time
+	mu          sync.Mutex
+	tail        []string
+	stopped     sync.Once
 }
 
 func (p *relayProcess) logTail() string {
@@ -320,6 +335,7 @@ func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant
 			// Poll mode logs "polling" where the WAL path logs "streaming".
 			if !seen && (strings.Contains(line, `"message":"streaming"`) || strings.Contains(line, `"message":"polling"`)) {
 				seen = true
+				p.streamingAt = time.Now()
 				close(p.streaming)
 			}
 		}
@@ -364,6 +380,8 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 	}
 	defer p.stop()
 	pid := p.cmd.Process.Pid
+	firsts := b.watchFirsts(ctx, dsn, slot, br, topic)
+	defer firsts.stop()
 
 	var ws walsenderWatch
 	var cpu0, broker0 float64
@@ -377,7 +395,7 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 		select {
 		case <-streaming:
 			streaming = nil
-			run.StreamingAfter = time.Since(t0).Seconds()
+			run.StreamingAfter = p.streamingAt.Sub(t0).Seconds()
 			cpu0, _ = cpuSeconds(pid)
 			broker0 = br.cpuSeconds()
 		case err := <-p.done:
@@ -402,6 +420,9 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 		ws.sample(st)
 		if !tAcked.IsZero() && st.confirmed >= end {
 			run.Seconds = time.Since(t0).Seconds()
+			if streaming == nil {
+				run.FirstConfirmAfter, run.FirstVisibleAfter = firsts.after(p.streamingAt)
+			}
 			run.MachineBusyPercent = busy.percent()
 			cpu1, err := cpuSeconds(pid)
 			if err != nil {
@@ -430,4 +451,70 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 			lastNudge = time.Now()
 		}
 	}
+}
+
+// firstsWatch polls, every 10 ms and apart from the drain's own 50 ms
+// loop, for the two moments a consumer of the relay cares about first: the
+// slot's confirmed position moving, and a read_committed reader seeing a
+// record. It stops polling each once seen.
+type firstsWatch struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	confirm time.Time // written by the watch goroutine until done
+	visible time.Time
+}
+
+func (b *bench) watchFirsts(ctx context.Context, dsn, slot string, br *broker, topic string) *firstsWatch {
+	ctx, cancel := context.WithCancel(ctx)
+	w := &firstsWatch{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		var start lsn.LSN
+		if st, err := readSlot(ctx, conn, slot); err == nil {
+			start = st.confirmed
+		}
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for w.confirm.IsZero() || w.visible.IsZero() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if w.confirm.IsZero() {
+				if st, err := readSlot(ctx, conn, slot); err == nil && st.confirmed > start {
+					w.confirm = time.Now()
+				}
+			}
+			if w.visible.IsZero() {
+				if n, err := br.committed(ctx, topic); err == nil && n > 0 {
+					w.visible = time.Now()
+				}
+			}
+		}
+	}()
+	return w
+}
+
+func (w *firstsWatch) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// after stops the watch and returns how long after from each first came,
+// in seconds; 0 for one not seen.
+func (w *firstsWatch) after(from time.Time) (confirm, visible float64) {
+	w.stop()
+	since := func(t time.Time) float64 {
+		if t.IsZero() {
+			return 0
+		}
+		return max(t.Sub(from).Seconds(), 1e-3)
+	}
+	return since(w.confirm), since(w.visible)
 }

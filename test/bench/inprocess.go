@@ -76,7 +76,7 @@ type inProcess struct {
 // startInProcess runs relay.New(...).Run with the default configuration on
 // slot, publishing to topic, with recorders as Metrics.CommitToAck and
 // Metrics.CommitToReceive.
-func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo io.Writer) *inProcess {
+func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo io.Writer, adjust ...func(*relay.Config)) *inProcess {
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = dsn
 	cfg.Replication.Slot = slot
@@ -87,6 +87,9 @@ func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo
 	}
 	if b.o.linger >= 0 {
 		cfg.Publisher.Linger = b.o.linger
+	}
+	for _, f := range adjust {
+		f(&cfg)
 	}
 	metrics := relay.NewMetrics(nil)
 	rec, recv := &recorder{}, &recorder{}

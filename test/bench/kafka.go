@@ -136,3 +136,24 @@ func (br *broker) acked(ctx context.Context, topic string) (int64, error) {
 	})
 	return n, ferr
 }
+
+// committed returns the number of records of the topic a read_committed
+// reader may see: the sum of its last stable offsets. Records of an open
+// Kafka transaction lie beyond it.
+func (br *broker) committed(ctx context.Context, topic string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	offs, err := br.adm.ListCommittedOffsets(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	var ferr error
+	offs.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			ferr = o.Err
+		}
+		n += o.Offset
+	})
+	return n, ferr
+}

@@ -116,7 +116,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.StringVar(&o.shapes, "shapes", "single,batch100", "comma-separated catch-up shapes to measure: single (single-row transactions), batch100 (100-row transactions)")
 	skip := fs.String("skip", "", "comma-separated parts to skip: "+strings.Join(parts, ", ")+" (floor: both floors)")
 	fs.StringVar(&o.relayBin, "relay-bin", "", "use this relay binary instead of building ./cmd/outbox-relay")
-	fs.StringVar(&o.profileDir, "profile", "", "also drain the single-row backlog with the relay in-process under pprof, writing cpu.pprof and allocs.pprof here")
+	fs.StringVar(&o.profileDir, "profile", "", "also drain each backlog with the relay in-process under pprof, at-least-once and exactly-once, writing CPU, allocation and peak heap profiles here")
 	fs.BoolVar(&o.pgFsync, "pg-fsync", false, "run the benchmark's PostgreSQL with fsync=on (default off, so disk flushes stay out of commit-to-ack)")
 	fs.StringVar(&o.apacheJVM, "apache-jvm", "server", "server: the Apache Kafka broker runs with the JVM's own JIT and GC, as in production; lean: C1 only and the serial collector, as in the tests")
 	fs.DurationVar(&o.linger, "linger", -1, "set the in-process relay's and the producer floor's linger (default: the relay's own default)")

@@ -252,6 +252,14 @@ func (r *Results) evaluateEOSCatchUp(variants []string) {
 				}
 				r.target(fmt.Sprintf("exactly-once catch-up ÷ at-least-once, %s, %s%s", sh.Shape, br, vsuffix(v)), "≥ 0.8", "", ratios,
 					func(v float64) bool { return v >= 0.8 }, "broker CPU µs/event at-least-once / exactly-once: "+strings.Join(brokerCost, ", "))
+				var first []float64
+				for rep := 1; rep <= r.Repeat; rep++ {
+					if txn := sh.run("relay/"+br, eos, rep); txn != nil && txn.FirstVisibleAfter > 0 {
+						first = append(first, txn.FirstVisibleAfter)
+					}
+				}
+				r.target(fmt.Sprintf("exactly-once first Kafka commit catching up, after \"streaming\", %s, %s%s", sh.Shape, br, vsuffix(v)), "≤ 0.2 s", "s", first,
+					func(v float64) bool { return v <= 0.2 }, "--transaction-interval (default 100 ms) + 100 ms; the topic's last stable offset polled every 10 ms")
 			}
 		}
 	}
@@ -338,8 +346,10 @@ func (r *Results) markdown() string {
 		w("| shape | reader | rep | seconds | events/s | ratio | all acked at s | ratio at all acked | CPU s | CPU µs/event | CPU s/100k | peak RSS MB | walsender µs/event | broker µs/event | relay+walsender+broker µs/event / events/s two CPUs allow | machine busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, sh := range r.Ceiling {
 			runs := sh.Runs
-			if sh.Profile != nil {
-				runs = append(append([]DrainRun(nil), runs...), *sh.Profile)
+			for _, p := range []*DrainRun{sh.Profile, sh.ProfileEOS} {
+				if p != nil {
+					runs = append(slices.Clip(runs), *p)
+				}
 			}
 			for _, run := range runs {
 				ratio, ackedRatio := "", ""
@@ -365,12 +375,15 @@ func (r *Results) markdown() string {
 		for _, sh := range r.Ceiling {
 			w("- %s: %d events, payload %.0f bytes, committed in %.1f s (%.0f rows/s), %.0f MB of WAL, end %s.\n",
 				sh.Shape, sh.Events, sh.PayloadBytes, sh.PrefillSeconds, float64(sh.Events)/sh.PrefillSeconds, float64(sh.WALBytes)/1e6, sh.EndLSN)
-			if p := sh.Profile; p != nil {
-				w("- %s, in-process under pprof: %.1f mallocs and %.0f bytes allocated per event by the whole process (relay and sarama; CPU µs/event counts the whole bench process).\n",
-					sh.Shape, p.MallocsPerEvent, p.AllocBytesPerEvent)
+			for _, p := range []*DrainRun{sh.Profile, sh.ProfileEOS} {
+				if p != nil {
+					w("- %s, in-process under pprof, %s: %.1f mallocs and %.0f bytes allocated per event by the whole process (relay and sarama; CPU µs/event counts the whole bench process), peak live heap %.1f MB.\n",
+						sh.Shape, orDefault(p.Variant, "at-least-once"), p.MallocsPerEvent, p.AllocBytesPerEvent, p.PeakLiveHeapMB)
+				}
 			}
 		}
 	}
+	r.eosCatchUpMarkdown(w)
 	if r.BigTxn != nil {
 		w("\n## One large transaction\n\n%d rows in one transaction (%.0f MB of WAL, committed in %.1f s).\n\n", r.BigTxn.Events,
 			float64(r.BigTxn.WALBytes)/1e6, r.BigTxn.PrefillSeconds)
@@ -525,4 +538,41 @@ func (b *bench) write() error {
 	fmt.Println(md)
 	b.logf("results written to %s (latest.md, latest.json, %s.md, %s.json); summary line appended to %s", dir, stamp, stamp, hist)
 	return nil
+}
+
+// eosCatchUpMarkdown sets each repetition's exactly-once drain beside its
+// at-least-once twin: rate, ratio, peak RSS, and how soon the first
+// position was confirmed and the first record visible to read_committed.
+func (r *Results) eosCatchUpMarkdown(w func(string, ...any)) {
+	variants := r.variantNames()
+	var rows []string
+	for _, sh := range r.Ceiling {
+		for _, br := range r.Brokers {
+			for _, v := range variants {
+				eos := eosVariantName(v)
+				if !slices.Contains(variants, eos) {
+					continue
+				}
+				for rep := 1; rep <= r.Repeat; rep++ {
+					alo, txn := sh.run("relay/"+br, v, rep), sh.run("relay/"+br, eos, rep)
+					if alo == nil || txn == nil || alo.EventsPerSec == 0 {
+						continue
+					}
+					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %d | %.0f | %.0f | %.2f | %.1f / %.1f | %s / %s | %s / %s |\n",
+						sh.Shape, br, orDefault(v, "default"), rep, alo.EventsPerSec, txn.EventsPerSec, txn.EventsPerSec/alo.EventsPerSec,
+						alo.PeakRSSMB, txn.PeakRSSMB, optional(alo.FirstConfirmAfter, "%.3f"), optional(txn.FirstConfirmAfter, "%.3f"),
+						optional(alo.FirstVisibleAfter, "%.3f"), optional(txn.FirstVisibleAfter, "%.3f")))
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	w("\n## Exactly-once catch-up beside at-least-once\n\n")
+	w("The same drains as above, each repetition's exactly-once run beside its at-least-once twin. Every mode drained once on each broker before the measured repetitions (discarded), and the order of the modes is reversed on even repetitions. First confirm: seconds from the relay's \"streaming\" log line until the slot's confirmed_flush_lsn first moved. First visible: until the topic's last stable offset first moved, that is until a read_committed reader could see a record; exactly-once, that is the first Kafka transaction's commit. Both polled every 10 ms.\n\n")
+	w("| shape | broker | variant | rep | at-least-once events/s | exactly-once events/s | ratio | peak RSS MB a-l-o / e-o | first confirm s a-l-o / e-o | first visible s a-l-o / e-o |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range rows {
+		w("%s", row)
+	}
 }

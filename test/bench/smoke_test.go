@@ -82,6 +82,12 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 			if run.Reader == "relay/kfake" && (run.CPUUsPerEvent <= 0 || run.PeakRSSMB <= 0) {
 				bad("%s, %s: CPU %.1f µs/event, peak RSS %.1f MB; want both measured", sh.Shape, run.label(), run.CPUUsPerEvent, run.PeakRSSMB)
 			}
+			if run.Reader == "relay/kfake" && (run.FirstConfirmAfter <= 0 || run.FirstVisibleAfter <= 0) {
+				bad("%s, %s: first confirm %.3fs, first visible %.3fs; want both measured", sh.Shape, run.label(), run.FirstConfirmAfter, run.FirstVisibleAfter)
+			}
+			if strings.HasPrefix(run.Reader, "relay/") && run.Rep < 1 {
+				bad("%s, %s: repetition %d reported; the warm-up drain must be discarded", sh.Shape, run.label(), run.Rep)
+			}
 		}
 		for _, want := range []string{"pg_recvlogical", "pg_recvlogical [after]", "relay/kfake", "relay/kfake [exactly-once]"} {
 			if !readers[want] {
@@ -89,7 +95,7 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 			}
 		}
 	}
-	catchUp := 0
+	catchUp, firstCommit := 0, 0
 	for _, tr := range r.Targets {
 		if strings.HasPrefix(tr.Metric, "exactly-once catch-up ÷ at-least-once") {
 			catchUp++
@@ -97,9 +103,12 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 				bad("%s: %v; want a measured ratio", tr.Metric, tr.Values)
 			}
 		}
+		if strings.HasPrefix(tr.Metric, "exactly-once first Kafka commit catching up") {
+			firstCommit++
+		}
 	}
-	if catchUp != len(r.Ceiling) {
-		bad("%d exactly-once catch-up ratios for %d shapes", catchUp, len(r.Ceiling))
+	if catchUp != len(r.Ceiling) || firstCommit != len(r.Ceiling) {
+		bad("%d exactly-once catch-up ratios and %d first commits for %d shapes", catchUp, firstCommit, len(r.Ceiling))
 	}
 
 	for part, phases := range map[string][]LatencyResult{"live latency": r.Latency, "producer floor": r.Floor} {
@@ -169,7 +178,7 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 	if !strings.Contains(hist, "reduced-size check") {
 		bad("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC", "## Messages"} {
+	for _, heading := range []string{"## Ceiling", "## Exactly-once catch-up beside at-least-once", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC", "## Messages"} {
 		if !strings.Contains(md, "\n"+heading) {
 			bad("latest.md has no section %q", heading)
 		}

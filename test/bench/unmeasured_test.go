@@ -12,8 +12,8 @@ func measuredResults(rows int) Results {
 		return []DrainRun{
 			{Reader: "pg_recvlogical", Events: rows, EventsPerSec: 1000},
 			{Reader: "pg_recvlogical", Variant: "after", Events: rows, EventsPerSec: 1000},
-			{Reader: "relay/kfake", Rep: 1, Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4.2, PeakRSSMB: 19.2},
-			{Reader: "relay/kfake", Variant: "exactly-once", Rep: 1, Events: rows, EventsPerSec: 900, CPUUsPerEvent: 4.6, PeakRSSMB: 21.0},
+			{Reader: "relay/kfake", Rep: 1, Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4.2, PeakRSSMB: 19.2, FirstConfirmAfter: 0.05, FirstVisibleAfter: 0.01},
+			{Reader: "relay/kfake", Variant: "exactly-once", Rep: 1, Events: rows, EventsPerSec: 900, CPUUsPerEvent: 4.6, PeakRSSMB: 21.0, FirstConfirmAfter: 0.15, FirstVisibleAfter: 0.12},
 		}
 	}
 	phase := []LatencyPhase{{TargetRate: 500, Measured: 1000}}
@@ -63,7 +63,7 @@ func pollResultWith(p *PollResult, source string, rows int) *PollResult {
 	return p
 }
 
-const measuredMarkdown = "\n## Ceiling\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n## Messages\n"
+const measuredMarkdown = "\n## Ceiling\n## Exactly-once catch-up beside at-least-once\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n## Messages\n"
 
 // A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
 // The bench read it in 10 ms clock ticks, so it often reported 0, and the
@@ -89,6 +89,7 @@ func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
 		{"poll part missing", func(r *Results) { r.Poll = nil }, "no poll part", 0},
 		{"messages source's WAL", func(r *Results) { r.Messages.Runs[2].WALBytesPerEvent = 0 }, "messages part, messages at 500/s", 0},
 		{"messages part missing", func(r *Results) { r.Messages = nil }, "no messages part", 0},
+		{"first confirm", func(r *Results) { r.Ceiling[0].Runs[3].FirstConfirmAfter = 0 }, "single-row, relay/kfake [exactly-once]: first confirm 0.000s", 0},
 		{"exactly-once catch-up", func(r *Results) {
 			r.Ceiling[0].Runs = r.Ceiling[0].Runs[:3]
 			r.evaluate()
