@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -57,7 +58,7 @@ func (c Config) loop() loopConfig {
 // metrics that outlive a session, the watchdog and the progress writer;
 // *Relay is the real one. Its calls never block.
 type statusSink interface {
-	setState(state State, err error)
+	setState(state pipeline.State, err error)
 	alive()
 	noteAck(at time.Time)
 	noteProgress(received lsn.LSN, confirmedCommit time.Time)
@@ -476,7 +477,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		if !errors.As(err, &perr) || perr.Class != publisher.ClassPermanent {
 			return err
 		}
-		s.metrics.failed(perr)
+		s.metrics.Failed(perr.Class)
 		if s.quarantine == nil {
 			return err
 		}
@@ -605,7 +606,7 @@ func (s *streamer) statusIfDue(force bool) error {
 // outcomes of what is in flight, confirm what they allow, and close.
 func (s *streamer) drain() error {
 	log := s.log
-	s.status.setState(StateDraining, nil)
+	s.status.setState(pipeline.StateDraining, nil)
 	deadline := s.clock.Now().Add(s.cfg.shutdownTimeout)
 	if !s.finishBy.IsZero() {
 		// Reading on to a commit already used part of the same timeout.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -294,7 +295,7 @@ func TestLoopQuarantineWriteFailureIsFatal(t *testing.T) {
 	r := rig.txn(t, 2000, "e1")[0]
 	rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 	err := rig.untilEnd(t)
-	if !errors.Is(err, ErrQuarantineWrite) || !IsFatal(err) {
+	if !errors.Is(err, pipeline.ErrQuarantineWrite) || !IsFatal(err) {
 		t.Fatalf("ended with %v (fatal %t), want a fatal quarantine write error", err, IsFatal(err))
 	}
 	for _, want := range []string{`"public"."outbox_quarantine"`, "GRANT", "migrate --print-sql", "permission denied", "e1"} {

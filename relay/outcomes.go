@@ -2,21 +2,15 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
-
-// ErrQuarantineWrite marks a failed write to the quarantine table. Retrying
-// would fail the same way on the same event and stall the stream, so the
-// relay stops and says what to fix.
-var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
 
 // outcome takes one record's result from the sink. Acks and failures come
 // here, on the loop's goroutine, in the order the sink reported them.
@@ -34,7 +28,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		return
 	}
 	perr := o.Err
-	m.failed(perr)
+	m.Failed(perr.Class)
 	if perr.Class == publisher.ClassPermanent && s.quarantine != nil && perr.Record != nil {
 		// Still in flight until stored: the tracker confirms nothing after
 		// it in WAL order before then. It is not re-delivered, so it
@@ -59,7 +53,7 @@ func (r *Relay) noteOrderBreak(perr *publisher.Error) {
 	if !perr.OrderMayBreak() {
 		return
 	}
-	r.metrics.OrderBreaks.WithLabelValues(perr.Topic, strconv.Itoa(int(perr.Partition))).Inc()
+	r.metrics.OrderBroke(perr.Topic, perr.Partition)
 	r.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
 		Str("class", string(perr.Class)).Err(perr.Err).
 		Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
@@ -99,7 +93,7 @@ func (s *streamer) stored(res quarantineResult) {
 	if res.err != nil {
 		if s.failure == nil {
 			s.failure = fmt.Errorf("%w %s: %w; grant the relay's role SELECT, INSERT and UPDATE on it, and check that its columns match `outbox-relay migrate --print-sql`; event %s (%v) stays unpublished until then",
-				ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
+				pipeline.ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
 		}
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -68,7 +69,7 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))
 	}
 	age := func(at time.Duration) float64 { return r.unpublishedAge(t0.Add(at)) }
-	r.setState(StateBackingOff, nil)
+	r.setState(pipeline.StateBackingOff, nil)
 
 	reading(0, 100, 100) // caught up at t0+0
 	if got := age(3 * time.Second); got != 0 {

@@ -7,32 +7,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
-)
-
-// State names what the relay is doing.
-type State string
-
-// The states shown by the admin endpoint.
-const (
-	StateStarting       State = "starting"
-	StateConnecting     State = "connecting"
-	StateStreaming      State = "streaming"
-	StateWaitingForSlot State = "waiting-for-slot"
-	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
-	// cannot serve the relay's slot until it is promoted.
-	StateWaitingForPromotion State = "waiting-for-promotion"
-	StateBackingOff          State = "backing-off"
-	StateDraining            State = "draining"
-	StateStopped             State = "stopped"
-	StateFailed              State = "failed"
 )
 
 // Status is the relay's own view, for the admin endpoint.
 type Status struct {
-	State     State     `json:"state"`
-	LastError string    `json:"last_error"`
-	Since     time.Time `json:"state_since"`
+	pipeline.Status
 
 	ReceivedLSN           string     `json:"received_lsn"`
 	ConfirmedLSN          string     `json:"confirmed_lsn"`
@@ -96,19 +77,15 @@ func (c *ackClock) get() time.Time {
 	return time.Time{}
 }
 
-func (r *Relay) setState(state State, err error) {
+func (r *Relay) setState(state pipeline.State, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.status.State != state {
-		r.status.Since = time.Now()
-	}
-	r.status.State = state
-	r.metrics.setState(state)
+	r.status.Set(state, err, time.Now())
+	r.metrics.SetState(state)
 	if err != nil {
-		r.status.LastError = err.Error()
 		r.status.lastErrorBusy = errors.Is(err, replication.ErrSlotBusy)
 	}
-	if state != StateStreaming && state != StateDraining {
+	if state != pipeline.StateStreaming && state != pipeline.StateDraining {
 		r.status.tracker = nil
 	}
 }
@@ -119,7 +96,7 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.status.streamed = true
 	r.status.paused = false
 	r.mu.Unlock()
-	r.setState(StateStreaming, nil)
+	r.setState(pipeline.StateStreaming, nil)
 }
 
 func (r *Relay) noteProgress(received lsn.LSN, confirmedCommit time.Time) {
@@ -185,7 +162,7 @@ func (r *Relay) unpublishedAge(now time.Time) float64 {
 			inFlight = now.Sub(oldest).Seconds()
 		}
 	}
-	if s.State == StateStreaming && !s.paused || !s.slotBehind {
+	if s.State == pipeline.StateStreaming && !s.paused || !s.slotBehind {
 		return inFlight
 	}
 	anchor := later(s.slotCaughtUp, s.confirmedCommitTime)
@@ -259,7 +236,7 @@ func (r *Relay) Status() Status {
 // and why not.
 func (r *Relay) Ready() (bool, string) {
 	s := r.Status()
-	if s.State == StateStreaming {
+	if s.State == pipeline.StateStreaming {
 		if reason := r.stallReason(time.Now()); reason != "" {
 			return false, reason
 		}
@@ -272,7 +249,7 @@ func (r *Relay) Ready() (bool, string) {
 	r.mu.Lock()
 	busy := r.status.lastErrorBusy
 	r.mu.Unlock()
-	if s.LastError != "" && (!busy || s.State == StateWaitingForSlot) {
+	if s.LastError != "" && (!busy || s.State == pipeline.StateWaitingForSlot) {
 		reason += ": " + s.LastError
 	}
 	return false, reason
