@@ -261,7 +261,7 @@ func TestPollRefusesWhatItCannotDo(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", "--source", "poll", "--delivery", "exactly-once", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--delivery exactly-once needs --source wal"},
-		{[]string{"run", "--source", "polling", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, `--source "polling": use wal or poll`},
+		{[]string{"run", "--source", "polling", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, `--source "polling": use wal, poll or messages`},
 		{[]string{"run", "--source", "poll", "--poll-lease", "1m", "--kafka-timeout", "30s", "--pg-dsn", "host=127.0.0.1", "--kafka-brokers", "127.0.0.1:9"}, "--poll-lease 1m0s: must be at least 2m10s"},
 		{[]string{"migrate", "--source", "poll", "--poll-existing", "maybe", "--pg-dsn", "host=127.0.0.1"}, `--poll-existing "maybe"`},
 	} {
