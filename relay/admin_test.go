@@ -81,7 +81,7 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 	tracker := lsn.NewTracker(1, lsn.Limits{Events: 10, Bytes: 1 << 20})
 	txn := tracker.Open(time.Now())
 	tracker.Add(txn, 10)
-	s := &streamer{loopEnv: r.loopEnv(), tracker: tracker}
+	s := &readLoop{loopEnv: r.loopEnv(), tracker: tracker}
 	before := time.Now()
 	s.outcome(publisher.Outcome{Delivery: publisher.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
 	if last := r.Status().LastAck; last == nil || last.Before(before) {

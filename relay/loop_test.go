@@ -47,7 +47,7 @@ func TestLoopConfirmsInCommitOrder(t *testing.T) {
 // at-least-once sink gets the records alone.
 func TestLoopSendsEndsInWALOrderToATransactionalSink(t *testing.T) {
 	rig := startLoop(t, rigOptions{delivery: DeliveryExactlyOnce})
-	rig.streamer.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}
+	rig.readLoop.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}
 	rig.source.begin(t)
 	var got []string
 	take := func() {
@@ -564,7 +564,7 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	snk := newFakeSink(newFakeClock())
-	s := &streamer{loopEnv: r.loopEnv()}
+	s := &readLoop{loopEnv: r.loopEnv()}
 	for i, topic := range []string{"outbox.a", "outbox.b"} {
 		rec, err := publisher.BuildRecord(&event.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
 			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)

@@ -228,7 +228,8 @@ type Relay struct {
 	hooks   Hooks
 	clock   clock // the wall clock; tests drive the read loop and restarts with a fake
 
-	lastAck ackClock
+	// report is what the read loops publish about their reading.
+	report readReport
 
 	mu     sync.Mutex
 	status Status
@@ -266,18 +267,9 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 
 // loopEnv is what this relay gives each session's read loop.
 func (r *Relay) loopEnv() loopEnv {
-	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, status: r, clock: r.clock, skips: &r.skips}
+	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, host: r, report: &r.report,
+		alive: r.hooks.Alive, clock: r.clock, skips: &r.skips}
 }
-
-// alive tells the watchdog the read loop is turning.
-func (r *Relay) alive() {
-	if r.hooks.Alive != nil {
-		r.hooks.Alive()
-	}
-}
-
-// noteAck records when Kafka last acknowledged an event.
-func (r *Relay) noteAck(at time.Time) { r.lastAck.note(at) }
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {

@@ -107,7 +107,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 		return false, err
 	}
 
-	s := newStreamer(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
 	if s.txnSink {
 		s.progress = r.sessionProgress()
@@ -126,7 +126,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 // runToEnd runs the loop, then ends the session: a drain when ctx ended
 // it; after a Kafka failure, a wait for Kafka with the replication
 // connection kept; an abandon otherwise.
-func (s *streamer) runToEnd(ctx context.Context) error {
+func (s *readLoop) runToEnd(ctx context.Context) error {
 	err := s.run(ctx)
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return s.drain()

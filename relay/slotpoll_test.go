@@ -89,7 +89,7 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	if got := age(20 * time.Second); got != 0 {
 		t.Errorf("streaming, nothing in flight: age %v, want 0", got)
 	}
-	r.pauseReading()
+	r.report.pause(true)
 	if got := age(20 * time.Second); got != 15 {
 		t.Errorf("waiting for Kafka: age %v, want 15", got)
 	}

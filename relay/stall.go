@@ -25,7 +25,7 @@ func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) 
 		return 0, 0
 	}
 	from := st.OldestInFlight
-	if last := r.lastAck.get(); last.After(from) {
+	if last := r.report.lastAck.get(); last.After(from) {
 		from = last
 	}
 	return max(0, now.Sub(from)), st.InFlightEvents

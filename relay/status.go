@@ -2,7 +2,6 @@ package relay
 
 import (
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -29,9 +28,7 @@ type Status struct {
 	// Kafka transactions did.
 	Delivery *DeliveryStatus `json:"delivery"`
 
-	tracker             *lsn.Tracker
-	received            lsn.LSN
-	confirmedCommitTime time.Time // survives sessions, for retention
+	tracker *lsn.Tracker
 	// lastErrorBusy says LastError is the slot being held by another
 	// process, which explains only the wait for it.
 	lastErrorBusy bool
@@ -39,9 +36,6 @@ type Status struct {
 	// on a missing slot means lost events, not a first start.
 	streamed bool
 	slot     slotReading
-	// paused says the read loop waits for Kafka and reads nothing: the
-	// tracker then knows nothing of the events committed meanwhile.
-	paused bool
 	// What the slot poller's readings say of the slot's position; see
 	// unpublishedAge.
 	slotCaughtUp time.Time // the newest moment before which every commit is confirmed
@@ -54,27 +48,6 @@ type slotReading struct {
 	info *replication.SlotInfo
 	err  string // redacted; "" when the read worked
 	at   time.Time
-}
-
-// ackClock is when Kafka last acknowledged an event of this process. The
-// read loop writes it on every ack it takes (noteAck), while the admin
-// endpoint and the stall watch read it on their own goroutines; it is an
-// atomic so that an ack does not take the relay's mutex.
-type ackClock struct{ ns atomic.Int64 }
-
-// note records an ack; a nil clock (outcomes built without a relay, as in
-// tests) records nothing.
-func (c *ackClock) note(t time.Time) {
-	if c != nil {
-		c.ns.Store(t.UnixNano())
-	}
-}
-
-func (c *ackClock) get() time.Time {
-	if ns := c.ns.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
 }
 
 func (r *Relay) setState(state pipeline.State, err error) {
@@ -94,18 +67,9 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.mu.Lock()
 	r.status.tracker = t
 	r.status.streamed = true
-	r.status.paused = false
 	r.mu.Unlock()
+	r.report.pause(false)
 	r.setState(pipeline.StateStreaming, nil)
-}
-
-func (r *Relay) noteProgress(received lsn.LSN, confirmedCommit time.Time) {
-	r.mu.Lock()
-	r.status.received = received
-	if confirmedCommit.After(r.status.confirmedCommitTime) {
-		r.status.confirmedCommitTime = confirmedCommit
-	}
-	r.mu.Unlock()
 }
 
 // noteSlotReading keeps the poller's reading of the slot for /slot.
@@ -119,14 +83,6 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	}
 	r.mu.Lock()
 	r.status.slot = reading
-	r.mu.Unlock()
-}
-
-// pauseReading tells the relay its read loop stopped reading to wait for
-// Kafka; the next session's setStreaming ends it.
-func (r *Relay) pauseReading() {
-	r.mu.Lock()
-	r.status.paused = true
 	r.mu.Unlock()
 }
 
@@ -156,16 +112,17 @@ func (r *Relay) unpublishedAge(now time.Time) float64 {
 	r.mu.Lock()
 	s := r.status
 	r.mu.Unlock()
+	read := r.report.snapshot()
 	var inFlight float64
 	if s.tracker != nil {
 		if oldest := s.tracker.Stats().OldestInFlight; !oldest.IsZero() {
 			inFlight = now.Sub(oldest).Seconds()
 		}
 	}
-	if s.State == pipeline.StateStreaming && !s.paused || !s.slotBehind {
+	if s.State == pipeline.StateStreaming && !read.paused || !s.slotBehind {
 		return inFlight
 	}
-	anchor := later(s.slotCaughtUp, s.confirmedCommitTime)
+	anchor := later(s.slotCaughtUp, read.confirmedCommit)
 	if anchor.IsZero() {
 		anchor = s.pollStarted
 	}
@@ -197,9 +154,7 @@ func (r *Relay) slotReading() slotReading {
 // confirmedCommitTime is the commit time of the newest transaction whose
 // events Kafka acknowledged and the relay confirmed.
 func (r *Relay) confirmedCommitTime() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status.confirmedCommitTime
+	return r.report.snapshot().confirmedCommit
 }
 
 // Status returns a snapshot of the relay's state.
@@ -209,8 +164,8 @@ func (r *Relay) Status() Status {
 	txnID := r.txnID
 	r.mu.Unlock()
 	s.Delivery = r.deliveryStatus(txnID)
-	if s.received != 0 {
-		s.ReceivedLSN = s.received.String()
+	if received := r.report.snapshot().received; received != 0 {
+		s.ReceivedLSN = received.String()
 	}
 	if s.tracker != nil {
 		st := s.tracker.Stats()
@@ -225,7 +180,7 @@ func (r *Relay) Status() Status {
 			s.LastConfirmedCommit = &t
 		}
 	}
-	if last := r.lastAck.get(); !last.IsZero() {
+	if last := r.report.lastAck.get(); !last.IsZero() {
 		s.LastAck = &last
 	}
 	s.Progress = r.progressStatus()
