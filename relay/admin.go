@@ -13,7 +13,7 @@ import (
 )
 
 // SlotReport is the /slot document: the server's view of the slot, as the
-// slot poller last read it, beside the relay's own.
+// slot watch last read it, beside the relay's own.
 type SlotReport struct {
 	Slot      *replication.SlotInfo `json:"slot"`
 	SlotError string                `json:"slot_error,omitempty"`

@@ -22,7 +22,7 @@ import (
 )
 
 // /slot once opened a PostgreSQL connection per request. It now serves the
-// slot poller's reading and says how old it is. The DSN points at a port
+// slot watch's reading and says how old it is. The DSN points at a port
 // nothing listens on: a handler that connected would report that failure.
 func TestSlotServesThePollersReading(t *testing.T) {
 	cfg := DefaultConfig()

@@ -57,7 +57,7 @@ func (c Config) loop() loopConfig {
 // sessionHost is what the read loop needs of the relay that runs its
 // session, beyond what it publishes itself (readReport): the progress
 // writer's feed, the draining state, and the age of unpublished events as
-// the slot poller sees it; *Relay is the real one. Its calls never block.
+// the slot watch sees it; *Relay is the real one. Its calls never block.
 type sessionHost interface {
 	setState(state pipeline.State, err error)
 	offerProgress(confirmed lsn.LSN, commitTime time.Time)

@@ -302,7 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	background.Add(1)
 	go func() {
 		defer background.Done()
-		r.PollSlot(bgCtx, 5*time.Second)
+		r.WatchSlot(bgCtx, 5*time.Second)
 	}()
 	background.Add(1)
 	go func() {

@@ -36,14 +36,14 @@ type Status struct {
 	// on a missing slot means lost events, not a first start.
 	streamed bool
 	slot     slotReading
-	// What the slot poller's readings say of the slot's position; see
+	// What the slot watch's readings say of the slot's position; see
 	// unpublishedAge.
 	slotCaughtUp time.Time // the newest moment before which every commit is confirmed
 	slotBehind   bool      // the last good reading found the slot short of the WAL end
-	pollStarted  time.Time // when the slot poller began
+	watchStarted time.Time // when the slot watch began
 }
 
-// slotReading is the slot poller's last reading, served by /slot.
+// slotReading is the slot watch's last reading, served by /slot.
 type slotReading struct {
 	info *replication.SlotInfo
 	err  string // redacted; "" when the read worked
@@ -86,7 +86,7 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	r.mu.Unlock()
 }
 
-// noteSlotPosition keeps what the slot poller's readings say: the newest
+// noteSlotPosition keeps what the slot watch's readings say: the newest
 // moment before which every committed transaction is confirmed, and
 // whether the last good reading found the slot behind the WAL end.
 func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
@@ -99,10 +99,10 @@ func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
 // While the read loop reads the stream it is the age of the oldest event in
 // flight: events arrive within moments of their commit. Outside the stream
 // (waiting for Kafka, restarting) the relay sees none of the events
-// committed meanwhile, so when the slot poller's last good reading found
+// committed meanwhile, so when the slot watch's last good reading found
 // the slot behind the server's WAL end, the age is the time since the
 // newest moment before which everything committed is known confirmed: the
-// later of the slot poller's caught-up moment and the commit time of the
+// later of the slot watch's caught-up moment and the commit time of the
 // newest transaction this process confirmed (or, with neither, when the
 // poller began, which may understate); never less than the in-flight age.
 // That is an upper bound: other tables' WAL also puts the slot behind, and
@@ -124,7 +124,7 @@ func (r *Relay) unpublishedAge(now time.Time) float64 {
 	}
 	anchor := later(s.slotCaughtUp, read.confirmedCommit)
 	if anchor.IsZero() {
-		anchor = s.pollStarted
+		anchor = s.watchStarted
 	}
 	return max(inFlight, now.Sub(anchor).Seconds())
 }

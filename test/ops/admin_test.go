@@ -164,7 +164,7 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Errorf("outbox_relay_state{state=backing-off} = %v while streaming", v)
 	}
 
-	// The slot poller reports the slot as active.
+	// The slot watch reports the slot as active.
 	harness.WaitFor(t, 30*time.Second, "outbox_relay_slot_active 1 and wal_status reserved", func() bool {
 		f := harness.Scrape(t, base)
 		active, _ := harness.MetricValue(f, "outbox_relay_slot_active")
@@ -228,7 +228,7 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	e.migrate()
 	p := e.startStreaming()
 	base := p.AdminURL(t)
-	harness.WaitFor(t, 30*time.Second, "the slot poller to see the slot active", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the slot watch to see the slot active", func() bool {
 		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_slot_active")
 		return v == 1
 	})
