@@ -531,6 +531,20 @@ tests:
         alertname: OutboxRelayNotStreaming
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
 
+  # Poll mode exports streaming at 0 beside polling: a poller that polls
+  # is running, one that stops polling alerts like a relay.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_state{job="poller", instance="a", state="streaming"}'
+        values: '0x20'
+      - series: 'outbox_relay_state{job="poller", instance="a", state="polling"}'
+        values: '1x10 0x10'
+    alert_rule_test:
+      - {eval_time: 9m, alertname: OutboxRelayNotStreaming, exp_alerts: []}
+      - eval_time: 18m
+        alertname: OutboxRelayNotStreaming
+        exp_alerts: [{exp_labels: {job: poller, severity: critical}}]
+
   # A relay that never published anything while the slot lags is stalled;
   # one that publishes is not, whatever the lag.
   - interval: 1m
