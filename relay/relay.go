@@ -296,7 +296,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		background.Add(1)
 		go func() {
 			defer background.Done()
-			r.retain(bgCtx)
+			retention := &retainer{cfg: r.cfg, log: r.log, metrics: r.metrics, read: &r.report}
+			retention.run(bgCtx)
 		}()
 	}
 	background.Add(1)
