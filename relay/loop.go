@@ -398,9 +398,9 @@ type skipNotes map[replication.Skip]bool
 // skipped counts a logical decoding message that is not an event, and
 // logs the first of each kind.
 func (s *readLoop) skipped(why replication.Skip) {
-	reason, msg := "other_prefix", "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
+	reason, msg := skipOtherPrefix, "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	if why == replication.SkipNonTransactional {
-		reason, msg = "non_transactional", "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. "+
+		reason, msg = skipNonTransactional, "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. "+
 			"Emit events with pg_logical_emit_message(true, ...) (the writer library's Emit does); skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	}
 	s.metrics.MessagesSkipped.WithLabelValues(reason).Inc()

@@ -69,8 +69,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.progress = newProgressMetrics(reg)
 	m.txn = newTxnMetrics(reg)
 	m.setWALStatus("")
+	// The reasons exist from the start, at 0, as the error classes do.
+	for _, reason := range []string{skipOtherPrefix, skipNonTransactional} {
+		m.MessagesSkipped.WithLabelValues(reason)
+	}
 	return m
 }
+
+// The reasons of outbox_relay_messages_skipped_total.
+const (
+	skipOtherPrefix      = "other_prefix"
+	skipNonTransactional = "non_transactional"
+)
 
 // walStatuses are the values pg_replication_slots.wal_status takes.
 var walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
