@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -160,7 +161,8 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 // mark records the batch's results. Within the batch, once a row of an
 // aggregate failed, its later rows are not marked even when Kafka acked
 // them: they go again after it, so the last delivery is in order (the
-// first was not: counted as an order break). Rows with no result (a stop)
+// first was not: the failed row counts as one order break, however many
+// later rows passed it). Rows with no result (a stop)
 // are released to be claimed again.
 func (w *worker) mark(ctx context.Context, rows []claimed, results []result) error {
 	cfg := w.p.cfg
@@ -168,6 +170,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 	var failures []failure
 	var halt error
 	blocked := map[string]bool{}
+	broken := map[string]bool{} // aggregates whose failure later rows passed
 	failed := 0
 	var firstFailure *publisher.Error
 	for i := range rows {
@@ -180,8 +183,9 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 			w.p.metrics.RowsGone.Inc()
 			continue
 		case blocked[r.aggKey]:
-			if res.acked {
-				w.p.metrics.OrderBreaks.WithLabelValues(res.delivery.Topic, partitionLabel(res.delivery.Partition)).Inc()
+			if res.acked && !broken[r.aggKey] {
+				broken[r.aggKey] = true
+				w.p.metrics.OrderBroke(res.delivery.Topic, res.delivery.Partition)
 			}
 			released = append(released, r.seq)
 			continue
@@ -199,7 +203,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 			firstFailure = res.err
 		}
 		class := res.err.Class
-		w.p.metrics.PublishErrors.WithLabelValues(string(class)).Inc()
+		w.p.metrics.Failed(class)
 		switch {
 		case class == publisher.ClassPermanent && cfg.OnPermanentError == OnPermanentHalt:
 			failures = append(failures, failure{seq: r.seq, delay: cfg.BackoffMin, class: string(class), msg: res.err.Error()})
@@ -252,12 +256,12 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.
 	// The attempts the log line below names: one per claim that sent it.
 	q.Attempts = r.attempts
 	if err := w.quarantine.Put(ctx, q); err != nil {
-		return fmt.Errorf("%w: %w", ErrQuarantineWrite, err)
+		return fmt.Errorf("%w: %w", pipeline.ErrQuarantineWrite, err)
 	}
 	if err := w.q.markQuarantined(ctx, r.seq, string(perr.Class), perr.Error()); err != nil {
 		return err
 	}
-	w.p.metrics.Quarantined.Inc()
+	w.p.metrics.QuarantinedTotal.Inc()
 	w.p.log.Error().Str("event_id", r.eventID).Str("topic", perr.Topic).Str("class", string(perr.Class)).Int("attempts", r.attempts).
 		Str("error", perr.Error()).Str("advice", perr.Advice()).
 		Msg("event quarantined: later events of its aggregate wait until `outbox-relay quarantine replay` delivers it")

@@ -10,38 +10,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
-)
-
-// States a poller reports on /poll and in outbox_relay_state.
-const (
-	StateStarting   = "starting"
-	StatePolling    = "polling"
-	StateBackingOff = "backing-off"
-	StateStopped    = "stopped"
-	StateFailed     = "failed"
 )
 
 // notifyChannel is the channel the trigger notifies, with the outbox
 // table's quoted name as the payload.
 const notifyChannel = "outbox_relay_poll"
 
-// ErrQuarantineWrite marks a failure to keep a refused event in the
-// quarantine table: the poller stops rather than go on without it.
-var ErrQuarantineWrite = errors.New("quarantine write failed")
-
 // Hooks are told of the poller's progress, for a supervisor such as
-// systemd; nil ones are skipped.
-type Hooks struct {
-	// Polling is called each time a session starts polling.
-	Polling func()
-	// Alive is called while the poller's loops turn: at least every
-	// --poll-interval while polling, and every second of a backoff.
-	Alive func()
-}
+// systemd: Running each time a session starts polling, Alive while the
+// poller's loops turn (at least every --poll-interval while polling, and
+// every second of a backoff). Nil ones are skipped.
+type Hooks = pipeline.Hooks
 
 // Poller claims, publishes and marks outbox rows until its context ends.
 type Poller struct {
@@ -51,18 +34,13 @@ type Poller struct {
 	metrics *Metrics
 	hooks   Hooks
 
-	// batchLimit survives sessions: once a topic is known to take
-	// smaller batches, every producer builds batches it accepts.
-	batchLimit int
-
 	mu     sync.Mutex
 	status Status
 }
 
 // Status is the poller's own view, served on /poll beside Stats.
 type Status struct {
-	State    string `json:"state"`
-	Error    string `json:"error,omitempty"`
+	pipeline.Status
 	WorkerID string `json:"worker_id"`
 	// LastClaimAt is when the last claim ran, empty or not.
 	LastClaimAt *time.Time `json:"last_claim_at,omitempty"`
@@ -79,14 +57,14 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) (*Poller
 	if err != nil {
 		return nil, err
 	}
-	for _, h := range []*func(){&hooks.Polling, &hooks.Alive} {
+	for _, h := range []*func(){&hooks.Running, &hooks.Alive} {
 		if *h == nil {
 			*h = func() {}
 		}
 	}
-	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, hooks: hooks, batchLimit: cfg.Publisher.MaxMessageBytes,
-		status: Status{State: StateStarting, WorkerID: cfg.WorkerID}}
-	metrics.setState(StateStarting)
+	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, hooks: hooks,
+		status: Status{Status: pipeline.Status{State: pipeline.StateStarting}, WorkerID: cfg.WorkerID}}
+	metrics.SetState(pipeline.StateStarting)
 	return p, nil
 }
 
@@ -97,14 +75,20 @@ func (p *Poller) Status() Status {
 	return p.status
 }
 
-func (p *Poller) setState(state string, err error) {
+func (p *Poller) setState(state pipeline.State, err error) {
 	p.mu.Lock()
-	p.status.State, p.status.Error = state, ""
-	if err != nil {
-		p.status.Error = err.Error()
-	}
+	p.status.Set(state, err, time.Now())
 	p.mu.Unlock()
-	p.metrics.setState(state)
+	p.metrics.SetState(state)
+}
+
+// Ready reports whether the poller polls, and why not.
+func (p *Poller) Ready() (bool, string) {
+	s := p.Status()
+	if s.State != pipeline.StatePolling {
+		return false, s.NotReady()
+	}
+	return true, ""
 }
 
 func (p *Poller) update(f func(s *Status)) {
@@ -115,8 +99,7 @@ func (p *Poller) update(f func(s *Status)) {
 
 // IsFatal reports whether err needs the operator, so retrying cannot help.
 func IsFatal(err error) bool {
-	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, publisher.ErrAuth) ||
-		errors.Is(err, ErrQuarantineWrite) || errors.Is(err, errHalted)
+	return pipeline.IsFatal(err) || errors.Is(err, errHalted)
 }
 
 // errHalted marks a stop on a permanently refused event under
@@ -126,96 +109,67 @@ var errHalted = errors.New("halted on an event Kafka refuses")
 // Run polls until ctx ends (nil) or a fatal error. A failure of PostgreSQL
 // or Kafka ends the session; the next starts after a backoff with jitter.
 func (p *Poller) Run(ctx context.Context) error {
-	attempt := 0
-	for {
-		started := time.Now()
-		err := p.session(ctx)
-		if ctx.Err() != nil {
-			p.setState(StateStopped, nil)
-			return nil
-		}
-		if IsFatal(err) {
-			p.setState(StateFailed, err)
-			return err
-		}
-		var limit *publisher.BatchLimitError
-		if errors.As(err, &limit) {
-			p.batchLimit = min(p.batchLimit, limit.MaxMessageBytes)
-			p.log.Warn().Str("topic", limit.Topic).Int("max_message_bytes", limit.MaxMessageBytes).
-				Msg("topic takes smaller batches than the producer builds; restarting the producer with the topic's limit")
-			continue
-		}
-		if time.Since(started) > p.cfg.RestartBackoffMax {
-			attempt = 0 // the session ran well: start the backoff over
-		}
-		attempt++
-		delay := backoff.Delay(p.cfg.RestartBackoffMin, p.cfg.RestartBackoffMax, attempt)
-		p.setState(StateBackingOff, err)
-		p.metrics.Restarts.Inc()
-		p.log.Warn().Str("error", publisher.Explain(err)).Dur("retry_in", delay).Msg("poll session failed; starting a new one")
-		if !p.wait(ctx, delay) {
-			p.setState(StateStopped, nil)
-			return nil
-		}
-	}
+	loop := pipeline.Restarts{Source: pollSource{p}, Log: p.log, Clock: pipeline.WallClock{}, Metrics: p.metrics.Metrics,
+		BackoffMin: p.cfg.RestartBackoffMin, BackoffMax: p.cfg.RestartBackoffMax, ResetAfter: p.cfg.RestartBackoffMax,
+		BatchLimit: p.cfg.Publisher.MaxMessageBytes, Alive: p.hooks.Alive}
+	return loop.Run(ctx)
 }
 
-// wait waits out a backoff, telling Alive every second, and reports
-// whether it ended before ctx did.
-func (p *Poller) wait(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	alive := time.NewTicker(time.Second)
-	defer alive.Stop()
-	for {
-		p.hooks.Alive()
-		select {
-		case <-timer.C:
-			return true
-		case <-alive.C:
-		case <-ctx.Done():
-			return false
-		}
-	}
+// pollSource is the poller's side of the restart loop.
+type pollSource struct{ p *Poller }
+
+func (s pollSource) Session(ctx context.Context, batchLimit int) (bool, error) {
+	return s.p.session(ctx, batchLimit)
 }
 
-// session is one connection to PostgreSQL and one producer.
-func (p *Poller) session(ctx context.Context) error {
+func (s pollSource) Fatal(err error) (error, bool) { return err, IsFatal(err) }
+
+// Waiting: a poller never waits for another; pollers share the table.
+func (pollSource) Waiting(error) (pipeline.State, string) { return "", "" }
+
+func (pollSource) FailureMessage(bool) string { return "poll session failed; starting a new one" }
+
+func (s pollSource) SetState(state pipeline.State, err error) { s.p.setState(state, err) }
+
+// session is one connection to PostgreSQL and one producer, whose
+// batches are at most batchLimit bytes. polled says it got as far as
+// polling.
+func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err error) {
 	conn, err := p.dial(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close(context.Background())
 	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID, p.cfg.SessionCheck)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := pg.CheckNoWALRelay(ctx, conn, p.cfg.Postgres, p.cfg.Slot); err != nil {
-		return err
+		return false, err
 	}
 	if p.cfg.SessionCheck {
 		// On the claiming session: the lock lives exactly as long as the
 		// leases this session takes stay valid.
 		if err := pg.HoldPollerLock(ctx, conn, p.cfg.Postgres); err != nil {
-			return err
+			return false, err
 		}
 	}
 	quarantine, err := store.OpenQuarantine(ctx, p.cfg.Postgres, p.t.quarantine, store.ForRelay)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer quarantine.Close()
 	if n, err := q.releaseOwn(ctx); err != nil {
-		return err
+		return false, err
 	} else if n > 0 {
 		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
 	}
 	pubCfg := p.cfg.Publisher
-	pubCfg.BatchLimit = p.batchLimit
+	pubCfg.BatchLimit = batchLimit
 	pubCfg.RetryMax = producerRetries
 	pub, err := publisher.New(pubCfg, p.log)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer pub.Close(p.cfg.ShutdownTimeout)
 
@@ -226,7 +180,7 @@ func (p *Poller) session(ctx context.Context) error {
 		stopped, err := p.listen(listenCtx, wake, listenErr)
 		if err != nil {
 			stopListening()
-			return err
+			return false, err
 		}
 		defer func() {
 			stopListening()
@@ -234,8 +188,8 @@ func (p *Poller) session(ctx context.Context) error {
 		}()
 	}
 
-	p.setState(StatePolling, nil)
-	p.hooks.Polling()
+	p.setState(pipeline.StatePolling, nil)
+	p.hooks.Running()
 	p.log.Info().Str("worker_id", p.cfg.WorkerID).Str("table", p.t.outbox.String()).Str("state_table", p.t.state.String()).
 		Int("batch", p.cfg.Batch).Dur("lease", p.cfg.Lease).Bool("notify", p.cfg.Notify).Msg("polling")
 	houseErr := make(chan error, 1)
@@ -243,7 +197,7 @@ func (p *Poller) session(ctx context.Context) error {
 	housekeeping, err := p.housekeep(houseCtx, houseErr)
 	if err != nil {
 		stopHousekeeping()
-		return err
+		return true, err
 	}
 	defer func() {
 		stopHousekeeping()
@@ -257,11 +211,11 @@ func (p *Poller) session(ctx context.Context) error {
 		claimed := time.Now()
 		full, err := w.cycle(ctx)
 		if err != nil || ctx.Err() != nil {
-			return err
+			return true, err
 		}
 		select {
 		case err := <-houseErr:
-			return err
+			return true, err
 		default:
 		}
 		if full {
@@ -276,16 +230,16 @@ func (p *Poller) session(ctx context.Context) error {
 		interval.Reset(p.cfg.Interval)
 		select {
 		case <-ctx.Done():
-			return nil
+			return true, nil
 		case <-wake:
 			if err := p.gather(ctx, claimed); err != nil {
-				return nil
+				return true, nil
 			}
 		case <-interval.C:
 		case err := <-listenErr:
-			return fmt.Errorf("listen for new rows: %w", err)
+			return true, fmt.Errorf("listen for new rows: %w", err)
 		case err := <-houseErr:
-			return err
+			return true, err
 		}
 	}
 }

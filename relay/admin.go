@@ -2,19 +2,18 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // SlotReport is the /slot document: the server's view of the slot, as the
-// slot poller last read it, beside the relay's own.
+// slot watch last read it, beside the relay's own.
 type SlotReport struct {
 	Slot      *replication.SlotInfo `json:"slot"`
 	SlotError string                `json:"slot_error,omitempty"`
@@ -77,27 +76,9 @@ func (e *slotMissingError) Error() string {
 // AdminHandler serves the read-only admin endpoint: /healthz, /readyz,
 // /slot and /metrics.
 func (r *Relay) AdminHandler(gatherer prometheus.Gatherer) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte("ok\n"))
+	return pipeline.AdminHandler(gatherer, pipeline.Admin{
+		Ready: r.Ready, Path: "/slot",
+		Document:  func() any { return r.slotReport(time.Now()) },
+		Elsewhere: map[string]string{"/poll": "the WAL path (--source wal or messages) claims no rows: see /slot; /poll is poll mode's (--source poll)"},
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		ready, reason := r.Ready()
-		if !ready {
-			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
-			return
-		}
-		w.Write([]byte("ready\n"))
-	})
-	mux.HandleFunc("GET /slot", func(w http.ResponseWriter, _ *http.Request) {
-		report := r.slotReport(time.Now())
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(report)
-	})
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
-	}
-	return mux
 }

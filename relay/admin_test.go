@@ -15,13 +15,14 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // /slot once opened a PostgreSQL connection per request. It now serves the
-// slot poller's reading and says how old it is. The DSN points at a port
+// slot watch's reading and says how old it is. The DSN points at a port
 // nothing listens on: a handler that connected would report that failure.
 func TestSlotServesThePollersReading(t *testing.T) {
 	cfg := DefaultConfig()
@@ -80,7 +81,7 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 	tracker := lsn.NewTracker(1, lsn.Limits{Events: 10, Bytes: 1 << 20})
 	txn := tracker.Open(time.Now())
 	tracker.Add(txn, 10)
-	s := &streamer{loopEnv: r.loopEnv(), tracker: tracker}
+	s := &readLoop{loopEnv: r.loopEnv(), tracker: tracker}
 	before := time.Now()
 	s.outcome(publisher.Outcome{Delivery: publisher.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
 	if last := r.Status().LastAck; last == nil || last.Before(before) {
@@ -116,20 +117,20 @@ func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 func TestReadyReasonDropsAnErrorTheRelayMovedPast(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	busy := fmt.Errorf("%w: replication slot \"s\" is active for PID 4242", replication.ErrSlotBusy)
-	r.setState(StateWaitingForSlot, busy)
+	r.setState(pipeline.StateWaitingForSlot, busy)
 	if ready, reason := r.Ready(); ready || !strings.Contains(reason, "PID 4242") {
 		t.Fatalf("waiting for the slot: %v %q", ready, reason)
 	}
-	r.setState(StateConnecting, nil)
-	if ready, reason := r.Ready(); ready || reason != string(StateConnecting) {
-		t.Errorf("connecting after the holder left: %v %q, want %q alone", ready, reason, StateConnecting)
+	r.setState(pipeline.StateConnecting, nil)
+	if ready, reason := r.Ready(); ready || reason != string(pipeline.StateConnecting) {
+		t.Errorf("connecting after the holder left: %v %q, want %q alone", ready, reason, pipeline.StateConnecting)
 	}
 	if st := r.Status(); st.LastError == "" {
 		t.Error("/slot lost last_error")
 	}
 	// Any other error still explains a relay that is connecting again.
-	r.setState(StateBackingOff, fmt.Errorf("connect: dial tcp 127.0.0.1:1: connection refused"))
-	r.setState(StateConnecting, nil)
+	r.setState(pipeline.StateBackingOff, fmt.Errorf("connect: dial tcp 127.0.0.1:1: connection refused"))
+	r.setState(pipeline.StateConnecting, nil)
 	if _, reason := r.Ready(); !strings.Contains(reason, "connection refused") {
 		t.Errorf("connecting after a failure: %q, want the failure", reason)
 	}

@@ -2,7 +2,7 @@ package relay
 
 // BenchmarkDecodeAndBuild measures the relay's own per-event work on the hot
 // path: pgoutput decoding (replication.Stream.Receive) and record building
-// (streamer.build, i.e. the NOT NULL checks and the sink's Build, here
+// (readLoop.build, i.e. the NOT NULL checks and the sink's Build, here
 // publisher.Publisher.Build),
 // with allocations. It runs only with -bench:
 //
@@ -73,14 +73,14 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			if bc.decode {
 				stream = benchStream(b, benchWAL(bc.perTxn, 200, payload, bc.headers))
 			}
-			// streamer.build is the read loop's build step: the NOT NULL
+			// readLoop.build is the read loop's build step: the NOT NULL
 			// checks, then Publisher.Build.
-			st := &streamer{sink: pub}
+			st := &readLoop{sink: pub}
 			row := benchRow(b, payload, bc.headers)
 			var ev event.Event
 			var txn lsn.TxnID
 			var commitTime time.Time
-			// streamer.publish also adds to the tracker and sends; neither
+			// readLoop.publish also adds to the tracker and sends; neither
 			// belongs to this benchmark.
 			event := func(r *replication.Row) { ev = eventOf(r, layout.Relay, txn, commitTime) }
 			// The topic lookup happens once per topic, before the timer.

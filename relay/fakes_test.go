@@ -392,7 +392,7 @@ type loopRig struct {
 	source    *fakeSource
 	sink      *fakeSink
 	tracker   *lsn.Tracker
-	streamer  *streamer
+	readLoop  *readLoop
 	cancel    context.CancelFunc
 	done      chan error
 	sinks     chan *fakeSink // sinks made after a Kafka failure
@@ -446,9 +446,9 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 		q = newQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, o.events+2)
 	}
 	rig.relay.clock = rig.clock
-	rig.streamer = newStreamer(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
+	rig.readLoop = newReadLoop(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
 	if o.recover {
-		rig.streamer.newSink = func() (sink, error) {
+		rig.readLoop.newSink = func() (sink, error) {
 			if rig.kafkaDown.Load() {
 				return nil, errors.New("connect to kafka brokers: connection refused")
 			}
@@ -459,7 +459,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.cancel = cancel
-	go func() { rig.done <- rig.streamer.runToEnd(ctx) }()
+	go func() { rig.done <- rig.readLoop.runToEnd(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -53,19 +54,15 @@ func (c Config) loop() loopConfig {
 	}
 }
 
-// statusSink takes what the read loop reports for the admin endpoint, the
-// metrics that outlive a session, the watchdog and the progress writer;
-// *Relay is the real one. Its calls never block.
-type statusSink interface {
-	setState(state State, err error)
-	alive()
-	noteAck(at time.Time)
-	noteProgress(received lsn.LSN, confirmedCommit time.Time)
+// sessionHost is what the read loop needs of the relay that runs its
+// session, beyond what it publishes itself (readReport): the progress
+// writer's feed, the draining state, and the age of unpublished events as
+// the slot watch sees it; *Relay is the real one. Its calls never block.
+type sessionHost interface {
+	setState(state pipeline.State, err error)
 	offerProgress(confirmed lsn.LSN, commitTime time.Time)
 	kafkaTxnEnded(rep publisher.TxnReport, timeline uint32)
 	progressWritten(rec progress.Record)
-	noteOrderBreak(perr *publisher.Error)
-	pauseReading()
 	unpublishedAge(now time.Time) float64
 }
 
@@ -75,18 +72,22 @@ type loopEnv struct {
 	cfg     loopConfig
 	log     zerolog.Logger
 	metrics *Metrics
-	status  statusSink
-	clock   clock
+	host    sessionHost
+	// report is where the loop publishes its reading (nil: nowhere), and
+	// alive tells the watchdog the loop turns (nil: none watches).
+	report *readReport
+	alive  func()
+	clock  clock
 	// skips remembers, across sessions, which kinds of skipped message
 	// were logged: each is logged once per process, then only counted.
 	skips *skipNotes
 }
 
-// streamer is one session's read loop. It alone touches the tracker's
+// readLoop is one session's read loop. It alone touches the tracker's
 // write side, the source and the sink: acks, failures and quarantine
 // results all come to it over channels, and it waits for them in its own
 // select, so nothing downstream ever calls back into it.
-type streamer struct {
+type readLoop struct {
 	loopEnv
 	source     source
 	sink       sink
@@ -128,8 +129,8 @@ type streamer struct {
 	closing sync.WaitGroup // abandoned sinks being closed
 }
 
-func newStreamer(env loopEnv, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *streamer {
-	return &streamer{
+func newReadLoop(env loopEnv, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
+	return &readLoop{
 		loopEnv: env, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,
 		timer: env.clock.NewTimer(env.cfg.statusInterval), readTick: env.cfg.readTick,
@@ -139,7 +140,7 @@ func newStreamer(env loopEnv, src source, snk sink, t *lsn.Tracker, q *quarantin
 
 // run reads and publishes until an error, a session-ending outcome or ctx
 // ends.
-func (s *streamer) run(ctx context.Context) error {
+func (s *readLoop) run(ctx context.Context) error {
 	for {
 		if err := s.stopRequested(ctx); err != nil {
 			return err
@@ -203,7 +204,7 @@ const gatherMaxAge = time.Second
 // it once more each; after a pause one read takes every transaction that
 // arrived meanwhile, and the sink gets them as one burst. Outcomes wait in
 // their buffer meanwhile and are taken together after it.
-func (s *streamer) gather(ctx context.Context) {
+func (s *readLoop) gather(ctx context.Context) {
 	s.timer.Reset(s.readTick)
 	defer s.timer.Stop()
 	var stop <-chan struct{}
@@ -220,7 +221,7 @@ func (s *streamer) gather(ctx context.Context) {
 // ends inside a transaction, the loop first reads on to its commit, for at
 // most ShutdownTimeout: the events of it already sent can then be
 // confirmed, and a clean stop leaves nothing to re-deliver.
-func (s *streamer) stopRequested(ctx context.Context) error {
+func (s *readLoop) stopRequested(ctx context.Context) error {
 	err := ctx.Err()
 	if err == nil || !s.inTxn {
 		return err
@@ -237,11 +238,13 @@ func (s *streamer) stopRequested(ctx context.Context) error {
 
 // duties are what the loop owes on every turn, however it waits: report
 // status when due, and tell the watchdog it is alive.
-func (s *streamer) duties() error {
+func (s *readLoop) duties() error {
 	if err := s.statusIfDue(false); err != nil {
 		return err
 	}
-	s.status.alive()
+	if s.alive != nil { // nil: no watchdog watches this process
+		s.alive()
+	}
 	return nil
 }
 
@@ -249,7 +252,7 @@ func (s *streamer) duties() error {
 // (when item is given), an outcome, a quarantine result, ready closed, the
 // next wake-up, or ctx ending. It reports whether item was sent, and the
 // session-ending failure if one arrived.
-func (s *streamer) wait(ctx context.Context, item *publisher.Item, ready <-chan struct{}) (sent bool, err error) {
+func (s *readLoop) wait(ctx context.Context, item *publisher.Item, ready <-chan struct{}) (sent bool, err error) {
 	var in chan<- publisher.Item
 	var it publisher.Item
 	if item != nil {
@@ -277,7 +280,7 @@ func (s *streamer) wait(ctx context.Context, item *publisher.Item, ready <-chan 
 	case res := <-stored:
 		s.stored(res)
 	case rec := <-s.written:
-		s.status.progressWritten(rec)
+		s.host.progressWritten(rec)
 	case <-ready:
 	case <-s.timer.C():
 	case <-stop:
@@ -290,7 +293,7 @@ func (s *streamer) wait(ctx context.Context, item *publisher.Item, ready <-chan 
 
 // takeOutcomes handles every outcome and quarantine result already there,
 // without waiting.
-func (s *streamer) takeOutcomes() error {
+func (s *readLoop) takeOutcomes() error {
 	var stored <-chan quarantineResult
 	if s.quarantine != nil {
 		stored = s.quarantine.results
@@ -305,7 +308,7 @@ func (s *streamer) takeOutcomes() error {
 		case res := <-stored:
 			s.stored(res)
 		case rec := <-s.written:
-			s.status.progressWritten(rec)
+			s.host.progressWritten(rec)
 		default:
 			return s.failure
 		}
@@ -319,7 +322,7 @@ func (s *streamer) takeOutcomes() error {
 // tracker's moved position becomes due. Without the last, a position that
 // moved just after an update waited a whole StatusInterval, and a burst's
 // tail sat unconfirmed that long.
-func (s *streamer) nextWake() time.Time {
+func (s *readLoop) nextWake() time.Time {
 	now := s.clock.Now()
 	next := now.Add(s.cfg.statusInterval)
 	switch {
@@ -338,7 +341,7 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-func (s *streamer) handle(ctx context.Context, msg *replication.Message) error {
+func (s *readLoop) handle(ctx context.Context, msg *replication.Message) error {
 	switch msg.Kind {
 	case replication.KindBegin:
 		if s.inTxn {
@@ -394,10 +397,10 @@ type skipNotes map[replication.Skip]bool
 
 // skipped counts a logical decoding message that is not an event, and
 // logs the first of each kind.
-func (s *streamer) skipped(why replication.Skip) {
-	reason, msg := skipReasons[why], "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
+func (s *readLoop) skipped(why replication.Skip) {
+	reason, msg := skipOtherPrefix, "read a logical decoding message with another prefix than --message-prefix: another application emits messages in this database; skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	if why == replication.SkipNonTransactional {
-		msg = "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. " +
+		reason, msg = skipNonTransactional, "read a non-transactional logical decoding message with this relay's prefix: it is not published, since it was written whether its transaction committed or not. "+
 			"Emit events with pg_logical_emit_message(true, ...) (the writer library's Emit does); skipping it and all such messages (counted in outbox_relay_messages_skipped_total)"
 	}
 	s.metrics.MessagesSkipped.WithLabelValues(reason).Inc()
@@ -419,7 +422,7 @@ func (s *streamer) skipped(why replication.Skip) {
 // lose an event that is neither in Kafka nor in the quarantine table. In
 // at-least-once mode the progress follows the tracker, which waits for
 // the write anyway.
-func (s *streamer) awaitQuarantined(ctx context.Context) error {
+func (s *readLoop) awaitQuarantined(ctx context.Context) error {
 	if !s.cfg.exactlyOnce {
 		return nil
 	}
@@ -457,7 +460,7 @@ func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime t
 // publish builds and sends one outbox row, found at WAL position at. The
 // row aliases the source's read buffer, which stays valid because nothing
 // is received until it is sent.
-func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN) error {
+func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN) error {
 	ev := &s.event
 	*ev = eventOf(row, s.cfg.layout, s.txn, s.commitTime)
 	var rec *publisher.Record
@@ -476,7 +479,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		if !errors.As(err, &perr) || perr.Class != publisher.ClassPermanent {
 			return err
 		}
-		s.metrics.failed(perr)
+		s.metrics.Failed(perr.Class)
 		if s.quarantine == nil {
 			return err
 		}
@@ -493,7 +496,7 @@ func (s *streamer) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 
 // send hands an item to the sink, keeping the loop's duties while the sink
 // is full.
-func (s *streamer) send(ctx context.Context, it publisher.Item) error {
+func (s *readLoop) send(ctx context.Context, it publisher.Item) error {
 	select {
 	case s.sink.Input() <- it:
 		return nil
@@ -513,7 +516,7 @@ func (s *streamer) send(ctx context.Context, it publisher.Item) error {
 // awaitTopic waits, keeping the loop's duties, while the sink looks up the
 // event's topic. The event counts as in flight meanwhile: it is what holds
 // the stream, and the admin endpoint should say so.
-func (s *streamer) awaitTopic(ctx context.Context, ev *event.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
+func (s *readLoop) awaitTopic(ctx context.Context, ev *event.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
 	s.tracker.Add(s.txn, 0)
 	defer s.tracker.Ack(s.txn, 0)
 	for {
@@ -536,7 +539,7 @@ func (s *streamer) awaitTopic(ctx context.Context, ev *event.Event, pending *pub
 }
 
 // build checks the row's required values, then builds its record.
-func (s *streamer) build(ev *event.Event) (*publisher.Record, error) {
+func (s *readLoop) build(ev *event.Event) (*publisher.Record, error) {
 	if perr := publisher.CheckRow(ev); perr != nil {
 		// The topic is not named: it may be derived from the missing value.
 		perr.Topic = "(not resolved)"
@@ -548,7 +551,7 @@ func (s *streamer) build(ev *event.Event) (*publisher.Record, error) {
 // statusIfDue reports positions when the confirmed position moved and a
 // StatusInterval passed (or idleConfirmDelay, once nothing is in flight),
 // when keepaliveEvery passed, or when forced.
-func (s *streamer) statusIfDue(force bool) error {
+func (s *readLoop) statusIfDue(force bool) error {
 	if !s.inTxn {
 		// A keepalive's WAL end may have arrived while acks were pending;
 		// once they are in, it is safe, and without this the slot would
@@ -581,7 +584,7 @@ func (s *streamer) statusIfDue(force bool) error {
 	if s.paused {
 		// Waiting for Kafka, the loop reads nothing: the events committed
 		// meanwhile are known only from the slot's position.
-		age = max(age, s.status.unpublishedAge(now))
+		age = max(age, s.host.unpublishedAge(now))
 	}
 	m.OldestUnpublished.Set(age)
 	if retries := s.sink.Retries(); retries > s.retries {
@@ -591,21 +594,21 @@ func (s *streamer) statusIfDue(force bool) error {
 	// Only what was confirmed before this update was sent counts for
 	// retention: stats may already be newer than the flush position sent.
 	if stats.Confirmed == confirmed {
-		s.status.noteProgress(s.received, stats.ConfirmedCommitTime)
+		s.report.position(s.received, stats.ConfirmedCommitTime)
 	} else {
-		s.status.noteProgress(s.received, time.Time{})
+		s.report.position(s.received, time.Time{})
 	}
 	// The tracker confirms only what Kafka acknowledged, so the stored
 	// progress can lag Kafka but never lead it.
-	s.status.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
+	s.host.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
 	return nil
 }
 
 // drain ends a session on shutdown: stop reading, wait (bounded) for the
 // outcomes of what is in flight, confirm what they allow, and close.
-func (s *streamer) drain() error {
+func (s *readLoop) drain() error {
 	log := s.log
-	s.status.setState(StateDraining, nil)
+	s.host.setState(pipeline.StateDraining, nil)
 	deadline := s.clock.Now().Add(s.cfg.shutdownTimeout)
 	if !s.finishBy.IsZero() {
 		// Reading on to a commit already used part of the same timeout.
@@ -632,7 +635,7 @@ func (s *streamer) drain() error {
 
 // close ends the session's parts. A graceful close lets the server read
 // the last status update before the connection goes.
-func (s *streamer) close(graceful bool) {
+func (s *readLoop) close(graceful bool) {
 	s.timer.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -46,7 +47,7 @@ func TestLoopConfirmsInCommitOrder(t *testing.T) {
 // at-least-once sink gets the records alone.
 func TestLoopSendsEndsInWALOrderToATransactionalSink(t *testing.T) {
 	rig := startLoop(t, rigOptions{delivery: DeliveryExactlyOnce})
-	rig.streamer.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}.withRecord()
+	rig.readLoop.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}.withRecord()
 	rig.source.begin(t)
 	var got []string
 	take := func() {
@@ -294,7 +295,7 @@ func TestLoopQuarantineWriteFailureIsFatal(t *testing.T) {
 	r := rig.txn(t, 2000, "e1")[0]
 	rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 	err := rig.untilEnd(t)
-	if !errors.Is(err, ErrQuarantineWrite) || !IsFatal(err) {
+	if !errors.Is(err, pipeline.ErrQuarantineWrite) || !IsFatal(err) {
 		t.Fatalf("ended with %v (fatal %t), want a fatal quarantine write error", err, IsFatal(err))
 	}
 	for _, want := range []string{`"public"."outbox_quarantine"`, "GRANT", "migrate --print-sql", "permission denied", "e1"} {
@@ -563,7 +564,7 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	snk := newFakeSink(newFakeClock())
-	s := &streamer{loopEnv: r.loopEnv()}
+	s := &readLoop{loopEnv: r.loopEnv()}
 	for i, topic := range []string{"outbox.a", "outbox.b"} {
 		rec, err := publisher.BuildRecord(&event.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
 			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)

@@ -2,39 +2,33 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// ErrQuarantineWrite marks a failed write to the quarantine table. Retrying
-// would fail the same way on the same event and stall the stream, so the
-// relay stops and says what to fix.
-var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
-
 // outcome takes one record's result from the sink. Acks and failures come
 // here, on the loop's goroutine, in the order the sink reported them.
-func (s *streamer) outcome(o publisher.Outcome) {
+func (s *readLoop) outcome(o publisher.Outcome) {
 	s.flushed = false
 	if o.KafkaTxn != nil {
-		s.status.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
+		s.host.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
 		return
 	}
 	m := s.metrics
 	if o.Err == nil {
 		s.tracker.Ack(lsn.TxnID(o.Txn), o.Bytes)
 		m.acked(o.Delivery)
-		s.status.noteAck(o.At)
+		s.report.acked(o.At)
 		return
 	}
 	perr := o.Err
-	m.failed(perr)
+	m.Failed(perr.Class)
 	if perr.Class == publisher.ClassPermanent && s.quarantine != nil && perr.Record != nil {
 		// Still in flight until stored: the tracker confirms nothing after
 		// it in WAL order before then. It is not re-delivered, so it
@@ -43,7 +37,7 @@ func (s *streamer) outcome(o publisher.Outcome) {
 		s.quarantine.put(store.QuarantinedRecord(perr.Record.Shaped(), failure(perr)), perr, lsn.TxnID(o.Txn), o.Bytes)
 		return
 	}
-	s.status.noteOrderBreak(perr)
+	s.orderBreak(perr)
 	if s.failure == nil {
 		// Nothing at or after the failed event is ever confirmed: its
 		// transaction never completes in the tracker.
@@ -51,16 +45,17 @@ func (s *streamer) outcome(o publisher.Outcome) {
 	}
 }
 
-// noteOrderBreak counts and logs a failure after which order may break.
+// orderBreak counts and logs a failure after which order may break.
 // sarama keeps appending later batches to a partition after one failed
 // (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the re-delivered event
-// may land after events committed later. It is safe from any goroutine.
-func (r *Relay) noteOrderBreak(perr *publisher.Error) {
+// may land after events committed later. It is safe from any goroutine:
+// closeSink calls it from the one that drains an abandoned sink.
+func (s *readLoop) orderBreak(perr *publisher.Error) {
 	if !perr.OrderMayBreak() {
 		return
 	}
-	r.metrics.OrderBreaks.WithLabelValues(perr.Topic, strconv.Itoa(int(perr.Partition))).Inc()
-	r.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
+	s.metrics.OrderBroke(perr.Topic, perr.Partition)
+	s.log.Warn().Str("topic", perr.Topic).Int32("partition", perr.Partition).Str("event_id", perr.EventID).
 		Str("class", string(perr.Class)).Err(perr.Err).
 		Msg("record failed after reaching its partition: per-aggregate order on this partition may break when it is re-delivered")
 }
@@ -71,13 +66,13 @@ func (r *Relay) noteOrderBreak(perr *publisher.Error) {
 // already passed (a sequence error resets the producer's epoch and fails
 // every batch in flight, on every partition): each must be counted and
 // logged as a possible order break like the first.
-func (s *streamer) closeSink(snk sink, timeout time.Duration) error {
+func (s *readLoop) closeSink(snk sink, timeout time.Duration) error {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
 		for o := range snk.Outcomes() {
 			if o.Err != nil {
-				s.status.noteOrderBreak(o.Err)
+				s.orderBreak(o.Err)
 			}
 		}
 	}()
@@ -93,13 +88,13 @@ func (s *streamer) closeSink(snk sink, timeout time.Duration) error {
 
 // stored takes a quarantine write's result: the event now counts as
 // delivered, or the session ends for good.
-func (s *streamer) stored(res quarantineResult) {
+func (s *readLoop) stored(res quarantineResult) {
 	perr := res.job.perr
 	s.quarantining--
 	if res.err != nil {
 		if s.failure == nil {
 			s.failure = fmt.Errorf("%w %s: %w; grant the relay's role SELECT, INSERT and UPDATE on it, and check that its columns match `outbox-relay migrate --print-sql`; event %s (%v) stays unpublished until then",
-				ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
+				pipeline.ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
 		}
 		return
 	}

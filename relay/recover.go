@@ -13,7 +13,7 @@ import (
 // and a new producer may fix it, so the replication connection can stay
 // up while Kafka is away. A fenced producer is not: a new one would fence
 // the instance that now owns the stream.
-func (s *streamer) kafkaRecoverable(err error) bool {
+func (s *readLoop) kafkaRecoverable(err error) bool {
 	var perr *publisher.Error
 	return s.newSink != nil && errors.As(err, &perr) && perr.Class != publisher.ClassPermanent &&
 		!errors.Is(err, publisher.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
@@ -30,7 +30,7 @@ func (s *streamer) kafkaRecoverable(err error) bool {
 // The caller then ends the session and re-streams from the confirmed
 // position. It cannot do that on the same connection: PostgreSQL 15's
 // walsender ends a second START_REPLICATION on a connection at once.
-func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
+func (s *readLoop) waitForKafka(ctx context.Context, cause error) error {
 	log := s.log
 	old := s.sink
 	s.closing.Add(1)
@@ -42,7 +42,7 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 	}()
 	s.failure = nil
 	s.paused = true
-	s.status.pauseReading()
+	s.report.pause(true)
 	for attempt := 1; ; attempt++ {
 		wait := backoff.Delay(s.cfg.backoffMin, s.cfg.backoffMax, attempt)
 		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).
@@ -89,7 +89,7 @@ func (s *streamer) waitForKafka(ctx context.Context, cause error) error {
 // pause keeps the loop's duties without reading or sending: until the given
 // time (when not zero), or until ready is closed (when not nil), or ctx
 // ends.
-func (s *streamer) pause(ctx context.Context, until time.Time, ready <-chan struct{}) error {
+func (s *readLoop) pause(ctx context.Context, until time.Time, ready <-chan struct{}) error {
 	for {
 		if err := s.duties(); err != nil {
 			return err

@@ -14,9 +14,9 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
@@ -228,13 +228,11 @@ type Relay struct {
 	hooks   Hooks
 	clock   clock // the wall clock; tests drive the read loop and restarts with a fake
 
-	lastAck ackClock
+	// report is what the read loops publish about their reading.
+	report readReport
 
 	mu     sync.Mutex
 	status Status
-	// batchLimit survives sessions: once a topic is known to take smaller
-	// batches, every later producer is built with that limit.
-	batchLimit int
 
 	progress progressState
 
@@ -250,15 +248,10 @@ type Relay struct {
 	skips skipNotes
 }
 
-// Hooks let the process around the relay react to its progress (systemd
-// readiness and watchdog). Each may be nil.
-type Hooks struct {
-	// Streaming is called each time a session starts streaming.
-	Streaming func()
-	// Alive is called from the stream loop at least once per StatusInterval
-	// while the loop makes progress.
-	Alive func()
-}
+// Hooks let the process around the relay react to its progress: Running
+// is called each time a session starts streaming, Alive from the read loop
+// at least once per StatusInterval while it makes progress.
+type Hooks = pipeline.Hooks
 
 // New returns a relay; metrics may be nil.
 func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
@@ -268,31 +261,22 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 	log = log.With().Str("slot", cfg.Replication.Slot).Logger()
 	metrics.txn.mode(cfg.DeliveryMode())
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
-		status: Status{State: StateStarting}, batchLimit: cfg.Publisher.MaxMessageBytes,
-		poison: publisher.NewPoisonMemory(0), clock: wallClock{}, skips: skipNotes{}}
+		status: Status{Status: pipeline.Status{State: pipeline.StateStarting}},
+		poison: publisher.NewPoisonMemory(0), clock: pipeline.WallClock{}, skips: skipNotes{}}
 }
 
 // loopEnv is what this relay gives each session's read loop.
 func (r *Relay) loopEnv() loopEnv {
-	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, status: r, clock: r.clock, skips: &r.skips}
+	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, host: r, report: &r.report,
+		alive: r.hooks.Alive, clock: r.clock, skips: &r.skips}
 }
-
-// alive tells the watchdog the read loop is turning.
-func (r *Relay) alive() {
-	if r.hooks.Alive != nil {
-		r.hooks.Alive()
-	}
-}
-
-// noteAck records when Kafka last acknowledged an event.
-func (r *Relay) noteAck(at time.Time) { r.lastAck.note(at) }
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
 	var perr *publisher.Error
-	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) || errors.Is(err, publisher.ErrAuth) ||
-		errors.Is(err, ErrQuarantineWrite) || errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
+	return pipeline.IsFatal(err) || errors.Is(err, replication.ErrSlotLost) ||
+		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) ||
+		errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
 		isProgressFatal(err)
 }
 
@@ -312,13 +296,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		background.Add(1)
 		go func() {
 			defer background.Done()
-			r.retain(bgCtx)
+			retention := &retainer{cfg: r.cfg, log: r.log, metrics: r.metrics, read: &r.report}
+			retention.run(bgCtx)
 		}()
 	}
 	background.Add(1)
 	go func() {
 		defer background.Done()
-		r.PollSlot(bgCtx, 5*time.Second)
+		r.WatchSlot(bgCtx, 5*time.Second)
 	}()
 	background.Add(1)
 	go func() {
@@ -330,120 +315,80 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // restartLoop runs sessions until ctx ends or a fatal error.
 func (r *Relay) restartLoop(ctx context.Context) error {
-	attempt := 0
-	// waiting is the waiting state last logged at info level: one line
-	// per wait, not one per poll.
-	var waiting State
+	loop := pipeline.Restarts{Source: &walSource{r: r}, Log: r.log, Clock: r.clock, Metrics: r.metrics.Metrics,
+		BackoffMin: r.cfg.BackoffMin, BackoffMax: r.cfg.BackoffMax, ResetAfter: time.Minute,
+		BatchLimit: r.cfg.Publisher.MaxMessageBytes}
+	return loop.Run(ctx)
+}
+
+// walSource is the relay's side of the restart loop.
+type walSource struct {
+	r *Relay
 	// fencedInARow counts fences with no session in between that found
 	// the slot held: the one who fenced this relay is then not streaming
 	// this slot.
-	fencedInARow := 0
-	for {
-		started := r.clock.Now()
-		streamed, err := r.session(ctx)
-		if ctx.Err() != nil {
-			r.setState(StateStopped, nil)
-			return nil
-		}
-		if errors.Is(err, replication.ErrPublicationGone) {
-			err = r.publicationGoneError(err)
-		}
-		if IsFatal(err) {
-			r.setState(StateFailed, err)
-			return err
-		}
-		var limit *publisher.BatchLimitError
-		if errors.As(err, &limit) {
-			r.mu.Lock()
-			r.batchLimit = min(r.batchLimit, limit.MaxMessageBytes)
-			r.mu.Unlock()
-			r.log.Warn().Str("topic", limit.Topic).Int("max_message_bytes", limit.MaxMessageBytes).
-				Msg("topic takes smaller batches than the producer builds; restarting the producer with the topic's limit")
-			attempt = 0
-			continue
-		}
-		// A session that streamed ended an outage: the next one is a new
-		// outage and starts from the shortest delay. Counting on across
-		// them made three restarts 7 s apart wait 1.6, 3.2 and 7.6 s.
-		if streamed || r.clock.Now().Sub(started) > time.Minute {
-			attempt = 0
-		}
-		attempt++
-		wait := backoff.Delay(r.cfg.BackoffMin, r.cfg.BackoffMax, attempt)
-		if errors.Is(err, publisher.ErrFenced) {
-			// Another instance initialised a producer with this
-			// transactional id: it owns the stream now, and this one must
-			// not commit again. Its producer is gone with the session; the
-			// next session finds the slot held and waits as a standby, or
-			// takes over if the other instance is gone already. Stopping
-			// instead would leave no standby when the other one fails.
-			fencedInARow++
-			if fencedInARow < 2 {
-				r.log.Warn().Err(err).Msg("fenced by another relay with the same transactional id; going back to standby (if this repeats while no other relay streams this slot, two relays share --transactional-id: give each slot its own)")
-			} else {
-				// Safe, as each fence aborts the open transaction and the
-				// next session re-streams from this slot's progress; but
-				// the two relays keep taking turns.
-				r.log.Error().Err(err).Int("fences_in_a_row", fencedInARow).
-					Msg("fenced again, and no other relay held this slot in between: a relay of another slot or database uses the same transactional id. Give each slot its own --transactional-id, or leave it unset (the default is derived from the slot and the system identifier). Nothing is lost meanwhile: each fenced Kafka transaction aborts and is re-streamed from this slot's progress, but both relays stall in turns")
-			}
-		}
-		if errors.Is(err, replication.ErrSlotBusy) {
-			fencedInARow = 0
-		}
-		if state, msg := waitingState(err); state != "" {
-			// A standby, of another relay or of a PostgreSQL standby: poll
-			// often enough to take over within seconds.
-			wait = backoff.Delay(r.cfg.BackoffMin, min(r.cfg.BackoffMax, 2*time.Second), attempt)
-			ev := r.log.Debug()
-			if waiting != state {
-				ev = r.log.Info()
-			}
-			waiting = state
-			r.setState(state, err)
-			ev.Err(err).Str("retry_in", wait.String()).Msg(msg)
-		} else {
-			waiting = ""
-			r.setState(StateBackingOff, err)
-			r.metrics.Restarts.Inc()
-			msg := "could not start streaming; retrying"
-			if streamed {
-				msg = "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
-				if r.cfg.exactlyOnce() {
-					msg = "stream stopped; restarting from the slot's confirmed position (events after it are sent again in new Kafka transactions; read_committed consumers see each once)"
-				}
-			}
-			r.log.Warn().Err(err).Str("retry_in", wait.String()).Int("attempt", attempt).Msg(msg)
-		}
-		if !r.sleep(ctx, wait) {
-			r.setState(StateStopped, nil)
-			return nil
-		}
-	}
+	fencedInARow int
 }
 
-// sleep waits d on the relay's clock; false when ctx ended first.
-func (r *Relay) sleep(ctx context.Context, d time.Duration) bool {
-	t := r.clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C():
-		return true
-	case <-ctx.Done():
-		return false
+func (w *walSource) Session(ctx context.Context, batchLimit int) (bool, error) {
+	return w.r.session(ctx, batchLimit)
+}
+
+func (w *walSource) SetState(state pipeline.State, err error) { w.r.setState(state, err) }
+
+func (w *walSource) Fatal(err error) (error, bool) {
+	if errors.Is(err, replication.ErrPublicationGone) {
+		err = w.r.publicationGoneError(err)
 	}
+	return err, IsFatal(err)
+}
+
+func (w *walSource) FailureMessage(streamed bool) string {
+	switch {
+	case !streamed:
+		return "could not start streaming; retrying"
+	case w.r.cfg.exactlyOnce():
+		return "stream stopped; restarting from the slot's confirmed position (events after it are sent again in new Kafka transactions; read_committed consumers see each once)"
+	}
+	return "stream stopped; restarting from the slot's confirmed position (events after it are re-delivered)"
+}
+
+func (w *walSource) Waiting(err error) (pipeline.State, string) {
+	log := w.r.log
+	if errors.Is(err, publisher.ErrFenced) {
+		// Another instance initialised a producer with this
+		// transactional id: it owns the stream now, and this one must
+		// not commit again. Its producer is gone with the session; the
+		// next session finds the slot held and waits as a standby, or
+		// takes over if the other instance is gone already. Stopping
+		// instead would leave no standby when the other one fails.
+		w.fencedInARow++
+		if w.fencedInARow < 2 {
+			log.Warn().Err(err).Msg("fenced by another relay with the same transactional id; going back to standby (if this repeats while no other relay streams this slot, two relays share --transactional-id: give each slot its own)")
+		} else {
+			// Safe, as each fence aborts the open transaction and the
+			// next session re-streams from this slot's progress; but
+			// the two relays keep taking turns.
+			log.Error().Err(err).Int("fences_in_a_row", w.fencedInARow).
+				Msg("fenced again, and no other relay held this slot in between: a relay of another slot or database uses the same transactional id. Give each slot its own --transactional-id, or leave it unset (the default is derived from the slot and the system identifier). Nothing is lost meanwhile: each fenced Kafka transaction aborts and is re-streamed from this slot's progress, but both relays stall in turns")
+		}
+	}
+	if errors.Is(err, replication.ErrSlotBusy) {
+		w.fencedInARow = 0
+	}
+	return waitingState(err)
 }
 
 // waitingState is the state a session's error leaves the relay waiting in,
 // and what to log when the wait begins; "" when the error is a failure.
-func waitingState(err error) (State, string) {
+func waitingState(err error) (pipeline.State, string) {
 	switch {
 	case errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced):
-		return StateWaitingForSlot, "slot is held by another process; waiting to take over (this instance is a standby)"
+		return pipeline.StateWaitingForSlot, "slot is held by another process; waiting to take over (this instance is a standby)"
 	case errors.Is(err, replication.ErrStandby):
 		// Promotion is what a failover does; the relay streams from the
 		// promoted server at its next poll.
-		return StateWaitingForPromotion, "the PostgreSQL server is a hot standby; waiting for it to be promoted, then streaming from it"
+		return pipeline.StateWaitingForPromotion, "the PostgreSQL server is a hot standby; waiting for it to be promoted, then streaming from it"
 	}
 	return "", ""
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -42,13 +44,23 @@ func (r Retention) validate() error {
 	return nil
 }
 
-// retain deletes published rows in small batches until ctx ends. A row may
+// retainer deletes published outbox rows: one job of the relay, on a
+// goroutine of its own, that reads only the position the read loops
+// publish.
+type retainer struct {
+	cfg     Config
+	log     zerolog.Logger
+	metrics *Metrics
+	read    *readReport
+}
+
+// run deletes published rows in small batches until ctx ends. A row may
 // go only when it is older than the retention and older than the commit time
 // of the relay's confirmed position minus the margin: unconfirmed rows are
 // never deleted. (Deleting a row does not unpublish it, the relay reads the
 // WAL; the rule keeps the table a complete record of what may still need to
 // be reconciled or re-delivered.)
-func (r *Relay) retain(ctx context.Context) {
+func (r *retainer) run(ctx context.Context) {
 	cfg := r.cfg.Retention
 	log := r.log.With().Str("component", "retention").Logger()
 	tick := time.NewTicker(cfg.Interval)
@@ -59,7 +71,7 @@ func (r *Relay) retain(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		watermark := r.confirmedCommitTime()
+		watermark := r.read.snapshot().confirmedCommit
 		if watermark.IsZero() {
 			log.Debug().Msg("no confirmed transaction yet in this process; deleting nothing")
 			r.metrics.RetentionRuns.Inc()
@@ -92,7 +104,7 @@ func (r *Relay) retain(ctx context.Context) {
 
 // deleteBefore deletes (or, in a dry run, counts) rows created before
 // cutoff, a batch per transaction, on a connection of its own for the run.
-func (r *Relay) deleteBefore(ctx context.Context, cutoff time.Time) (int64, error) {
+func (r *retainer) deleteBefore(ctx context.Context, cutoff time.Time) (int64, error) {
 	outbox, err := store.ParseTable("--table", r.cfg.Replication.Table)
 	if err != nil {
 		return 0, err

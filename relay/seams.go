@@ -6,6 +6,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -61,32 +62,10 @@ type sink interface {
 	Close(timeout time.Duration) error
 }
 
-// clock is the read loop's time: the wall clock in production, a fake one
-// in tests so status timing is asserted exactly.
-type clock interface {
-	Now() time.Time
-	NewTimer(d time.Duration) timer
-}
+// clock is the read loop's and the restart loop's time: the wall clock in
+// production, a fake one in tests so status and restart timing are
+// asserted exactly.
+type clock = pipeline.Clock
 
 // timer is the part of *time.Timer the loop uses.
-type timer interface {
-	C() <-chan time.Time
-	// Reset stops the timer, drops a tick not yet read, and starts it anew.
-	Reset(d time.Duration)
-	Stop()
-}
-
-// wallClock is the clock of the running relay.
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
-func (wallClock) NewTimer(d time.Duration) timer { return wallTimer{time.NewTimer(d)} }
-
-type wallTimer struct{ t *time.Timer }
-
-func (w wallTimer) C() <-chan time.Time { return w.t.C }
-
-// Since Go 1.23 Reset and Stop leave no stale tick in the channel.
-func (w wallTimer) Reset(d time.Duration) { w.t.Reset(d) }
-func (w wallTimer) Stop()                 { w.t.Stop() }
+type timer = pipeline.Timer

@@ -9,6 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -17,13 +18,12 @@ import (
 // session is one life of the stream: check, open the slot, publish and
 // confirm until an error or ctx ends. Every failure ends the session; the
 // next one re-reads from the slot's confirmed position. streamed says
-// whether it got as far as streaming.
-func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
-	r.setState(StateConnecting, nil)
+// whether it got as far as streaming. Its producers build batches of at
+// most batchLimit bytes.
+func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err error) {
+	r.setState(pipeline.StateConnecting, nil)
 	pubCfg := r.cfg.Publisher
-	r.mu.Lock()
-	pubCfg.BatchLimit = r.batchLimit
-	r.mu.Unlock()
+	pubCfg.BatchLimit = batchLimit
 	var sys replication.System
 	newSink := func() (sink, error) {
 		if r.cfg.exactlyOnce() {
@@ -107,7 +107,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 
-	s := newStreamer(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
 	if s.txnSink {
 		s.progress = r.sessionProgress()
@@ -117,8 +117,8 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.DeliveryMode()).
 		Str("status_interval", r.cfg.StatusInterval.String()).Str("keepalive_every", s.keepaliveEvery.String()).Msg("streaming")
-	if r.hooks.Streaming != nil {
-		r.hooks.Streaming()
+	if r.hooks.Running != nil {
+		r.hooks.Running()
 	}
 	return true, s.runToEnd(ctx)
 }
@@ -126,7 +126,7 @@ func (r *Relay) session(ctx context.Context) (streamed bool, err error) {
 // runToEnd runs the loop, then ends the session: a drain when ctx ended
 // it; after a Kafka failure, a wait for Kafka with the replication
 // connection kept; an abandon otherwise.
-func (s *streamer) runToEnd(ctx context.Context) error {
+func (s *readLoop) runToEnd(ctx context.Context) error {
 	err := s.run(ctx)
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return s.drain()

@@ -12,12 +12,12 @@ import (
 func TestNextWake(t *testing.T) {
 	const keepalive, statusInterval = 10 * time.Second, 3 * time.Second
 	cfg := loopConfig{statusInterval: statusInterval}
-	newStreamer := func(sinceStatus time.Duration) (*streamer, *lsn.Tracker, *fakeClock) {
+	newReadLoop := func(sinceStatus time.Duration) (*readLoop, *lsn.Tracker, *fakeClock) {
 		clk := newFakeClock()
 		tr := lsn.NewTracker(100, lsn.Limits{Events: 10, Bytes: 1 << 20})
 		tr.UseClock(clk.Now)
 		last := clk.Now().Add(-sinceStatus)
-		return &streamer{loopEnv: loopEnv{cfg: cfg, clock: clk}, tracker: tr, lastStatus: last, flushedSent: 100, keepaliveEvery: keepalive}, tr, clk
+		return &readLoop{loopEnv: loopEnv{cfg: cfg, clock: clk}, tracker: tr, lastStatus: last, flushedSent: 100, keepaliveEvery: keepalive}, tr, clk
 	}
 	exactly := func(t *testing.T, got, want time.Time) {
 		t.Helper()
@@ -27,15 +27,15 @@ func TestNextWake(t *testing.T) {
 	}
 
 	t.Run("nothing to report: the heartbeat", func(t *testing.T) {
-		s, _, clk := newStreamer(0)
+		s, _, clk := newReadLoop(0)
 		exactly(t, s.nextWake(), clk.Now().Add(statusInterval))
 	})
 	t.Run("nothing to report, keepalive due first", func(t *testing.T) {
-		s, _, clk := newStreamer(9 * time.Second)
+		s, _, clk := newReadLoop(9 * time.Second)
 		exactly(t, s.nextWake(), clk.Now().Add(time.Second))
 	})
 	t.Run("acks pending: look again soon", func(t *testing.T) {
-		s, tr, clk := newStreamer(0)
+		s, tr, clk := newReadLoop(0)
 		id := tr.Open(clk.Now())
 		tr.Add(id, 10)
 		exactly(t, s.nextWake(), clk.Now().Add(idleConfirmDelay))
@@ -44,7 +44,7 @@ func TestNextWake(t *testing.T) {
 		// The last update went out 50 ms ago, then the last ack came: the
 		// moved position must go out 50 ms from now, not a status interval
 		// or a keepalive later.
-		s, tr, clk := newStreamer(50 * time.Millisecond)
+		s, tr, clk := newReadLoop(50 * time.Millisecond)
 		id := tr.Open(clk.Now())
 		tr.Add(id, 10)
 		tr.Close(id, 200)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/outbox-relay/outbox-relay/pipeline"
 )
 
 // kafkaStall is how long the events in flight have waited with no
@@ -15,7 +17,7 @@ func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) 
 	r.mu.Lock()
 	tracker, state := r.status.tracker, r.status.State
 	r.mu.Unlock()
-	if tracker == nil || state != StateStreaming {
+	if tracker == nil || state != pipeline.StateStreaming {
 		return 0, 0
 	}
 	st := tracker.Stats()
@@ -23,7 +25,7 @@ func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) 
 		return 0, 0
 	}
 	from := st.OldestInFlight
-	if last := r.lastAck.get(); last.After(from) {
+	if last := r.report.lastAck.get(); last.After(from) {
 		from = last
 	}
 	return max(0, now.Sub(from)), st.InFlightEvents

@@ -2,37 +2,17 @@ package relay
 
 import (
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
-)
-
-// State names what the relay is doing.
-type State string
-
-// The states shown by the admin endpoint.
-const (
-	StateStarting       State = "starting"
-	StateConnecting     State = "connecting"
-	StateStreaming      State = "streaming"
-	StateWaitingForSlot State = "waiting-for-slot"
-	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
-	// cannot serve the relay's slot until it is promoted.
-	StateWaitingForPromotion State = "waiting-for-promotion"
-	StateBackingOff          State = "backing-off"
-	StateDraining            State = "draining"
-	StateStopped             State = "stopped"
-	StateFailed              State = "failed"
 )
 
 // Status is the relay's own view, for the admin endpoint.
 type Status struct {
-	State     State     `json:"state"`
-	LastError string    `json:"last_error"`
-	Since     time.Time `json:"state_since"`
+	pipeline.Status
 
 	ReceivedLSN           string     `json:"received_lsn"`
 	ConfirmedLSN          string     `json:"confirmed_lsn"`
@@ -48,9 +28,7 @@ type Status struct {
 	// Kafka transactions did.
 	Delivery *DeliveryStatus `json:"delivery"`
 
-	tracker             *lsn.Tracker
-	received            lsn.LSN
-	confirmedCommitTime time.Time // survives sessions, for retention
+	tracker *lsn.Tracker
 	// lastErrorBusy says LastError is the slot being held by another
 	// process, which explains only the wait for it.
 	lastErrorBusy bool
@@ -58,57 +36,29 @@ type Status struct {
 	// on a missing slot means lost events, not a first start.
 	streamed bool
 	slot     slotReading
-	// paused says the read loop waits for Kafka and reads nothing: the
-	// tracker then knows nothing of the events committed meanwhile.
-	paused bool
-	// What the slot poller's readings say of the slot's position; see
+	// What the slot watch's readings say of the slot's position; see
 	// unpublishedAge.
 	slotCaughtUp time.Time // the newest moment before which every commit is confirmed
 	slotBehind   bool      // the last good reading found the slot short of the WAL end
-	pollStarted  time.Time // when the slot poller began
+	watchStarted time.Time // when the slot watch began
 }
 
-// slotReading is the slot poller's last reading, served by /slot.
+// slotReading is the slot watch's last reading, served by /slot.
 type slotReading struct {
 	info *replication.SlotInfo
 	err  string // redacted; "" when the read worked
 	at   time.Time
 }
 
-// ackClock is when Kafka last acknowledged an event of this process. The
-// read loop writes it on every ack it takes (noteAck), while the admin
-// endpoint and the stall watch read it on their own goroutines; it is an
-// atomic so that an ack does not take the relay's mutex.
-type ackClock struct{ ns atomic.Int64 }
-
-// note records an ack; a nil clock (outcomes built without a relay, as in
-// tests) records nothing.
-func (c *ackClock) note(t time.Time) {
-	if c != nil {
-		c.ns.Store(t.UnixNano())
-	}
-}
-
-func (c *ackClock) get() time.Time {
-	if ns := c.ns.Load(); ns != 0 {
-		return time.Unix(0, ns)
-	}
-	return time.Time{}
-}
-
-func (r *Relay) setState(state State, err error) {
+func (r *Relay) setState(state pipeline.State, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.status.State != state {
-		r.status.Since = time.Now()
-	}
-	r.status.State = state
-	r.metrics.setState(state)
+	r.status.Set(state, err, time.Now())
+	r.metrics.SetState(state)
 	if err != nil {
-		r.status.LastError = err.Error()
 		r.status.lastErrorBusy = errors.Is(err, replication.ErrSlotBusy)
 	}
-	if state != StateStreaming && state != StateDraining {
+	if state != pipeline.StateStreaming && state != pipeline.StateDraining {
 		r.status.tracker = nil
 	}
 }
@@ -117,18 +67,9 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.mu.Lock()
 	r.status.tracker = t
 	r.status.streamed = true
-	r.status.paused = false
 	r.mu.Unlock()
-	r.setState(StateStreaming, nil)
-}
-
-func (r *Relay) noteProgress(received lsn.LSN, confirmedCommit time.Time) {
-	r.mu.Lock()
-	r.status.received = received
-	if confirmedCommit.After(r.status.confirmedCommitTime) {
-		r.status.confirmedCommitTime = confirmedCommit
-	}
-	r.mu.Unlock()
+	r.report.pause(false)
+	r.setState(pipeline.StateStreaming, nil)
 }
 
 // noteSlotReading keeps the poller's reading of the slot for /slot.
@@ -145,15 +86,7 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	r.mu.Unlock()
 }
 
-// pauseReading tells the relay its read loop stopped reading to wait for
-// Kafka; the next session's setStreaming ends it.
-func (r *Relay) pauseReading() {
-	r.mu.Lock()
-	r.status.paused = true
-	r.mu.Unlock()
-}
-
-// noteSlotPosition keeps what the slot poller's readings say: the newest
+// noteSlotPosition keeps what the slot watch's readings say: the newest
 // moment before which every committed transaction is confirmed, and
 // whether the last good reading found the slot behind the WAL end.
 func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
@@ -166,10 +99,10 @@ func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
 // While the read loop reads the stream it is the age of the oldest event in
 // flight: events arrive within moments of their commit. Outside the stream
 // (waiting for Kafka, restarting) the relay sees none of the events
-// committed meanwhile, so when the slot poller's last good reading found
+// committed meanwhile, so when the slot watch's last good reading found
 // the slot behind the server's WAL end, the age is the time since the
 // newest moment before which everything committed is known confirmed: the
-// later of the slot poller's caught-up moment and the commit time of the
+// later of the slot watch's caught-up moment and the commit time of the
 // newest transaction this process confirmed (or, with neither, when the
 // poller began, which may understate); never less than the in-flight age.
 // That is an upper bound: other tables' WAL also puts the slot behind, and
@@ -179,18 +112,19 @@ func (r *Relay) unpublishedAge(now time.Time) float64 {
 	r.mu.Lock()
 	s := r.status
 	r.mu.Unlock()
+	read := r.report.snapshot()
 	var inFlight float64
 	if s.tracker != nil {
 		if oldest := s.tracker.Stats().OldestInFlight; !oldest.IsZero() {
 			inFlight = now.Sub(oldest).Seconds()
 		}
 	}
-	if s.State == StateStreaming && !s.paused || !s.slotBehind {
+	if s.State == pipeline.StateStreaming && !read.paused || !s.slotBehind {
 		return inFlight
 	}
-	anchor := later(s.slotCaughtUp, s.confirmedCommitTime)
+	anchor := later(s.slotCaughtUp, read.confirmedCommit)
 	if anchor.IsZero() {
-		anchor = s.pollStarted
+		anchor = s.watchStarted
 	}
 	return max(inFlight, now.Sub(anchor).Seconds())
 }
@@ -220,9 +154,7 @@ func (r *Relay) slotReading() slotReading {
 // confirmedCommitTime is the commit time of the newest transaction whose
 // events Kafka acknowledged and the relay confirmed.
 func (r *Relay) confirmedCommitTime() time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status.confirmedCommitTime
+	return r.report.snapshot().confirmedCommit
 }
 
 // Status returns a snapshot of the relay's state.
@@ -232,8 +164,8 @@ func (r *Relay) Status() Status {
 	txnID := r.txnID
 	r.mu.Unlock()
 	s.Delivery = r.deliveryStatus(txnID)
-	if s.received != 0 {
-		s.ReceivedLSN = s.received.String()
+	if received := r.report.snapshot().received; received != 0 {
+		s.ReceivedLSN = received.String()
 	}
 	if s.tracker != nil {
 		st := s.tracker.Stats()
@@ -248,7 +180,7 @@ func (r *Relay) Status() Status {
 			s.LastConfirmedCommit = &t
 		}
 	}
-	if last := r.lastAck.get(); !last.IsZero() {
+	if last := r.report.lastAck.get(); !last.IsZero() {
 		s.LastAck = &last
 	}
 	s.Progress = r.progressStatus()
@@ -259,7 +191,7 @@ func (r *Relay) Status() Status {
 // and why not.
 func (r *Relay) Ready() (bool, string) {
 	s := r.Status()
-	if s.State == StateStreaming {
+	if s.State == pipeline.StateStreaming {
 		if reason := r.stallReason(time.Now()); reason != "" {
 			return false, reason
 		}
@@ -272,7 +204,7 @@ func (r *Relay) Ready() (bool, string) {
 	r.mu.Lock()
 	busy := r.status.lastErrorBusy
 	r.mu.Unlock()
-	if s.LastError != "" && (!busy || s.State == StateWaitingForSlot) {
+	if s.LastError != "" && (!busy || s.State == pipeline.StateWaitingForSlot) {
 		reason += ": " + s.LastError
 	}
 	return false, reason

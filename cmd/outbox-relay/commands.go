@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"runtime/debug"
 	"time"
@@ -247,7 +245,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
 	notifier := newSystemdNotifier(log)
-	r := relay.New(o.relay, log, metrics, relay.Hooks{Streaming: notifier.ready, Alive: notifier.alive})
+	r := relay.New(o.relay, log, metrics, relay.Hooks{Running: notifier.ready, Alive: notifier.alive})
 	notifier.watch(ctx, r.Status, o.relay)
 	periodicCtx, stopPeriodic := context.WithCancel(ctx)
 	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
@@ -256,17 +254,12 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		periodicDone()
 	}()
 
-	if o.adminAddr != "" {
-		ln, err := net.Listen("tcp", o.adminAddr)
-		if err != nil {
-			notifier.stopping()
-			return usageError(stderr, "run", fmt.Errorf("--admin-addr %s: %w (choose a free address, or empty to disable)", o.adminAddr, err), "")
-		}
-		srv := &http.Server{Handler: r.AdminHandler(registry), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
+	stopAdmin, err := serveAdmin(o.adminAddr, r.AdminHandler(registry), log)
+	if err != nil {
+		notifier.stopping()
+		return usageError(stderr, "run", err, "")
 	}
+	defer stopAdmin()
 	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.relay.Publisher.Brokers)
 	if o.source == sourceMessages {

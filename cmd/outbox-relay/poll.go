@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"strings"
 	"time"
 
@@ -17,6 +15,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
@@ -124,7 +123,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		stopPeriodic()
 		periodicDone()
 	}()
-	p, err := poll.New(cfg, log, poll.NewMetrics(registry), poll.Hooks{Polling: func() { notifier.readyAs(poll.StatePolling) }, Alive: notifier.alive})
+	p, err := poll.New(cfg, log, poll.NewMetrics(registry), poll.Hooks{Running: func() { notifier.readyAs(pipeline.StatePolling) }, Alive: notifier.alive})
 	if err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
@@ -132,16 +131,11 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	// TimeoutStopSec rather than the watchdog's limit.
 	stopWatching := context.AfterFunc(ctx, notifier.beginStopping)
 	defer stopWatching()
-	if o.adminAddr != "" {
-		ln, err := net.Listen("tcp", o.adminAddr)
-		if err != nil {
-			return usageError(stderr, "run", fmt.Errorf("--admin-addr %s: %w (choose a free address, or empty to disable)", o.adminAddr, err), "")
-		}
-		srv := &http.Server{Handler: p.AdminHandler(registry), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		log.Info().Str("admin_addr", ln.Addr().String()).Msg("admin endpoint listening")
+	stopAdmin, err := serveAdmin(o.adminAddr, p.AdminHandler(registry), log)
+	if err != nil {
+		return usageError(stderr, "run", err, "")
 	}
+	defer stopAdmin()
 	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
 		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
 		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")

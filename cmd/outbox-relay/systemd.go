@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -93,11 +94,11 @@ func (n *systemdNotifier) send(state string) {
 }
 
 // ready is called whenever a session starts streaming; READY=1 goes once.
-func (n *systemdNotifier) ready() { n.readyAs("streaming") }
+func (n *systemdNotifier) ready() { n.readyAs(pipeline.StateStreaming) }
 
 // readyAs is ready for a relay whose working state is named state (poll
 // mode's is polling).
-func (n *systemdNotifier) readyAs(state string) {
+func (n *systemdNotifier) readyAs(state pipeline.State) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stopSent {
@@ -105,7 +106,7 @@ func (n *systemdNotifier) readyAs(state string) {
 	}
 	if !n.readySent {
 		n.readySent = true
-		n.lastStatus = "STATUS=" + state
+		n.lastStatus = "STATUS=" + string(state)
 		n.send("READY=1\n" + n.lastStatus)
 	}
 	n.pingLocked(time.Now())
@@ -188,7 +189,7 @@ func (n *systemdNotifier) observe(s relay.Status, now time.Time, backoffMax time
 		n.lastStatus = text
 		msgs = append(msgs, text)
 	}
-	if (s.State == relay.StateWaitingForSlot || s.State == relay.StateWaitingForPromotion) && !n.readySent {
+	if (s.State == pipeline.StateWaitingForSlot || s.State == pipeline.StateWaitingForPromotion) && !n.readySent {
 		n.readySent = true
 		msgs = append([]string{"READY=1"}, msgs...)
 	}
@@ -209,9 +210,9 @@ func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax 
 		in = 0 // the relay has not changed state since it was created
 	}
 	switch s.State {
-	case relay.StateBackingOff, relay.StateWaitingForSlot, relay.StateWaitingForPromotion:
+	case pipeline.StateBackingOff, pipeline.StateWaitingForSlot, pipeline.StateWaitingForPromotion:
 		return in < backoffMax+watchdog
-	case relay.StateStarting, relay.StateConnecting:
+	case pipeline.StateStarting, pipeline.StateConnecting:
 		return in < watchdog
 	}
 	// Streaming: the stream loop pings. Draining, stopped, failed: the
@@ -224,10 +225,10 @@ func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax 
 func statusText(s relay.Status) string {
 	text := string(s.State)
 	switch s.State {
-	case relay.StateWaitingForSlot:
+	case pipeline.StateWaitingForSlot:
 		text = "standby: " + text
 		fallthrough
-	case relay.StateBackingOff, relay.StateWaitingForPromotion, relay.StateFailed:
+	case pipeline.StateBackingOff, pipeline.StateWaitingForPromotion, pipeline.StateFailed:
 		if s.LastError != "" {
 			text += ": " + s.LastError
 		}

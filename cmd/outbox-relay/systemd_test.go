@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -90,31 +91,31 @@ func TestNotifierWatchdogPolicy(t *testing.T) {
 	const backoffMax = 30 * time.Second
 	now := time.Now()
 	for _, tc := range []struct {
-		state relay.State
+		state pipeline.State
 		age   time.Duration
 		ping  bool
 	}{
-		{relay.StateStreaming, 0, false}, // the stream loop pings
-		{relay.StateStreaming, time.Hour, false},
-		{relay.StateBackingOff, 0, true},
-		{relay.StateBackingOff, backoffMax + watchdog - time.Second, true},
-		{relay.StateBackingOff, backoffMax + watchdog + time.Second, false}, // the sleep cannot last this long
-		{relay.StateWaitingForSlot, time.Second, true},
-		{relay.StateWaitingForSlot, 10 * time.Minute, false},
-		{relay.StateConnecting, time.Second, true},
-		{relay.StateConnecting, watchdog + time.Millisecond, false}, // a hung connect
-		{relay.StateStarting, 0, true},
-		{relay.StateStarting, -1, true}, // zero Since: the relay was just created
-		{relay.StateDraining, 0, false},
-		{relay.StateFailed, 0, false},
-		{relay.StateStopped, 0, false},
+		{pipeline.StateStreaming, 0, false}, // the stream loop pings
+		{pipeline.StateStreaming, time.Hour, false},
+		{pipeline.StateBackingOff, 0, true},
+		{pipeline.StateBackingOff, backoffMax + watchdog - time.Second, true},
+		{pipeline.StateBackingOff, backoffMax + watchdog + time.Second, false}, // the sleep cannot last this long
+		{pipeline.StateWaitingForSlot, time.Second, true},
+		{pipeline.StateWaitingForSlot, 10 * time.Minute, false},
+		{pipeline.StateConnecting, time.Second, true},
+		{pipeline.StateConnecting, watchdog + time.Millisecond, false}, // a hung connect
+		{pipeline.StateStarting, 0, true},
+		{pipeline.StateStarting, -1, true}, // zero Since: the relay was just created
+		{pipeline.StateDraining, 0, false},
+		{pipeline.StateFailed, 0, false},
+		{pipeline.StateStopped, 0, false},
 	} {
 		n := &systemdNotifier{every: watchdog / 2}
 		since := now.Add(-tc.age)
 		if tc.age < 0 {
 			since = time.Time{}
 		}
-		got := n.loopTurning(relay.Status{State: tc.state, Since: since}, now, backoffMax)
+		got := n.loopTurning(relay.Status{Status: pipeline.Status{State: tc.state, Since: since}}, now, backoffMax)
 		if got != tc.ping {
 			t.Errorf("%s for %v: ping=%v, want %v", tc.state, tc.age, got, tc.ping)
 		}
@@ -124,15 +125,15 @@ func TestNotifierWatchdogPolicy(t *testing.T) {
 func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 	n, next := notifySocket(t, 2*time.Second)
 	now := time.Now()
-	n.observe(relay.Status{State: relay.StateConnecting, Since: now}, now, time.Second)
+	n.observe(relay.Status{Status: pipeline.Status{State: pipeline.StateConnecting, Since: now}}, now, time.Second)
 	if got := next(time.Second); got != "STATUS=connecting" {
 		t.Fatalf("connecting sent %q", got)
 	}
 	if got := next(time.Second); got != "WATCHDOG=1" {
 		t.Fatalf("connecting within its bound sent %q, want a ping", got)
 	}
-	busy := relay.Status{State: relay.StateWaitingForSlot, Since: now,
-		LastError: "replication slot in use:\nreplication slot \"s\" is active for PID 42"}
+	busy := relay.Status{Status: pipeline.Status{State: pipeline.StateWaitingForSlot, Since: now,
+		LastError: "replication slot in use:\nreplication slot \"s\" is active for PID 42"}}
 	n.observe(busy, now, time.Second)
 	want := "READY=1\nSTATUS=standby: waiting-for-slot: replication slot in use: replication slot \"s\" is active for PID 42"
 	if got := next(time.Second); got != want {
@@ -142,7 +143,7 @@ func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 	// for its period.
 	n.observe(busy, now, time.Second)
 	none(t, next)
-	n.observe(relay.Status{State: relay.StateBackingOff, Since: now, LastError: strings.Repeat("x", 500)}, now.Add(2*time.Second), time.Minute)
+	n.observe(relay.Status{Status: pipeline.Status{State: pipeline.StateBackingOff, Since: now, LastError: strings.Repeat("x", 500)}}, now.Add(2*time.Second), time.Minute)
 	got := next(time.Second)
 	if !strings.HasPrefix(got, "STATUS=backing-off: xxx") || len(got) > len("STATUS=")+200 {
 		t.Fatalf("long error sent %q, want a STATUS line cut to 200 characters", got)
@@ -155,7 +156,9 @@ func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 func TestNotifierStoppingGoesOutWhenShutdownBegins(t *testing.T) {
 	n, next := notifySocket(t, 0)
 	ctx, cancel := context.WithCancel(context.Background())
-	status := func() relay.Status { return relay.Status{State: relay.StateStreaming, Since: time.Now()} }
+	status := func() relay.Status {
+		return relay.Status{Status: pipeline.Status{State: pipeline.StateStreaming, Since: time.Now()}}
+	}
 	n.watch(ctx, status, relay.DefaultConfig())
 	if got := next(5 * time.Second); got != "STATUS=streaming" {
 		t.Fatalf("watcher sent %q first, want the state", got)
@@ -186,8 +189,8 @@ func TestNotifierStatusRedactsThePassword(t *testing.T) {
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = "postgres://relay:Sup3rSecret@db.example:5432/app"
 	failing := func() relay.Status {
-		return relay.Status{State: relay.StateBackingOff, Since: time.Now(),
-			LastError: "connect: postgres://relay:Sup3rSecret@db.example:5432/app refused"}
+		return relay.Status{Status: pipeline.Status{State: pipeline.StateBackingOff, Since: time.Now(),
+			LastError: "connect: postgres://relay:Sup3rSecret@db.example:5432/app refused"}}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

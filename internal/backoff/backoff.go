@@ -1,5 +1,5 @@
 // Package backoff computes capped exponential delays with jitter. It is
-// shared by the relay's restart loop and the publisher's retries so both
+// shared by the restart loop of every source and the publisher's retries so both
 // back off the same way; it sits below both so neither reaches into the
 // other.
 package backoff

@@ -97,7 +97,7 @@ func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo
 	p := &inProcess{rec: rec, recv: recv, errc: make(chan error, 1), streaming: make(chan struct{})}
 	var once sync.Once
 	log := zerolog.New(logTo).Level(zerolog.WarnLevel).With().Timestamp().Logger()
-	r := relay.New(cfg, log, metrics, relay.Hooks{Streaming: func() { once.Do(func() { close(p.streaming) }) }})
+	r := relay.New(cfg, log, metrics, relay.Hooks{Running: func() { once.Do(func() { close(p.streaming) }) }})
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.errc <- r.Run(ctx) }()

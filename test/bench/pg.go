@@ -223,10 +223,6 @@ func nudgeWAL(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
-func callFill(ctx context.Context, dsn string, first, n, perTxn, aggregates, pad int, syncCommit bool) error {
-	return callProc(ctx, dsn, "bench_fill", first, n, perTxn, aggregates, pad, syncCommit)
-}
-
 func callProc(ctx context.Context, dsn, proc string, first, n, perTxn, aggregates, pad int, syncCommit bool) error {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {

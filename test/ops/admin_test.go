@@ -35,42 +35,46 @@ func getSlot(t *testing.T, base string) slotDoc {
 	return doc
 }
 
-// metricNames lists the outbox_relay_* series relay/metrics.go and
-// reconcile/metrics.go declare, so a series added there is checked here
-// without editing this test.
+// metricNames lists the outbox_relay_* series the WAL path exports: those
+// every source shares (pipeline/metrics.go), its own (relay/metrics.go,
+// relay/progress_metrics.go) and reconcile's, so a series added there is
+// checked here without editing this test.
 func metricNames(t *testing.T) []string {
 	t.Helper()
-	var names []string
-	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("reconcile", "metrics.go"), filepath.Join("relay", "progress_metrics.go")} {
-		src, err := os.ReadFile(filepath.Join("..", "..", file))
-		if err != nil {
-			t.Fatalf("read %s: %v", file, err)
-		}
-		for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
-			names = append(names, m[1])
-		}
-	}
-	if len(names) < 10 {
-		t.Fatalf("found only %d metric names in relay/metrics.go: %v", len(names), names)
-	}
+	names := declaredIn(t, filepath.Join("pipeline", "metrics.go"), filepath.Join("relay", "metrics.go"),
+		filepath.Join("reconcile", "metrics.go"), filepath.Join("relay", "progress_metrics.go"))
 	sort.Strings(names)
 	return names
 }
 
-// pollMetricNames are the series poll/metrics.go declares (poll mode's own
-// and the WAL path's it shares).
+// pollMetricNames are the series poll mode exports: those every source
+// shares and its own.
 func pollMetricNames(t *testing.T) []string {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "poll", "metrics.go"))
-	if err != nil {
-		t.Fatalf("read poll/metrics.go: %v", err)
-	}
+	return declaredIn(t, filepath.Join("pipeline", "metrics.go"), filepath.Join("poll", "metrics.go"))
+}
+
+// seriesDecl finds a series' name where it is declared: in an Opts
+// literal, or as the first argument of a pipeline.Series method.
+var seriesDecl = regexp.MustCompile(`(?:Name:\s*|\bs\.(?:Counter|CounterVec|Gauge|GaugeVec|Latency)\()"(outbox_relay_[a-z0-9_]+)"`)
+
+// declaredIn lists the series the files declare; each file must declare
+// some, so a change of declaration style cannot empty the checks.
+func declaredIn(t *testing.T, files ...string) []string {
+	t.Helper()
 	var names []string
-	for _, m := range regexp.MustCompile(`Name:\s*"(outbox_relay_[a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
-		names = append(names, m[1])
-	}
-	if len(names) < 10 {
-		t.Fatalf("found only %d metric names in poll/metrics.go: %v", len(names), names)
+	for _, file := range files {
+		src, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatalf("read %s: %v", file, err)
+		}
+		found := seriesDecl.FindAllStringSubmatch(string(src), -1)
+		if len(found) < 3 {
+			t.Fatalf("found only %d metric names in %s", len(found), file)
+		}
+		for _, m := range found {
+			names = append(names, m[1])
+		}
 	}
 	return names
 }
@@ -131,7 +135,7 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Errorf("commit-to-receive histogram counted %v transactions, want 1 to 8", n)
 	}
 
-	// Every series relay/metrics.go declares is exposed, with the Go and
+	// Every series the WAL path declares is exposed, with the Go and
 	// process collectors. Only the order-break counter has no series
 	// before its first event: its labels (topic, partition) are not known
 	// in advance.
@@ -160,7 +164,7 @@ func TestAdminEndpoint(t *testing.T) {
 		t.Errorf("outbox_relay_state{state=backing-off} = %v while streaming", v)
 	}
 
-	// The slot poller reports the slot as active.
+	// The slot watch reports the slot as active.
 	harness.WaitFor(t, 30*time.Second, "outbox_relay_slot_active 1 and wal_status reserved", func() bool {
 		f := harness.Scrape(t, base)
 		active, _ := harness.MetricValue(f, "outbox_relay_slot_active")
@@ -224,7 +228,7 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	e.migrate()
 	p := e.startStreaming()
 	base := p.AdminURL(t)
-	harness.WaitFor(t, 30*time.Second, "the slot poller to see the slot active", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the slot watch to see the slot active", func() bool {
 		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_slot_active")
 		return v == 1
 	})

@@ -324,21 +324,23 @@ func TestExampleConfig(t *testing.T) {
 	}
 }
 
-// declaredSeries are the series relay/metrics.go declares, with the
-// _bucket, _sum and _count series of its histograms.
+// declaredSeries are the series the sources declare, with the _bucket,
+// _sum and _count series of their latency histograms.
 func declaredSeries(t *testing.T) map[string]bool {
 	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "relay", "metrics.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]bool{}
 	for _, name := range append(metricNames(t), pollMetricNames(t)...) {
 		out[name] = true
 	}
-	for _, m := range regexp.MustCompile(`NewHistogram\(prometheus\.HistogramOpts\{\s*Name:\s*"([a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
-		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-			out[m[1]+suffix] = true
+	for _, file := range []string{filepath.Join("relay", "metrics.go"), filepath.Join("poll", "metrics.go")} {
+		src, err := os.ReadFile(filepath.Join("..", "..", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`\bs\.Latency\("([a-z0-9_]+)"`).FindAllStringSubmatch(string(src), -1) {
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				out[m[1]+suffix] = true
+			}
 		}
 	}
 	return out
@@ -456,7 +458,7 @@ func TestAlertRules(t *testing.T) {
 			}
 			for _, n := range used {
 				if strings.HasPrefix(n, "outbox_relay_") && !declared[n] {
-					t.Errorf("%s: %s is not a series of relay/metrics.go", r.Alert, n)
+					t.Errorf("%s: %s is not a series any source declares", r.Alert, n)
 				}
 			}
 		}
@@ -528,6 +530,20 @@ tests:
       - eval_time: 18m
         alertname: OutboxRelayNotStreaming
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+
+  # Poll mode exports streaming at 0 beside polling: a poller that polls
+  # is running, one that stops polling alerts like a relay.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_state{job="poller", instance="a", state="streaming"}'
+        values: '0x20'
+      - series: 'outbox_relay_state{job="poller", instance="a", state="polling"}'
+        values: '1x10 0x10'
+    alert_rule_test:
+      - {eval_time: 9m, alertname: OutboxRelayNotStreaming, exp_alerts: []}
+      - eval_time: 18m
+        alertname: OutboxRelayNotStreaming
+        exp_alerts: [{exp_labels: {job: poller, severity: critical}}]
 
   # A relay that never published anything while the slot lags is stalled;
   # one that publishes is not, whatever the lag.
@@ -686,7 +702,7 @@ func TestGrafanaDashboard(t *testing.T) {
 			for _, n := range used {
 				onPanels[n] = true
 				if strings.HasPrefix(n, "outbox_relay_") && !declared[n] {
-					t.Errorf("panel %q: %s is not a series of relay/metrics.go", p.Title, n)
+					t.Errorf("panel %q: %s is not a series any source declares", p.Title, n)
 				}
 			}
 		}

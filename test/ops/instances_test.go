@@ -126,7 +126,7 @@ func TestTemplateUnitTwoInstances(t *testing.T) {
 				} `json:"progress"`
 			} `json:"relay"`
 		}
-		// The slot poller reads every 5 s; wait for a reading that
+		// The slot watch reads every 5 s; wait for a reading that
 		// shows the slot in use.
 		harness.WaitFor(t, 30*time.Second, in.name+"'s /slot showing its active slot", func() bool {
 			status, body := harness.HTTPGet(t, url+"/slot")

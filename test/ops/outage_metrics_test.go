@@ -41,7 +41,7 @@ func TestUnpublishedAgeWhileKafkaIsDown(t *testing.T) {
 		return harness.Metric(t, base, "outbox_relay_stream_restarts_total") >= 1
 	})
 	ids := insert(t, e.db.DSN(), "order", 50)
-	harness.WaitFor(t, time.Minute, "the slot poller to see the slot behind", func() bool {
+	harness.WaitFor(t, time.Minute, "the slot watch to see the slot behind", func() bool {
 		return getSlot(t, base).Slot != nil && getSlot(t, base).Slot["lag_bytes"].(float64) > 0
 	})
 	var age float64

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestSlotPollerWarnsOnceWhenWALIsAtRisk(t *testing.T) {
 	var logs bytes.Buffer
 	r := New(DefaultConfig(), zerolog.New(&logs), nil, Hooks{})
-	p := &slotPoller{relay: r}
+	p := &slotWatch{relay: r}
 	safe := int64(-1024)
 	for _, status := range []string{"reserved", "extended", "unreserved", "unreserved", "lost", "lost", "reserved"} {
 		s := status
@@ -61,14 +62,14 @@ func TestSlotPollerWarnsOnceWhenWALIsAtRisk(t *testing.T) {
 func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	p := &slotPoller{relay: r, started: t0}
-	r.status.pollStarted = t0
+	p := &slotWatch{relay: r, started: t0}
+	r.status.watchStarted = t0
 	reading := func(at time.Duration, confirmed, end lsn.LSN) {
 		c := confirmed.String()
 		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))
 	}
 	age := func(at time.Duration) float64 { return r.unpublishedAge(t0.Add(at)) }
-	r.setState(StateBackingOff, nil)
+	r.setState(pipeline.StateBackingOff, nil)
 
 	reading(0, 100, 100) // caught up at t0+0
 	if got := age(3 * time.Second); got != 0 {
@@ -88,7 +89,7 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	if got := age(20 * time.Second); got != 0 {
 		t.Errorf("streaming, nothing in flight: age %v, want 0", got)
 	}
-	r.pauseReading()
+	r.report.pause(true)
 	if got := age(20 * time.Second); got != 15 {
 		t.Errorf("waiting for Kafka: age %v, want 15", got)
 	}

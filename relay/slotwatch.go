@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// PollSlot keeps the slot's gauges current until ctx ends: every `every`
+// WatchSlot keeps the slot's gauges current until ctx ends: every `every`
 // it reads the slot from PostgreSQL and sets outbox_relay_slot_active,
 // _slot_retained_wal_bytes, _slot_lag_bytes and _slot_wal_status, keeps the
 // reading for /slot, counts the quarantine table for
@@ -21,10 +21,10 @@ import (
 // server is about to remove, or removed, WAL the slot needs), and once when
 // it recovers. It works whether this instance streams or is a standby, on
 // connections of its own.
-func (r *Relay) PollSlot(ctx context.Context, every time.Duration) {
-	p := &slotPoller{relay: r, started: time.Now()}
+func (r *Relay) WatchSlot(ctx context.Context, every time.Duration) {
+	p := &slotWatch{relay: r, started: time.Now()}
 	r.mu.Lock()
-	r.status.pollStarted = p.started
+	r.status.watchStarted = p.started
 	r.mu.Unlock()
 	defer p.close()
 	timer := time.NewTimer(0)
@@ -40,8 +40,9 @@ func (r *Relay) PollSlot(ctx context.Context, every time.Duration) {
 	}
 }
 
-// slotPoller is PollSlot's state between polls.
-type slotPoller struct {
+// slotWatch is WatchSlot's state between readings. It was the slot
+// poller: renamed so that it is not taken for poll mode (package poll).
+type slotWatch struct {
 	relay      *Relay
 	admin      *replication.Admin
 	quarantine *store.Quarantine // nil until opened, or when events are never quarantined
@@ -51,7 +52,7 @@ type slotPoller struct {
 
 	// What the slot's position says of the events the relay has not read
 	// (see Relay.unpublishedAge).
-	started  time.Time // when polling began: the oldest a reading can be
+	started  time.Time // when watching began: the oldest a reading can be
 	lastRead time.Time // when the last good reading began
 	marks    []walMark // readings whose WAL end the slot has not confirmed yet, oldest first
 	caughtUp time.Time // the newest reading whose WAL end the slot confirmed
@@ -70,26 +71,26 @@ type walMark struct {
 // was, so the age can only be overstated, never understated.
 const maxWALMarks = 720
 
-func (p *slotPoller) close() {
+func (p *slotWatch) close() {
 	p.closeSlot()
 	p.closeQuarantine()
 }
 
-func (p *slotPoller) closeSlot() {
+func (p *slotWatch) closeSlot() {
 	if p.admin != nil {
 		p.admin.Close(context.Background())
 		p.admin = nil
 	}
 }
 
-func (p *slotPoller) closeQuarantine() {
+func (p *slotWatch) closeQuarantine() {
 	if p.quarantine != nil {
 		p.quarantine.Close()
 		p.quarantine = nil
 	}
 }
 
-func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
+func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	r := p.relay
 	m := r.metrics
 	st := r.Status()
@@ -156,7 +157,7 @@ func (p *slotPoller) poll(ctx context.Context, every time.Duration) {
 
 // read returns the slot's state, connecting first when needed. A failed
 // query drops the connection, so the next poll starts afresh.
-func (p *slotPoller) read(ctx context.Context) (*replication.SlotInfo, bool, error) {
+func (p *slotWatch) read(ctx context.Context) (*replication.SlotInfo, bool, error) {
 	if p.admin == nil {
 		admin, err := replication.Connect(ctx, p.relay.cfg.Replication)
 		if err != nil {
@@ -177,7 +178,7 @@ func (p *slotPoller) read(ctx context.Context) (*replication.SlotInfo, bool, err
 // warnSlotLimits warns once per process about settings that invalidate
 // the slot while the relay is down; a failed read is tried again at the
 // next poll.
-func (p *slotPoller) warnSlotLimits(ctx context.Context) {
+func (p *slotWatch) warnSlotLimits(ctx context.Context) {
 	limits, err := p.admin.SlotLimits(ctx)
 	if err != nil {
 		p.relay.log.Debug().Str("error", pg.RedactError(err.Error(), p.relay.cfg.Replication.DSN)).Msg("cannot read the slot limits")
@@ -192,7 +193,7 @@ func (p *slotPoller) warnSlotLimits(ctx context.Context) {
 // countQuarantined sets the quarantined gauge and status from the table.
 // The session reports its own failure to open the table; here a failure
 // only leaves the last count in place.
-func (p *slotPoller) countQuarantined(ctx context.Context) {
+func (p *slotWatch) countQuarantined(ctx context.Context) {
 	r := p.relay
 	if r.cfg.OnPermanentError != OnPermanentQuarantine {
 		return
@@ -269,7 +270,7 @@ func reconcileCommand(oldest, created time.Time) string {
 }
 
 // noteWALStatus logs when the slot's WAL starts or stops being at risk.
-func (p *slotPoller) noteWALStatus(info *replication.SlotInfo, walStatus string) {
+func (p *slotWatch) noteWALStatus(info *replication.SlotInfo, walStatus string) {
 	r := p.relay
 	atRisk := walStatus == "unreserved" || walStatus == "lost"
 	switch {
@@ -295,7 +296,7 @@ func (p *slotPoller) noteWALStatus(info *replication.SlotInfo, walStatus string)
 
 // notePosition keeps what a good reading of the slot, begun at at, says
 // of the WAL the slot has confirmed.
-func (p *slotPoller) notePosition(info *replication.SlotInfo, at time.Time) {
+func (p *slotWatch) notePosition(info *replication.SlotInfo, at time.Time) {
 	p.lastRead = at
 	confirmed, err := info.Confirmed()
 	if err != nil {

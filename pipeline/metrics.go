@@ -1,0 +1,106 @@
+// Package pipeline runs a source: what the WAL path, the messages source
+// and poll mode share around the sessions that read, publish and confirm
+// events. It holds the restart loop that runs a source's sessions, the one
+// status model (State, Status), the metrics every source exports with one
+// meaning per name, the quarantine-write error, and the admin endpoint.
+// A source adds its own series, its session and its JSON document.
+package pipeline
+
+import (
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outbox-relay/outbox-relay/publisher"
+)
+
+// Metrics are the series every source exports. Each name means the same
+// for every source, so one dashboard and one set of alerts serve them all;
+// a source registers its own series (slot, LSN, poll_*) beside these.
+type Metrics struct {
+	EventsPublished  *prometheus.CounterVec
+	BytesPublished   *prometheus.CounterVec
+	PublishErrors    *prometheus.CounterVec
+	OrderBreaks      *prometheus.CounterVec
+	Restarts         prometheus.Counter
+	Quarantined      prometheus.Gauge
+	RetentionDeleted prometheus.Counter
+	RetentionRuns    prometheus.Counter
+	State            *prometheus.GaugeVec
+
+	mu       sync.Mutex
+	perTopic map[string]topicCounters
+}
+
+type topicCounters struct{ events, bytes prometheus.Counter }
+
+// LatencyBuckets suit every latency histogram of every source:
+// sub-millisecond on an idle system up to minutes behind a Kafka outage.
+var LatencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}
+
+// NewMetrics creates the shared series and registers them, with the Go and
+// process collectors, on reg (nil: create them unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	s := NewSeries(reg)
+	m := &Metrics{
+		EventsPublished:  s.CounterVec("outbox_relay_events_published_total", "Events acknowledged by Kafka, by topic.", "topic"),
+		BytesPublished:   s.CounterVec("outbox_relay_bytes_published_total", "Record bytes acknowledged by Kafka, by topic.", "topic"),
+		PublishErrors:    s.CounterVec("outbox_relay_publish_errors_total", "Records Kafka failed, one per failed attempt, by error class (retriable, producer, permanent).", "class"),
+		OrderBreaks:      s.CounterVec("outbox_relay_order_breaks_total", "Failed records that later records of their partition may have passed in Kafka, so that their re-delivery lands after them (per-aggregate order broken); by the partition's topic and number.", "topic", "partition"),
+		Restarts:         s.Counter("outbox_relay_stream_restarts_total", "Sessions restarted after a failure of PostgreSQL or Kafka (not the waits of a standby); each reads again what was not confirmed."),
+		Quarantined:      s.Gauge("outbox_relay_quarantined_events", "Events in the quarantine table waiting for a replay."),
+		RetentionDeleted: s.Counter("outbox_relay_retention_rows_deleted_total", "Published outbox rows deleted by retention cleanup."),
+		RetentionRuns:    s.Counter("outbox_relay_retention_runs_total", "Retention cleanup passes completed."),
+		State:            s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
+		perTopic:         make(map[string]topicCounters),
+	}
+	if reg != nil {
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m.SetState(StateStarting)
+	// Every error class exists from the start, at 0, so rate() and
+	// dashboards see a series before the first error.
+	for _, class := range []publisher.Class{publisher.ClassRetriable, publisher.ClassProducer, publisher.ClassPermanent} {
+		m.PublishErrors.WithLabelValues(string(class))
+	}
+	return m
+}
+
+// SetState makes state the one outbox_relay_state series at 1. Every
+// state of every source is exported, so a query never misses a series.
+func (m *Metrics) SetState(state State) {
+	for _, s := range States {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.State.WithLabelValues(string(s)).Set(v)
+	}
+}
+
+// Acked counts a record Kafka acknowledged. The per-topic counters are
+// kept, so an ack does not look up its label values again.
+func (m *Metrics) Acked(d publisher.Delivery) {
+	m.mu.Lock()
+	c, ok := m.perTopic[d.Topic]
+	if !ok {
+		c = topicCounters{m.EventsPublished.WithLabelValues(d.Topic), m.BytesPublished.WithLabelValues(d.Topic)}
+		m.perTopic[d.Topic] = c
+	}
+	m.mu.Unlock()
+	c.events.Inc()
+	c.bytes.Add(float64(d.Bytes))
+}
+
+// Failed counts a record Kafka failed.
+func (m *Metrics) Failed(class publisher.Class) {
+	m.PublishErrors.WithLabelValues(string(class)).Inc()
+}
+
+// OrderBroke counts a failed record that later ones of its partition may
+// have passed.
+func (m *Metrics) OrderBroke(topic string, partition int32) {
+	m.OrderBreaks.WithLabelValues(topic, strconv.Itoa(int(partition))).Inc()
+}

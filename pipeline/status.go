@@ -1,0 +1,77 @@
+package pipeline
+
+import (
+	"errors"
+	"time"
+)
+
+// State names what a source is doing. All sources share the one set, so
+// outbox_relay_state has one label set and /readyz one rule.
+type State string
+
+// The states shown by the admin endpoint and outbox_relay_state.
+const (
+	StateStarting   State = "starting"
+	StateConnecting State = "connecting"
+	// StateStreaming is the running state of the WAL path and the
+	// messages source.
+	StateStreaming State = "streaming"
+	// StatePolling is poll mode's running state.
+	StatePolling        State = "polling"
+	StateWaitingForSlot State = "waiting-for-slot"
+	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
+	// cannot serve the relay's slot until it is promoted.
+	StateWaitingForPromotion State = "waiting-for-promotion"
+	StateBackingOff          State = "backing-off"
+	StateDraining            State = "draining"
+	StateStopped             State = "stopped"
+	StateFailed              State = "failed"
+)
+
+// States are every source's states.
+var States = []State{StateStarting, StateConnecting, StateStreaming, StatePolling, StateWaitingForSlot,
+	StateWaitingForPromotion, StateBackingOff, StateDraining, StateStopped, StateFailed}
+
+// Status is what every source says of its state; a source's own document
+// embeds it.
+type Status struct {
+	State State `json:"state"`
+	// LastError is the most recent error, kept after recovery.
+	LastError string    `json:"last_error"`
+	Since     time.Time `json:"state_since"`
+}
+
+// Set moves to state at now; a non-nil err becomes LastError.
+func (s *Status) Set(state State, err error, now time.Time) {
+	if s.State != state {
+		s.Since = now
+	}
+	s.State = state
+	if err != nil {
+		s.LastError = err.Error()
+	}
+}
+
+// NotReady is /readyz's reason for a state that is not the running one.
+func (s Status) NotReady() string {
+	reason := string(s.State)
+	if s.LastError != "" {
+		reason += ": " + s.LastError
+	}
+	return reason
+}
+
+// ErrQuarantineWrite marks a failed write to the quarantine table. Retrying
+// would fail the same way on the same event and hold it back for ever, so
+// the source stops and says what to fix.
+var ErrQuarantineWrite = errors.New("could not write to the quarantine table")
+
+// Hooks let the process around a source react to its progress (systemd
+// readiness and watchdog). Each may be nil.
+type Hooks struct {
+	// Running is called each time a session reaches the running state.
+	Running func()
+	// Alive is called while the source's loops turn: at least once per
+	// status or poll interval while it runs.
+	Alive func()
+}
