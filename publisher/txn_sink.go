@@ -194,8 +194,9 @@ const (
 	settleAfter            // sent: its own answer is awaited
 )
 
-// owner is the state of the sink's goroutine; nothing else touches it.
-type owner struct {
+// txnLoop is the state of the sink's goroutine, which begins, fills and
+// commits the Kafka transactions; nothing else touches it.
+type txnLoop struct {
 	*TxnSink
 	successes <-chan *sarama.ProducerMessage
 	errs      <-chan *sarama.ProducerError
@@ -262,7 +263,7 @@ type owner struct {
 }
 
 func (s *TxnSink) run() {
-	o := &owner{
+	o := &txnLoop{
 		TxnSink: s, successes: s.producer.Successes(), errs: s.producer.Errors(),
 		timer: time.NewTimer(time.Hour), result: make(chan error, 1),
 	}
@@ -282,7 +283,7 @@ func (s *TxnSink) run() {
 
 // loop serves until Input is closed and the transaction under way ended, or
 // the close deadline passed.
-func (o *owner) loop() {
+func (o *txnLoop) loop() {
 	stop := o.stop
 	for {
 		if o.closed && o.phase == idle && len(o.pending) == 0 {
@@ -345,7 +346,7 @@ func (o *owner) loop() {
 // straight to the producer while it has room: one pass of the full select
 // per record, and then one per ack, cost a third of the sink's CPU per
 // event while catching up.
-func (o *owner) takeMore() {
+func (o *txnLoop) takeMore() {
 	for {
 		if o.next != nil && o.isolate != settleBefore {
 			select {
@@ -373,7 +374,7 @@ func (o *owner) takeMore() {
 }
 
 // ack takes the broker's acknowledgement of one message.
-func (o *owner) ack(msg *sarama.ProducerMessage) {
+func (o *txnLoop) ack(msg *sarama.ProducerMessage) {
 	o.answered++
 	r, ok := msg.Metadata.(*Record)
 	if !ok || int(r.pos) >= len(o.batch) || o.batch[r.pos] != r {
@@ -391,7 +392,7 @@ type ackedRecord struct {
 }
 
 // takeAcks takes the acks already waiting.
-func (o *owner) takeAcks() {
+func (o *txnLoop) takeAcks() {
 	for {
 		select {
 		case msg := <-o.successes:
@@ -405,7 +406,7 @@ func (o *owner) takeAcks() {
 // canTake says whether the next item may be taken now: not while a record
 // waits for the producer, a suspect's neighbours are answered, or the
 // transaction ends; a spent sink takes every item, to report it failed.
-func (o *owner) canTake() bool {
+func (o *txnLoop) canTake() bool {
 	if o.closed {
 		return false
 	}
@@ -415,7 +416,7 @@ func (o *owner) canTake() bool {
 	return o.phase <= open && o.next == nil && o.isolate == notIsolating && len(o.failures) == 0
 }
 
-func (o *owner) take(it Item) {
+func (o *txnLoop) take(it Item) {
 	o.taken++
 	switch {
 	case it.Record != nil:
@@ -429,7 +430,7 @@ func (o *owner) take(it Item) {
 	}
 }
 
-func (o *owner) record(r *Record) {
+func (o *txnLoop) record(r *Record) {
 	if o.broken != nil {
 		o.failOne(r, o.broken)
 		return
@@ -462,7 +463,7 @@ func (o *owner) record(r *Record) {
 }
 
 // handed follows a message into the producer.
-func (o *owner) handed() {
+func (o *txnLoop) handed() {
 	o.next, o.nextRec, o.sent = nil, nil, o.sent+1
 	switch {
 	case o.phase == committing:
@@ -474,7 +475,7 @@ func (o *owner) handed() {
 	}
 }
 
-func (o *owner) end(e *SourceEnd) {
+func (o *txnLoop) end(e *SourceEnd) {
 	if o.broken != nil || o.phase != open {
 		return // no records, or spent: nothing to commit
 	}
@@ -489,7 +490,7 @@ func (o *owner) end(e *SourceEnd) {
 	}
 }
 
-func (o *owner) onTimer() {
+func (o *txnLoop) onTimer() {
 	switch o.phase {
 	case open:
 		if now := time.Now(); !o.idleCheck.IsZero() && now.Before(o.deadline) {
@@ -514,7 +515,7 @@ func (o *owner) onTimer() {
 
 // arm sets the timer for the open transaction's deadline, or for giving up
 // on its end.
-func (o *owner) arm() {
+func (o *txnLoop) arm() {
 	var at time.Time
 	switch o.phase {
 	case open:
@@ -544,7 +545,7 @@ func (o *owner) arm() {
 // commit ends the open transaction with its progress record: the record
 // is handed to the producer, then CommitTxn runs. A transaction that holds
 // a failure aborts instead.
-func (o *owner) commit() {
+func (o *txnLoop) commit() {
 	if o.phase != open {
 		return
 	}
@@ -573,7 +574,7 @@ func (o *owner) commit() {
 
 // abort aborts the open transaction; cause is what failed, when not a
 // record.
-func (o *owner) abort(cause error) {
+func (o *txnLoop) abort(cause error) {
 	o.phase, o.returned, o.cause, o.endBy = aborting, false, cause, o.endDeadline()
 	o.next, o.nextRec = nil, nil
 	o.call(o.producer.AbortTxn)
@@ -588,7 +589,7 @@ func (o *owner) abort(cause error) {
 // commit already reached it, and then only the progress record, committed
 // with it, tells; so the sink gives up and the caller re-streams from that
 // record either way.
-func (o *owner) endDeadline() time.Time {
+func (o *txnLoop) endDeadline() time.Time {
 	by := time.Now().Add(o.cfg.Timeout)
 	if o.stopping && o.closeBy.Before(by) {
 		return o.closeBy
@@ -598,14 +599,14 @@ func (o *owner) endDeadline() time.Time {
 
 // call runs a blocking producer call on a goroutine of its own; its
 // result comes back on o.result.
-func (o *owner) call(fn func() error) {
+func (o *txnLoop) call(fn func() error) {
 	o.calling = true
 	go func() { o.result <- fn() }()
 }
 
 // progress moves the transaction on after an answer from the producer or
 // the end of a call.
-func (o *owner) progress() {
+func (o *txnLoop) progress() {
 	settled := o.answered >= o.sent
 	switch o.phase {
 	case open:
@@ -652,7 +653,7 @@ func (o *owner) progress() {
 	}
 }
 
-func (o *owner) committed() {
+func (o *txnLoop) committed() {
 	now := time.Now()
 	o.commitCost = (3*o.commitCost + now.Sub(o.commitStart)) / 4
 	o.committedOnce = true
@@ -675,7 +676,7 @@ func (o *owner) committed() {
 
 // aborted reports every record of the aborted transaction failed and
 // leaves the sink spent.
-func (o *owner) aborted(gaveUp bool) {
+func (o *txnLoop) aborted(gaveUp bool) {
 	cause := o.cause
 	if cause == nil && len(o.failures) > 0 {
 		cause = o.failures[0].err
@@ -707,7 +708,7 @@ func (o *owner) aborted(gaveUp bool) {
 // giveUp ends waiting for a commit or an abort that Kafka does not answer:
 // every record of the transaction is reported failed, the sink is spent,
 // and the call keeps running until the producer closes.
-func (o *owner) giveUp(why error) {
+func (o *txnLoop) giveUp(why error) {
 	if o.phase == idle {
 		return
 	}
@@ -722,7 +723,7 @@ func (o *owner) giveUp(why error) {
 // finishOnClose ends the transaction open when Input closes: one of whole
 // source transactions commits, one holding part of a source transaction
 // aborts.
-func (o *owner) finishOnClose() {
+func (o *txnLoop) finishOnClose() {
 	if o.phase != open || o.broken != nil {
 		return
 	}
@@ -735,7 +736,7 @@ func (o *owner) finishOnClose() {
 
 // spend marks the sink unusable with err, in the form every later record
 // is failed with.
-func (o *owner) spend(err error) {
+func (o *txnLoop) spend(err error) {
 	if o.broken != nil {
 		return
 	}
@@ -748,7 +749,7 @@ func (o *owner) spend(err error) {
 }
 
 // failAll reports every record of the transaction failed.
-func (o *owner) failAll(class Class) {
+func (o *txnLoop) failAll(class Class) {
 	for i, r := range o.batch {
 		if r != nil {
 			o.failOneAs(r, o.broken, class)
@@ -763,7 +764,7 @@ func (o *owner) failAll(class Class) {
 }
 
 // eventIDs yields the event ids of the transaction's records.
-func (o *owner) eventIDs(yield func(string) bool) {
+func (o *txnLoop) eventIDs(yield func(string) bool) {
 	for i, r := range o.batch {
 		id := o.acked[i].eventID
 		if r != nil {
@@ -775,7 +776,7 @@ func (o *owner) eventIDs(yield func(string) bool) {
 	}
 }
 
-func (o *owner) failOne(r *Record, err error) {
+func (o *txnLoop) failOne(r *Record, err error) {
 	class := ClassRetriable
 	if errors.Is(err, ErrFenced) {
 		class = ClassFenced
@@ -783,16 +784,16 @@ func (o *owner) failOne(r *Record, err error) {
 	o.failOneAs(r, err, class)
 }
 
-func (o *owner) failOneAs(r *Record, err error, class Class) {
+func (o *txnLoop) failOneAs(r *Record, err error, class Class) {
 	d := failedDelivery(r)
 	// No partition: read_committed readers never see an aborted record,
 	// so its re-delivery cannot land out of order.
 	o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
 }
 
-func (o *owner) report(out Outcome) { o.pending = append(o.pending, out) }
+func (o *txnLoop) report(out Outcome) { o.pending = append(o.pending, out) }
 
-func (o *owner) reset() {
+func (o *txnLoop) reset() {
 	if o.broken != nil || o.complete == len(o.batch) {
 		o.split = false
 	}
