@@ -120,30 +120,21 @@ func (br *broker) createTopic(name string, partitions int) error {
 // offsets (records are acknowledged once appended; the replication factor
 // is 1).
 func (br *broker) acked(ctx context.Context, topic string) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	offs, err := br.adm.ListEndOffsets(ctx, topic)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	var ferr error
-	offs.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			ferr = o.Err
-		}
-		n += o.Offset
-	})
-	return n, ferr
+	return sumListed(ctx, br.adm.ListEndOffsets, topic)
 }
 
 // committed returns the number of records of the topic a read_committed
 // reader may see: the sum of its last stable offsets. Records of an open
 // Kafka transaction lie beyond it.
 func (br *broker) committed(ctx context.Context, topic string) (int64, error) {
+	return sumListed(ctx, br.adm.ListCommittedOffsets, topic)
+}
+
+// sumListed sums the offsets list gives for the topic's partitions.
+func sumListed(ctx context.Context, list func(context.Context, ...string) (kadm.ListedOffsets, error), topic string) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	offs, err := br.adm.ListCommittedOffsets(ctx, topic)
+	offs, err := list(ctx, topic)
 	if err != nil {
 		return 0, err
 	}
