@@ -373,6 +373,12 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 		return run, err
 	}
 	defer conn.Close(context.Background())
+	// The slot's position before the relay starts: read after, a small
+	// backlog may be confirmed already, and its first confirm never seen.
+	before, err := readSlot(ctx, conn, slot)
+	if err != nil {
+		return run, err
+	}
 	t0, busy := time.Now(), startBusy()
 	p, err := b.startRelay(dsn, slot, br, topic, v, filepath.Join(logDir, slot+".log"))
 	if err != nil {
@@ -380,7 +386,7 @@ func (b *bench) drainRelay(ctx context.Context, dsn, slot string, br *broker, to
 	}
 	defer p.stop()
 	pid := p.cmd.Process.Pid
-	firsts := b.watchFirsts(ctx, dsn, slot, br, topic)
+	firsts := b.watchFirsts(ctx, dsn, slot, br, topic, before.confirmed)
 	defer firsts.stop()
 
 	var ws walsenderWatch
@@ -464,7 +470,7 @@ type firstsWatch struct {
 	visible time.Time
 }
 
-func (b *bench) watchFirsts(ctx context.Context, dsn, slot string, br *broker, topic string) *firstsWatch {
+func (b *bench) watchFirsts(ctx context.Context, dsn, slot string, br *broker, topic string, start lsn.LSN) *firstsWatch {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &firstsWatch{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -474,10 +480,6 @@ func (b *bench) watchFirsts(ctx context.Context, dsn, slot string, br *broker, t
 			return
 		}
 		defer conn.Close(context.Background())
-		var start lsn.LSN
-		if st, err := readSlot(ctx, conn, slot); err == nil {
-			start = st.confirmed
-		}
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for w.confirm.IsZero() || w.visible.IsZero() {
