@@ -67,11 +67,9 @@ func (Debezium) Build(ev *Event, r *Record) error {
 // Store implements Shape. The header columns' values go into the stored
 // headers, with the row's own headers if the layout reads them.
 func (Debezium) Store(ev *Event) Stored {
-	return Stored{
-		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
-		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
-		PayloadNull: ev.Payload == nil, Headers: debeziumHeaders(ev), OccurredAt: string(ev.OccurredAt),
-	}
+	s := Relay{}.Store(ev)
+	s.PayloadNull, s.Headers = ev.Payload == nil, debeziumHeaders(ev)
+	return s
 }
 
 // debeziumHeaders keeps the header columns of an event in the router's
