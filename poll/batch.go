@@ -12,10 +12,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// worker runs one session's claim, publish and mark cycles.
+// worker runs one session's claims, publishes and marks. Its claims use
+// one connection and its marks another, so that a mark never waits for a
+// claim (see flow).
 type worker struct {
 	p          *Poller
-	q          *queries
+	claims     *queries
+	marks      *queries
 	pub        *publisher.Publisher
 	quarantine *store.Quarantine
 }
@@ -31,45 +34,31 @@ type result struct {
 // still records the acks it got.
 const markTimeout = 10 * time.Second
 
-// cycle claims one batch, publishes it with no lock held, and marks each
-// row. It reports whether the batch was full, i.e. more may be waiting.
-func (w *worker) cycle(ctx context.Context) (full bool, err error) {
-	cfg := w.p.cfg
-	rows, err := w.q.claimBatch(ctx, cfg.Batch, cfg.Lease)
+// claim leases the next batch.
+func (w *worker) claim(ctx context.Context) ([]claimed, error) {
+	rows, err := w.claims.claimBatch(ctx, w.p.cfg.Batch, w.p.cfg.Lease)
 	now := time.Now()
 	w.p.update(func(s *Status) { s.LastClaimAt = &now })
 	if err != nil {
-		return false, err
+		return nil, err
 	}
 	w.p.metrics.observeClaim(len(rows))
-	if len(rows) == 0 {
-		return false, nil
-	}
-	results, err := w.publish(ctx, rows)
-	if err != nil {
-		// Nothing of the batch was sent (publish builds every record
-		// before it sends one): give the rows back at once, without
-		// counting an attempt, rather than leave them leased until this
-		// poller's next session or the lease's end.
-		releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		defer cancel()
-		seqs := make([]int64, len(rows))
-		for i := range rows {
-			seqs[i] = rows[i].seq
-		}
-		if rerr := w.q.release(releaseCtx, seqs); rerr != nil {
-			w.p.log.Warn().Str("error", rerr.Error()).Int("rows", len(seqs)).Msg("could not give back an unsent batch; its rows wait for this poller's next session or their lease's end")
-		}
-		return false, err
-	}
-	// The marks are written even when ctx ended meanwhile: they record
-	// acks Kafka gave, and save their re-delivery.
-	markCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	return rows, nil
+}
+
+// giveBack releases claimed rows that were never sent, without counting
+// an attempt, rather than leave them leased until this poller's next
+// session or the lease's end. It runs after a stop too.
+func (w *worker) giveBack(ctx context.Context, q *queries, rows []claimed) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
-	if err := w.mark(markCtx, rows, results); err != nil {
-		return false, err
+	seqs := make([]int64, len(rows))
+	for i := range rows {
+		seqs[i] = rows[i].seq
 	}
-	return len(rows) == cfg.Batch, nil
+	if err := q.release(ctx, seqs); err != nil {
+		w.p.log.Warn().Str("error", err.Error()).Int("rows", len(seqs)).Msg("could not give back an unsent batch; its rows wait for this poller's next session or their lease's end")
+	}
 }
 
 // publish sends the batch's records in claim order and collects every
@@ -219,16 +208,16 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 				class: string(class), msg: res.err.Error()})
 		}
 	}
-	if err := w.q.markPublished(ctx, published); err != nil {
+	if err := w.marks.markPublished(ctx, published); err != nil {
 		return err
 	}
-	if err := w.q.forgetGone(ctx, gone); err != nil {
+	if err := w.marks.forgetGone(ctx, gone); err != nil {
 		return err
 	}
-	if err := w.q.markFailed(ctx, failures); err != nil {
+	if err := w.marks.markFailed(ctx, failures); err != nil {
 		return err
 	}
-	if err := w.q.release(ctx, released); err != nil {
+	if err := w.marks.release(ctx, released); err != nil {
 		return err
 	}
 	if failed > 0 {
@@ -258,7 +247,7 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.
 	if err := w.quarantine.Put(ctx, q); err != nil {
 		return fmt.Errorf("%w: %w", pipeline.ErrQuarantineWrite, err)
 	}
-	if err := w.q.markQuarantined(ctx, r.seq, string(perr.Class), perr.Error()); err != nil {
+	if err := w.marks.markQuarantined(ctx, r.seq, string(perr.Class), perr.Error()); err != nil {
 		return err
 	}
 	w.p.metrics.QuarantinedTotal.Inc()

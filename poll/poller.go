@@ -140,6 +140,9 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		return false, err
 	}
 	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, claimPlannerSettings); err != nil {
+		return false, fmt.Errorf("set the claiming session's planner settings: %w", err)
+	}
 	q, err := newQueries(ctx, conn, p.t, p.cfg.Postgres.OutboxLayout(), p.cfg.WorkerID, p.cfg.SessionCheck)
 	if err != nil {
 		return false, err
@@ -203,14 +206,32 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		stopHousekeeping()
 		<-housekeeping
 	}()
-	w := &worker{p: p, q: q, pub: pub, quarantine: quarantine}
+	marks, err := p.dial(ctx)
+	if err != nil {
+		return true, err
+	}
+	defer marks.Close(context.Background())
+	w := &worker{p: p, claims: q, marks: p.queriesOn(marks), pub: pub, quarantine: quarantine}
+	f := w.startFlow(ctx)
+	defer f.stop()
 	interval := time.NewTimer(p.cfg.Interval)
 	defer interval.Stop()
 	for {
 		p.hooks.Alive()
-		claimed := time.Now()
-		full, err := w.cycle(ctx)
+		claimedAt := time.Now()
+		// A claim made while a batch is in flight skips the rows behind
+		// that batch's; they may be claimable once it is marked.
+		overlapped := f.inFlight > 0
+		rows, err := w.claim(ctx)
 		if err != nil || ctx.Err() != nil {
+			return true, err
+		}
+		if len(rows) > 0 {
+			if err := f.send(ctx, rows); err != nil || ctx.Err() != nil {
+				return true, err
+			}
+		}
+		if err := f.failure(); err != nil {
 			return true, err
 		}
 		select {
@@ -218,8 +239,14 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 			return true, err
 		default:
 		}
-		if full {
+		if len(rows) == p.cfg.Batch {
 			continue // a backlog: claim again at once
+		}
+		if err := f.settle(ctx, houseErr); err != nil || ctx.Err() != nil {
+			return true, err
+		}
+		if overlapped {
+			continue
 		}
 		if !interval.Stop() {
 			select {
@@ -232,7 +259,7 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		case <-ctx.Done():
 			return true, nil
 		case <-wake:
-			if err := p.gather(ctx, claimed); err != nil {
+			if err := p.gather(ctx, claimedAt); err != nil {
 				return true, nil
 			}
 		case <-interval.C:
@@ -244,8 +271,14 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	}
 }
 
-// dial opens a connection with the planner settings the poller's
-// statements are measured with. The claim is one prepared statement whose
+// queriesOn returns the statements of a connection that claims nothing:
+// marks, statistics and retention.
+func (p *Poller) queriesOn(conn *pgx.Conn) *queries {
+	return &queries{conn: conn, t: p.t, layout: p.cfg.Postgres.OutboxLayout(), workerID: p.cfg.WorkerID}
+}
+
+// plannerSettings are those the poller's statements are measured with.
+// The claim is one prepared statement whose
 // plan does not depend on its parameters; planning it anew for every claim
 // cost more than running it (measured: 3 ms of planning for a 500-row
 // claim). The unpublished rows the claim and the statistics read are in
@@ -254,12 +287,26 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 // with a large backlog the claim's estimated cost passes jit_above_cost:
 // compiling it took 795 ms of each 880 ms claim at 780,000 pending rows,
 // for a plan that runs in 30 ms.
+const plannerSettings = "SET plan_cache_mode = force_generic_plan; SET random_page_cost = 1.1; SET jit = off"
+
+// claimPlannerSettings are the claiming connection's own. The claim must
+// read the pending rows in order and stop at its batch; the one other plan
+// is to read every pending row through the aggregates' index and sort
+// them, which the planner prefers whenever the table's statistics were
+// taken while little was pending, the outbox's usual state. Its generic
+// plan then keeps it until the next ANALYZE: measured, 1.7 s per claim of
+// 500 rows on a 300,000-row backlog, against 14 ms. Without sorts there is
+// no such plan (the final sort of the claimed rows has no alternative,
+// so it stays).
+const claimPlannerSettings = "SET enable_sort = off"
+
+// dial opens a connection with plannerSettings.
 func (p *Poller) dial(ctx context.Context) (*pgx.Conn, error) {
 	conn, err := pg.Dial(ctx, p.cfg.Postgres)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan; SET random_page_cost = 1.1; SET jit = off"); err != nil {
+	if _, err := conn.Exec(ctx, plannerSettings); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("set the session's planner settings: %w", err)
 	}
@@ -276,7 +323,7 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan 
 	if err != nil {
 		return nil, err
 	}
-	q := &queries{conn: conn, t: p.t, layout: p.cfg.Postgres.OutboxLayout(), workerID: p.cfg.WorkerID}
+	q := p.queriesOn(conn)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
