@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,10 +30,12 @@ type PollResult struct {
 // PollRun is one source in one phase: a steady commit rate or catch-up.
 type PollRun struct {
 	Source string `json:"source"` // wal or poll
-	Broker string `json:"broker"`
-	Phase  string `json:"phase"` // "500/s", "2000/s", "catch-up"
-	Rep    int    `json:"rep"`
-	Events int    `json:"events"`
+	// Variant is the relay variant's name (--variant), empty for the default.
+	Variant string `json:"variant,omitempty"`
+	Broker  string `json:"broker"`
+	Phase   string `json:"phase"` // "500/s", "2000/s", "catch-up"
+	Rep     int    `json:"rep"`
+	Events  int    `json:"events"`
 	// Seconds runs from the first measured commit (catch-up: the relay's
 	// start) until the independent consumer held the last record.
 	Seconds      float64 `json:"seconds"`
@@ -57,9 +60,10 @@ type PollRun struct {
 
 // PollSize is what a source's tables take once every event is published.
 type PollSize struct {
-	Source string `json:"source"`
-	Broker string `json:"broker"`
-	Events int64  `json:"events"`
+	Source  string `json:"source"`
+	Variant string `json:"variant,omitempty"`
+	Broker  string `json:"broker"`
+	Events  int64  `json:"events"`
 	// Outbox and its indexes; State and its indexes (poll mode only).
 	OutboxBytes      int64 `json:"outbox_bytes"`
 	OutboxIndexBytes int64 `json:"outbox_index_bytes"`
@@ -73,6 +77,7 @@ type PollSize struct {
 // PollIdle is what a source costs while nothing is written.
 type PollIdle struct {
 	Source          string  `json:"source"`
+	Variant         string  `json:"variant,omitempty"`
 	Broker          string  `json:"broker"`
 	Seconds         float64 `json:"seconds"`
 	RelayCPUMsPerS  float64 `json:"relay_cpu_ms_per_s"`
@@ -129,17 +134,24 @@ func (b *bench) compareSources(ctx context.Context, part string, sources []strin
 	}
 	for _, br := range b.brokers {
 		for rep := 1; rep <= b.o.repeat; rep++ {
-			order := append([]string(nil), sources...)
-			if rep%2 == 0 {
-				order[0], order[1] = order[1], order[0]
+			// Every source with every variant, in this order and reversed
+			// on even repetitions.
+			var order []pollContender
+			for _, source := range sources {
+				for vi := range b.o.variants {
+					order = append(order, pollContender{source: source, variant: vi})
+				}
 			}
-			for _, source := range order {
+			if rep%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, c := range order {
 				if err := ctx.Err(); err != nil {
 					return res, err
 				}
-				m := &pollMeasure{b: b, pg: pg, br: br, part: part, source: source, rep: rep, logDir: logDir}
+				m := &pollMeasure{b: b, pg: pg, br: br, part: part, source: c.source, variantIndex: c.variant, variant: b.o.variants[c.variant], rep: rep, logDir: logDir}
 				if err := m.run(ctx, rates, res); err != nil {
-					return res, fmt.Errorf("%s on %s: %w", source, br.name, err)
+					return res, fmt.Errorf("%s%s on %s: %w", c.source, vsuffix(m.variant.name), br.name, err)
 				}
 			}
 		}
@@ -147,16 +159,68 @@ func (b *bench) compareSources(ctx context.Context, part string, sources []strin
 	return res, nil
 }
 
+// pollTargets adds poll mode's catch-up targets: at least half the WAL
+// path's rate in the same repetition, and at most 40 µs of PostgreSQL CPU
+// per event.
+func (r *Results) pollTargets() {
+	if r.Poll == nil {
+		return
+	}
+	catchUp := func(source, variant, broker string, rep int) *PollRun {
+		for i := range r.Poll.Runs {
+			run := &r.Poll.Runs[i]
+			if run.Source == source && run.Variant == variant && run.Broker == broker && run.Rep == rep && run.Phase == "catch-up" {
+				return run
+			}
+		}
+		return nil
+	}
+	var variants []string
+	for _, run := range r.Poll.Runs {
+		if !slices.Contains(variants, run.Variant) {
+			variants = append(variants, run.Variant)
+		}
+	}
+	for _, br := range r.Brokers {
+		for _, v := range variants {
+			var ratios, pgCPU []float64
+			var rates []string
+			for rep := 1; rep <= r.Repeat; rep++ {
+				wal, poll := catchUp("wal", v, br, rep), catchUp("poll", v, br, rep)
+				if poll != nil {
+					pgCPU = append(pgCPU, poll.PostgresCPUUsPerEvent)
+				}
+				if wal != nil && poll != nil && wal.EventsPerSec > 0 {
+					ratios = append(ratios, poll.EventsPerSec/wal.EventsPerSec)
+					rates = append(rates, fmt.Sprintf("%.0f / %.0f", poll.EventsPerSec, wal.EventsPerSec))
+				}
+			}
+			r.target("poll mode catch-up ÷ the WAL path's, "+br+vsuffix(v), "≥ 0.5", "", ratios,
+				func(v float64) bool { return v >= 0.5 }, "events/s poll / WAL: "+strings.Join(rates, ", "))
+			r.target("PostgreSQL CPU per event, poll mode catching up, "+br+vsuffix(v), "≤ 40 µs", "µs", pgCPU,
+				func(v float64) bool { return v <= 40 }, "every PostgreSQL process, autovacuum included")
+		}
+	}
+}
+
+// pollContender is a source with a relay variant, by its index.
+type pollContender struct {
+	source  string
+	variant int
+}
+
 // pollMeasure is one source's pass on one broker: the steady rates, the
 // catch-up, the sizes and the idle period.
 type pollMeasure struct {
-	b      *bench
-	pg     *harness.Postgres
-	br     *broker
-	part   string // the bench part, for names and log lines
-	source string
-	rep    int
-	logDir string
+	b            *bench
+	pg           *harness.Postgres
+	br           *broker
+	part         string // the bench part, for names and log lines
+	source       string
+	variant      variant
+	variantIndex int
+	rep          int
+	logDir       string
 
 	dsn   string
 	topic string
@@ -168,12 +232,12 @@ type pollMeasure struct {
 }
 
 func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) error {
-	name := fmt.Sprintf("bench_%s_%s_%s_%d", m.part, m.source, m.br.name, m.rep)
+	name := fmt.Sprintf("bench_%s_%s_%d_%s_%d", m.part, m.source, m.variantIndex, m.br.name, m.rep)
 	if err := m.createDB(ctx, name); err != nil {
 		return err
 	}
 	defer dropDatabase(m.pg, name)
-	m.topic = fmt.Sprintf("bench.%s.%s.%s.%d.%d", m.part, m.source, m.br.name, m.rep, time.Now().Unix())
+	m.topic = fmt.Sprintf("bench.%s.%s.%d.%s.%d.%d", m.part, m.source, m.variantIndex, m.br.name, m.rep, time.Now().Unix())
 	if err := m.br.createTopic(m.topic, m.b.o.partitions); err != nil {
 		return err
 	}
@@ -197,7 +261,7 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 			return fmt.Errorf("%d/s: %w", rate, err)
 		}
 		m.b.logf("%s part: %s on %s, %s: %.0f events/s, p50 %.1f ms, p99 %.1f ms, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event",
-			m.part, run.Source, run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
+			m.part, run.Source+vsuffix(run.Variant), run.Broker, run.Phase, run.EventsPerSec, run.P50Ms, run.P99Ms, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent)
 		res.Runs = append(res.Runs, run)
 	}
 	if err := ctx.Err(); err != nil {
@@ -208,7 +272,7 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 		return fmt.Errorf("catch-up: %w", err)
 	}
 	m.b.logf("%s part: %s on %s, catch-up of %d: %.0f events/s, relay %.1f µs/event, postgres %.1f µs/event, WAL %.0f B/event (+%.0f writing)",
-		m.part, run.Source, run.Broker, run.Events, run.EventsPerSec, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent, run.FillWALBytesPerEvent)
+		m.part, run.Source+vsuffix(run.Variant), run.Broker, run.Events, run.EventsPerSec, run.RelayCPUUsPerEvent, run.PostgresCPUUsPerEvent, run.WALBytesPerEvent, run.FillWALBytesPerEvent)
 	res.Runs = append(res.Runs, run)
 	size, err := m.sizes(ctx)
 	if err != nil {
@@ -220,7 +284,7 @@ func (m *pollMeasure) run(ctx context.Context, rates []int, res *PollResult) err
 		return err
 	}
 	m.b.logf("%s part: %s on %s idle for %.0f s: relay %.2f ms CPU/s, postgres %.2f ms CPU/s, %.0f WAL B/s, %.2f statements/s",
-		m.part, idle.Source, idle.Broker, idle.Seconds, idle.RelayCPUMsPerS, idle.PostgresCPUMsPS, idle.WALBytesPerS, idle.StatementsPerS)
+		m.part, idle.Source+vsuffix(idle.Variant), idle.Broker, idle.Seconds, idle.RelayCPUMsPerS, idle.PostgresCPUMsPS, idle.WALBytesPerS, idle.StatementsPerS)
 	res.Idle = append(res.Idle, idle)
 	return nil
 }
@@ -265,7 +329,7 @@ func (m *pollMeasure) start() error {
 	if m.source != "wal" {
 		extra = append(extra, "--source", m.source)
 	}
-	p, err := m.b.startRelay(m.dsn, "bench_poll", m.br, m.topic, variant{}, filepath.Join(m.logDir, fmt.Sprintf("%s-%s-%d.log", m.source, m.br.name, m.rep)), extra...)
+	p, err := m.b.startRelay(m.dsn, "bench_poll", m.br, m.topic, m.variant, filepath.Join(m.logDir, fmt.Sprintf("%s-%d-%s-%d.log", m.source, m.variantIndex, m.br.name, m.rep)), extra...)
 	if err != nil {
 		return err
 	}
@@ -314,7 +378,7 @@ func (m *pollMeasure) finish(ctx context.Context, conn *pgx.Conn, s pgSpan, run 
 }
 
 func (m *pollMeasure) steady(ctx context.Context, cons *arrivals, seen *int, rate, pad int) (PollRun, error) {
-	run := PollRun{Source: m.source, Broker: m.br.name, Phase: fmt.Sprintf("%d/s", rate), Rep: m.rep}
+	run := PollRun{Source: m.source, Variant: m.variant.name, Broker: m.br.name, Phase: fmt.Sprintf("%d/s", rate), Rep: m.rep}
 	pool, err := openWriters(ctx, m.dsn, m.b.steadyWriters(rate))
 	if err != nil {
 		return run, err
@@ -365,7 +429,7 @@ func (m *pollMeasure) steady(ctx context.Context, cons *arrivals, seen *int, rat
 
 // catchUp stops the relay, writes a backlog, and measures its drain.
 func (m *pollMeasure) catchUp(ctx context.Context, cons *arrivals, seen *int, pad int) (PollRun, error) {
-	run := PollRun{Source: m.source, Broker: m.br.name, Phase: "catch-up", Rep: m.rep, Events: m.b.o.pollRows}
+	run := PollRun{Source: m.source, Variant: m.variant.name, Broker: m.br.name, Phase: "catch-up", Rep: m.rep, Events: m.b.o.pollRows}
 	m.relay.stop()
 	conn, err := pgx.Connect(ctx, m.dsn)
 	if err != nil {
@@ -401,7 +465,7 @@ func (m *pollMeasure) catchUp(ctx context.Context, cons *arrivals, seen *int, pa
 
 // sizes reads the tables' sizes once every event is published.
 func (m *pollMeasure) sizes(ctx context.Context) (PollSize, error) {
-	s := PollSize{Source: m.source, Broker: m.br.name}
+	s := PollSize{Source: m.source, Variant: m.variant.name, Broker: m.br.name}
 	conn, err := pgx.Connect(ctx, m.dsn)
 	if err != nil {
 		return s, err
@@ -439,7 +503,7 @@ func (m *pollMeasure) sizes(ctx context.Context) (PollSize, error) {
 // idle measures the running relay while nothing is written, after a
 // VACUUM ANALYZE of the database.
 func (m *pollMeasure) idle(ctx context.Context) (PollIdle, error) {
-	idle := PollIdle{Source: m.source, Broker: m.br.name}
+	idle := PollIdle{Source: m.source, Variant: m.variant.name, Broker: m.br.name}
 	conn, err := pgx.Connect(ctx, m.dsn)
 	if err != nil {
 		return idle, err
@@ -560,7 +624,10 @@ func sourcesMarkdown(w func(string, ...any), res *PollResult, title string) {
 		if a.Rep != b.Rep {
 			return a.Rep < b.Rep
 		}
-		return a.Source == "wal" && b.Source != "wal" // wal first
+		if a.Source != b.Source {
+			return a.Source == "wal" // wal first
+		}
+		return a.Variant < b.Variant
 	})
 	for _, x := range runs {
 		wal := fmt.Sprintf("%.0f", x.WALBytesPerEvent)
@@ -577,18 +644,18 @@ func sourcesMarkdown(w func(string, ...any), res *PollResult, title string) {
 		if x.Phase != "catch-up" && !x.RateHeld {
 			held = " (rate not held)"
 		}
-		w("| %s | %s%s | %s | %d | %d | %.0f | %s | %s | %.1f | %.1f | %s | %.0f%% |\n", x.Broker, x.Phase, held, x.Source, x.Rep, x.Events, x.EventsPerSec,
+		w("| %s | %s%s | %s | %d | %d | %.0f | %s | %s | %.1f | %.1f | %s | %.0f%% |\n", x.Broker, x.Phase, held, x.Source+vsuffix(x.Variant), x.Rep, x.Events, x.EventsPerSec,
 			latency(x.P50Ms), latency(x.P99Ms), x.RelayCPUUsPerEvent, x.PostgresCPUUsPerEvent, wal, x.MachineBusyPercent)
 	}
 	w("\nTables once every event is published (outbox, and poll mode's state table beside it; dead tuples in all tables, autovacuum on):\n\n")
 	w("| broker | source | events | outbox MB | outbox indexes MB | state MB | state indexes MB | pending-rows index kB | dead tuples |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range res.Sizes {
-		w("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %d |\n", x.Broker, x.Source, x.Events, mb(x.OutboxBytes), mb(x.OutboxIndexBytes),
+		w("| %s | %s | %d | %.1f | %.1f | %.1f | %.1f | %.0f | %d |\n", x.Broker, x.Source+vsuffix(x.Variant), x.Events, mb(x.OutboxBytes), mb(x.OutboxIndexBytes),
 			mb(x.StateBytes), mb(x.StateIndexBytes), float64(x.PendingIndexBytes)/1024, x.DeadTuples)
 	}
 	w("\nIdle, the relay running and nothing written, after a VACUUM ANALYZE:\n\n| broker | source | seconds | relay CPU ms/s | PostgreSQL CPU ms/s | WAL B/s | transactions/s |\n|---|---|---|---|---|---|---|\n")
 	for _, x := range res.Idle {
-		w("| %s | %s | %.0f | %.2f | %.2f | %.0f | %.2f |\n", x.Broker, x.Source, x.Seconds, x.RelayCPUMsPerS, x.PostgresCPUMsPS, x.WALBytesPerS, x.StatementsPerS)
+		w("| %s | %s | %.0f | %.2f | %.2f | %.0f | %.2f |\n", x.Broker, x.Source+vsuffix(x.Variant), x.Seconds, x.RelayCPUMsPerS, x.PostgresCPUMsPS, x.WALBytesPerS, x.StatementsPerS)
 	}
 }
 

@@ -189,6 +189,7 @@ func (r *Results) evaluate() {
 	r.evaluateSteady()
 	r.evaluateEOS()
 	r.inboxTargets()
+	r.pollTargets()
 	for _, a := range r.Allocs {
 		if a.Name == "single-row-txns" || a.Name == "100-row-txns" {
 			r.target("allocations per event, decode + build ("+a.Name+")", "≤ 4", "", []float64{a.AllocsPerOp},
