@@ -9,10 +9,12 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
@@ -60,23 +62,46 @@ func (c Config) transactionalID(sys replication.System) string {
 	return publisher.TransactionalID(c.Replication.Slot, sys.ID)
 }
 
-// newTxnSink initialises a transactional producer, which fences older ones
+// exactlyOnce is what exactly-once delivery keeps across sessions: the
+// transactional id in use, what every session's producer did, and the
+// events Kafka refused inside a transaction, kept so a re-streamed batch
+// does not meet the same refusal for ever. In at-least-once mode it only
+// names the mode in the status.
+type exactlyOnce struct {
+	cfg      Config
+	log      zerolog.Logger
+	metrics  *txnMetrics
+	progress *progressKeeper // notes the record each committed transaction carried
+	poison   *publisher.PoisonMemory
+
+	committed, aborted, split atomic.Uint64
+
+	mu    sync.Mutex
+	txnID string
+}
+
+func newExactlyOnce(cfg Config, log zerolog.Logger, metrics *txnMetrics, progress *progressKeeper) *exactlyOnce {
+	metrics.mode(cfg.DeliveryMode())
+	return &exactlyOnce{cfg: cfg, log: log, metrics: metrics, progress: progress, poison: publisher.NewPoisonMemory(0)}
+}
+
+// newSink initialises a transactional producer, which fences older ones
 // with the same id.
-func (r *Relay) newTxnSink(pubCfg publisher.Config, sys replication.System) (*publisher.TxnSink, error) {
+func (e *exactlyOnce) newSink(pubCfg publisher.Config, sys replication.System) (*publisher.TxnSink, error) {
 	tcfg := publisher.DefaultTxnConfig()
-	tcfg.TransactionalID = r.cfg.transactionalID(sys)
-	tcfg.Interval = r.cfg.TransactionInterval
+	tcfg.TransactionalID = e.cfg.transactionalID(sys)
+	tcfg.Interval = e.cfg.TransactionInterval
 	// A batch must end before the loop's in-flight limits fill: acks wait
 	// for the commit, and a commit forced at the limit splits the source
 	// transaction under way. Half the limits leaves the other half to the
 	// transaction that crosses the batch's end.
-	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, r.cfg.inFlightEvents()/2))
-	tcfg.BatchBytes = int(max(1, min(int64(tcfg.BatchBytes), r.cfg.MaxInFlightBytes/2)))
-	tcfg.Poison = r.poison
-	r.mu.Lock()
-	r.txnID = tcfg.TransactionalID
-	r.mu.Unlock()
-	return publisher.NewTxnSink(pubCfg, tcfg, r.log)
+	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, e.cfg.inFlightEvents()/2))
+	tcfg.BatchBytes = int(max(1, min(int64(tcfg.BatchBytes), e.cfg.MaxInFlightBytes/2)))
+	tcfg.Poison = e.poison
+	e.mu.Lock()
+	e.txnID = tcfg.TransactionalID
+	e.mu.Unlock()
+	return publisher.NewTxnSink(pubCfg, tcfg, e.log)
 }
 
 // txnProgress is the progress record each Kafka transaction carries for
@@ -108,37 +133,21 @@ func (p txnProgress) encode(end lsn.LSN, commitTime time.Time) []byte {
 	return rec.Marshal()
 }
 
-// sessionProgress is the txnProgress of the session resume just started.
-func (r *Relay) sessionProgress() txnProgress {
-	p := &r.progress
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.store == nil {
-		return txnProgress{}
-	}
-	return txnProgress{topic: p.store.Topic(), key: p.key, timeline: p.timeline, relayVersion: r.cfg.Progress.RelayVersion}.withRecord()
-}
-
-// txnCounters add up what every session's transactional producer did.
-type txnCounters struct {
-	committed, aborted, split atomic.Uint64
-}
-
-// kafkaTxnEnded takes the sink's report of a Kafka transaction's end, on
-// the read loop's goroutine, for the metrics and the status.
-func (r *Relay) kafkaTxnEnded(rep publisher.TxnReport, timeline uint32) {
+// ended takes the sink's report of a Kafka transaction's end, on the
+// read loop's goroutine, for the metrics and the status.
+func (e *exactlyOnce) ended(rep publisher.TxnReport, timeline uint32) {
 	switch {
 	case rep.Split:
-		r.txns.split.Add(1)
-		r.metrics.txn.SplitSourceTxns.Inc()
+		e.split.Add(1)
+		e.metrics.SplitSourceTxns.Inc()
 	case !rep.Committed:
-		r.txns.aborted.Add(1)
-		r.metrics.txn.Transactions.WithLabelValues("aborted").Inc()
+		e.aborted.Add(1)
+		e.metrics.Transactions.WithLabelValues("aborted").Inc()
 	default:
-		r.txns.committed.Add(1)
-		r.metrics.txn.Transactions.WithLabelValues("committed").Inc()
+		e.committed.Add(1)
+		e.metrics.Transactions.WithLabelValues("committed").Inc()
 		if rep.End != 0 { // zero: only part of a split source transaction, no progress record
-			r.progressWritten(progress.Record{LSN: rep.End, Timeline: timeline, CommitTime: rep.CommitTime})
+			e.progress.written(progress.Record{LSN: rep.End, Timeline: timeline, CommitTime: rep.CommitTime})
 		}
 	}
 }
@@ -155,11 +164,14 @@ type DeliveryStatus struct {
 	SplitSourceTxns uint64 `json:"split_source_transactions"`
 }
 
-func (r *Relay) deliveryStatus(txnID string) *DeliveryStatus {
-	d := &DeliveryStatus{Mode: r.cfg.DeliveryMode()}
-	if r.cfg.exactlyOnce() {
-		d.TransactionalID = txnID
-		d.TxnsCommitted, d.TxnsAborted, d.SplitSourceTxns = r.txns.committed.Load(), r.txns.aborted.Load(), r.txns.split.Load()
+// status is the delivery part of Status.
+func (e *exactlyOnce) status() *DeliveryStatus {
+	d := &DeliveryStatus{Mode: e.cfg.DeliveryMode()}
+	if e.cfg.exactlyOnce() {
+		e.mu.Lock()
+		d.TransactionalID = e.txnID
+		e.mu.Unlock()
+		d.TxnsCommitted, d.TxnsAborted, d.SplitSourceTxns = e.committed.Load(), e.aborted.Load(), e.split.Load()
 	}
 	return d
 }

@@ -60,14 +60,14 @@ func TestDeliveryStatusAndMetrics(t *testing.T) {
 	r := New(cfg, zerolog.Nop(), m, Hooks{})
 	r.progress.report.Topic = "outbox-relay.progress"
 	r.progress.timeline = 1
-	r.txnID = "outbox-relay:s@1"
+	r.delivery.txnID = "outbox-relay:s@1"
 
 	// Reports of two sessions' sinks, as their loops take them.
 	commitTime := time.Date(2026, 12, 1, 4, 0, 0, 0, time.UTC)
-	r.kafkaTxnEnded(publisher.TxnReport{Committed: true, End: lsn.LSN(0x100), CommitTime: commitTime}, 1)
-	r.kafkaTxnEnded(publisher.TxnReport{}, 1)
-	r.kafkaTxnEnded(publisher.TxnReport{Split: true}, 1)
-	r.kafkaTxnEnded(publisher.TxnReport{Committed: true}, 1) // the first part of a split transaction
+	r.delivery.ended(publisher.TxnReport{Committed: true, End: lsn.LSN(0x100), CommitTime: commitTime}, 1)
+	r.delivery.ended(publisher.TxnReport{}, 1)
+	r.delivery.ended(publisher.TxnReport{Split: true}, 1)
+	r.delivery.ended(publisher.TxnReport{Committed: true}, 1) // the first part of a split transaction
 
 	d := r.Status().Delivery
 	if d.Mode != DeliveryExactlyOnce || d.TransactionalID != "outbox-relay:s@1" ||

@@ -13,7 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -54,30 +53,26 @@ func (c Config) loop() loopConfig {
 	}
 }
 
-// sessionHost is what the read loop needs of the relay that runs its
-// session, beyond what it publishes itself (readReport): the progress
-// writer's feed, the draining state, and the age of unpublished events as
-// the slot watch sees it; *Relay is the real one. Its calls never block.
-type sessionHost interface {
-	setState(state pipeline.State, err error)
-	offerProgress(confirmed lsn.LSN, commitTime time.Time)
-	kafkaTxnEnded(rep publisher.TxnReport, timeline uint32)
-	progressWritten(rec progress.Record)
-	unpublishedAge(now time.Time) float64
-}
-
 // loopEnv is what a read loop is given to work with, besides the stream
-// and the sink of its session.
+// and the sink of its session. What the loop learns goes out as data: its
+// reading into report, the records Kafka stored to keeper, the Kafka
+// transactions' ends to delivery; it reads back only the slot watch's
+// view of the slot. None of it calls into the relay.
 type loopEnv struct {
 	cfg     loopConfig
 	log     zerolog.Logger
 	metrics *Metrics
-	host    sessionHost
 	// report is where the loop publishes its reading (nil: nowhere), and
 	// alive tells the watchdog the loop turns (nil: none watches).
 	report *readReport
 	alive  func()
-	clock  clock
+	// slot is the slot watch's view of the slot's position, for the age
+	// of unpublished events while the loop reads nothing (nil: none).
+	slot *slotPosition
+	// keeper keeps what the progress records Kafka stored say.
+	keeper   *progressKeeper
+	delivery *exactlyOnce
+	clock    clock
 	// skips remembers, across sessions, which kinds of skipped message
 	// were logged: each is logged once per process, then only counted.
 	skips *skipNotes
@@ -123,9 +118,10 @@ type readLoop struct {
 	// and a flush when the in-flight limits are full.
 	txnSink  bool
 	progress txnProgress
-	// written delivers what the at-least-once progress writer stored; nil
-	// in exactly-once mode, where commits report it.
-	written <-chan progress.Record
+	// feed takes each confirmed position to the at-least-once progress
+	// writer, and brings back what it stored; nil in exactly-once mode,
+	// where commits report it.
+	feed    *progressFeed
 	closing sync.WaitGroup // abandoned sinks being closed
 }
 
@@ -279,8 +275,8 @@ func (s *readLoop) wait(ctx context.Context, item *publisher.Item, ready <-chan 
 		s.outcome(o)
 	case res := <-stored:
 		s.stored(res)
-	case rec := <-s.written:
-		s.host.progressWritten(rec)
+	case rec := <-s.feed.stored():
+		s.keeper.written(rec)
 	case <-ready:
 	case <-s.timer.C():
 	case <-stop:
@@ -307,8 +303,8 @@ func (s *readLoop) takeOutcomes() error {
 			s.outcome(o)
 		case res := <-stored:
 			s.stored(res)
-		case rec := <-s.written:
-			s.host.progressWritten(rec)
+		case rec := <-s.feed.stored():
+			s.keeper.written(rec)
 		default:
 			return s.failure
 		}
@@ -584,7 +580,7 @@ func (s *readLoop) statusIfDue(force bool) error {
 	if s.paused {
 		// Waiting for Kafka, the loop reads nothing: the events committed
 		// meanwhile are known only from the slot's position.
-		age = max(age, s.host.unpublishedAge(now))
+		age = s.slot.unpublishedAge(now, age, false, s.report.snapshot().confirmedCommit)
 	}
 	m.OldestUnpublished.Set(age)
 	if retries := s.sink.Retries(); retries > s.retries {
@@ -600,7 +596,7 @@ func (s *readLoop) statusIfDue(force bool) error {
 	}
 	// The tracker confirms only what Kafka acknowledged, so the stored
 	// progress can lag Kafka but never lead it.
-	s.host.offerProgress(stats.Confirmed, stats.ConfirmedCommitTime)
+	s.feed.offer(stats.Confirmed, stats.ConfirmedCommitTime)
 	return nil
 }
 
@@ -608,7 +604,10 @@ func (s *readLoop) statusIfDue(force bool) error {
 // outcomes of what is in flight, confirm what they allow, and close.
 func (s *readLoop) drain() error {
 	log := s.log
-	s.host.setState(pipeline.StateDraining, nil)
+	// The state goes out as data: the relay's status reads it from the
+	// report while its own says streaming.
+	s.report.drain(time.Now())
+	s.metrics.SetState(pipeline.StateDraining)
 	deadline := s.clock.Now().Add(s.cfg.shutdownTimeout)
 	if !s.finishBy.IsZero() {
 		// Reading on to a commit already used part of the same timeout.

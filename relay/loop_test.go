@@ -188,6 +188,43 @@ func TestLoopDrainsOnShutdown(t *testing.T) {
 	}
 }
 
+// The loop says it drains through its report, not by calling into the
+// relay: a streaming relay whose loop drains shows draining in its status,
+// /readyz and the state gauge, with no stall while it waits, and the next
+// state the restart loop sets replaces it.
+func TestLoopDrainShowsInTheRelayStatus(t *testing.T) {
+	rig := startLoop(t, rigOptions{})
+	r := rig.relay
+	r.setStreaming(rig.tracker)
+	r1 := rig.txn(t, 2000, "e1")[0]
+	rig.shutDown(t)
+	rig.waiting(t) // draining: waiting for the ack
+	if st := r.Status(); st.State != pipeline.StateDraining || st.Since.IsZero() {
+		t.Fatalf("state %q since %v while the loop drains, want draining", st.State, st.Since)
+	}
+	if ok, reason := r.Ready(); ok || reason != string(pipeline.StateDraining) {
+		t.Fatalf("ready %v (%q) while draining", ok, reason)
+	}
+	if got := metricValue(t, r.metrics.State.WithLabelValues(string(pipeline.StateDraining))); got != 1 {
+		t.Fatalf("draining state gauge %v, want 1", got)
+	}
+	if stalled, _ := r.kafkaStall(time.Now().Add(time.Hour)); stalled != 0 {
+		t.Fatalf("a drain counted as a Kafka stall of %s", stalled)
+	}
+	rig.sink.ack(r1)
+	if err := rig.end(t); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	r.setState(pipeline.StateStopped, nil)
+	if st := r.Status(); st.State != pipeline.StateStopped {
+		t.Fatalf("state %q after the restart loop stopped, want stopped", st.State)
+	}
+	r.setStreaming(lsn.NewTracker(rigStart, lsn.Limits{Events: 10}))
+	if st := r.Status(); st.State != pipeline.StateStreaming {
+		t.Fatalf("state %q in the next session, want streaming", st.State)
+	}
+}
+
 // A drain that times out reports only what was acknowledged.
 func TestLoopDrainTimesOut(t *testing.T) {
 	rig := startLoop(t, rigOptions{})

@@ -17,7 +17,7 @@ import (
 func (s *readLoop) outcome(o publisher.Outcome) {
 	s.flushed = false
 	if o.KafkaTxn != nil {
-		s.host.kafkaTxnEnded(*o.KafkaTxn, s.progress.timeline)
+		s.delivery.ended(*o.KafkaTxn, s.progress.timeline)
 		return
 	}
 	m := s.metrics

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -32,10 +33,16 @@ type ProgressOptions struct {
 // at a session's start.
 const progressTimeout = 30 * time.Second
 
-// progressState is the relay's progress in Kafka across sessions: the
-// store and its writer are opened by the first session and live until Run
-// returns.
-type progressState struct {
+// progressKeeper keeps the relay's progress in Kafka across sessions: the
+// store and its writer, opened by the first session and closed when Run
+// returns, the key and timeline the last start decided, and what Kafka
+// last stored, for the status. Sessions take their part of it when they
+// start (feed, txnProgress); the read loop then notes what Kafka stored.
+type progressKeeper struct {
+	cfg     Config
+	log     zerolog.Logger
+	metrics *progressMetrics
+
 	mu        sync.Mutex
 	store     *progress.Store
 	writer    *progress.Writer
@@ -67,26 +74,25 @@ type ProgressStatus struct {
 // resume decides where a session starts from the slot's confirmed position
 // and the progress record; see decideStart. It opens the progress topic on
 // first use (creating it if missing) and starts the writer.
-func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys replication.System) (lsn.LSN, error) {
+func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart, sys replication.System) (lsn.LSN, error) {
 	slotStart := slot.LSN
 	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
 	defer cancel()
-	store, err := r.progressStore(ctx)
+	store, err := p.open(ctx)
 	if err != nil {
 		return 0, err
 	}
-	p := &r.progress
-	key := progress.Key(r.cfg.Replication.Slot, sys.ID)
+	key := progress.Key(p.cfg.Replication.Slot, sys.ID)
 	p.mu.Lock()
-	reset := r.cfg.Progress.Reset && !p.resetDone
+	reset := p.cfg.Progress.Reset && !p.resetDone
 	p.mu.Unlock()
 	rec, found, err := store.Latest(ctx, key)
 	if errors.Is(err, progress.ErrTopicMissing) {
-		rec, found, err = r.remakeProgressTopic(ctx, store, key)
+		rec, found, err = p.remakeTopic(ctx, store, key)
 	}
 	if reset && errors.Is(err, progress.ErrBadRecord) {
 		// The reset overwrites it below; it need not decode.
-		r.log.Warn().Err(err).Msg("--reset-progress: ignoring a progress record that cannot be used")
+		p.log.Warn().Err(err).Msg("--reset-progress: ignoring a progress record that cannot be used")
 		rec, found, err = progress.Record{}, false, nil
 	}
 	if err != nil {
@@ -100,19 +106,19 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	if err != nil {
 		return 0, err
 	}
-	log := r.log.With().Str("system_id", sys.ID).Uint32("timeline", sys.Timeline).
+	log := p.log.With().Str("system_id", sys.ID).Uint32("timeline", sys.Timeline).
 		Str("slot_lsn", slotStart.String()).Str("start_lsn", d.Start.String()).Str("start_source", d.Source).Logger()
 	if found {
 		log = log.With().Str("progress_lsn", rec.LSN.String()).Uint32("progress_timeline", rec.Timeline).Logger()
 	}
 	if d.OrphanTo != 0 {
-		r.metrics.progress.orphaned(d.OrphanFrom, d.OrphanTo)
+		p.metrics.orphaned(d.OrphanFrom, d.OrphanTo)
 		log.Warn().Str("orphaned_from_lsn", d.OrphanFrom.String()).Str("orphaned_to_lsn", d.OrphanTo.String()).
 			Uint64("orphaned_wal_bytes", uint64(d.OrphanTo-d.OrphanFrom)).
 			Msg("the progress record comes from an earlier timeline that went on past the point where this server branched off (a failover): events the old primary published in that WAL range may be in Kafka without existing in this database; consumers may see them, and they will not be published again")
 	}
 	if d.GapTo != 0 {
-		r.metrics.progress.SlotGaps.Inc()
+		p.metrics.SlotGaps.Inc()
 		ev := log.Error().Str("gap_from_lsn", d.GapFrom.String()).Str("gap_to_lsn", d.GapTo.String())
 		if !rec.CommitTime.IsZero() {
 			ev = ev.Time("gap_from_commit_time", rec.CommitTime).Str("reconcile_command", reconcileCommand(rec.CommitTime, time.Now()))
@@ -122,7 +128,7 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 	if reset {
 		// Overwrite the record now: otherwise every later session of this
 		// process would meet the same record and stop again.
-		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.DeliveryMode()}); err != nil {
+		if err := store.Write(key, progress.Record{LSN: d.Start, Timeline: sys.Timeline, RelayVersion: p.cfg.Progress.RelayVersion, Delivery: p.cfg.DeliveryMode()}); err != nil {
 			return 0, err
 		}
 		ev := log.Warn()
@@ -141,55 +147,54 @@ func (r *Relay) resume(ctx context.Context, slot replication.SlotStart, sys repl
 		p.noteRecord(rec)
 	}
 	p.mu.Unlock()
-	r.metrics.progress.started(d.Source)
+	p.metrics.started(d.Source)
 	return d.Start, nil
 }
 
-// remakeProgressTopic answers a progress topic the brokers lost while this
+// remakeTopic answers a progress topic the brokers lost while this
 // process ran (deleted, or gone with a broker's data): the store was opened
 // by an earlier session, so nothing else would make it again, and every
 // later session would stop on it. It makes the topic again and reads it once
 // more. The slot stays the authority on where to start, and the record only
 // ever moves that point forward: without a record the session starts from
 // the slot, and re-delivers what came after it.
-func (r *Relay) remakeProgressTopic(ctx context.Context, store *progress.Store, key []byte) (progress.Record, bool, error) {
+func (p *progressKeeper) remakeTopic(ctx context.Context, store *progress.Store, key []byte) (progress.Record, bool, error) {
 	created, err := store.Recreate(ctx)
 	if err != nil {
 		return progress.Record{}, false, fmt.Errorf("make the missing progress topic again: %w", err)
 	}
 	if created {
 		msg := "the progress topic was missing on the brokers (deleted, or lost with a broker's data); made it again. This session starts from the slot's confirmed position, and events after it are re-delivered"
-		if r.cfg.exactlyOnce() {
+		if p.cfg.exactlyOnce() {
 			msg = "the progress topic was missing on the brokers (deleted, or lost with a broker's data); made it again. This session starts from the slot's confirmed position: events after it that Kafka had already committed are sent again, and read_committed consumers may see those twice (dedupe by event_id)"
 		}
-		r.log.Warn().Str("topic", store.Topic()).Msg(msg)
+		p.log.Warn().Str("topic", store.Topic()).Msg(msg)
 	} else {
-		r.log.Info().Str("topic", store.Topic()).Msg("the progress topic was missing on a broker that had just restarted, and exists again; reading it once more")
+		p.log.Info().Str("topic", store.Topic()).Msg("the progress topic was missing on a broker that had just restarted, and exists again; reading it once more")
 	}
 	return store.Latest(ctx, key)
 }
 
-// progressStore opens the store and its writer on first use. Only the
-// session loop calls it, one session at a time; the lock is not held while
-// Kafka answers, so /slot never waits on a slow broker.
-func (r *Relay) progressStore(ctx context.Context) (*progress.Store, error) {
-	p := &r.progress
+// open opens the store and its writer on first use. Only the session loop
+// calls it, one session at a time; the lock is not held while Kafka
+// answers, so /slot never waits on a slow broker.
+func (p *progressKeeper) open(ctx context.Context) (*progress.Store, error) {
 	p.mu.Lock()
 	store := p.store
 	p.mu.Unlock()
 	if store != nil {
 		return store, nil
 	}
-	store, err := await.Do(ctx, func() (*progress.Store, error) { return openProgress(ctx, r.cfg, progress.Open) },
+	store, err := await.Do(ctx, func() (*progress.Store, error) { return openProgress(ctx, p.cfg, progress.Open) },
 		func(s *progress.Store) { s.Close() })
 	if err != nil {
 		return nil, err
 	}
 	var writer *progress.Writer
-	if !r.cfg.exactlyOnce() {
+	if !p.cfg.exactlyOnce() {
 		// In exactly-once mode the record goes into each Kafka
 		// transaction instead.
-		writer = store.NewWriter(r.cfg.StatusInterval, r.log)
+		writer = store.NewWriter(p.cfg.StatusInterval, p.log)
 	}
 	p.mu.Lock()
 	p.store, p.writer = store, writer
@@ -211,20 +216,19 @@ func openProgress(ctx context.Context, cfg Config,
 	return store, err
 }
 
-// progressWritten takes a record Kafka stored, from the read loop: the
-// writer's in at-least-once mode, the one a committed Kafka transaction
-// carried in exactly-once mode.
-func (r *Relay) progressWritten(rec progress.Record) {
-	p := &r.progress
+// written takes a record Kafka stored, from the read loop: the writer's
+// in at-least-once mode, the one a committed Kafka transaction carried in
+// exactly-once mode.
+func (p *progressKeeper) written(rec progress.Record) {
 	p.mu.Lock()
 	p.noteRecord(rec)
 	now := time.Now()
 	p.report.WrittenAt = &now
 	p.mu.Unlock()
-	r.metrics.progress.written(rec, now)
+	p.metrics.written(rec, now)
 }
 
-func (p *progressState) noteRecord(rec progress.Record) {
+func (p *progressKeeper) noteRecord(rec progress.Record) {
 	p.report.LSN, p.report.Timeline = rec.LSN.String(), rec.Timeline
 	p.report.CommitTime = nil
 	if !rec.CommitTime.IsZero() {
@@ -233,38 +237,64 @@ func (p *progressState) noteRecord(rec progress.Record) {
 	}
 }
 
-// progressWrites delivers what the at-least-once progress writer stored;
-// nil when there is no writer.
-func (r *Relay) progressWrites() <-chan progress.Record {
-	p := &r.progress
+// feed is the at-least-once writer's part in the session resume just
+// started; nil in exactly-once mode, where Kafka transactions carry the
+// record, or before a start decided the key.
+func (p *progressKeeper) feed() *progressFeed {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.writer == nil {
+	if p.writer == nil || p.key == nil {
 		return nil
 	}
-	return p.writer.Written()
+	return &progressFeed{writer: p.writer, key: p.key, timeline: p.timeline, relayVersion: p.cfg.Progress.RelayVersion}
 }
 
-// offerProgress hands the writer a position the tracker confirmed: every
-// event of every transaction ending at or before it was acknowledged by
-// Kafka, and an idle confirmation (a keepalive's WAL end with nothing in
-// flight and no transaction open) has no unacknowledged event before it
-// either. So the record never leads what Kafka holds. The writer decides
-// when to write; this never blocks the read loop.
-func (r *Relay) offerProgress(confirmed lsn.LSN, commitTime time.Time) {
-	p := &r.progress
+// txnProgress is the progress record the Kafka transactions of the session
+// resume just started carry.
+func (p *progressKeeper) txnProgress() txnProgress {
 	p.mu.Lock()
-	w, key, tli := p.writer, p.key, p.timeline
-	p.mu.Unlock()
-	if w == nil || key == nil || confirmed == 0 {
+	defer p.mu.Unlock()
+	if p.store == nil {
+		return txnProgress{}
+	}
+	return txnProgress{topic: p.store.Topic(), key: p.key, timeline: p.timeline, relayVersion: p.cfg.Progress.RelayVersion}.withRecord()
+}
+
+// progressFeed is how a session's read loop hands the at-least-once
+// progress writer each position the tracker confirms, and learns what it
+// stored: the position goes straight to the writer, with nothing in
+// between.
+type progressFeed struct {
+	writer       *progress.Writer
+	key          []byte
+	timeline     uint32
+	relayVersion string
+}
+
+// offer hands the writer a position the tracker confirmed: every event of
+// every transaction ending at or before it was acknowledged by Kafka, and
+// an idle confirmation (a keepalive's WAL end with nothing in flight and
+// no transaction open) has no unacknowledged event before it either. So
+// the record never leads what Kafka holds. The writer decides when to
+// write; this never blocks the read loop. A nil feed offers nothing.
+func (f *progressFeed) offer(confirmed lsn.LSN, commitTime time.Time) {
+	if f == nil || confirmed == 0 {
 		return
 	}
-	w.Offer(key, progress.Record{LSN: confirmed, Timeline: tli, CommitTime: commitTime, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: DeliveryAtLeastOnce})
+	f.writer.Offer(f.key, progress.Record{LSN: confirmed, Timeline: f.timeline, CommitTime: commitTime, RelayVersion: f.relayVersion, Delivery: DeliveryAtLeastOnce})
 }
 
-// closeProgress writes the last offered position and closes the store.
-func (r *Relay) closeProgress() {
-	p := &r.progress
+// stored delivers what the writer stored; nil for a nil feed, which
+// never delivers.
+func (f *progressFeed) stored() <-chan progress.Record {
+	if f == nil {
+		return nil
+	}
+	return f.writer.Written()
+}
+
+// close writes the last offered position and closes the store.
+func (p *progressKeeper) close() {
 	p.mu.Lock()
 	w, store := p.writer, p.store
 	p.writer, p.store = nil, nil
@@ -277,9 +307,8 @@ func (r *Relay) closeProgress() {
 	}
 }
 
-// progressStatus is the progress part of Status.
-func (r *Relay) progressStatus() *ProgressStatus {
-	p := &r.progress
+// status is the progress part of Status.
+func (p *progressKeeper) status() *ProgressStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.report.Topic == "" {
@@ -290,6 +319,17 @@ func (r *Relay) progressStatus() *ProgressStatus {
 		s.AgeSeconds = time.Since(*s.WrittenAt).Seconds()
 	}
 	return &s
+}
+
+// lastCommit is the commit time of the newest record stored or read; zero
+// when none is known.
+func (p *progressKeeper) lastCommit() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c := p.report.CommitTime; c != nil {
+		return *c
+	}
+	return time.Time{}
 }
 
 // ProgressReport is what `status` shows of the progress topic, read

@@ -26,12 +26,5 @@ func (r *Relay) publicationGoneError(err error) error {
 // lastKnownCommit is the newest commit time known to be in Kafka: what
 // this process confirmed, or the progress record it started from.
 func (r *Relay) lastKnownCommit() time.Time {
-	t := r.confirmedCommitTime()
-	p := &r.progress
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if c := p.report.CommitTime; c != nil && c.After(t) {
-		t = *c
-	}
-	return t
+	return later(r.confirmedCommitTime(), r.progress.lastCommit())
 }

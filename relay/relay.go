@@ -231,18 +231,14 @@ type Relay struct {
 	// report is what the read loops publish about their reading.
 	report readReport
 
+	// slot is what the slot watch's readings say of the slot's position.
+	slot slotPosition
+
 	mu     sync.Mutex
 	status Status
 
-	progress progressState
-
-	// Exactly-once mode: what every session's producer did, the
-	// transactional id in use (under mu), and the events Kafka refused
-	// inside a transaction, kept across sessions so a re-streamed batch
-	// does not meet the same refusal for ever.
-	txns   txnCounters
-	txnID  string
-	poison *publisher.PoisonMemory
+	progress *progressKeeper
+	delivery *exactlyOnce
 
 	// skips are the kinds of skipped message logged so far.
 	skips skipNotes
@@ -259,16 +255,17 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) *Relay {
 		metrics = NewMetrics(nil)
 	}
 	log = log.With().Str("slot", cfg.Replication.Slot).Logger()
-	metrics.txn.mode(cfg.DeliveryMode())
+	progress := &progressKeeper{cfg: cfg, log: log, metrics: metrics.progress}
 	return &Relay{cfg: cfg, log: log, metrics: metrics, hooks: hooks,
-		status: Status{Status: pipeline.Status{State: pipeline.StateStarting}},
-		poison: publisher.NewPoisonMemory(0), clock: pipeline.WallClock{}, skips: skipNotes{}}
+		status:   Status{Status: pipeline.Status{State: pipeline.StateStarting}},
+		progress: progress, delivery: newExactlyOnce(cfg, log, metrics.txn, progress),
+		clock: pipeline.WallClock{}, skips: skipNotes{}}
 }
 
 // loopEnv is what this relay gives each session's read loop.
 func (r *Relay) loopEnv() loopEnv {
-	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, host: r, report: &r.report,
-		alive: r.hooks.Alive, clock: r.clock, skips: &r.skips}
+	return loopEnv{cfg: r.cfg.loop(), log: r.log, metrics: r.metrics, report: &r.report, slot: &r.slot,
+		keeper: r.progress, delivery: r.delivery, alive: r.hooks.Alive, clock: r.clock, skips: &r.skips}
 }
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
@@ -291,7 +288,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		stopBackground()
 		background.Wait()
 	}()
-	defer r.closeProgress() // after the last session: writes its last position
+	defer r.progress.close() // after the last session: writes its last position
 	if r.cfg.Retention.After > 0 {
 		background.Add(1)
 		go func() {

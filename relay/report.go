@@ -26,6 +26,9 @@ type readReport struct {
 	// paused says the read loop waits for Kafka and reads nothing: the
 	// tracker then knows nothing of the events committed meanwhile.
 	paused bool
+	// draining is when the loop began its drain on shutdown; zero while
+	// it reads.
+	draining time.Time
 }
 
 // readSnapshot is a copy of a readReport's position.
@@ -33,6 +36,7 @@ type readSnapshot struct {
 	received        lsn.LSN
 	confirmedCommit time.Time
 	paused          bool
+	draining        time.Time
 }
 
 // acked records an ack; a nil report (a loop built without a relay, as in
@@ -55,6 +59,24 @@ func (p *readReport) position(received lsn.LSN, confirmedCommit time.Time) {
 	p.mu.Unlock()
 }
 
+// start records that a new session's loop reads: neither paused nor
+// draining.
+func (p *readReport) start() {
+	p.mu.Lock()
+	p.paused, p.draining = false, time.Time{}
+	p.mu.Unlock()
+}
+
+// drain records that the loop stopped reading to drain, at now.
+func (p *readReport) drain(now time.Time) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.draining = now
+	p.mu.Unlock()
+}
+
 // pause records whether the loop stopped reading to wait for Kafka.
 func (p *readReport) pause(paused bool) {
 	if p == nil {
@@ -68,7 +90,7 @@ func (p *readReport) pause(paused bool) {
 func (p *readReport) snapshot() readSnapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return readSnapshot{received: p.received, confirmedCommit: p.confirmedCommit, paused: p.paused}
+	return readSnapshot{received: p.received, confirmedCommit: p.confirmedCommit, paused: p.paused, draining: p.draining}
 }
 
 // ackClock is when Kafka last acknowledged an event of this process.

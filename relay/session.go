@@ -27,7 +27,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	var sys replication.System
 	newSink := func() (sink, error) {
 		if r.cfg.exactlyOnce() {
-			txn, err := r.newTxnSink(pubCfg, sys)
+			txn, err := r.delivery.newSink(pubCfg, sys)
 			if err != nil {
 				return nil, err // not a typed nil inside the interface
 			}
@@ -110,9 +110,9 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	s.newSink = newSink
 	if s.txnSink {
-		s.progress = r.sessionProgress()
+		s.progress = r.progress.txnProgress()
 	} else {
-		s.written = r.progressWrites()
+		s.feed = r.progress.feed()
 	}
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.DeliveryMode()).
@@ -197,7 +197,7 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 	if err := beforeResume(sys); err != nil {
 		return 0, 0, err
 	}
-	start, err = r.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
+	start, err = r.progress.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
 }
 
@@ -211,7 +211,7 @@ func (r *Relay) beforeSlotCreate(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
 	defer cancel()
-	if _, err := r.progressStore(ctx); err != nil {
+	if _, err := r.progress.open(ctx); err != nil {
 		return fmt.Errorf("the replication slot was not created: %w", err)
 	}
 	return nil

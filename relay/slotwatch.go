@@ -23,9 +23,7 @@ import (
 // connections of its own.
 func (r *Relay) WatchSlot(ctx context.Context, every time.Duration) {
 	p := &slotWatch{relay: r, started: time.Now()}
-	r.mu.Lock()
-	r.status.watchStarted = p.started
-	r.mu.Unlock()
+	r.slot.watching(p.started)
 	defer p.close()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -51,7 +49,7 @@ type slotWatch struct {
 	limitsRead bool              // the slot limits were read and warned about
 
 	// What the slot's position says of the events the relay has not read
-	// (see Relay.unpublishedAge).
+	// (see slotPosition.unpublishedAge).
 	started  time.Time // when watching began: the oldest a reading can be
 	lastRead time.Time // when the last good reading began
 	marks    []walMark // readings whose WAL end the slot has not confirmed yet, oldest first
@@ -326,5 +324,5 @@ func (p *slotWatch) notePosition(info *replication.SlotInfo, at time.Time) {
 		}
 		p.marks = append(p.marks, walMark{at: at, end: end})
 	}
-	p.relay.noteSlotPosition(p.caughtUp, behind)
+	p.relay.slot.note(p.caughtUp, behind)
 }

@@ -63,7 +63,7 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p := &slotWatch{relay: r, started: t0}
-	r.status.watchStarted = t0
+	r.slot.started = t0
 	reading := func(at time.Duration, confirmed, end lsn.LSN) {
 		c := confirmed.String()
 		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))

@@ -14,10 +14,9 @@ import (
 // events in flight, so a catch-up whose acks keep coming, or an event
 // just sent after an idle hour, never counts as a stall.
 func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) {
-	r.mu.Lock()
-	tracker, state := r.status.tracker, r.status.State
-	r.mu.Unlock()
-	if tracker == nil || state != pipeline.StateStreaming {
+	s, _ := r.current()
+	tracker := s.tracker
+	if tracker == nil || s.State != pipeline.StateStreaming {
 		return 0, 0
 	}
 	st := tracker.Stats()

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -36,11 +37,6 @@ type Status struct {
 	// on a missing slot means lost events, not a first start.
 	streamed bool
 	slot     slotReading
-	// What the slot watch's readings say of the slot's position; see
-	// unpublishedAge.
-	slotCaughtUp time.Time // the newest moment before which every commit is confirmed
-	slotBehind   bool      // the last good reading found the slot short of the WAL end
-	watchStarted time.Time // when the slot watch began
 }
 
 // slotReading is the slot watch's last reading, served by /slot.
@@ -68,7 +64,7 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.status.tracker = t
 	r.status.streamed = true
 	r.mu.Unlock()
-	r.report.pause(false)
+	r.report.start()
 	r.setState(pipeline.StateStreaming, nil)
 }
 
@@ -86,47 +82,88 @@ func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err err
 	r.mu.Unlock()
 }
 
-// noteSlotPosition keeps what the slot watch's readings say: the newest
-// moment before which every committed transaction is confirmed, and
-// whether the last good reading found the slot behind the WAL end.
-func (r *Relay) noteSlotPosition(caughtUp time.Time, behind bool) {
-	r.mu.Lock()
-	r.status.slotCaughtUp, r.status.slotBehind = caughtUp, behind
-	r.mu.Unlock()
+// slotPosition is what the slot watch's readings say of the slot's
+// position: the newest moment before which every committed transaction is
+// confirmed, and whether the last good reading found the slot behind the
+// WAL end. The slot watch writes it; the read loop and the status read it.
+type slotPosition struct {
+	mu       sync.Mutex
+	caughtUp time.Time
+	behind   bool
+	started  time.Time // when the slot watch began
 }
 
-// unpublishedAge is outbox_relay_oldest_unpublished_event_age_seconds.
-// While the read loop reads the stream it is the age of the oldest event in
-// flight: events arrive within moments of their commit. Outside the stream
-// (waiting for Kafka, restarting) the relay sees none of the events
-// committed meanwhile, so when the slot watch's last good reading found
-// the slot behind the server's WAL end, the age is the time since the
-// newest moment before which everything committed is known confirmed: the
-// later of the slot watch's caught-up moment and the commit time of the
+// watching records when the slot watch began.
+func (p *slotPosition) watching(since time.Time) {
+	p.mu.Lock()
+	p.started = since
+	p.mu.Unlock()
+}
+
+// note keeps a reading's conclusion.
+func (p *slotPosition) note(caughtUp time.Time, behind bool) {
+	p.mu.Lock()
+	p.caughtUp, p.behind = caughtUp, behind
+	p.mu.Unlock()
+}
+
+// unpublishedAge is outbox_relay_oldest_unpublished_event_age_seconds,
+// given inFlight, the age of the oldest event in flight. While the read
+// loop reads the stream it is that age: events arrive within moments of
+// their commit. Outside the stream (waiting for Kafka, draining,
+// restarting) the relay sees none of the events committed meanwhile, so
+// when the slot watch's last good reading found the slot behind the
+// server's WAL end, the age is the time since the newest moment before
+// which everything committed is known confirmed: the later of the slot
+// watch's caught-up moment and confirmedCommit, the commit time of the
 // newest transaction this process confirmed (or, with neither, when the
-// poller began, which may understate); never less than the in-flight age.
-// That is an upper bound: other tables' WAL also puts the slot behind, and
-// an idle outbox in a busy database shows the time since the slot last
-// caught up.
+// watch began, which may understate); never less than inFlight. That is
+// an upper bound: other tables' WAL also puts the slot behind, and an idle
+// outbox in a busy database shows the time since the slot last caught up.
+// A nil position knows nothing beyond inFlight.
+func (p *slotPosition) unpublishedAge(now time.Time, inFlight float64, reading bool, confirmedCommit time.Time) float64 {
+	if p == nil {
+		return inFlight
+	}
+	p.mu.Lock()
+	caughtUp, behind, started := p.caughtUp, p.behind, p.started
+	p.mu.Unlock()
+	if reading || !behind {
+		return inFlight
+	}
+	anchor := later(caughtUp, confirmedCommit)
+	if anchor.IsZero() {
+		anchor = started
+	}
+	return max(inFlight, now.Sub(anchor).Seconds())
+}
+
+// unpublishedAge is the age of the oldest unpublished event as the relay's
+// state says it (see slotPosition.unpublishedAge).
 func (r *Relay) unpublishedAge(now time.Time) float64 {
-	r.mu.Lock()
-	s := r.status
-	r.mu.Unlock()
-	read := r.report.snapshot()
+	s, read := r.current()
 	var inFlight float64
 	if s.tracker != nil {
 		if oldest := s.tracker.Stats().OldestInFlight; !oldest.IsZero() {
 			inFlight = now.Sub(oldest).Seconds()
 		}
 	}
-	if s.State == pipeline.StateStreaming && !read.paused || !s.slotBehind {
-		return inFlight
+	reading := s.State == pipeline.StateStreaming && !read.paused
+	return r.slot.unpublishedAge(now, inFlight, reading, read.confirmedCommit)
+}
+
+// current is the relay's status as set here, with what the read loop
+// reports applied to it: a loop that drains makes a streaming relay a
+// draining one.
+func (r *Relay) current() (Status, readSnapshot) {
+	r.mu.Lock()
+	s := r.status
+	r.mu.Unlock()
+	read := r.report.snapshot()
+	if s.State == pipeline.StateStreaming && !read.draining.IsZero() {
+		s.State, s.Since = pipeline.StateDraining, read.draining
 	}
-	anchor := later(s.slotCaughtUp, read.confirmedCommit)
-	if anchor.IsZero() {
-		anchor = s.watchStarted
-	}
-	return max(inFlight, now.Sub(anchor).Seconds())
+	return s, read
 }
 
 // later is the later of two times.
@@ -159,12 +196,9 @@ func (r *Relay) confirmedCommitTime() time.Time {
 
 // Status returns a snapshot of the relay's state.
 func (r *Relay) Status() Status {
-	r.mu.Lock()
-	s := r.status
-	txnID := r.txnID
-	r.mu.Unlock()
-	s.Delivery = r.deliveryStatus(txnID)
-	if received := r.report.snapshot().received; received != 0 {
+	s, read := r.current()
+	s.Delivery = r.delivery.status()
+	if received := read.received; received != 0 {
 		s.ReceivedLSN = received.String()
 	}
 	if s.tracker != nil {
@@ -183,7 +217,7 @@ func (r *Relay) Status() Status {
 	if last := r.report.lastAck.get(); !last.IsZero() {
 		s.LastAck = &last
 	}
-	s.Progress = r.progressStatus()
+	s.Progress = r.progress.status()
 	return s
 }
 

@@ -224,15 +224,16 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, "run", err, "")
 	}
-	if err := validateSource(o); err != nil {
+	source, err := validateSource(o)
+	if err != nil {
 		return usageError(stderr, "run", err, "")
 	}
-	if o.source == sourcePoll {
-		if err := o.reconcile.validatePeriodic(); err != nil {
-			return usageError(stderr, "run", err, "")
-		}
-		return runPoll(ctx, o, log, stderr)
-	}
+	return source.run(ctx, o, log, stderr)
+}
+
+// runRelay is run for the sources the relay streams from a replication
+// slot.
+func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int {
 	if err := validateRun(o.relay); err != nil {
 		return usageError(stderr, "run", err, o.relay.Replication.DSN)
 	}
@@ -262,7 +263,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	defer stopAdmin()
 	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.relay.Publisher.Brokers)
-	if o.source == sourceMessages {
+	if o.relay.Replication.MessagePrefix != "" {
 		start = start.Str("message_prefix", o.messagePrefix)
 	} else {
 		start = start.Str("table", o.relay.Replication.Table)
@@ -296,26 +297,26 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if o.slotOnly && o.skipSlot {
 		return usageError(stderr, "migrate", errors.New("--slot-only and --skip-slot contradict each other: give one of them"), "")
 	}
-	if err := validateSource(o); err != nil {
+	source, err := validateSource(o)
+	if err != nil {
 		return usageError(stderr, "migrate", err, "")
 	}
 	if o.pollExisting != "pending" && o.pollExisting != "published" {
 		return usageError(stderr, "migrate", fmt.Errorf("--poll-existing %q: use pending or published", o.pollExisting), "")
 	}
-	if o.source == sourcePoll {
+	if source.noSlot != "" {
 		if o.slotOnly {
-			return usageError(stderr, "migrate", errors.New("--slot-only with --source poll: poll mode needs no replication slot"), "")
+			return usageError(stderr, "migrate", fmt.Errorf("--slot-only with --source %s: %s", source.name, source.noSlot), "")
 		}
-		// A team that polls may have no REPLICATION role to make one.
 		o.skipSlot = true
 	}
 	schema, table, _ := pg.SplitTable(o.relay.Replication.Table)
 	names := migrations.Names{Schema: schema, Table: table, Publication: o.relay.Replication.Publication,
 		Quarantine: o.relay.QuarantineTable, ExternalTable: !o.relay.Replication.OutboxLayout().CreatesTable(),
-		Poll: o.source == sourcePoll, ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout(),
-		Messages: o.source == sourceMessages}
-	if names.Messages && names.ExternalTable {
-		return usageError(stderr, "migrate", errors.New("--outbox-layout debezium with --source messages: the messages source has no outbox table; drop --outbox-layout"), "")
+		ExistingPublished: o.pollExisting == "published", Layout: o.relay.Replication.OutboxLayout()}
+	source.schema(o, &names)
+	if source.noTable != "" && names.ExternalTable {
+		return usageError(stderr, "migrate", fmt.Errorf("--outbox-layout debezium with --source %s: the %s source has no outbox table; drop --outbox-layout", source.name, source.name), "")
 	}
 	if o.printSQL {
 		// The same parts a migrate with these flags would create.
@@ -370,14 +371,14 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
-		if !names.Messages {
+		if source.noTable == "" {
 			if err := admin.CheckColumns(ctx); err != nil {
 				return failure(stderr, "migrate", err, dsn)
 			}
 		}
 		ev := log.Info().Str("publication", o.relay.Replication.Publication)
-		if names.Messages {
-			ev = ev.Str("source", sourceMessages)
+		if source.noTable != "" {
+			ev = ev.Str("source", source.name)
 		} else {
 			ev = ev.Str("table", o.relay.Replication.Table)
 		}
@@ -443,14 +444,17 @@ func statusCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := o.relay.Replication.Validate(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	if err := validateSource(o); err != nil {
+	source, err := validateSource(o)
+	if err != nil {
 		return usageError(stderr, "status", err, "")
 	}
-	if o.source == sourcePoll {
-		ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		defer cancel()
-		return pollStatus(ctx, o, stdout, stderr)
-	}
+	return source.status(ctx, o, stdout, stderr)
+}
+
+// slotStatus is status for the sources the relay streams from a
+// replication slot: the slot's state, and with --kafka-brokers the
+// progress kept in Kafka.
+func slotStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	if err := o.relay.ValidateDelivery(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}

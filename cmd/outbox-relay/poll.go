@@ -3,36 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
-	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
-	"github.com/outbox-relay/outbox-relay/relay"
 )
-
-// Sources: where run reads committed outbox rows.
-const (
-	sourceWAL      = "wal"
-	sourcePoll     = "poll"
-	sourceMessages = "messages"
-)
-
-// sourceFlag picks the WAL path or poll mode, for every command whose work
-// differs between them.
-func sourceFlag(fs *flag.FlagSet, o *options) {
-	fs.StringVar(&o.source, "source", sourceWAL, "wal: stream the outbox table's inserts from a logical replication slot; poll: claim rows from a state table beside it, for databases where the relay cannot hold a slot (see docs/polling-or-cdc.md); messages: stream events that services emit with pg_logical_emit_message, with no outbox table (see docs/messages.md)")
-	fs.StringVar(&o.messagePrefix, "message-prefix", messages.DefaultPrefix, "with --source messages: the prefix of the logical decoding messages that are this relay's events")
-}
 
 func pollFlags(fs *flag.FlagSet, o *options) {
 	c := &o.poll
@@ -71,41 +52,11 @@ func (o *options) pollConfig() poll.Config {
 	return c
 }
 
-// validateSource refuses an unknown --source, and exactly-once in poll
-// mode: a poller marks rows in PostgreSQL after Kafka's ack, and no Kafka
-// transaction can include that mark.
-func validateSource(o *options) error {
-	switch o.source {
-	case sourceWAL:
-		return nil
-	case sourceMessages:
-		return validateMessagesSource(o)
-	case sourcePoll:
-	default:
-		return fmt.Errorf("--source %q: use wal, poll or messages", o.source)
-	}
-	if o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
-		return errors.New("--delivery exactly-once needs --source wal or messages: a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id")
-	}
-	return nil
-}
-
-// validateMessagesSource makes the relay read messages with the prefix,
-// and refuses what needs an outbox table: reconcile re-reads the table's
-// rows, and there are none.
-func validateMessagesSource(o *options) error {
-	if o.messagePrefix == "" || strings.ContainsRune(o.messagePrefix, 0) {
-		return fmt.Errorf("--message-prefix %q: must be non-empty, with no NUL byte", o.messagePrefix)
-	}
-	if o.reconcile.every > 0 {
-		return errors.New("--reconcile-every with --source messages: reconcile compares the outbox table with Kafka, and the messages source has no table; drop --reconcile-every (see docs/messages.md for what this source gives up)")
-	}
-	o.relay.Replication.MessagePrefix = o.messagePrefix
-	return nil
-}
-
 // runPoll is run --source poll.
 func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int {
+	if err := o.reconcile.validatePeriodic(); err != nil {
+		return usageError(stderr, "run", err, "")
+	}
 	cfg := o.pollConfig()
 	if err := cfg.Validate(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
@@ -136,7 +87,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		return usageError(stderr, "run", err, "")
 	}
 	defer stopAdmin()
-	log.Info().Str("version", versionString()).Str("source", sourcePoll).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
+	log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
 		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
 		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")
 	err = p.Run(ctx)
@@ -150,6 +101,8 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 
 // pollStatus is status --source poll.
 func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
 	cfg := o.pollConfig()
 	stats, err := poll.ReadStatus(ctx, cfg)
 	if err != nil {
@@ -159,7 +112,7 @@ func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		Source string `json:"source"`
 		poll.Stats
 		OldestPendingAgeSeconds *float64 `json:"oldest_pending_age_seconds,omitempty"`
-	}{Source: sourcePoll, Stats: stats}
+	}{Source: o.source, Stats: stats}
 	if stats.OldestPending != nil {
 		age := time.Since(*stats.OldestPending).Seconds()
 		report.OldestPendingAgeSeconds = &age

@@ -76,8 +76,10 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	if o == nil {
 		return code
 	}
-	if o.source == sourceMessages {
-		return usageError(stderr, "reconcile", errors.New("--source messages: reconcile compares the outbox table with Kafka, and the messages source has no table, so there is nothing to compare (see docs/messages.md for what this source gives up)"), "")
+	// reconcile reads the outbox table whatever --source says, so it
+	// refuses only a source that has no table.
+	if source, ok := lookupSource(o.source); ok && source.noTable != "" {
+		return usageError(stderr, "reconcile", fmt.Errorf("--source %s: %s", source.name, source.noTable), "")
 	}
 	f := &o.reconcile
 	since, until, err := parseWindow(f.since, f.until, time.Now())

@@ -76,8 +76,8 @@ func newFailoverWorld(t *testing.T, prefix string) (*world, *harness.ApacheKafka
 	k := requireKafka(t, harness.ApacheKafkaOptions{
 		Version: harness.ApacheKafka4Version, Nodes: 3, MinInsyncReplicas: 2, DefaultReplicationFactor: 3,
 	}, w.topics(), 3, map[string]string{"min.insync.replicas": "2"})
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	return w, k
 }
 
@@ -128,8 +128,8 @@ func TestDrillApacheKafkaEndToEnd(t *testing.T) {
 			w := newWorld(t, shared, nil)
 			w.topicPrefix = "drill_e2e_" + strings.ReplaceAll(version, ".", "_") + "."
 			k := requireKafka(t, harness.ApacheKafkaOptions{Version: version, Nodes: 1}, w.topics(), 1, nil)
-			w.brokers = k.Brokers()
-			w.migrate()
+			w.Brokers = k.Brokers()
+			w.Migrate()
 			relay := w.startRelay()
 			if err := w.writeTxns(w.connect(), rng, 200, 10, 300); err != nil {
 				t.Fatal(err)
@@ -153,7 +153,7 @@ func TestDrillApacheKafkaEndToEnd(t *testing.T) {
 // Java client picks for the key.
 func checkAgainstTable(t *testing.T, w *world, records []harness.Record) {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	conn, err := pgx.Connect(context.Background(), w.DB.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func checkWithKcat(t *testing.T, w *world, records []harness.Record) {
 	lines := 0
 	for _, topic := range w.topics() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		cmd := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(w.brokers, ","), "-t", topic,
+		cmd := exec.CommandContext(ctx, kcat, "-C", "-b", strings.Join(w.Brokers, ","), "-t", topic,
 			"-o", "beginning", "-e", "-q", "-f", `%p|%k|%h\n`,
 			"-X", "isolation.level=read_committed") // librdkafka's default, said for the exactly-once drills
 		out, err := cmd.Output()

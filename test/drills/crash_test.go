@@ -42,7 +42,7 @@ func TestDrillCrashTorture(t *testing.T) {
 	began := time.Now()
 
 	w, _ := newKfakeWorld(t, shared)
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	conn := w.connect()
 
 	// The writer commits one chunk per round, so writing spans every kill
@@ -90,7 +90,7 @@ func TestDrillCrashTorture(t *testing.T) {
 		// relay is still starting up (one kill in six), right after this
 		// life first moved the slot (one in three: a crash just after a
 		// confirm), or after it delivered a random share of a chunk.
-		startSlot := w.confirmedFlush()
+		startSlot := w.ConfirmedFlush()
 		target := int64(1 + rng.IntN(chunk))
 		kind := "records"
 		switch r := rng.IntN(6); {
@@ -107,7 +107,7 @@ func TestDrillCrashTorture(t *testing.T) {
 					return true
 				}
 				if kind == "confirm" {
-					return w.confirmedFlush() != startSlot
+					return w.ConfirmedFlush() != startSlot
 				}
 				m, err := off.read(w.topics())
 				return err == nil && sumOffsets(m)-delivered >= target
@@ -121,7 +121,7 @@ func TestDrillCrashTorture(t *testing.T) {
 		snapshots = append(snapshots, snap)
 		t.Logf("kill %d (%s): life of %v, %d records; %d of %d events committed; slot at %s",
 			i+1, kind, time.Since(lifeStart).Round(time.Millisecond), sumOffsets(snap)-delivered,
-			w.CommittedCount(), events, w.confirmedFlush())
+			w.CommittedCount(), events, w.ConfirmedFlush())
 		delivered = sumOffsets(snap)
 		relay = w.startRelayNoWait(args...)
 		lifeStart = time.Now()

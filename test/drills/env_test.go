@@ -21,14 +21,16 @@ import (
 const partitions = 6
 
 // world is one drill's setting: a database with the outbox schema on some
-// cluster, a Kafka, the relay binary, and what the drill committed.
+// cluster, a Kafka (its Brokers), the relay binary, and what the drill
+// committed. Its Source is "messages" to run the messages source: its
+// events are then logical decoding messages (see
+// harness.Ledger.EmitMessages).
 type world struct {
-	t       *testing.T
-	pg      *harness.Postgres
-	db      *harness.PGDatabase
-	brokers []string
-	bin     string
-	slot    string
+	// Env's Ledger commits the drill's events and remembers them in
+	// commit order. Commit order is the order commits return only when
+	// one goroutine writes a given aggregate; the drills keep to that.
+	*harness.Env
+	pg *harness.Postgres
 	// topicPrefix is what the relay's topic template puts before
 	// {aggregate_type}; drills on a shared Apache Kafka cluster use their
 	// own, so topics never collide.
@@ -38,32 +40,17 @@ type world struct {
 	// types are the aggregate types whose topics the drill uses; the first
 	// one carries the settle marker.
 	types []string
-	// messages makes the drill run the messages source: its events are
-	// logical decoding messages (see harness.Ledger.EmitMessages).
-	messages bool
 
 	seq atomic.Int64 // numbers events across writers, for payloads
-
-	// Ledger commits the drill's events and remembers them in commit
-	// order. Commit order is the order commits return only when one
-	// goroutine writes a given aggregate; the drills keep to that.
-	*harness.Ledger
 }
 
 // newWorld creates a database for the test on pg and readies names; the
 // Kafka side is given as a broker list.
 func newWorld(t *testing.T, pg *harness.Postgres, brokers []string) *world {
 	t.Helper()
-	db, slot := pg.CreateRelayDatabase(t)
-	return &world{
-		t: t, pg: pg, db: db, brokers: brokers,
-		bin:         harness.BuildRelay(t),
-		slot:        slot,
-		topicPrefix: "outbox.event.",
-		relayDSN:    db.DSN(),
-		types:       harness.EventAggregateTypes(),
-		Ledger:      harness.NewLedger(),
-	}
+	w := &world{Env: harness.NewRelayEnv(t, pg, 0), pg: pg, topicPrefix: "outbox.event.", types: harness.EventAggregateTypes()}
+	w.Brokers, w.relayDSN = brokers, w.DB.DSN()
+	return w
 }
 
 // topicRegex matches the drill's topics, for the consumer.
@@ -82,33 +69,18 @@ func (w *world) topics() []string {
 
 // args are the flags every relay command of the drill uses.
 func (w *world) args(cmd string, extra ...string) []string {
-	return harness.RelayFlags{DSN: w.relayDSN, Slot: w.slot, Brokers: w.brokers, Topic: w.topicPrefix + "{aggregate_type}"}.Args(cmd, w.sourceArgs(extra)...)
-}
-
-// sourceArgs puts the drill's --source before extra.
-func (w *world) sourceArgs(extra []string) []string {
-	if !w.messages {
-		return extra
-	}
-	return append([]string{"--source", "messages"}, extra...)
-}
-
-// migrate runs `outbox-relay migrate` (schema, publication and slot) on the
-// drill's database directly, never through a proxy.
-func (w *world) migrate() {
-	w.t.Helper()
-	harness.Migrate(w.t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", w.sourceArgs(nil)...))
+	return harness.RelayFlags{DSN: w.relayDSN, Slot: w.Slot, Brokers: w.Brokers, Topic: w.topicPrefix + "{aggregate_type}"}.Args(cmd, w.SourceArgs(extra...)...)
 }
 
 // startRelay starts `outbox-relay run` and waits until it streams.
 func (w *world) startRelay(extra ...string) *harness.Process {
-	w.t.Helper()
-	return harness.StartStreaming(w.t, w.bin, w.args("run", extra...), harness.LogLevelInfo)
+	w.T.Helper()
+	return harness.StartStreaming(w.T, w.Bin, w.args("run", extra...), harness.LogLevelInfo)
 }
 
 func (w *world) startRelayNoWait(extra ...string) *harness.Process {
-	w.t.Helper()
-	return harness.StartProcess(w.t, w.bin, w.args("run", extra...), []string{harness.LogLevelInfo})
+	w.T.Helper()
+	return harness.StartProcess(w.T, w.Bin, w.args("run", extra...), []string{harness.LogLevelInfo})
 }
 
 // killAfter SIGKILLs relay life number life once it produced target more
@@ -116,22 +88,22 @@ func (w *world) startRelayNoWait(extra ...string) *harness.Process {
 // starts the next life with flags. A life that exits on its own fails the
 // drill.
 func (w *world) killAfter(relay *harness.Process, off *offsets, life int, target int64, flags []string) *harness.Process {
-	w.t.Helper()
+	w.T.Helper()
 	before, err := off.read(w.topics())
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	if target > 0 {
-		harness.WaitFor(w.t, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", life, target), func() bool {
+		harness.WaitFor(w.T, 2*time.Minute, fmt.Sprintf("relay life %d produces %d records", life, target), func() bool {
 			m, err := off.read(w.topics())
 			return relay.Exited() || err == nil && sumOffsets(m)-sumOffsets(before) >= target
 		})
 	}
 	if relay.Exited() {
-		w.t.Fatalf("relay life %d exited on its own:\n%s", life, relay.Output())
+		w.T.Fatalf("relay life %d exited on its own:\n%s", life, relay.Output())
 	}
 	relay.Kill()
-	w.t.Logf("kill %d: %d events committed so far; slot at %s", life, w.CommittedCount(), w.confirmedFlush())
+	w.T.Logf("kill %d: %d events committed so far; slot at %s", life, w.CommittedCount(), w.ConfirmedFlush())
 	return w.startRelayNoWait(flags...)
 }
 
@@ -165,27 +137,27 @@ func (w *world) writeTxns(conn *pgx.Conn, rng *mrand.Rand, txns, perTxn, aggrega
 
 // connect opens a connection to the drill's database, closed at test end.
 func (w *world) connect() *pgx.Conn {
-	w.t.Helper()
-	return w.db.Connect(w.t)
+	w.T.Helper()
+	return w.DB.Connect(w.T)
 }
 
 // consumeAll reads until every committed event is in Kafka and returns the
 // records read so far; it checks nothing else.
 func (w *world) consumeAll(timeout time.Duration) []harness.Record {
-	w.t.Helper()
+	w.T.Helper()
 	ids, _ := w.Committed()
-	return harness.ConsumeEventIDs(w.t, w.brokers, w.topicRegex(), ids, timeout)
+	return harness.ConsumeEventIDs(w.T, w.Brokers, w.topicRegex(), ids, timeout)
 }
 
 // checkDelivery checks no loss and per-aggregate order of every committed
 // event, and that within each partition first deliveries follow commit
 // order.
 func (w *world) checkDelivery(records []harness.Record) {
-	w.t.Helper()
+	w.T.Helper()
 	ids, order := w.Committed()
-	harness.CheckNoLoss(w.t, records, ids)
-	harness.CheckPerAggregateOrder(w.t, records, order)
-	checkPartitionOrder(w.t, records, w.CommitIndex(), nil)
+	harness.CheckNoLoss(w.T, records, ids)
+	harness.CheckPerAggregateOrder(w.T, records, order)
+	checkPartitionOrder(w.T, records, w.CommitIndex(), nil)
 }
 
 // checkPartitionOrder checks that, in every partition not in exempt
@@ -217,17 +189,12 @@ func checkPartitionOrder(t testing.TB, records []harness.Record, index map[strin
 	return broken
 }
 
-func (w *world) confirmedFlush() string {
-	w.t.Helper()
-	return w.db.ConfirmedFlushLSN(w.t, w.slot)
-}
-
 // walsenderPID is the pid pg_stat_replication shows for the connection
 // streaming the slot, 0 if none.
 func (w *world) walsenderPID() int {
-	w.t.Helper()
-	return int(w.db.QueryInt64(w.t, `SELECT COALESCE((SELECT r.pid FROM pg_stat_replication r
-		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1), 0)`, w.slot))
+	w.T.Helper()
+	return int(w.DB.QueryInt64(w.T, `SELECT COALESCE((SELECT r.pid FROM pg_stat_replication r
+		JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1), 0)`, w.Slot))
 }
 
 // waitSettled commits one marker event, waits until the slot confirmed it
@@ -240,25 +207,25 @@ func (w *world) walsenderPID() int {
 // TestDrillIdleConfirmAfterBurst), which would make this wait depend on
 // background WAL.
 func (w *world) waitSettled(timeout time.Duration) []harness.Record {
-	w.t.Helper()
-	conn, err := pgx.Connect(context.Background(), w.db.DSN())
+	w.T.Helper()
+	conn, err := pgx.Connect(context.Background(), w.DB.DSN())
 	if err != nil {
-		w.t.Fatalf("settle: connect: %v", err)
+		w.T.Fatalf("settle: connect: %v", err)
 	}
 	defer conn.Close(context.Background())
 	settleStart := time.Now()
 	marker := w.fence(conn, []harness.OutboxEvent{{
 		AggregateType: w.types[0], AggregateID: "settle-marker", EventType: "Settled", Payload: `{"marker": true}`,
 	}})
-	harness.WaitFor(w.t, timeout, "the slot confirms the settle marker (commit at "+marker+")", func() bool {
-		return !notPast(w.confirmedFlush(), marker)
+	harness.WaitFor(w.T, timeout, "the slot confirms the settle marker (commit at "+marker+")", func() bool {
+		return !notPast(w.ConfirmedFlush(), marker)
 	})
-	total := sumOffsets(endOffsets(w.t, w.brokers, w.topics()))
+	total := sumOffsets(endOffsets(w.T, w.Brokers, w.topics()))
 	if debugTiming {
-		w.t.Logf("settled: marker confirmed %v after it was committed", time.Since(settleStart))
-		defer func() { w.t.Logf("settled: %d records consumed %v after the marker", total, time.Since(settleStart)) }()
+		w.T.Logf("settled: marker confirmed %v after it was committed", time.Since(settleStart))
+		defer func() { w.T.Logf("settled: %d records consumed %v after the marker", total, time.Since(settleStart)) }()
 	}
-	return harness.ConsumeUntil(w.t, w.brokers, w.topicRegex(), timeout, func(all []harness.Record) bool {
+	return harness.ConsumeUntil(w.T, w.Brokers, w.topicRegex(), timeout, func(all []harness.Record) bool {
 		return int64(len(all)) >= total
 	})
 }
@@ -281,8 +248,8 @@ func newKfakeWorld(t *testing.T, pg *harness.Postgres) (*world, *harness.Kfake) 
 	t.Helper()
 	w := newWorld(t, pg, nil)
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	return w, k
 }
 
@@ -319,45 +286,45 @@ func runWriter(fn func() error) (wait func() error) {
 // let a confirm of exactly this transaction's end slip through whenever
 // other WAL followed it.)
 func (w *world) fence(conn *pgx.Conn, events []harness.OutboxEvent) string {
-	w.t.Helper()
+	w.T.Helper()
 	ctx := context.Background()
-	w.db.Exec(w.t, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-	from := w.db.CurrentLSN(w.t)
+	w.DB.Exec(w.T, "CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+	from := w.DB.CurrentLSN(w.T)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		w.t.Fatalf("fence: %v", err)
+		w.T.Fatalf("fence: %v", err)
 	}
 	defer tx.Rollback(ctx)
 	var xid string
 	if err := tx.QueryRow(ctx, "SELECT (txid_current() % 4294967296)::text").Scan(&xid); err != nil {
-		w.t.Fatalf("fence: %v", err)
+		w.T.Fatalf("fence: %v", err)
 	}
 	ids := make([]string, len(events))
 	for i, e := range events {
 		ids[i] = harness.NewUUID()
 		write, args := `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 			VALUES ($1, $2, $3, $4, $5::jsonb)`, []any{ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload}
-		if w.messages {
+		if w.Source == "messages" {
 			write, args = harness.EmitSQL, []any{"outbox", ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload, nil}
 		}
 		if _, err := tx.Exec(ctx, write, args...); err != nil {
-			w.t.Fatalf("fence: %v", err)
+			w.T.Fatalf("fence: %v", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		w.t.Fatalf("fence: commit: %v", err)
+		w.T.Fatalf("fence: commit: %v", err)
 	}
 	w.Record(ids, events)
 	// PostgreSQL 15 reads to the end of WAL with its own function; 16
 	// dropped it and lets pg_get_wal_records_info read past the end.
 	records := "pg_get_wal_records_info_till_end_of_wal($1::pg_lsn)"
-	if w.db.QueryInt64(w.t, "SELECT current_setting('server_version_num')::bigint") >= 160000 {
+	if w.DB.QueryInt64(w.T, "SELECT current_setting('server_version_num')::bigint") >= 160000 {
 		records = "pg_get_wal_records_info($1::pg_lsn, 'FFFFFFFF/FFFFFFFF')"
 	}
-	lsn := w.db.QueryString(w.t, `SELECT start_lsn::text FROM `+records+`
+	lsn := w.DB.QueryString(w.T, `SELECT start_lsn::text FROM `+records+`
 		WHERE xid = $2::xid AND resource_manager = 'Transaction' AND record_type LIKE 'COMMIT%'`, from, xid)
 	if lsn == "" {
-		w.t.Fatalf("fence: no commit record of xid %s after %s", xid, from)
+		w.T.Fatalf("fence: no commit record of xid %s after %s", xid, from)
 	}
 	return lsn
 }

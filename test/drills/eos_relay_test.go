@@ -28,7 +28,7 @@ var eosFlags = []string{"--delivery", "exactly-once", "--transaction-interval", 
 // saw it on each partition it read everything visible before it: then
 // every event must be there exactly once, and nothing else.
 func (w *world) settleExactlyOnce(timeout time.Duration) []harness.Record {
-	w.t.Helper()
+	w.T.Helper()
 	conn := w.connect()
 	var markers []harness.OutboxEvent
 	for _, typ := range w.types {
@@ -42,12 +42,12 @@ func (w *world) settleExactlyOnce(timeout time.Duration) []harness.Record {
 		}
 	}
 	commit := w.fence(conn, markers)
-	harness.WaitFor(w.t, timeout, "the slot confirms the settle transaction (commit at "+commit+")", func() bool {
-		return !notPast(w.confirmedFlush(), commit)
+	harness.WaitFor(w.T, timeout, "the slot confirms the settle transaction (commit at "+commit+")", func() bool {
+		return !notPast(w.ConfirmedFlush(), commit)
 	})
 	ids, order := w.Committed()
-	records := harness.ConsumeExactlyOnce(w.t, w.brokers, w.topicRegex(), ids, timeout)
-	harness.CheckPerAggregateOrder(w.t, records, order)
+	records := harness.ConsumeExactlyOnce(w.T, w.Brokers, w.topicRegex(), ids, timeout)
+	harness.CheckPerAggregateOrder(w.T, records, order)
 	return records
 }
 
@@ -73,7 +73,7 @@ func TestDrillEOSCrashes(t *testing.T) {
 	kills := harness.Sized(5, 20)
 	rng := newRand(t)
 	w, _ := newKfakeWorld(t, shared)
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	conn := w.connect()
 	pw := startPacedWriter(w, conn, writerRand(rng), 5*time.Millisecond, 7, 300, false)
 	defer pw.halt()
@@ -106,7 +106,7 @@ func TestDrillEOSPostgresImmediateRestart(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{})
 	w, _ := newKfakeWorld(t, pg)
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	relay := w.startRelay(eosFlags...)
 	checkTxnsCommitted(t, relay.Output())
 	conn := w.connect()
@@ -134,7 +134,7 @@ func TestDrillEOSPostgresImmediateRestart(t *testing.T) {
 		t.Errorf("no restart line saying read_committed consumers see each event once:\n%s", harness.LastLines(relay.Output(), 30))
 	}
 	pw.doubt.settle(t, w)
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
 		t.Fatalf("table holds %d events, the writer knows of %d", n, w.CommittedCount())
 	}
 	conn2 := w.connect()
@@ -153,13 +153,13 @@ func TestDrillEOSBrokerOutage(t *testing.T) {
 	rng := newRand(t)
 	w := newWorld(t, shared, nil)
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	relay := w.startRelay(eosFlags...)
 	conn := w.connect()
 	pw := startPacedWriter(w, conn, writerRand(rng), 20*time.Millisecond, 5, 100, false)
 	harness.WaitFor(t, time.Minute, "Kafka transactions commit", func() bool {
-		return sumOffsets(endOffsets(t, w.brokers, w.topics())) > 0
+		return sumOffsets(endOffsets(t, w.Brokers, w.topics())) > 0
 	})
 	f := k.FailProduce(-1, kerr.NotLeaderForPartition.Code)
 	// The outage lasts until the open Kafka transaction failed: its
@@ -233,7 +233,7 @@ func TestDrillEOSPoisonInMultiEventTxn(t *testing.T) {
 	if relay.Exited() {
 		t.Fatalf("relay exited:\n%s", relay.Output())
 	}
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1::uuid", poison); n != 1 {
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1::uuid", poison); n != 1 {
 		t.Fatalf("poison event in the quarantine table %d times, want 1", n)
 	}
 	if n := countQuarantined(relay.Output(), poison); n != 1 {
@@ -266,7 +266,7 @@ func TestDrillEOSZombieFenced(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "2s"}})
 	w, _ := newKfakeWorld(t, pg)
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	zombie := w.startRelay(eosFlags...)
 	standby := w.startRelayNoWait(eosFlags...)
 	conn := w.connect()
@@ -391,11 +391,11 @@ func TestDrillEOSAllOrNothing(t *testing.T) {
 	w.settleExactlyOnce(time.Minute)
 	stable := func() (n int64) {
 		for _, topic := range w.topics() {
-			n += sumOffsets(harness.StableOffsets(t, w.brokers, topic))
+			n += sumOffsets(harness.StableOffsets(t, w.Brokers, topic))
 		}
 		return n
 	}
-	ends := func() int64 { return sumOffsets(endOffsets(t, w.brokers, w.topics())) }
+	ends := func() int64 { return sumOffsets(endOffsets(t, w.Brokers, w.topics())) }
 	lsoBefore, hwmBefore := stable(), ends()
 
 	release := k.HoldRequests(kmsg.EndTxn)
@@ -408,7 +408,7 @@ func TestDrillEOSAllOrNothing(t *testing.T) {
 	if lso := stable(); lso != lsoBefore {
 		t.Fatalf("last stable offsets moved from %d to %d before the commit: read_committed readers can read part of the transaction", lsoBefore, lso)
 	}
-	if c := w.confirmedFlush(); !notPast(c, commit) {
+	if c := w.ConfirmedFlush(); !notPast(c, commit) {
 		t.Fatalf("slot confirmed %s, past the transaction at %s, before its Kafka transaction committed", c, commit)
 	}
 	release()

@@ -22,13 +22,14 @@ const msgSharedID = "a relay of another slot or database uses the same transacti
 func TestDrillEOSSharedTransactionalID(t *testing.T) {
 	rng := newRand(t)
 	a, k := newKfakeWorld(t, shared)
-	b := &world{t: t, pg: a.pg, db: a.db, brokers: a.brokers, bin: a.bin, slot: a.slot + "_b",
-		topicPrefix: "outbox.other.", relayDSN: a.relayDSN, types: a.types, Ledger: a.Ledger}
+	envB := *a.Env
+	envB.Slot = a.Slot + "_b"
+	b := &world{Env: &envB, pg: a.pg, topicPrefix: "outbox.other.", relayDSN: a.relayDSN, types: a.types}
 	for _, topic := range b.topics() {
 		k.CreateTopic(t, topic, partitions, nil)
 	}
-	harness.Migrate(t, b.bin, harness.RelayFlags{DSN: b.db.DSN(), Slot: b.slot}.Args("migrate", "--slot-only"))
-	b.db.DropSlotAtEnd(t, b.slot)
+	harness.Migrate(t, b.Bin, harness.RelayFlags{DSN: b.DB.DSN(), Slot: b.Slot}.Args("migrate", "--slot-only"))
+	b.DB.DropSlotAtEnd(t, b.Slot)
 
 	sharedID := append([]string{"--transactional-id", "outbox-relay:shared"}, eosFlags...)
 	relayA := a.startRelay(sharedID...)

@@ -46,7 +46,7 @@ func failoverPair(t *testing.T) (w *world, pg, standby *harness.Postgres) {
 	}
 	w = newWorld(t, pg, nil)
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
+	w.Brokers = k.Brokers()
 	standby = pg.CopyStandby(t, physicalSlot, map[string]string{"sync_replication_slots": "on", "hot_standby_feedback": "on"})
 	return w, pg, standby
 }
@@ -57,12 +57,12 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 	pg.Exec(t, fmt.Sprintf("ALTER SYSTEM SET synchronized_standby_slots = '%s'", physicalSlot))
 	pg.Exec(t, fmt.Sprintf("ALTER SYSTEM SET synchronous_standby_names = '%s'", physicalSlot))
 	pg.Exec(t, "SELECT pg_reload_conf()")
-	harness.Migrate(t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", "--slot-failover"))
+	harness.Migrate(t, w.Bin, harness.RelayFlags{DSN: w.DB.DSN(), Slot: w.Slot}.Args("migrate", "--slot-failover"))
 
 	// Both servers in one connection string: the relay connects to the
 	// one that accepts writes.
 	w.relayDSN = fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?target_session_attrs=read-write",
-		pg.Port(), standby.Port(), w.db.Name())
+		pg.Port(), standby.Port(), w.DB.Name())
 	flags := []string{"--slot-failover", "--status-interval", "300ms"}
 	if exactlyOnce {
 		flags = append(flags, eosFlags...)
@@ -76,12 +76,12 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 	// confirmed, before the primary goes: a slot nothing synced yet is
 	// not there after the promotion (see docs/operations.md).
 	harness.WaitFor(t, 2*time.Minute, "500 events committed and confirmed", func() bool {
-		return pw.events.Load() >= 500 && !notPast(w.confirmedFlush(), "0/0")
+		return pw.events.Load() >= 500 && !notPast(w.ConfirmedFlush(), "0/0")
 	})
-	confirmed := w.confirmedFlush()
+	confirmed := w.ConfirmedFlush()
 	harness.WaitFor(t, 2*time.Minute, "the standby's synced slot reaches "+confirmed, func() bool {
 		synced := standby.QueryString(t, `SELECT coalesce((SELECT confirmed_flush_lsn::text FROM pg_replication_slots
-			WHERE slot_name = $1 AND synced), '')`, w.slot)
+			WHERE slot_name = $1 AND synced), '')`, w.Slot)
 		return synced != "" && harness.LSNAtMost(confirmed, synced)
 	})
 
@@ -94,8 +94,8 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 	pw.doubt.settle(t, n)
 	t.Logf("primary stopped with -m immediate after %d events (writer: %v); standby promoted in %v",
 		w.CommittedCount(), werr, time.Since(failedAt).Round(time.Millisecond))
-	if !strings.Contains(standby.QueryString(t, "SELECT coalesce((SELECT slot_name FROM pg_replication_slots WHERE slot_name = $1), '')", w.slot), w.slot) {
-		t.Fatalf("the promoted standby has no slot %s: it was never synchronised", w.slot)
+	if !strings.Contains(standby.QueryString(t, "SELECT coalesce((SELECT slot_name FROM pg_replication_slots WHERE slot_name = $1), '')", w.Slot), w.Slot) {
+		t.Fatalf("the promoted standby has no slot %s: it was never synchronised", w.Slot)
 	}
 
 	streams := strings.Count(relay.Output(), harness.LogStreaming)
@@ -135,10 +135,10 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 func TestDrillFailoverSlotNotSyncedStatus(t *testing.T) {
 	w, pg, standby := failoverPair(t)
 	rng := newRand(t)
-	harness.Migrate(t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate", "--slot-failover"))
+	harness.Migrate(t, w.Bin, harness.RelayFlags{DSN: w.DB.DSN(), Slot: w.Slot}.Args("migrate", "--slot-failover"))
 	status := func(on *harness.Postgres) string {
 		t.Helper()
-		_, out := harness.RunCommand(t, w.bin, harness.RelayFlags{DSN: on.DB(w.db.Name()).DSN(), Slot: w.slot}.Args("status"))
+		_, out := harness.RunCommand(t, w.Bin, harness.RelayFlags{DSN: on.DB(w.DB.Name()).DSN(), Slot: w.Slot}.Args("status"))
 		return out
 	}
 
@@ -168,7 +168,7 @@ func TestDrillFailoverSlotNotSyncedStatus(t *testing.T) {
 	}
 	w.waitSettled(time.Minute)
 	harness.WaitFor(t, time.Minute, "the standby to hold the synchronised slot", func() bool {
-		return standby.QueryString(t, "SELECT coalesce((SELECT (synced AND NOT temporary)::text FROM pg_replication_slots WHERE slot_name = $1), '')", w.slot) == "true"
+		return standby.QueryString(t, "SELECT coalesce((SELECT (synced AND NOT temporary)::text FROM pg_replication_slots WHERE slot_name = $1), '')", w.Slot) == "true"
 	})
 	for what, out := range map[string]string{"primary": status(pg), "standby": status(standby)} {
 		if strings.Contains(out, "failover_warning") || strings.Contains(out, "warning:") {

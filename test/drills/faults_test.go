@@ -18,8 +18,8 @@ func kfakeWorld(t *testing.T, opts harness.KfakeOptions) (*world, *harness.Kfake
 	t.Helper()
 	w := newWorld(t, shared, nil)
 	k := startKfake(t, opts, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	return w, k
 }
 
@@ -118,7 +118,7 @@ func TestDrillRetriableBrokerErrors(t *testing.T) {
 	began := time.Now()
 	var passed string
 	harness.WaitFor(t, 3*time.Minute, "20 consecutive failed produce requests and two stream restarts", func() bool {
-		if c := w.confirmedFlush(); !notPast(c, fence) {
+		if c := w.ConfirmedFlush(); !notPast(c, fence) {
 			passed = c
 			return true
 		}
@@ -133,7 +133,7 @@ func TestDrillRetriableBrokerErrors(t *testing.T) {
 	if err := wait(); err != nil {
 		t.Fatal(err)
 	}
-	if c := w.confirmedFlush(); !notPast(c, fence) {
+	if c := w.ConfirmedFlush(); !notPast(c, fence) {
 		t.Fatalf("confirmed_flush_lsn %s passed the failing transaction (commit at %s) while produce requests failed", c, fence)
 	}
 	f.Remove()

@@ -28,9 +28,9 @@ func TestDrillSlotIdleTimeout(t *testing.T) {
 	rng := newRand(t)
 	w := newWorld(t, pg, nil)
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
+	w.Brokers = k.Brokers()
 	const warning = "idle_replication_slot_timeout is 1s: if no relay streams from the slot for longer than that"
-	code, out := harness.RunCommand(t, w.bin, harness.RelayFlags{DSN: w.db.DSN(), Slot: w.slot}.Args("migrate"))
+	code, out := harness.RunCommand(t, w.Bin, harness.RelayFlags{DSN: w.DB.DSN(), Slot: w.Slot}.Args("migrate"))
 	if code != 0 {
 		t.Fatalf("migrate exited %d:\n%s", code, out)
 	}
@@ -55,8 +55,8 @@ func TestDrillSlotIdleTimeout(t *testing.T) {
 	}
 	// The server checks idle slots at checkpoints.
 	harness.WaitFor(t, time.Minute, "PostgreSQL invalidates the idle slot", func() bool {
-		w.db.Exec(t, "CHECKPOINT")
-		return w.db.QueryString(t, "SELECT coalesce((SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1), '')", w.slot) == "idle_timeout"
+		w.DB.Exec(t, "CHECKPOINT")
+		return w.DB.QueryString(t, "SELECT coalesce((SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1), '')", w.Slot) == "idle_timeout"
 	})
 
 	p := w.startRelayNoWait()

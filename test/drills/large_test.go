@@ -31,8 +31,8 @@ func TestDrillLargeAndAbortedTransactions(t *testing.T) {
 	w := newWorld(t, shared, nil)
 	w.types = []string{"order", "bulk", "aborted"}
 	k := startKfake(t, harness.KfakeOptions{}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	relay := w.startRelay()
 	ctx := context.Background()
 

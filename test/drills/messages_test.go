@@ -36,14 +36,14 @@ func messagesDrill(t *testing.T, exactlyOnce bool) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{})
 	w := newWorld(t, pg, nil)
-	w.messages = true
-	w.EmitMessages(t, w.db, "outbox")
-	w.brokers = startKfake(t, harness.KfakeOptions{}, w.topics()).Brokers()
-	w.migrate()
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM pg_class WHERE relname = 'outbox_events'"); n != 0 {
+	w.Source = "messages"
+	w.EmitMessages(t, w.DB, "outbox")
+	w.Brokers = startKfake(t, harness.KfakeOptions{}, w.topics()).Brokers()
+	w.Migrate()
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM pg_class WHERE relname = 'outbox_events'"); n != 0 {
 		t.Fatalf("migrate --source messages created an outbox table")
 	}
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	var flags []string
 	if exactlyOnce {
 		flags = eosFlags
@@ -104,35 +104,35 @@ func messagesDrill(t *testing.T, exactlyOnce bool) {
 // outside any transaction with the relay's prefix, and one of another
 // prefix in a committed transaction. It notes their IDs in forbidden.
 func (w *world) emitForbidden(conn *pgx.Conn, forbidden map[string]string) {
-	w.t.Helper()
+	w.T.Helper()
 	ctx := context.Background()
 	emit := func(q pgx.Tx, prefix, why string) {
 		id := harness.NewUUID()
 		forbidden[id] = why
 		if _, err := q.Exec(ctx, harness.EmitSQL, prefix, id, "order", "forbidden", "Never", `{"never": true}`, nil); err != nil {
-			w.t.Fatalf("emit a message that must not be published: %v", err)
+			w.T.Fatalf("emit a message that must not be published: %v", err)
 		}
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	emit(tx, "outbox", "its transaction rolled back")
 	if err := tx.Rollback(ctx); err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	id := harness.NewUUID()
 	forbidden[id] = "it was emitted outside a transaction"
 	nonTxn := strings.Replace(harness.EmitSQL, "pg_logical_emit_message(true,", "pg_logical_emit_message(false,", 1)
 	if _, err := conn.Exec(ctx, nonTxn, "outbox", id, "order", "forbidden", "Never", `{"never": true}`, nil); err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	tx, err = conn.Begin(ctx)
 	if err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 	emit(tx, "outbox-other", "it has another prefix")
 	if err := tx.Commit(ctx); err != nil {
-		w.t.Fatal(err)
+		w.T.Fatal(err)
 	}
 }

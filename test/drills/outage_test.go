@@ -41,7 +41,7 @@ func (d inDoubt) settle(t *testing.T, w *world) {
 	if len(d.ids) == 0 {
 		return
 	}
-	switch n := w.db.QueryInt64(t, "SELECT count(*) FROM "+w.Table()+" WHERE event_id = ANY($1::uuid[])", d.ids); n {
+	switch n := w.DB.QueryInt64(t, "SELECT count(*) FROM "+w.Table()+" WHERE event_id = ANY($1::uuid[])", d.ids); n {
 	case int64(len(d.ids)):
 		w.Record(d.ids, d.events)
 	case 0:
@@ -146,7 +146,7 @@ func TestDrillBrokerOutage(t *testing.T) {
 	t.Run("kfake", func(t *testing.T) {
 		w := newWorld(t, pg, nil)
 		k := startKfake(t, harness.KfakeOptions{}, w.topics())
-		w.brokers = k.Brokers()
+		w.Brokers = k.Brokers()
 		var f *harness.ProduceFault
 		outageDrill(t, w, outage,
 			func() { f = k.FailProduce(-1, kerr.NotLeaderForPartition.Code) },
@@ -156,7 +156,7 @@ func TestDrillBrokerOutage(t *testing.T) {
 
 func outageDrill(t *testing.T, w *world, outage time.Duration, down, up func()) {
 	rng := newRand(t)
-	w.migrate()
+	w.Migrate()
 	conn := w.connect()
 	relay := w.startRelay()
 	if err := w.writeTxns(conn, rng, 20, 5, 100); err != nil {
@@ -172,7 +172,7 @@ func outageDrill(t *testing.T, w *world, outage time.Duration, down, up func()) 
 	// Keep the broker away for the whole outage: a deliberate fault
 	// duration, checked throughout, not a wait for anything.
 	err := hold(outage, func() error {
-		if c := w.confirmedFlush(); !notPast(c, fence) {
+		if c := w.ConfirmedFlush(); !notPast(c, fence) {
 			return fmt.Errorf("confirmed_flush_lsn %s passed the first event of the outage (commit at %s)", c, fence)
 		}
 		if relay.Exited() {
@@ -190,7 +190,7 @@ func outageDrill(t *testing.T, w *world, outage time.Duration, down, up func()) 
 		up()
 		t.Fatal(err)
 	}
-	if c := w.confirmedFlush(); !notPast(c, fence) {
+	if c := w.ConfirmedFlush(); !notPast(c, fence) {
 		t.Fatalf("confirmed_flush_lsn %s passed the first event of the outage (commit at %s)", c, fence)
 	}
 	restarts := strings.Count(relay.Output(), msgRestart)
@@ -239,7 +239,7 @@ func TestDrillBackpressureVsSenderTimeout(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "5s"}})
 	w, k := newKfakeWorld(t, pg)
-	w.db.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
+	w.DB.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
 	conn := w.connect()
 	relay := w.startRelay("--max-in-flight-events", "500")
 	if err := w.writeTxns(conn, rng, 20, 5, 100); err != nil {
@@ -260,7 +260,7 @@ func TestDrillBackpressureVsSenderTimeout(t *testing.T) {
 	// Keep produce held for the whole period: a deliberate fault duration,
 	// checked throughout, not a wait for anything.
 	err := hold(held, func() error {
-		c := w.confirmedFlush()
+		c := w.ConfirmedFlush()
 		if !notPast(c, fence) {
 			return fmt.Errorf("confirmed_flush_lsn %s passed the held events (first commit at %s)", c, fence)
 		}

@@ -34,7 +34,7 @@ func TestDrillPermanentRejection(t *testing.T) {
 	t.Run("MessageTooLarge", func(t *testing.T) {
 		w := newWorld(t, shared, nil)
 		k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
-		w.brokers = k.Brokers()
+		w.Brokers = k.Brokers()
 		k.CreateTopic(t, w.topicPrefix+"order", partitions, map[string]string{"max.message.bytes": "2000"})
 		for _, topic := range w.topics()[1:] {
 			k.CreateTopic(t, topic, partitions, nil)
@@ -47,7 +47,7 @@ func TestDrillPermanentRejection(t *testing.T) {
 	t.Run("UnknownTopic", func(t *testing.T) {
 		w := newWorld(t, shared, nil)
 		k := startKfake(t, harness.KfakeOptions{DisableAutoCreate: true}, w.topics())
-		w.brokers = k.Brokers()
+		w.Brokers = k.Brokers()
 		ghost := harness.OutboxEvent{AggregateType: "ghost", AggregateID: "agg-ghost", EventType: "Boo", Payload: `{"boo": 1}`}
 		rejectionDrill(t, w, ghost, "outbox.event.ghost", []string{"does not exist"})
 	})
@@ -55,7 +55,7 @@ func TestDrillPermanentRejection(t *testing.T) {
 
 func rejectionDrill(t *testing.T, w *world, bad harness.OutboxEvent, topic string, reason []string) {
 	rng := newRand(t)
-	w.migrate()
+	w.Migrate()
 	conn := w.connect()
 	relay := w.startRelay(haltArgs...)
 	if err := w.writeTxns(conn, rng, 10, 5, 30); err != nil {
@@ -93,10 +93,10 @@ func rejectionDrill(t *testing.T, w *world, bad harness.OutboxEvent, topic strin
 			t.Errorf("the failure does not say %q: %s", want, failure)
 		}
 	}
-	if c := w.confirmedFlush(); !notPast(c, fence) {
+	if c := w.ConfirmedFlush(); !notPast(c, fence) {
 		t.Errorf("confirmed_flush_lsn %s passed the rejected event (commit at %s)", c, fence)
 	}
-	records := harness.ConsumeEventIDs(t, w.brokers, w.topicRegex(), before, time.Minute)
+	records := harness.ConsumeEventIDs(t, w.Brokers, w.topicRegex(), before, time.Minute)
 	got := map[string]bool{}
 	for _, r := range records {
 		got[r.EventID()] = true

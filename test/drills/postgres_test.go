@@ -23,7 +23,7 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{})
 	w, _ := newKfakeWorld(t, pg)
-	off := newOffsets(t, w.brokers)
+	off := newOffsets(t, w.Brokers)
 	relay := w.startRelay()
 
 	// The service keeps writing until the crash; the transaction whose
@@ -70,10 +70,10 @@ func TestDrillPostgresImmediateShutdown(t *testing.T) {
 		time.Since(restarted).Round(time.Millisecond), time.Since(crashed).Round(time.Millisecond))
 
 	doubt.settle(t, w)
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != int64(w.CommittedCount()) {
 		t.Fatalf("table holds %d events, the writer knows of %d", n, w.CommittedCount())
 	}
-	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
+	conn2, err := pgx.Connect(context.Background(), w.DB.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,9 +100,9 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 	rng := newRand(t)
 	w, k := kfakeWorld(t, harness.KfakeOptions{})
 	proxy := harness.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", shared.Port()))
-	w.relayDSN = strings.Replace(w.db.DSN(), fmt.Sprintf("127.0.0.1:%d", shared.Port()), proxy.Addr(), 1)
-	if w.relayDSN == w.db.DSN() {
-		t.Fatalf("could not point the DSN %s at the proxy", w.db.DSN())
+	w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", shared.Port()), proxy.Addr(), 1)
+	if w.relayDSN == w.DB.DSN() {
+		t.Fatalf("could not point the DSN %s at the proxy", w.DB.DSN())
 	}
 	off := newOffsets(t, k.Brokers())
 	relay := w.startRelay()
@@ -196,15 +196,15 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	all, _ := w.Committed()
 	lost := append([]string(nil), all[len(delivered):]...)
 	w.Forget(lost) // the drill checks them separately
-	w.db.Exec(t, "CREATE TABLE filler (id bigserial PRIMARY KEY, v text)")
+	w.DB.Exec(t, "CREATE TABLE filler (id bigserial PRIMARY KEY, v text)")
 	harness.WaitFor(t, 3*time.Minute, "PostgreSQL invalidates the slot", func() bool {
-		w.db.Exec(t, "INSERT INTO filler (v) SELECT repeat('f', 1000) FROM generate_series(1, 4000)")
-		w.db.Exec(t, "SELECT pg_switch_wal()")
-		w.db.Exec(t, "CHECKPOINT")
-		return pg.SlotInfo(t, w.db.Name(), w.slot).WALStatus == "lost"
+		w.DB.Exec(t, "INSERT INTO filler (v) SELECT repeat('f', 1000) FROM generate_series(1, 4000)")
+		w.DB.Exec(t, "SELECT pg_switch_wal()")
+		w.DB.Exec(t, "CHECKPOINT")
+		return pg.SlotInfo(t, w.DB.Name(), w.Slot).WALStatus == "lost"
 	})
 	slots := func() int64 {
-		return w.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")
+		return w.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()")
 	}
 
 	p := w.startRelayNoWait()
@@ -216,7 +216,7 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	if code == 0 {
 		t.Errorf("relay exited 0 on an invalidated slot; want non-zero")
 	}
-	wants := []string{"wal_status=lost", "may never reach Kafka", "--recreate-lost-slot", w.slot}
+	wants := []string{"wal_status=lost", "may never reach Kafka", "--recreate-lost-slot", w.Slot}
 	if pg.Major(t) >= 17 {
 		wants = append(wants, "invalidation_reason=wal_removed") // the server's own word for it
 	}
@@ -225,7 +225,7 @@ func TestDrillSlotInvalidated(t *testing.T) {
 			t.Errorf("relay's failure does not say %q; output:\n%s", want, out)
 		}
 	}
-	if si := pg.SlotInfo(t, w.db.Name(), w.slot); !si.Exists || si.WALStatus != "lost" {
+	if si := pg.SlotInfo(t, w.DB.Name(), w.Slot); !si.Exists || si.WALStatus != "lost" {
 		t.Errorf("after the refusal the slot is %+v; want the invalidated slot left as it was (not recreated)", si)
 	}
 	if n := slots(); n != 1 {
@@ -237,7 +237,7 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	if !strings.Contains(relay.Output(), "dropped and recreated it") {
 		t.Errorf("relay did not say it recreates the lost slot; output:\n%s", relay.Output())
 	}
-	if si := pg.SlotInfo(t, w.db.Name(), w.slot); !si.Exists || si.WALStatus == "lost" {
+	if si := pg.SlotInfo(t, w.DB.Name(), w.Slot); !si.Exists || si.WALStatus == "lost" {
 		t.Fatalf("slot after --recreate-lost-slot: %+v", si)
 	}
 	before := w.CommittedCount()
@@ -289,7 +289,7 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 	rng := newRand(t)
 	pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"autovacuum": "off"}})
 	w, k := newKfakeWorld(t, pg)
-	w.db.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
+	w.DB.Exec(t, "CREATE TABLE other (id bigserial PRIMARY KEY, v text)")
 	conn := w.connect()
 	w.startRelay()
 	if err := w.writeTxns(conn, rng, 5, 5, 20); err != nil {
@@ -306,23 +306,23 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 			t.Fatal(err)
 		}
 		harness.WaitFor(t, time.Minute, "the burst reaches the broker", func() bool { return k.HeldProduces() > 0 })
-		w.db.Exec(t, "INSERT INTO other (v) SELECT repeat('o', 500) FROM generate_series(1, 200)")
-		tail := w.db.CurrentLSN(w.t)
+		w.DB.Exec(t, "INSERT INTO other (v) SELECT repeat('o', 500) FROM generate_series(1, 200)")
+		tail := w.DB.CurrentLSN(w.T)
 		// The relay reports having read the tail (its write position)
 		// while the burst is still unacknowledged.
 		harness.WaitFor(t, time.Minute, "the relay reads past the tail", func() bool {
-			return harness.LSNAtMost(tail, w.db.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
-				JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, w.slot))
+			return harness.LSNAtMost(tail, w.DB.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
+				JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, w.Slot))
 		})
 		release()
 		w.consumeAll(time.Minute)
 		released := time.Now()
 		quiet := true
 		confirmed := harness.Poll(within, func() bool {
-			quiet = quiet && w.db.CurrentLSN(w.t) == tail
-			return harness.LSNAtMost(tail, w.confirmedFlush())
+			quiet = quiet && w.DB.CurrentLSN(w.T) == tail
+			return harness.LSNAtMost(tail, w.ConfirmedFlush())
 		})
-		quiet = quiet && w.db.CurrentLSN(w.t) == tail
+		quiet = quiet && w.DB.CurrentLSN(w.T) == tail
 		switch {
 		case !quiet:
 			t.Logf("attempt %d inconclusive: the server wrote WAL past %s meanwhile", attempt, tail)
@@ -330,7 +330,7 @@ func TestDrillIdleConfirmAfterBurst(t *testing.T) {
 		case !confirmed:
 			t.Fatalf("slot still at %s %v after the burst's acks, though the relay had read to %s with nothing left in flight "+
 				"and the server wrote nothing since: WAL that only other tables wrote is held until the database writes again",
-				w.confirmedFlush(), time.Since(released).Round(time.Millisecond), tail)
+				w.ConfirmedFlush(), time.Since(released).Round(time.Millisecond), tail)
 		}
 		t.Logf("slot reached the tail %s within %v of the acks", tail, time.Since(released).Round(time.Millisecond))
 		return

@@ -63,9 +63,9 @@ func storedProgress(t testing.TB, brokers []string, slot string) (lsn string, ti
 
 // waitProgressAt waits until the stored progress reaches at least lsn.
 func (w *world) waitProgressAt(lsn string) {
-	w.t.Helper()
-	harness.WaitFor(w.t, time.Minute, "the progress record reaches "+lsn, func() bool {
-		got, _ := storedProgress(w.t, w.brokers, w.slot)
+	w.T.Helper()
+	harness.WaitFor(w.T, time.Minute, "the progress record reaches "+lsn, func() bool {
+		got, _ := storedProgress(w.T, w.Brokers, w.Slot)
 		return harness.LSNAtMost(lsn, got)
 	})
 }
@@ -73,9 +73,10 @@ func (w *world) waitProgressAt(lsn string) {
 // on returns a world for the same database name on another cluster (a
 // restored backup, a promoted standby), with a fresh ledger.
 func (w *world) on(pg *harness.Postgres) *world {
-	c := &world{t: w.t, pg: pg, db: pg.DB(w.db.Name()), brokers: w.brokers, bin: w.bin, slot: w.slot,
-		topicPrefix: w.topicPrefix, types: w.types, Ledger: harness.NewLedger()}
-	c.relayDSN = c.db.DSN()
+	env := *w.Env
+	env.DB, env.Ledger = pg.DB(w.DB.Name()), harness.NewLedger()
+	c := &world{Env: &env, pg: pg, topicPrefix: w.topicPrefix, types: w.types}
+	c.relayDSN = c.DB.DSN()
 	return c
 }
 
@@ -83,17 +84,17 @@ func (w *world) on(pg *harness.Postgres) *world {
 // relay and waits until the relay streams again; it returns the slot's
 // confirmed position before and after.
 func (w *world) restartUnder(relay *harness.Process, stop func(testing.TB)) (before, after string) {
-	w.t.Helper()
-	before = w.confirmedFlush()
+	w.T.Helper()
+	before = w.ConfirmedFlush()
 	streams := strings.Count(relay.Output(), harness.LogStreaming)
-	stop(w.t)
-	w.pg.Start(w.t)
-	after = w.confirmedFlush()
-	harness.WaitFor(w.t, 2*time.Minute, "the relay streams again", func() bool {
+	stop(w.T)
+	w.pg.Start(w.T)
+	after = w.ConfirmedFlush()
+	harness.WaitFor(w.T, 2*time.Minute, "the relay streams again", func() bool {
 		return relay.Exited() || strings.Count(relay.Output(), harness.LogStreaming) > streams
 	})
 	if relay.Exited() {
-		w.t.Fatalf("relay exited after the PostgreSQL restart:\n%s", relay.Output())
+		w.T.Fatalf("relay exited after the PostgreSQL restart:\n%s", relay.Output())
 	}
 	return before, after
 }
@@ -129,8 +130,8 @@ func TestDrillProgressRestartCaughtUpApacheKafka(t *testing.T) {
 	w := newWorld(t, pg, nil)
 	w.topicPrefix = "drill_progress."
 	k := requireKafka(t, harness.ApacheKafkaOptions{Version: harness.ApacheKafka4Version, Nodes: 1}, w.topics(), 1, nil)
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	restartCaughtUp(t, w, "fast")
 }
 
@@ -147,7 +148,7 @@ func restartCaughtUp(t *testing.T, w *world, mode string) {
 		t.Fatal(err)
 	}
 	w.waitSettled(3 * time.Minute)
-	w.waitProgressAt(w.confirmedFlush())
+	w.waitProgressAt(w.ConfirmedFlush())
 	conn.Close(context.Background())
 
 	stop := pg.Stop
@@ -182,7 +183,7 @@ func restartCaughtUp(t *testing.T, w *world, mode string) {
 	if p := slot.Relay.Progress; p.StartSource != wantSource || !harness.LSNAtMost(before, p.LSN) {
 		t.Errorf("/slot shows progress %+v; want the last start from the %s, at or past %s", p, wantSource, before)
 	}
-	status := harness.StartProcess(t, w.bin, append(w.args("status"), "--kafka-brokers", strings.Join(w.brokers, ",")), nil)
+	status := harness.StartProcess(t, w.Bin, append(w.args("status"), "--kafka-brokers", strings.Join(w.Brokers, ",")), nil)
 	if code, err := status.Wait(time.Minute); err != nil || code != 0 {
 		t.Fatalf("status exited %d (%v):\n%s", code, err, status.Output())
 	}
@@ -196,7 +197,7 @@ func restartCaughtUp(t *testing.T, w *world, mode string) {
 		t.Errorf("status shows progress %+v (%v); want it at or past %s:\n%s", st.Progress, err, before, status.Output())
 	}
 
-	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
+	conn2, err := pgx.Connect(context.Background(), w.DB.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +268,7 @@ func restartMidStream(t *testing.T, mode string) {
 	// their order, and a guessed one made the order check fail by chance.
 	pw.doubt.settle(t, w)
 	checkLedgerHoldsTable(t, w)
-	conn2, err := pgx.Connect(context.Background(), w.db.DSN())
+	conn2, err := pgx.Connect(context.Background(), w.DB.DSN())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +296,7 @@ func restartMidStream(t *testing.T, mode string) {
 func checkLedgerHoldsTable(t *testing.T, w *world) {
 	t.Helper()
 	ids, _ := w.Committed()
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE NOT event_id = ANY($1::uuid[])", ids); n != 0 {
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE NOT event_id = ANY($1::uuid[])", ids); n != 0 {
 		t.Fatalf("the outbox table holds %d rows the writer did not record as committed", n)
 	}
 }
@@ -304,14 +305,14 @@ func checkLedgerHoldsTable(t *testing.T, w *world) {
 // (SIGTERM) and then the world's cluster, which comes back only for the
 // world's cleanup to drop its slot.
 func (w *world) retirePrimary(relay *harness.Process) {
-	w.t.Helper()
+	w.T.Helper()
 	w.waitSettled(3 * time.Minute)
-	w.waitProgressAt(w.confirmedFlush())
+	w.waitProgressAt(w.ConfirmedFlush())
 	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
-		w.t.Fatalf("relay stop: exit %d, %v", code, err)
+		w.T.Fatalf("relay stop: exit %d, %v", code, err)
 	}
-	w.pg.Stop(w.t)
-	w.t.Cleanup(func() { w.pg.Start(w.t) })
+	w.pg.Stop(w.T)
+	w.T.Cleanup(func() { w.pg.Start(w.T) })
 }
 
 // TestDrillProgressRestoredBackup restores a base backup taken before the
@@ -334,12 +335,12 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 
 	backup.StartNew(t)
 	r := w.on(backup)
-	r.migrate() // slots are not in base backups
+	r.Migrate() // slots are not in base backups
 	rconn := r.connect()
 	if err := r.writeTxns(rconn, rng, 20, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	refused := harness.StartProcess(t, r.bin, r.args("run"), []string{harness.LogLevelInfo})
+	refused := harness.StartProcess(t, r.Bin, r.args("run"), []string{harness.LogLevelInfo})
 	code, err := refused.Wait(2 * time.Minute)
 	if err != nil || code != 1 {
 		t.Fatalf("relay on a restored backup with progress ahead exited %d (%v), want 1:\n%s", code, err, refused.Output())
@@ -350,7 +351,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 		}
 	}
 
-	reset := harness.StartProcess(t, r.bin, r.args("run", "--reset-progress"), []string{harness.LogLevelInfo})
+	reset := harness.StartProcess(t, r.Bin, r.args("run", "--reset-progress"), []string{harness.LogLevelInfo})
 	reset.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
 	if !strings.Contains(reset.Output(), "--reset-progress: starting from the slot") {
 		t.Fatalf("the reset is not logged:\n%s", tail(reset.Output(), 10))
@@ -359,7 +360,7 @@ func TestDrillProgressRestoredBackup(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids, _ := r.Committed()
-	harness.ConsumeEventIDs(t, r.brokers, r.topicRegex(), ids, 2*time.Minute)
+	harness.ConsumeEventIDs(t, r.Brokers, r.topicRegex(), ids, 2*time.Minute)
 	t.Logf("all %d events written after the restore delivered", len(ids))
 }
 
@@ -382,7 +383,7 @@ func TestDrillProgressPromotion(t *testing.T) {
 	if err := w.writeTxns(conn, rng, 50, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	primaryAt := w.db.CurrentLSN(t)
+	primaryAt := w.DB.CurrentLSN(t)
 	harness.WaitFor(t, time.Minute, "the standby replays the first events", func() bool {
 		return harness.LSNAtMost(primaryAt, standby.QueryString(t, "SELECT coalesce(pg_last_wal_replay_lsn()::text, '')"))
 	})
@@ -392,32 +393,32 @@ func TestDrillProgressPromotion(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.retirePrimary(relay)
-	oldLSN, oldTLI := storedProgress(t, w.brokers, w.slot)
+	oldLSN, oldTLI := storedProgress(t, w.Brokers, w.Slot)
 
 	standby.Start(t)
 	standby.Promote(t)
 	n := w.on(standby)
-	n.migrate() // PostgreSQL 15 has no failover slots
+	n.Migrate() // PostgreSQL 15 has no failover slots
 	nconn := n.connect()
 	// Write past the old record's LSN: taken at face value, the record
 	// would then make the relay skip these events instead of stopping.
-	for !harness.LSNAtMost(oldLSN, n.db.CurrentLSN(t)) {
+	for !harness.LSNAtMost(oldLSN, n.DB.CurrentLSN(t)) {
 		if err := n.writeTxns(nconn, rng, 50, 10, 100); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("old primary's progress %s on timeline %d; new primary at %s with %d events", oldLSN, oldTLI, n.db.CurrentLSN(t), n.CommittedCount())
+	t.Logf("old primary's progress %s on timeline %d; new primary at %s with %d events", oldLSN, oldTLI, n.DB.CurrentLSN(t), n.CommittedCount())
 	newRelay := n.startRelay("--status-interval", "300ms")
 	if err := n.writeTxns(nconn, rng, 10, 10, 100); err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := n.Committed()
-	harness.ConsumeEventIDs(t, n.brokers, n.topicRegex(), ids, 2*time.Minute)
+	harness.ConsumeEventIDs(t, n.Brokers, n.topicRegex(), ids, 2*time.Minute)
 	if !strings.Contains(newRelay.Output(), "orphaned_from_lsn") {
 		t.Fatalf("the orphaned WAL range of the old timeline is not logged:\n%s", tail(newRelay.Output(), 20))
 	}
 	n.waitSettled(2 * time.Minute)
-	if lsn, tli := storedProgress(t, n.brokers, n.slot); tli != 2 {
+	if lsn, tli := storedProgress(t, n.Brokers, n.Slot); tli != 2 {
 		t.Fatalf("progress after the failover is %s on timeline %d, want timeline 2", lsn, tli)
 	}
 	t.Logf("all %d events of the new primary delivered", len(ids))
@@ -429,8 +430,8 @@ func TestDrillProgressPromotion(t *testing.T) {
 func TestDrillProgressTopicNotCreatable(t *testing.T) {
 	w := newWorld(t, shared, nil)
 	k := startKfake(t, harness.KfakeOptions{DisableAutoCreate: true}, w.topics())
-	w.brokers = k.Brokers()
-	w.migrate()
+	w.Brokers = k.Brokers()
+	w.Migrate()
 	harness.RefuseCreateTopics(k.Cluster())
 	p := w.startRelayNoWait()
 	code, err := p.Wait(2 * time.Minute)
@@ -483,12 +484,12 @@ func TestDrillProgressTopicMissingWhenTheStreamRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.waitSettled(time.Minute)
-	w.waitProgressAt(w.confirmedFlush())
+	w.waitProgressAt(w.ConfirmedFlush())
 
-	harness.DeleteTopic(t, w.brokers, progressTopic)
+	harness.DeleteTopic(t, w.Brokers, progressTopic)
 	streams := strings.Count(relay.Output(), harness.LogStreaming)
 	pid := w.walsenderPID()
-	w.db.Exec(t, "SELECT pg_terminate_backend($1)", pid)
+	w.DB.Exec(t, "SELECT pg_terminate_backend($1)", pid)
 	if err := w.writeTxns(conn, rng, 10, 3, 20); err != nil {
 		t.Fatal(err)
 	}
@@ -502,5 +503,5 @@ func TestDrillProgressTopicMissingWhenTheStreamRestarts(t *testing.T) {
 	if !strings.Contains(relay.Output(), "progress topic was missing") {
 		t.Fatalf("the relay did not warn that it made its progress topic again:\n%s", relay.Output())
 	}
-	w.waitProgressAt(w.confirmedFlush())
+	w.waitProgressAt(w.ConfirmedFlush())
 }

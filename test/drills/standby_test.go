@@ -26,7 +26,7 @@ func TestDrillRelayWaitsForPromotion(t *testing.T) {
 	w, _ := newKfakeWorld(t, pg)
 	standby := pg.CopyStandby(t, "relay_hot_standby", nil)
 	n := w.on(standby)
-	relay := harness.StartProcess(t, w.bin, n.args("run", "--admin-addr", "127.0.0.1:0"), []string{"OUTBOX_RELAY_LOG_LEVEL=debug"})
+	relay := harness.StartProcess(t, w.Bin, n.args("run", "--admin-addr", "127.0.0.1:0"), []string{"OUTBOX_RELAY_LOG_LEVEL=debug"})
 	admin := relay.AdminURL(t)
 
 	waits := func(level string) int {

@@ -31,10 +31,10 @@ func TestDrillKafkaUnreachableKeepsReplication(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cluster.Close)
-	w.brokers = cluster.ListenAddrs()
+	w.Brokers = cluster.ListenAddrs()
 
 	rng := newRand(t)
-	w.migrate()
+	w.Migrate()
 	conn := w.connect()
 	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	relay := w.startRelay("--admin-addr", admin)
@@ -52,7 +52,7 @@ func TestDrillKafkaUnreachableKeepsReplication(t *testing.T) {
 		if relay.Exited() {
 			return fmt.Errorf("relay exited during the outage:\n%s", relay.Output())
 		}
-		if c := w.confirmedFlush(); !notPast(c, fence) {
+		if c := w.ConfirmedFlush(); !notPast(c, fence) {
 			return fmt.Errorf("confirmed_flush_lsn %s passed the first event of the outage (commit at %s)", c, fence)
 		}
 		if p := w.walsenderPID(); p != pid {

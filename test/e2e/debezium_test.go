@@ -40,23 +40,23 @@ type debeziumRow struct {
 }
 
 func (e *env) debeziumRows(where string) map[string]debeziumRow {
-	e.t.Helper()
-	rows, err := e.db.Connect(e.t).Query(context.Background(),
+	e.T.Helper()
+	rows, err := e.DB.Connect(e.T).Query(context.Background(),
 		"SELECT id::text, aggregatetype, aggregateid, payload::text, tenant FROM outbox_events "+where)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	defer rows.Close()
 	out := map[string]debeziumRow{}
 	for rows.Next() {
 		var r debeziumRow
 		if err := rows.Scan(&r.id, &r.aggregateType, &r.aggregateID, &r.payload, &r.tenant); err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		out[r.id] = r
 	}
 	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return out
 }
@@ -108,18 +108,18 @@ func checkRouterRecord(t *testing.T, rec harness.Record, row debeziumRow) {
 // checkRouterRecords reads a record for every row of the table, once each,
 // and checks each against the router's record for its row.
 func (e *env) checkRouterRecords() (map[string]debeziumRow, map[string]harness.Record) {
-	e.t.Helper()
+	e.T.Helper()
 	rows := e.debeziumRows("")
 	ids := make([]string, 0, len(rows))
 	for id := range rows {
 		ids = append(ids, id)
 	}
-	byID, all := consumeIDs(e.t, e.kafka.Brokers(), ids, time.Minute)
+	byID, all := consumeIDs(e.T, e.Kafka.Brokers(), ids, time.Minute)
 	if len(all) != len(rows) {
-		e.t.Errorf("%d records for %d rows", len(all), len(rows))
+		e.T.Errorf("%d records for %d rows", len(all), len(rows))
 	}
 	for id, row := range rows {
-		checkRouterRecord(e.t, byID[id], row)
+		checkRouterRecord(e.T, byID[id], row)
 	}
 	return rows, byID
 }
@@ -154,13 +154,13 @@ func consumeIDs(t *testing.T, brokers []string, ids []string, timeout time.Durat
 // Java client's murmur2 partition.
 func TestDebeziumLayoutPublishesRouterRecords(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, debeziumTable)
-	e.migrate(debeziumFlags...)
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.outbox_events'::regclass AND attnum > 0 AND NOT attisdropped"); n != 7 {
+	e.DB.Exec(t, debeziumTable)
+	e.Migrate(debeziumFlags...)
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'public.outbox_events'::regclass AND attnum > 0 AND NOT attisdropped"); n != 7 {
 		t.Fatalf("migrate changed the Debezium table: %d columns, want its 7", n)
 	}
-	e.startRelay(debeziumFlags...)
-	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+	e.StartRelay(debeziumFlags...)
+	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
 		('order', 'o-1', 'OrderPlaced', '{"total": 12.5, "items": [1, 2], "note": "caf\u00e9"}', 'acme'),
 		('order', 'o-2', 'OrderDeleted', NULL, 'acme'),
 		('customer', 'c-1', 'Nothing', 'null', NULL),
@@ -191,19 +191,19 @@ func TestDebeziumLayoutPublishesRouterRecords(t *testing.T) {
 // records are the router's, byte for byte as the WAL path sends them.
 func TestDebeziumLayoutPollMode(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, debeziumTable)
-	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+	e.DB.Exec(t, debeziumTable)
+	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
 		('order', 'o-1', 'OrderPlaced', '{"total": 12.5}', 'acme')`) // before migrate: tracked by it
-	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
-	p := harness.StartProcess(t, e.bin, []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
+	harness.Migrate(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
+	p := harness.StartProcess(t, e.Bin, []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
 		"--admin-addr", "", "--outbox-layout", "debezium", "--header-columns", "tenant"}, []string{harness.LogLevelInfo})
 	p.WaitForOutput(t, `"message":"polling"`, time.Minute)
-	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
 		('order', 'o-1', 'OrderPaid', NULL, 'acme'),
 		('customer', 'c-1', 'Nothing', 'null', NULL)`)
 	e.checkRouterRecords()
 	harness.WaitFor(t, 30*time.Second, "every row marked published", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
 	})
 }
 
@@ -212,19 +212,19 @@ func TestDebeziumLayoutPollMode(t *testing.T) {
 // together, and the poller stays ready throughout.
 func TestDebeziumLayoutPollRetention(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, debeziumTable)
-	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
-	p := harness.StartProcess(t, e.bin, []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
+	e.DB.Exec(t, debeziumTable)
+	harness.Migrate(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
+	p := harness.StartProcess(t, e.Bin, []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
 		"--admin-addr", "127.0.0.1:0", "--outbox-layout", "debezium", "--header-columns", "tenant",
 		"--retention", "1s", "--retention-interval", "1s", "--retention-margin", "0s"}, []string{harness.LogLevelInfo})
 	p.WaitForOutput(t, `"message":"polling"`, time.Minute)
 	admin := p.AdminURL(t)
-	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant)
+	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant)
 		SELECT 'order', 'o-' || (i % 3), 'OrderPlaced', jsonb_build_object('n', i), NULL FROM generate_series(1, 20) i`)
 	e.checkRouterRecords()
 	harness.WaitFor(t, time.Minute, "retention deletes every published row", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0 &&
-			e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll") == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0 &&
+			e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll") == 0
 	})
 	if n := harness.Metric(t, admin, "outbox_relay_retention_rows_deleted_total"); n != 20 {
 		t.Errorf("outbox_relay_retention_rows_deleted_total = %v, want 20", n)
@@ -248,26 +248,26 @@ func TestDebeziumLayoutPollRetention(t *testing.T) {
 // exit 2 naming the flag.
 func TestDebeziumMigrateChecksTheTable(t *testing.T) {
 	e := newEnv(t)
-	code, out := harness.RunCommand(t, e.bin, e.args("migrate", append(debeziumFlags, "--outbox-layout", "debezum")...))
+	code, out := harness.RunCommand(t, e.Bin, e.Args("migrate", append(debeziumFlags, "--outbox-layout", "debezum")...))
 	if code != 2 || !strings.Contains(out, `--outbox-layout "debezum"`) {
 		t.Fatalf("unknown layout: exit %d, want 2 naming the flag: %s", code, out)
 	}
-	code, out = harness.RunCommand(t, e.bin, e.args("migrate", debeziumFlags...))
+	code, out = harness.RunCommand(t, e.Bin, e.Args("migrate", debeziumFlags...))
 	if code != 1 || !strings.Contains(out, "does not exist") || !strings.Contains(out, "never creates it") {
 		t.Fatalf("missing table: exit %d, want 1 saying what to do: %s", code, out)
 	}
-	e.db.Exec(t, strings.Replace(debeziumTable, "aggregateid   varchar(255)", "aggregateid   bigint", 1))
-	code, out = harness.RunCommand(t, e.bin, e.args("migrate", debeziumFlags...))
+	e.DB.Exec(t, strings.Replace(debeziumTable, "aggregateid   varchar(255)", "aggregateid   bigint", 1))
+	code, out = harness.RunCommand(t, e.Bin, e.Args("migrate", debeziumFlags...))
 	if code != 2 || !strings.Contains(out, "column aggregateid (--column-aggregate-id) is bigint") {
 		t.Fatalf("wrongly typed column: exit %d, want 2 naming the column: %s", code, out)
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_publication"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_publication"); n != 0 {
 		t.Fatalf("a failed check still made %d publications", n)
 	}
 	// Mapped to a column of the right type, the same table passes.
-	e.db.Exec(t, "ALTER TABLE outbox_events ADD COLUMN aggregate_key text")
-	e.db.Exec(t, "UPDATE outbox_events SET aggregate_key = aggregateid::text")
-	e.migrate(append(debeziumFlags, "--column-aggregate-id", "aggregate_key")...)
+	e.DB.Exec(t, "ALTER TABLE outbox_events ADD COLUMN aggregate_key text")
+	e.DB.Exec(t, "UPDATE outbox_events SET aggregate_key = aggregateid::text")
+	e.Migrate(append(debeziumFlags, "--column-aggregate-id", "aggregate_key")...)
 }
 
 // A Debezium-layout event Kafka refuses is quarantined with its header
@@ -275,12 +275,12 @@ func TestDebeziumMigrateChecksTheTable(t *testing.T) {
 // for it, null value and null header included.
 func TestDebeziumQuarantineReplayKeepsRouterShape(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, debeziumTable)
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
-	e.migrate(debeziumFlags...)
-	e.startRelay(debeziumFlags...)
+	e.DB.Exec(t, debeziumTable)
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	e.Migrate(debeziumFlags...)
+	e.StartRelay(debeziumFlags...)
 	big := randomText(10000)
-	e.db.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
 		('order', 'o-1', 'Small', '{"n": 1}', NULL),
 		('order', 'o-1', 'BigTenant', NULL, $1),
 		('order', 'o-2', 'BigPayload', jsonb_build_object('blob', $1::text), NULL)`, big)
@@ -290,15 +290,15 @@ func TestDebeziumQuarantineReplayKeepsRouterShape(t *testing.T) {
 	for id := range small {
 		smallID = id
 	}
-	consumeIDs(t, e.kafka.Brokers(), []string{smallID}, time.Minute)
+	consumeIDs(t, e.Kafka.Brokers(), []string{smallID}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "both big events quarantined", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 2
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 2
 	})
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE payload IS NULL AND headers->>'tenant' = $1", big); n != 1 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE payload IS NULL AND headers->>'tenant' = $1", big); n != 1 {
 		t.Fatalf("the NULL-payload event is not kept with a NULL payload and its tenant (%d rows)", n)
 	}
 
-	adm := kadm.NewClient(e.kafka.Client(t))
+	adm := kadm.NewClient(e.Kafka.Client(t))
 	limit := "1048588"
 	resp, err := adm.AlterTopicConfigs(context.Background(), []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "outbox.event.order")
 	if err == nil {
@@ -307,15 +307,15 @@ func TestDebeziumQuarantineReplayKeepsRouterShape(t *testing.T) {
 	if err != nil {
 		t.Fatalf("raise max.message.bytes: %v", err)
 	}
-	replay := append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.kafka.BrokerList()}, e.args("", debeziumFlags...)[1:]...)
-	if code, out := harness.RunCommand(t, e.bin, replay); code != 0 {
+	replay := append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.Kafka.BrokerList()}, e.Args("", debeziumFlags...)[1:]...)
+	if code, out := harness.RunCommand(t, e.Bin, replay); code != 0 {
 		t.Fatalf("quarantine replay exited %d: %s", code, out)
 	}
 	ids := make([]string, 0, len(rows))
 	for id := range rows {
 		ids = append(ids, id)
 	}
-	byID, _ := consumeIDs(t, e.kafka.Brokers(), ids, time.Minute)
+	byID, _ := consumeIDs(t, e.Kafka.Brokers(), ids, time.Minute)
 	for id, row := range rows {
 		checkRouterRecord(t, byID[id], row)
 	}
@@ -329,18 +329,18 @@ func TestDebeziumQuarantineReplayKeepsRouterShape(t *testing.T) {
 // with the same id, and reconcile in the debezium layout finds no gap.
 func TestDebeziumHandOver(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, debeziumTable)
+	e.DB.Exec(t, debeziumTable)
 	ctx := context.Background()
 	const connectorSlot = "connector_standin"
-	e.db.DropSlotAtEnd(t, connectorSlot)
-	connectorArgs := harness.RelayFlags{DSN: e.db.DSN(), Slot: connectorSlot, Brokers: e.kafka.Brokers()}
-	harness.Migrate(t, e.bin, connectorArgs.Args("migrate", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine")...))
-	connector := harness.StartStreaming(t, e.bin, connectorArgs.Args("run", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine", "--status-interval", "100ms")...), harness.LogLevelInfo)
+	e.DB.DropSlotAtEnd(t, connectorSlot)
+	connectorArgs := harness.RelayFlags{DSN: e.DB.DSN(), Slot: connectorSlot, Brokers: e.Kafka.Brokers()}
+	harness.Migrate(t, e.Bin, connectorArgs.Args("migrate", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine")...))
+	connector := harness.StartStreaming(t, e.Bin, connectorArgs.Args("run", append(debeziumFlags, "--publication", "connector_pub", "--quarantine-table", "public.connector_quarantine", "--status-interval", "100ms")...), harness.LogLevelInfo)
 
 	write := func(batch string, n int) []string {
 		t.Helper()
 		ids := make([]string, n)
-		conn := e.db.Connect(t)
+		conn := e.DB.Connect(t)
 		for i := range ids {
 			if err := conn.QueryRow(ctx, "INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES ('order', $1, 'Placed', jsonb_build_object('batch', $2::text, 'i', $3::int), 'acme') RETURNING id::text",
 				fmt.Sprintf("o-%d", i%5), batch, i).Scan(&ids[i]); err != nil {
@@ -350,30 +350,30 @@ func TestDebeziumHandOver(t *testing.T) {
 		return ids
 	}
 	before := write("before", 20)
-	consumeIDs(t, e.kafka.Brokers(), before, time.Minute)
+	consumeIDs(t, e.Kafka.Brokers(), before, time.Minute)
 
 	// 1. The relay's slot, made while the connector runs.
-	e.migrate(debeziumFlags...)
-	relayStart := e.confirmedFlush()
+	e.Migrate(debeziumFlags...)
+	relayStart := e.ConfirmedFlush()
 	overlap := write("overlap", 20)
-	consumeIDs(t, e.kafka.Brokers(), overlap, time.Minute)
+	consumeIDs(t, e.Kafka.Brokers(), overlap, time.Minute)
 	// 2. Stop the connector once its slot passed the relay's start.
 	harness.WaitFor(t, 30*time.Second, "connector slot passes the relay slot's start", func() bool {
-		return harness.LSNAtMost(relayStart, e.db.ConfirmedFlushLSN(t, connectorSlot))
+		return harness.LSNAtMost(relayStart, e.DB.ConfirmedFlushLSN(t, connectorSlot))
 	})
 	if code, err := connector.Stop(30 * time.Second); err != nil || code != 0 {
 		t.Fatalf("connector stand-in stopped with %d (%v)", code, err)
 	}
-	stoppedAt := e.db.ConfirmedFlushLSN(t, connectorSlot)
+	stoppedAt := e.DB.ConfirmedFlushLSN(t, connectorSlot)
 	after := write("after", 20)
 	// 3. The relay starts from its slot: at or before the connector's stop.
 	if !harness.LSNAtMost(relayStart, stoppedAt) {
 		t.Fatalf("relay slot starts at %s, after the connector stopped at %s", relayStart, stoppedAt)
 	}
-	e.startRelay(debeziumFlags...)
+	e.StartRelay(debeziumFlags...)
 
 	want := append(append(append([]string{}, before...), overlap...), after...)
-	_, all := consumeIDs(t, e.kafka.Brokers(), want, time.Minute)
+	_, all := consumeIDs(t, e.Kafka.Brokers(), want, time.Minute)
 	count := map[string]int{}
 	for _, r := range all {
 		count[r.Headers["id"]]++
@@ -399,8 +399,8 @@ func TestDebeziumHandOver(t *testing.T) {
 	}
 
 	// Every row is acknowledged: the window may end now.
-	reconcile := append([]string{"reconcile", "--since", "10m", "--until", "0s", "--kafka-brokers", e.kafka.BrokerList()}, e.args("", debeziumFlags...)[1:]...)
-	code, out := harness.RunCommand(t, e.bin, reconcile)
+	reconcile := append([]string{"reconcile", "--since", "10m", "--until", "0s", "--kafka-brokers", e.Kafka.BrokerList()}, e.Args("", debeziumFlags...)[1:]...)
+	code, out := harness.RunCommand(t, e.Bin, reconcile)
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("rows checked      %d", len(want))) || !strings.Contains(out, "missing           0") {
 		t.Fatalf("reconcile exited %d, want 0 with %d rows and no gap: %s", code, len(want), out)
 	}
@@ -412,9 +412,9 @@ func TestDebeziumHandOver(t *testing.T) {
 // exit 2 at start naming --column-created-at, before any slot is made.
 func TestDebeziumRetentionWithoutCreatedAtColumn(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, strings.Replace(debeziumTable, "timestamp     timestamptz  NOT NULL DEFAULT now(),", "", 1))
-	e.migrate(append(debeziumFlags, "--skip-slot")...)
-	p := e.startRelayNoWait(append(debeziumFlags, "--retention", "168h")...)
+	e.DB.Exec(t, strings.Replace(debeziumTable, "timestamp     timestamptz  NOT NULL DEFAULT now(),", "", 1))
+	e.Migrate(append(debeziumFlags, "--skip-slot")...)
+	p := e.StartRelayNoWait(append(debeziumFlags, "--retention", "168h")...)
 	code, err := p.Wait(30 * time.Second)
 	if err != nil {
 		p.Kill()
@@ -423,7 +423,7 @@ func TestDebeziumRetentionWithoutCreatedAtColumn(t *testing.T) {
 	if code != 2 || !strings.Contains(p.Output(), "--column-created-at") {
 		t.Fatalf("run --retention without the column: exit %d, want 2 naming --column-created-at:\n%s", code, harness.LastLines(p.Output(), 5))
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
 		t.Errorf("the refused start left a replication slot")
 	}
 }

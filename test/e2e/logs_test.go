@@ -13,18 +13,18 @@ import (
 // the streaming line gives both intervals under their own names.
 func TestMigrateAndStreamingLinesSayWhatHappened(t *testing.T) {
 	e := newEnv(t)
-	code, out := harness.RunCommand(t, e.bin, e.args("migrate"), harness.LogLevelInfo)
+	code, out := harness.RunCommand(t, e.Bin, e.Args("migrate"), harness.LogLevelInfo)
 	if code != 0 || !strings.Contains(out, "created the schema objects that were missing") ||
 		!outputHas(out, "outbox table public.outbox_events", "publication outbox_relay", "quarantine table public.outbox_quarantine") ||
 		strings.Contains(out, "schema is up to date") {
 		t.Errorf("first migrate: exit %d, want it to name what it created:\n%s", code, out)
 	}
-	code, out = harness.RunCommand(t, e.bin, e.args("migrate"), harness.LogLevelInfo)
+	code, out = harness.RunCommand(t, e.Bin, e.Args("migrate"), harness.LogLevelInfo)
 	if code != 0 || !strings.Contains(out, "schema is up to date") || strings.Contains(out, "created the schema objects") {
 		t.Errorf("second migrate: exit %d, want schema is up to date:\n%s", code, out)
 	}
 
-	p := e.startRelay("--status-interval", "250ms")
+	p := e.StartRelay("--status-interval", "250ms")
 	for _, line := range harness.LogLines(p.Output()) {
 		if line.Str("message") != "streaming" {
 			continue

@@ -21,11 +21,11 @@ const (
 // messagesArgs are the flags of a messages-source command: its own slot
 // and publication, so a table-source relay can run on the same database.
 func (e *env) messagesArgs(cmd string, extra ...string) []string {
-	own := []string{"--source", "messages", "--slot", e.slot + messagesSlotSuffix, "--publication", messagesPublication}
+	own := []string{"--source", "messages", "--slot", e.Slot + messagesSlotSuffix, "--publication", messagesPublication}
 	if cmd == "run" {
 		own = append(own, "--topic", messagesTopicPrefix+"{aggregate_type}")
 	}
-	return e.args(cmd, append(own, extra...)...)
+	return e.Args(cmd, append(own, extra...)...)
 }
 
 // A service that writes each event both ways, as an outbox row and as a
@@ -34,11 +34,11 @@ func (e *env) messagesArgs(cmd string, extra ...string) []string {
 // every header, byte for byte. Read with the independent client.
 func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	harness.Migrate(t, e.bin, e.messagesArgs("migrate"))
+	e.Migrate()
+	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
 	e.DropSlotAtEnd(t)
-	e.startRelay()
-	harness.StartStreaming(t, e.bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	e.StartRelay()
+	harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
 
 	writer, err := outbox.New("")
 	if err != nil {
@@ -48,7 +48,7 @@ func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	at := time.Date(2026, 12, 2, 9, 30, 15, 123456789, time.FixedZone("CET", 3600))
 	var ids []string
@@ -83,8 +83,8 @@ func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
 		}
 		ids = append(ids, written...)
 	}
-	fromTable := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
-	fromMessages := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^msg\.`, ids, time.Minute)
+	fromTable := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
+	fromMessages := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^msg\.`, ids, time.Minute)
 	if len(fromTable) != len(ids) || len(fromMessages) != len(ids) {
 		t.Fatalf("%d records from the table, %d from messages, for %d events", len(fromTable), len(fromMessages), len(ids))
 	}
@@ -110,10 +110,10 @@ func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
 // and are counted.
 func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
 	e := newEnv(t)
-	harness.Migrate(t, e.bin, e.messagesArgs("migrate"))
+	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
 	e.DropSlotAtEnd(t)
-	relay := harness.StartStreaming(t, e.bin, e.messagesArgs("run"), harness.LogLevelInfo)
-	conn := e.db.Connect(t)
+	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
 		t.Helper()
@@ -138,7 +138,7 @@ func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
 	good := harness.NewUUID()
 	exec(`SELECT pg_logical_emit_message(true, 'outbox', $1)`, validContent(good))
 
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^msg\.`, []string{good}, time.Minute)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^msg\.`, []string{good}, time.Minute)
 	if len(records) != 1 {
 		t.Fatalf("published %d records, want only event %s: %v", len(records), good, records)
 	}
@@ -154,7 +154,7 @@ func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
 	if !strings.Contains(payload, "not-a-uuid") {
 		t.Errorf("quarantined payload %s does not keep the message's content", payload)
 	}
-	if code, out := harness.RunCommand(t, e.bin, e.messagesArgs("status")); code != 0 || !strings.Contains(out, e.slot+messagesSlotSuffix) {
+	if code, out := harness.RunCommand(t, e.Bin, e.messagesArgs("status")); code != 0 || !strings.Contains(out, e.Slot+messagesSlotSuffix) {
 		t.Errorf("status --source messages: exit %d:\n%s", code, out)
 	}
 	url := relay.AdminURL(t)
@@ -180,10 +180,10 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 		{e.messagesArgs("run", "--retention", "24h"), "--retention 24h0m0s with --source messages"},
 		{e.messagesArgs("run", "--reconcile-every", "1m"), "--reconcile-every with --source messages"},
 		{e.messagesArgs("run", "--outbox-layout", "debezium"), "--outbox-layout and the column flags with --source messages"},
-		{append([]string{"reconcile", "--source", "messages"}, e.args("")[1:]...), "reconcile compares the outbox table with Kafka"},
-		{e.args("run", "--source", "messages", "--message-prefix", ""), "--message-prefix"},
+		{append([]string{"reconcile", "--source", "messages"}, e.Args("")[1:]...), "reconcile compares the outbox table with Kafka"},
+		{e.Args("run", "--source", "messages", "--message-prefix", ""), "--message-prefix"},
 	} {
-		code, out := harness.RunCommand(t, e.bin, c.args)
+		code, out := harness.RunCommand(t, e.Bin, c.args)
 		if code != 2 || !strings.Contains(out, c.want) {
 			t.Errorf("%v: exit %d, want 2 and %q:\n%s", c.args, code, c.want, out)
 		}
@@ -191,4 +191,4 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 }
 
 // DropSlotAtEnd drops the messages source's slot when the test ends.
-func (e *env) DropSlotAtEnd(t *testing.T) { e.db.DropSlotAtEnd(t, e.slot+messagesSlotSuffix) }
+func (e *env) DropSlotAtEnd(t *testing.T) { e.DB.DropSlotAtEnd(t, e.Slot+messagesSlotSuffix) }

@@ -13,10 +13,10 @@ import (
 // payload as the text \x00ff7b7d. Both refuse it, naming the columns.
 func TestWrongColumnTypesAreRefused(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, `CREATE TABLE outbox_events (event_id bigint PRIMARY KEY, aggregate_type text NOT NULL,
+	e.DB.Exec(t, `CREATE TABLE outbox_events (event_id bigint PRIMARY KEY, aggregate_type text NOT NULL,
 		aggregate_id int NOT NULL, event_type text NOT NULL, payload bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`)
-	for _, cmd := range [][]string{e.args("migrate"), e.args("run")} {
-		p := harness.StartProcess(t, e.bin, cmd, nil)
+	for _, cmd := range [][]string{e.Args("migrate"), e.Args("run")} {
+		p := harness.StartProcess(t, e.Bin, cmd, nil)
 		code, err := p.Wait(time.Minute)
 		if err != nil || code == 0 {
 			t.Fatalf("%s exited %d (%v), want a failure:\n%s", cmd[0], code, err, p.Output())
@@ -34,7 +34,7 @@ func TestWrongColumnTypesAreRefused(t *testing.T) {
 func TestPrintSQLRefusesABadSlotName(t *testing.T) {
 	e := newEnv(t)
 	bad := "x'); select pg_drop_replication_slot('other'); --"
-	p := harness.StartProcess(t, e.bin, []string{"migrate", "--print-sql", "--slot", bad}, nil)
+	p := harness.StartProcess(t, e.Bin, []string{"migrate", "--print-sql", "--slot", bad}, nil)
 	code, err := p.Wait(time.Minute)
 	if err != nil || code == 0 {
 		t.Fatalf("exited %d (%v), want a failure:\n%s", code, err, p.Output())

@@ -17,14 +17,14 @@ import (
 // ALTER PUBLICATION that sets it.
 func TestPartitionedOutbox(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, harness.PartitionedOutboxSQL)
-	e.migrate()
-	if v := e.db.QueryString(t, "SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'outbox_relay'"); v != "true" {
+	e.DB.Exec(t, harness.PartitionedOutboxSQL)
+	e.Migrate()
+	if v := e.DB.QueryString(t, "SELECT pubviaroot::text FROM pg_publication WHERE pubname = 'outbox_relay'"); v != "true" {
 		t.Fatalf("migrate made the publication with publish_via_partition_root = %s", v)
 	}
-	p := e.startRelay()
-	ids := harness.InsertIntoPartitions(t, e.db, "order")
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.order$`, ids, time.Minute)
+	p := e.StartRelay()
+	ids := harness.InsertIntoPartitions(t, e.DB, "order")
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.order$`, ids, time.Minute)
 	for _, r := range records {
 		if r.Topic != "outbox.event.order" {
 			t.Errorf("event %s went to topic %s", r.Headers["event_id"], r.Topic)
@@ -34,8 +34,8 @@ func TestPartitionedOutbox(t *testing.T) {
 		t.Fatalf("SIGTERM: exit %d (%v)", code, err)
 	}
 
-	e.db.Exec(t, "ALTER PUBLICATION outbox_relay SET (publish_via_partition_root = false)")
-	q := e.startRelayNoWait()
+	e.DB.Exec(t, "ALTER PUBLICATION outbox_relay SET (publish_via_partition_root = false)")
+	q := e.StartRelayNoWait()
 	code, err := q.Wait(30 * time.Second)
 	if err != nil {
 		q.Kill()

@@ -16,8 +16,8 @@ import (
 // can name is refused with exit 2 before anything is written.
 func TestProgressTopicTheTemplateCanNameIsRefused(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 3, 1, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestProgressTopicTheTemplateCanNameIsRefused(t *testing.T) {
 		{"outbox.event.{aggregate_type}", "outbox.event.pub"},
 		{"{aggregate_type}.events", "outbox.events"},
 	} {
-		p := e.startRelayNoWait("--topic", tc.topic, "--progress-topic", tc.progress)
+		p := e.StartRelayNoWait("--topic", tc.topic, "--progress-topic", tc.progress)
 		code, err := p.Wait(30 * time.Second)
 		if err != nil {
 			p.Kill()
@@ -35,7 +35,7 @@ func TestProgressTopicTheTemplateCanNameIsRefused(t *testing.T) {
 		if code != 2 || !outputHas(p.Output(), "--progress-topic "+tc.progress, "--topic "+tc.topic+" can name it") {
 			t.Errorf("--topic %s --progress-topic %s: exit %d, want 2 naming both flags:\n%s", tc.topic, tc.progress, code, p.Output())
 		}
-		if exists, n := harness.TopicRecords(t, e.kafka.Brokers(), tc.progress); exists {
+		if exists, n := harness.TopicRecords(t, e.Kafka.Brokers(), tc.progress); exists {
 			t.Errorf("%s exists with %d records after the refused start", tc.progress, n)
 		}
 	}
@@ -47,14 +47,14 @@ func TestProgressTopicTheTemplateCanNameIsRefused(t *testing.T) {
 // stops at start with the reason and the fix, and writes nothing into it.
 func TestExistingProgressTopicMustBeCompactedWithOnePartition(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	const business = "billing.ledger"
-	e.kafka.CreateTopic(t, business, 3, map[string]string{"cleanup.policy": "delete"})
-	conn := e.db.Connect(t)
+	e.Kafka.CreateTopic(t, business, 3, map[string]string{"cleanup.policy": "delete"})
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 3, 1, 3); err != nil {
 		t.Fatal(err)
 	}
-	p := e.startRelayNoWait("--progress-topic", business)
+	p := e.StartRelayNoWait("--progress-topic", business)
 	code, err := p.Wait(60 * time.Second)
 	if err != nil {
 		p.Kill()
@@ -64,7 +64,7 @@ func TestExistingProgressTopicMustBeCompactedWithOnePartition(t *testing.T) {
 	if code != 1 || !outputHas(out, business, "3 partitions, not 1", `cleanup.policy is \"delete\", not compact`, "--progress-topic", "kafka-topics.sh") {
 		t.Errorf("exit %d, want 1 with the reason and the fix:\n%s", code, out)
 	}
-	if _, n := harness.TopicRecords(t, e.kafka.Brokers(), business); n != 0 {
+	if _, n := harness.TopicRecords(t, e.Kafka.Brokers(), business); n != 0 {
 		t.Errorf("%s holds %d records after the relay refused it", business, n)
 	}
 	if strings.Contains(out, harness.LogStreaming) {

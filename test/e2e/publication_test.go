@@ -20,17 +20,17 @@ var reconcileSince = regexp.MustCompile(`outbox-relay reconcile --since (\S+) --
 // delivers every event.
 func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	p := e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	p := e.StartRelay()
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	written := e.db.CurrentLSN(t)
-	e.consumeAll(time.Minute)
+	written := e.DB.CurrentLSN(t)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
-		return harness.LSNAtMost(written, e.confirmedFlush())
+		return harness.LSNAtMost(written, e.ConfirmedFlush())
 	})
 
 	if _, err := conn.Exec(ctx, "DROP PUBLICATION outbox_relay"); err != nil {
@@ -48,7 +48,7 @@ func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 		}
 		out := p.Output()
 		m := reconcileSince.FindStringSubmatch(out)
-		if code != 1 || m == nil || !outputHas(out, `publication \"outbox_relay\" does not exist`, "pg_drop_replication_slot('"+e.slot+"')", "outbox-relay migrate") {
+		if code != 1 || m == nil || !outputHas(out, `publication \"outbox_relay\" does not exist`, "pg_drop_replication_slot('"+e.Slot+"')", "outbox-relay migrate") {
 			t.Fatalf("exit %d, want 1 with the way out (drop the slot, migrate, reconcile from a time):\n%s", code, out)
 		}
 		since, err := time.Parse(time.RFC3339, m[1])
@@ -62,17 +62,17 @@ func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 	// The advice of the missing-publication check alone: migrate creates
 	// the publication again. The slot still cannot pass the gap, and the
 	// relay must say so again instead of looping.
-	e.migrate()
-	since := wayOut(e.startRelayNoWait())
+	e.Migrate()
+	since := wayOut(e.StartRelayNoWait())
 
 	// The way out, as printed.
-	e.db.DropSlot(t, e.slot)
-	e.migrate()
-	e.startRelay()
+	e.DB.DropSlot(t, e.Slot)
+	e.Migrate()
+	e.StartRelay()
 	if err := e.writeEvents(conn, 2, 1, 2); err != nil {
 		t.Fatal(err)
 	}
-	code, out := harness.RunCommand(t, e.bin, e.args("reconcile", "--kafka-brokers", e.kafka.BrokerList(), "--since", since, "--until", "0s", "--republish"),
+	code, out := harness.RunCommand(t, e.Bin, e.Args("reconcile", "--kafka-brokers", e.Kafka.BrokerList(), "--since", since, "--until", "0s", "--republish"),
 		"OUTBOX_RELAY_LOG_LEVEL=warn")
 	if code != 0 {
 		t.Fatalf("reconcile --republish exited %d:\n%s", code, out)
@@ -80,5 +80,5 @@ func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 	// Republished events land after later ones of their aggregate (the
 	// README says so), so only loss is checked here.
 	ids, _ := e.Committed()
-	harness.CheckNoLoss(t, harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute), ids)
+	harness.CheckNoLoss(t, harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute), ids)
 }

@@ -30,10 +30,10 @@ func randomText(n int) string {
 // the limit is raised, replay delivers it with its original identity.
 func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
-	e.migrate()
-	e.startRelay()
-	conn := e.db.Connect(t)
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	e.Migrate()
+	e.StartRelay()
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 1}`}}); err != nil {
 		t.Fatal(err)
@@ -47,14 +47,14 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 3}`}}); err != nil {
 		t.Fatal(err)
 	}
-	afterAll := e.db.CurrentLSN(t)
+	afterAll := e.DB.CurrentLSN(t)
 	ids, _ = e.Committed()
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
-		return harness.LSNAtMost(afterAll, e.confirmedFlush())
+		return harness.LSNAtMost(afterAll, e.ConfirmedFlush())
 	})
 
-	list := harness.StartProcess(t, e.bin, append([]string{"quarantine", "list", "--json"}, e.args("")[1:]...), nil)
+	list := harness.StartProcess(t, e.Bin, append([]string{"quarantine", "list", "--json"}, e.Args("")[1:]...), nil)
 	if code, err := list.Wait(time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine list exited %d (%v): %s", code, err, list.Output())
 	}
@@ -78,7 +78,7 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 		t.Fatalf("quarantine holds %+v, want the oversize event %s", listed, bigID)
 	}
 
-	adm := kadm.NewClient(e.kafka.Client(t))
+	adm := kadm.NewClient(e.Kafka.Client(t))
 	limit := "1048588"
 	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "outbox.event.order")
 	if err == nil {
@@ -87,20 +87,20 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if err != nil {
 		t.Fatalf("raise max.message.bytes: %v", err)
 	}
-	replay := harness.StartProcess(t, e.bin, append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.kafka.BrokerList()}, e.args("")[1:]...), nil)
+	replay := harness.StartProcess(t, e.Bin, append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.Kafka.BrokerList()}, e.Args("")[1:]...), nil)
 	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
 	}
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{bigID}, time.Minute)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{bigID}, time.Minute)
 	for _, r := range records {
 		if r.EventID() == bigID && (string(r.Key) != "o-1" || r.Headers["tenant"] != "acme" || r.Headers["event_type"] != "Huge") {
 			t.Fatalf("replayed record has key %q headers %v", r.Key, r.Headers)
 		}
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL"); n != 0 {
 		t.Fatalf("%d events still waiting for a replay after a successful one", n)
 	}
-	if topic := e.db.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE event_id = $1", bigID); topic != "outbox.event.order" {
+	if topic := e.DB.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE event_id = $1", bigID); topic != "outbox.event.order" {
 		t.Fatalf("the replayed event is recorded as delivered to %q, want outbox.event.order", topic)
 	}
 }
@@ -109,22 +109,22 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 // broker recovers.
 func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay("--kafka-retry-backoff-max", "50ms")
-	if err := e.writeEvents(e.db.Connect(t), 3, 2, 2); err != nil {
+	e.Migrate()
+	e.StartRelay("--kafka-retry-backoff-max", "50ms")
+	if err := e.writeEvents(e.DB.Connect(t), 3, 2, 2); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
-	fault := e.kafka.FailProduce(15, kerr.NotLeaderForPartition.Code)
+	e.ConsumeAll(time.Minute)
+	fault := e.Kafka.FailProduce(15, kerr.NotLeaderForPartition.Code)
 	defer fault.Remove()
-	if err := e.writeEvents(e.db.Connect(t), 10, 2, 4); err != nil {
+	if err := e.writeEvents(e.DB.Connect(t), 10, 2, 4); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(2 * time.Minute)
+	e.ConsumeAll(2 * time.Minute)
 	if fault.Hits() < 15 {
 		t.Fatalf("only %d of 15 injected errors were hit", fault.Hits())
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
 		t.Fatalf("%d events quarantined after retriable errors", n)
 	}
 }
@@ -133,32 +133,32 @@ func TestRetriableErrorsQuarantineNothing(t *testing.T) {
 // confirmed: here the broker holds the acks of the second batch.
 func TestRetentionNeverDeletesUnconfirmedRows(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	admin := e.startRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms").AdminURL(t)
-	conn := e.db.Connect(t)
+	e.Migrate()
+	admin := e.StartRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms").AdminURL(t)
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 5, 2, 2); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, 30*time.Second, "cleanup deletes the published rows", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
 	})
 
-	release := e.kafka.HoldProduce()
+	release := e.Kafka.HoldProduce()
 	defer release()
 	if err := e.writeEvents(conn, 3, 2, 1); err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 30*time.Second, "the held events reach the broker", func() bool { return e.kafka.HeldProduces() > 0 })
+	harness.WaitFor(t, 30*time.Second, "the held events reach the broker", func() bool { return e.Kafka.HeldProduces() > 0 })
 	runs := retentionRuns(t, admin)
 	harness.WaitFor(t, 30*time.Second, "three more cleanup passes", func() bool { return retentionRuns(t, admin) >= runs+3 })
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 6 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 6 {
 		t.Fatalf("%d of 6 unconfirmed rows left after cleanup passes: cleanup deleted unconfirmed rows", n)
 	}
 	release()
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, 30*time.Second, "cleanup deletes the rows once confirmed", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
 	})
 }
 
@@ -174,18 +174,18 @@ func retentionRuns(t *testing.T, admin string) float64 {
 // replaying the event on its own, which then delivers it.
 func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.CreateTopic(t, "outbox.event.small", partitions, map[string]string{"max.message.bytes": "2000"})
-	e.kafka.CreateTopic(t, "outbox.event.big", partitions, nil)
-	e.migrate("--skip-slot")
+	e.Kafka.CreateTopic(t, "outbox.event.small", partitions, map[string]string{"max.message.bytes": "2000"})
+	e.Kafka.CreateTopic(t, "outbox.event.big", partitions, nil)
+	e.Migrate("--skip-slot")
 	small, big := harness.NewUUID(), harness.NewUUID()
 	// The small topic's event comes first, so its limit lowers the producer's.
-	e.db.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, topic,
+	e.DB.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, topic,
 		error_class, error_message, first_failed_at) VALUES
 		($1, 'small', 's-1', 'Happened', '{"n": 1}', 'outbox.event.small', 'permanent', 'test', now() - interval '1 minute'),
 		($2, 'big', 'b-1', 'Happened', jsonb_build_object('blob', $3::text), 'outbox.event.big', 'permanent', 'test', now())`,
 		small, big, randomText(5000))
-	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"},
-		e.args("replay", "--all", "--kafka-brokers", e.kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
+	code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
+		e.Args("replay", "--all", "--kafka-brokers", e.Kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
 	if code != 1 || !strings.Contains(out, "REPLAYED  "+small) || !strings.Contains(out, "FAILED    "+big) {
 		t.Fatalf("replay exited %d, want 1 with %s replayed and %s failed:\n%s", code, small, big, out)
 	}
@@ -193,12 +193,12 @@ func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
 		t.Fatalf("the refusal does not quote --kafka-max-message-bytes as given (1000000) and the lowered limit, and advise once to replay it on its own:\n%s", out)
 	}
 	// As the advice says, replayed on its own it goes through.
-	code, out = harness.RunCommand(t, e.bin, append([]string{"quarantine"},
-		e.args("replay", big, "--kafka-brokers", e.kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
+	code, out = harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
+		e.Args("replay", big, "--kafka-brokers", e.Kafka.BrokerList(), "--kafka-max-message-bytes", "1000000")...))
 	if code != 0 || !strings.Contains(out, "REPLAYED  "+big) {
 		t.Fatalf("replaying the big event on its own exited %d, want 0:\n%s", code, out)
 	}
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{small, big}, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{small, big}, time.Minute)
 }
 
 // Issue 24.15: `quarantine list --json` mixed time formats: occurred_at in
@@ -207,12 +207,12 @@ func TestReplayErrorQuotesTheGivenMaxMessageBytes(t *testing.T) {
 // host's time zone.
 func TestQuarantineListJSONTimesAreUTC(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot")
+	e.Migrate("--skip-slot")
 	id := harness.NewUUID()
-	e.db.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, occurred_at,
+	e.DB.Exec(t, `INSERT INTO outbox_quarantine (event_id, aggregate_type, aggregate_id, event_type, payload, occurred_at,
 		topic, error_class, error_message) VALUES ($1, 'order', 'o-1', 'Happened', '{}', '2026-12-01 12:30:00.25+05:30',
 		'outbox.event.order', 'permanent', 'test')`, id)
-	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"}, e.args("list", "--json")...),
+	code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.Args("list", "--json")...),
 		"TZ=Asia/Kolkata")
 	if code != 0 {
 		t.Fatalf("quarantine list exited %d:\n%s", code, out)

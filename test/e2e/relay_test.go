@@ -15,13 +15,13 @@ import (
 // all arrive.
 func TestEventsCommittedBeforeFirstRunArrive(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.migrate() // idempotent
-	if err := e.writeEvents(e.db.Connect(t), 20, 5, 7); err != nil {
+	e.Migrate()
+	e.Migrate() // idempotent
+	if err := e.writeEvents(e.DB.Connect(t), 20, 5, 7); err != nil {
 		t.Fatal(err)
 	}
-	e.startRelay()
-	e.consumeAll(time.Minute)
+	e.StartRelay()
+	e.ConsumeAll(time.Minute)
 }
 
 // The main delivery contract, checked from outside with franz-go: exact
@@ -29,18 +29,18 @@ func TestEventsCommittedBeforeFirstRunArrive(t *testing.T) {
 // per-aggregate commit order.
 func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
-	if err := e.writeEvents(e.db.Connect(t), 1000, 10, 300); err != nil {
+	e.Migrate()
+	e.StartRelay()
+	if err := e.writeEvents(e.DB.Connect(t), 1000, 10, 300); err != nil {
 		t.Fatal(err)
 	}
-	records := e.consumeAll(2 * time.Minute)
+	records := e.ConsumeAll(2 * time.Minute)
 	if len(records) != 10000 {
 		t.Errorf("%d records for 10,000 events in a run without failures", len(records))
 	}
 
 	// The expected record of each event comes from the table itself.
-	rows, err := e.db.Connect(t).Query(context.Background(), `
+	rows, err := e.DB.Connect(t).Query(context.Background(), `
 		SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, payload::text,
 		       COALESCE(headers::text, ''), to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 		FROM outbox_events`)
@@ -98,9 +98,9 @@ func TestDeliveryIsExactAndOrderedPerAggregate(t *testing.T) {
 // back one must never reach Kafka.
 func TestRolledBackTransactionsAreNotPublished(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	e.StartRelay()
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -119,7 +119,7 @@ func TestRolledBackTransactionsAreNotPublished(t *testing.T) {
 	}
 	// The committed events were written after the rolled-back one; once
 	// they are all in Kafka, the rolled-back one would be too.
-	for _, r := range e.consumeAll(time.Minute) {
+	for _, r := range e.ConsumeAll(time.Minute) {
 		if r.EventID() == rolledBack {
 			t.Fatalf("rolled-back event %s was published at %s/%d@%d", rolledBack, r.Topic, r.Partition, r.Offset)
 		}
@@ -130,23 +130,23 @@ func TestRolledBackTransactionsAreNotPublished(t *testing.T) {
 // are allowed, losses are not.
 func TestKilledRelayRedeliversEverything(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	relay := e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	relay := e.StartRelay()
+	conn := e.DB.Connect(t)
 	written := make(chan error, 1)
 	go func() { written <- e.writeEvents(conn, 500, 10, 100) }()
 	// Kill it once it has confirmed part of the stream and more is coming.
-	start := e.confirmedFlush()
+	start := e.ConfirmedFlush()
 	harness.WaitFor(t, time.Minute, "relay confirms some events", func() bool {
 		ids, _ := e.Committed()
-		return len(ids) > 1500 && e.confirmedFlush() != start
+		return len(ids) > 1500 && e.ConfirmedFlush() != start
 	})
 	relay.Kill()
 	if err := <-written; err != nil {
 		t.Fatal(err)
 	}
-	e.startRelay()
-	records := e.consumeAll(2 * time.Minute)
+	e.StartRelay()
+	records := e.ConsumeAll(2 * time.Minute)
 	t.Logf("%d records for %d events (%d duplicates after the kill)", len(records), 5000, len(records)-5000)
 }
 
@@ -154,20 +154,20 @@ func TestKilledRelayRedeliversEverything(t *testing.T) {
 // acknowledged, not even while other tables keep the WAL moving.
 func TestConfirmedFlushNeverPassesUnackedEvent(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.db.Exec(t, "CREATE TABLE other (id serial primary key, v text)")
-	relay := e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	e.DB.Exec(t, "CREATE TABLE other (id serial primary key, v text)")
+	relay := e.StartRelay()
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 
-	release := e.kafka.HoldProduce()
+	release := e.Kafka.HoldProduce()
 	defer release()
-	beforeHeld := e.db.CurrentLSN(t)
+	beforeHeld := e.DB.CurrentLSN(t)
 	harness.WaitFor(t, 30*time.Second, "slot confirms the first event", func() bool {
-		return harness.LSNAtMost(beforeHeld, e.confirmedFlush())
+		return harness.LSNAtMost(beforeHeld, e.ConfirmedFlush())
 	})
 	// Same aggregate type, so the topic is known: a new topic's lookup would
 	// wait on the held broker connection too.
@@ -181,45 +181,45 @@ func TestConfirmedFlushNeverPassesUnackedEvent(t *testing.T) {
 	// yet flushed). Confirming there is safe, as PostgreSQL's own apply
 	// worker does: a restart skips only transactions that commit at or
 	// before the confirmed position, so this one is sent again.
-	heldCommit := e.db.CurrentLSN(t)
+	heldCommit := e.DB.CurrentLSN(t)
 	beforeCommit := func(c string) bool { return !harness.LSNAtMost(heldCommit, c) }
-	harness.WaitFor(t, 30*time.Second, "the held event reaches the broker", func() bool { return e.kafka.HeldProduces() > 0 })
+	harness.WaitFor(t, 30*time.Second, "the held event reaches the broker", func() bool { return e.Kafka.HeldProduces() > 0 })
 	for i := 0; i < 50; i++ {
-		e.db.Exec(t, "INSERT INTO other (v) SELECT repeat('x', 1000) FROM generate_series(1, 100)")
+		e.DB.Exec(t, "INSERT INTO other (v) SELECT repeat('x', 1000) FROM generate_series(1, 100)")
 	}
-	busyEnd := e.db.CurrentLSN(t)
+	busyEnd := e.DB.CurrentLSN(t)
 	// The relay has seen the server's WAL end past the held event (its write
 	// position says so) and still must not confirm it.
 	harness.WaitFor(t, 30*time.Second, "relay reports having read past the held event", func() bool {
-		w := e.db.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
-			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, e.slot)
+		w := e.DB.QueryString(t, `SELECT r.write_lsn::text FROM pg_stat_replication r
+			JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = $1`, e.Slot)
 		return harness.LSNAtMost(busyEnd, w)
 	})
-	if c := e.confirmedFlush(); !beforeCommit(c) {
+	if c := e.ConfirmedFlush(); !beforeCommit(c) {
 		t.Fatalf("confirmed_flush_lsn %s reached the unacknowledged transaction's commit (%s)", c, heldCommit)
 	}
 	relay.Kill()
-	if c := e.confirmedFlush(); !beforeCommit(c) {
+	if c := e.ConfirmedFlush(); !beforeCommit(c) {
 		t.Fatalf("after kill -9 confirmed_flush_lsn %s reached the unacknowledged transaction's commit (%s)", c, heldCommit)
 	}
 	release()
-	e.startRelay()
-	e.consumeAll(time.Minute)
+	e.StartRelay()
+	e.ConsumeAll(time.Minute)
 }
 
 // Outbox idle, other tables busy: the slot must advance so WAL is released.
 func TestIdleOutboxBusyDatabaseSlotAdvances(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.db.Exec(t, "CREATE TABLE other (id serial primary key, v text)")
-	e.startRelay()
+	e.Migrate()
+	e.DB.Exec(t, "CREATE TABLE other (id serial primary key, v text)")
+	e.StartRelay()
 	for i := 0; i < 20; i++ {
-		e.db.Exec(t, "INSERT INTO other (v) SELECT repeat('y', 500) FROM generate_series(1, 200)")
+		e.DB.Exec(t, "INSERT INTO other (v) SELECT repeat('y', 500) FROM generate_series(1, 200)")
 	}
-	target := e.db.CurrentLSN(t)
+	target := e.DB.CurrentLSN(t)
 	started := time.Now()
 	harness.WaitFor(t, 15*time.Second, "confirmed_flush_lsn passes the other tables' WAL", func() bool {
-		return harness.LSNAtMost(target, e.confirmedFlush())
+		return harness.LSNAtMost(target, e.ConfirmedFlush())
 	})
 	t.Logf("slot reached %s within %v of the last write", target, time.Since(started).Round(time.Millisecond))
 }
@@ -232,22 +232,22 @@ func TestIdleOutboxBusyDatabaseSlotAdvances(t *testing.T) {
 // end-to-end promise.
 func TestBurstTailIsConfirmedPromptly(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay("--status-interval", "30s", "--max-in-flight-events", "20")
-	conn := e.db.Connect(t)
+	e.Migrate()
+	e.StartRelay("--status-interval", "30s", "--max-in-flight-events", "20")
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 49, 40, 30); err != nil {
 		t.Fatal(err)
 	}
-	beforeLast := e.db.CurrentLSN(t)
+	beforeLast := e.DB.CurrentLSN(t)
 	if err := e.writeEvents(conn, 1, 40, 30); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	acked := time.Now()
 	// Only the last transaction's end lies past beforeLast: the previous one
 	// ended at or before it.
 	harness.WaitFor(t, 3*time.Second, "confirmed_flush_lsn passes the last transaction", func() bool {
-		return e.db.QueryString(t, "SELECT ($1::pg_lsn > $2::pg_lsn)::text", e.confirmedFlush(), beforeLast) == "true"
+		return e.DB.QueryString(t, "SELECT ($1::pg_lsn > $2::pg_lsn)::text", e.ConfirmedFlush(), beforeLast) == "true"
 	})
 	t.Logf("slot confirmed the last transaction %v after the consumer saw every event", time.Since(acked).Round(time.Millisecond))
 }
@@ -256,34 +256,34 @@ func TestBurstTailIsConfirmedPromptly(t *testing.T) {
 // the added column is ignored.
 func TestAlterTableMidStream(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	e.StartRelay()
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 10, 3, 4); err != nil {
 		t.Fatal(err)
 	}
-	e.db.Exec(t, "ALTER TABLE outbox_events ADD COLUMN region text DEFAULT 'eu'")
+	e.DB.Exec(t, "ALTER TABLE outbox_events ADD COLUMN region text DEFAULT 'eu'")
 	if err := e.writeEvents(conn, 10, 3, 4); err != nil {
 		t.Fatal(err)
 	}
-	e.db.Exec(t, "ALTER TABLE outbox_events DROP COLUMN created_at")
+	e.DB.Exec(t, "ALTER TABLE outbox_events DROP COLUMN created_at")
 	if err := e.writeEvents(conn, 10, 3, 4); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 }
 
 // One transaction larger than logical_decoding_work_mem is delivered whole,
 // while the relay's memory stays bounded by the in-flight limit.
 func TestLargeTransactionBoundedMemory(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	relay := e.startRelay()
-	ids, err := e.CommitBulk(context.Background(), e.db.Connect(t), "bulk", largeTxnRows())
+	e.Migrate()
+	relay := e.StartRelay()
+	ids, err := e.CommitBulk(context.Background(), e.DB.Connect(t), "bulk", largeTxnRows())
 	if err != nil {
 		t.Fatal(err)
 	}
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.bulk$`, ids, 5*time.Minute)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.bulk$`, ids, 5*time.Minute)
 	harness.CheckNoLoss(t, records, ids)
 	peak, err := harness.PeakRSS(relay.Pid())
 	if err != nil {
@@ -302,29 +302,29 @@ func largeTxnRows() int { return harness.Sized(200_000, 2_000_000) }
 func TestPreconditionErrorsNameTheProblem(t *testing.T) {
 	t.Run("missing table", func(t *testing.T) {
 		e := newEnv(t)
-		p := e.startRelayNoWait()
+		p := e.StartRelayNoWait()
 		expectFailure(t, p, "table public.outbox_events does not exist", "migrate")
 	})
 	t.Run("missing publication", func(t *testing.T) {
 		e := newEnv(t)
-		e.migrate()
-		e.db.Exec(t, "DROP PUBLICATION outbox_relay")
-		p := e.startRelayNoWait()
+		e.Migrate()
+		e.DB.Exec(t, "DROP PUBLICATION outbox_relay")
+		p := e.StartRelayNoWait()
 		expectFailure(t, p, `publication \"outbox_relay\" does not exist`, "CREATE PUBLICATION")
 	})
 	t.Run("publication without the table", func(t *testing.T) {
 		e := newEnv(t)
-		e.migrate()
-		e.db.Exec(t, "CREATE TABLE other (id int primary key); ALTER PUBLICATION outbox_relay SET TABLE other")
-		p := e.startRelayNoWait()
+		e.Migrate()
+		e.DB.Exec(t, "CREATE TABLE other (id int primary key); ALTER PUBLICATION outbox_relay SET TABLE other")
+		p := e.StartRelayNoWait()
 		expectFailure(t, p, "does not include table public.outbox_events", "ALTER PUBLICATION")
 	})
 	t.Run("role without replication", func(t *testing.T) {
 		e := newEnv(t)
-		e.migrate()
-		e.db.Exec(t, fmt.Sprintf("CREATE ROLE %s LOGIN", e.slot+"_plain"))
-		p := harness.StartProcess(t, e.bin, []string{"run", "--pg-dsn", e.db.DSNFor(e.slot+"_plain", ""), "--slot", e.slot,
-			"--kafka-brokers", e.kafka.BrokerList(), "--admin-addr", ""}, nil)
+		e.Migrate()
+		e.DB.Exec(t, fmt.Sprintf("CREATE ROLE %s LOGIN", e.Slot+"_plain"))
+		p := harness.StartProcess(t, e.Bin, []string{"run", "--pg-dsn", e.DB.DSNFor(e.Slot+"_plain", ""), "--slot", e.Slot,
+			"--kafka-brokers", e.Kafka.BrokerList(), "--admin-addr", ""}, nil)
 		expectFailure(t, p, "lacks the REPLICATION attribute", "ALTER ROLE")
 	})
 	t.Run("wal_level replica", func(t *testing.T) {
@@ -360,15 +360,15 @@ func expectFailure(t *testing.T, p *harness.Process, parts ...string) {
 // when the first one stops: the warm-standby pattern.
 func TestSecondInstanceWaitsThenTakesOver(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	first := e.startRelay()
-	standby := e.startRelayNoWait()
+	e.Migrate()
+	first := e.StartRelay()
+	standby := e.StartRelayNoWait()
 	standby.WaitForOutput(t, "waiting to take over", time.Minute)
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 10, 2, 3); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	if code, err := first.Stop(30 * time.Second); err != nil || code != 0 {
 		t.Fatalf("first relay exited %d (%v) on SIGTERM, want 0", code, err)
 	}
@@ -378,5 +378,5 @@ func TestSecondInstanceWaitsThenTakesOver(t *testing.T) {
 	if err := e.writeEvents(conn, 10, 2, 3); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 }

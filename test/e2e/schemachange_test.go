@@ -18,21 +18,21 @@ import (
 // operator's mistake would be. It returns the row's event id and the WAL
 // positions before and after it.
 func (e *env) insertUnderRenamedColumn(conn *pgx.Conn) (eventID, before, after string) {
-	e.t.Helper()
+	e.T.Helper()
 	ctx := context.Background()
 	eventID = harness.NewUUID()
-	before = e.db.CurrentLSN(e.t)
+	before = e.DB.CurrentLSN(e.T)
 	for _, sql := range []string{
 		"ALTER TABLE outbox_events RENAME COLUMN aggregate_id TO agg_id",
 		"INSERT INTO outbox_events (event_id, aggregate_type, agg_id, event_type, payload) VALUES ('" + eventID + `', 'order', 'agg-renamed', 'Renamed', '{"n": 0}')`,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
-			e.t.Fatalf("%s: %v", sql, err)
+			e.T.Fatalf("%s: %v", sql, err)
 		}
 	}
-	after = e.db.CurrentLSN(e.t)
+	after = e.DB.CurrentLSN(e.T)
 	if _, err := conn.Exec(ctx, "ALTER TABLE outbox_events RENAME COLUMN agg_id TO aggregate_id"); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return eventID, before, after
 }
@@ -58,29 +58,29 @@ func checkRowPosition(t *testing.T, msg, before, after string) {
 // restart too.
 func TestRowWrittenUnderRenamedColumnIsQuarantinedAndStreamGoesOn(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	p := e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	p := e.StartRelay()
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 
 	renamedID, before, after := e.insertUnderRenamedColumn(conn)
 	if err := e.writeEvents(conn, 2, 2, 3); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	if code, err := p.Stop(30 * time.Second); err != nil || code != 0 {
 		t.Fatalf("relay stopped with %d (%v):\n%s", code, err, harness.LastLines(p.Output(), 20))
 	}
 	// A new process meets the old relation again only if the slot did not
 	// pass the row; either way later events must flow.
-	e.startRelay()
+	e.StartRelay()
 	if err := e.writeEvents(conn, 2, 1, 3); err != nil {
 		t.Fatal(err)
 	}
-	records := e.consumeAll(time.Minute)
+	records := e.ConsumeAll(time.Minute)
 	for _, r := range records {
 		if r.EventID() == renamedID {
 			t.Errorf("the row written under the renamed column reached Kafka: %s", r.Topic)
@@ -103,13 +103,13 @@ func TestRowWrittenUnderRenamedColumnIsQuarantinedAndStreamGoesOn(t *testing.T) 
 // the default policy it sets the row aside and goes on.
 func TestRowWrittenUnderRenamedColumnHaltsNamingTheWayOut(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	p := e.startRelay("--on-permanent-error", "halt")
-	conn := e.db.Connect(t)
+	e.Migrate()
+	p := e.StartRelay("--on-permanent-error", "halt")
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 
 	renamedID, before, after := e.insertUnderRenamedColumn(conn)
 	code, err := p.Wait(time.Minute)
@@ -128,12 +128,12 @@ func TestRowWrittenUnderRenamedColumnHaltsNamingTheWayOut(t *testing.T) {
 	}
 	checkRowPosition(t, out, before, after)
 
-	e.startRelay()
+	e.StartRelay()
 	if err := e.writeEvents(conn, 2, 1, 2); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(time.Minute)
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", renamedID); n != 1 {
+	e.ConsumeAll(time.Minute)
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", renamedID); n != 1 {
 		t.Errorf("quarantine holds %d rows of event %s, want 1", n, renamedID)
 	}
 }

@@ -17,25 +17,25 @@ import (
 // events after a clean stop.
 func TestCleanStopMidBacklogLeavesNothingToRedeliver(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	conn := e.DB.Connect(t)
 	const rounds = 6
 	midBacklog := 0
 	for round := range rounds {
-		before := e.confirmedFlush()
+		before := e.ConfirmedFlush()
 		if err := e.writeEvents(conn, 1000, 4, 50); err != nil {
 			t.Fatal(err)
 		}
-		end := e.db.CurrentLSN(t)
-		p := e.startRelay()
+		end := e.DB.CurrentLSN(t)
+		p := e.StartRelay()
 		// Stop once the slot moves: part of the backlog is confirmed, and
 		// most likely not all of it yet.
-		harness.WaitFor(t, time.Minute, "the slot to move", func() bool { return e.confirmedFlush() != before })
+		harness.WaitFor(t, time.Minute, "the slot to move", func() bool { return e.ConfirmedFlush() != before })
 		if code, err := p.Stop(time.Minute); err != nil || code != 0 {
 			t.Fatalf("round %d: relay exited %d (%v) on SIGTERM, want 0:\n%s", round, code, err, p.Output())
 		}
 		logged := stoppedAt(t, p.Output())
-		slot := e.confirmedFlush()
+		slot := e.ConfirmedFlush()
 		if slot != logged {
 			t.Fatalf("round %d: slot confirmed_flush_lsn %s, but the relay logged confirmed_lsn %s on its clean stop", round, slot, logged)
 		}
@@ -48,8 +48,8 @@ func TestCleanStopMidBacklogLeavesNothingToRedeliver(t *testing.T) {
 		t.Fatal("no stop came mid-backlog; the test proved nothing")
 	}
 
-	p := e.startRelay()
-	records := e.consumeAll(2 * time.Minute)
+	p := e.StartRelay()
+	records := e.ConsumeAll(2 * time.Minute)
 	if dups := harness.Duplicates(records); len(dups) > 0 {
 		t.Fatalf("%d events delivered more than once after only clean stops, e.g. %v", len(dups), firstKeys(dups, 5))
 	}

@@ -20,22 +20,22 @@ import (
 // back, and never streams from (or creates) a new one.
 func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	p := e.startRelay("--admin-addr", admin)
-	conn := e.db.Connect(t)
+	p := e.StartRelay("--admin-addr", admin)
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	if err := e.writeEvents(conn, 1, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	written := e.db.CurrentLSN(t)
+	written := e.DB.CurrentLSN(t)
 	harness.WaitFor(t, 30*time.Second, "the first event in Kafka", func() bool {
-		return len(e.consumeAll(time.Second)) == 1
+		return len(e.ConsumeAll(time.Second)) == 1
 	})
 	// Once the slot passed it, the relay knows the commit time to name in
 	// the reconcile advice.
 	harness.WaitFor(t, 30*time.Second, "the slot confirmed past the first event", func() bool {
-		return harness.LSNAtMost(written, e.confirmedFlush())
+		return harness.LSNAtMost(written, e.ConfirmedFlush())
 	})
 	ready := func() bool {
 		resp, err := http.Get("http://" + admin + "/readyz")
@@ -55,11 +55,11 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 		var dropped bool
 		err := conn.QueryRow(ctx, `
 			WITH kill AS (SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL)
-			SELECT count(*) = 0 FROM kill`, e.slot).Scan(&dropped)
+			SELECT count(*) = 0 FROM kill`, e.Slot).Scan(&dropped)
 		if err != nil || !dropped {
 			return false
 		}
-		_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", e.slot)
+		_, err = conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", e.Slot)
 		return err == nil
 	})
 	var readyAfterDrop atomic.Bool
@@ -89,14 +89,14 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 		t.Fatalf("relay exited %d (%v), want 1:\n%s", code, err, p.Output())
 	}
 	out := p.Output()
-	if !outputHas(out, `replication slot \"`+e.slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20", "--republish") {
+	if !outputHas(out, `replication slot \"`+e.Slot+`\" no longer exists`, "outbox-relay migrate", "outbox-relay reconcile --since 20", "--republish") {
 		t.Errorf("the exit does not name the slot, the way back and the last confirmed commit time:\n%s", out)
 	}
 	if strings.Contains(out, "created the replication slot") {
 		t.Errorf("the relay created a new slot:\n%s", out)
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
-		t.Errorf("a slot named %s exists after the relay exited", e.slot)
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
+		t.Errorf("a slot named %s exists after the relay exited", e.Slot)
 	}
 	if readyAfterDrop.Load() {
 		t.Error("/readyz went back to 200 after the slot was dropped")
@@ -110,12 +110,12 @@ func TestDroppedSlotUnderRunningRelayIsFatal(t *testing.T) {
 // can, the slot is created and events flow.
 func TestSlotIsNotCreatedBeforeKafkaAnswers(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot")
+	e.Migrate("--skip-slot")
 	unreachable := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	flags := harness.RelayFlags{DSN: e.db.DSN(), Slot: e.slot, Brokers: []string{unreachable}, AdminAddr: "127.0.0.1:0"}
-	p := harness.StartProcess(t, e.bin, flags.Args("run"), nil)
+	flags := harness.RelayFlags{DSN: e.DB.DSN(), Slot: e.Slot, Brokers: []string{unreachable}, AdminAddr: "127.0.0.1:0"}
+	p := harness.StartProcess(t, e.Bin, flags.Args("run"), nil)
 	p.WaitForOutput(t, "retry_in", time.Minute) // the first attempt failed and waits for the next
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
 		t.Fatalf("the relay created its slot though it never reached Kafka:\n%s", harness.LastLines(p.Output(), 10))
 	}
 	if !strings.Contains(p.Output(), "replication slot was not created") {
@@ -125,11 +125,11 @@ func TestSlotIsNotCreatedBeforeKafkaAnswers(t *testing.T) {
 		t.Fatalf("relay exited %d (%v) on SIGTERM", code, err)
 	}
 
-	e.startRelay()
+	e.StartRelay()
 	ctx := context.Background()
-	if err := e.Commit(ctx, e.db.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Placed", Payload: `{}`}}); err != nil {
+	if err := e.Commit(ctx, e.DB.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Placed", Payload: `{}`}}); err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := e.Committed()
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
 }

@@ -19,22 +19,22 @@ import (
 // must find exactly them.
 func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	p := e.startRelay()
-	conn := e.db.Connect(t)
+	e.Migrate()
+	p := e.StartRelay()
+	conn := e.DB.Connect(t)
 	if err := e.writeEvents(conn, 2, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	e.consumeAll(30 * time.Second)
+	e.ConsumeAll(30 * time.Second)
 	// A clean stop writes the last acknowledged position to the progress
 	// topic.
 	if code, err := p.Stop(time.Minute); err != nil || code != 0 {
 		t.Fatalf("relay exited %d (%v):\n%s", code, err, p.Output())
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.slot); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", e.Slot); n != 0 {
 		t.Fatal("the slot is still active after the relay exited")
 	}
-	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+	e.DB.Exec(t, "SELECT pg_drop_replication_slot($1)", e.Slot)
 
 	// Committed while no slot exists: no slot will ever stream these.
 	gapStart := e.CommittedCount()
@@ -44,7 +44,7 @@ func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
 	ids, _ := e.Committed()
 	gap := ids[gapStart:]
 
-	p = e.startRelay()
+	p = e.StartRelay()
 	p.WaitForOutput(t, "the slot was created now, after the position Kafka holds", 30*time.Second)
 	var line harness.LogLine
 	for _, l := range harness.LogLines(p.Output()) {
@@ -61,7 +61,7 @@ func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
 		t.Fatalf("no window in the reconcile command %q", reconcileCmd)
 	}
 
-	code, out := harness.RunCommand(t, e.bin, e.args("reconcile", "--kafka-brokers", e.kafka.BrokerList(), "--json", "--since", window[1], "--until", window[2]), "OUTBOX_RELAY_LOG_LEVEL=warn")
+	code, out := harness.RunCommand(t, e.Bin, e.Args("reconcile", "--kafka-brokers", e.Kafka.BrokerList(), "--json", "--since", window[1], "--until", window[2]), "OUTBOX_RELAY_LOG_LEVEL=warn")
 	var rep struct {
 		Missing []string `json:"missing"`
 	}
@@ -85,7 +85,7 @@ func TestSlotCreatedAfterProgressNamesTheGap(t *testing.T) {
 	}
 	ids, _ = e.Committed()
 	delivered := append(slices.Clone(ids[:gapStart]), ids[gapEnd:]...)
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, delivered, 30*time.Second)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, delivered, 30*time.Second)
 	for _, r := range records {
 		if slices.Contains(gap, r.EventID()) {
 			t.Errorf("event %s, committed while no slot existed, reached Kafka", r.EventID())

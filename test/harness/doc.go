@@ -22,6 +22,11 @@
 //   - relay.go: the relay's command-line flags for a test (RelayFlags),
 //     running migrate and other short commands, starting run until it
 //     streams, its admin URL, peak RSS, and parsing its JSON log lines.
+//   - env.go: Env, one test's world in the packages that run the relay
+//     binary (its database and slot, a kfake, the binary, a ledger), with
+//     the commands every such package runs (migrate, run until it
+//     streams, consume and check what was committed); each package's env
+//     embeds it.
 //   - metrics.go: HTTP requests to the admin endpoint, and reading
 //     /metrics the way Prometheus parses it.
 //   - proxy.go: a TCP proxy to cut connections at will.

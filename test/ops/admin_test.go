@@ -82,8 +82,8 @@ func declaredIn(t *testing.T, files ...string) []string {
 func TestAdminEndpoint(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	p := e.startStreaming()
+	e.Migrate()
+	p := e.StartRelay()
 	base := p.AdminURL(t)
 
 	if code, body := harness.HTTPGet(t, base+"/healthz"); code != http.StatusOK || body != "ok\n" {
@@ -110,8 +110,8 @@ func TestAdminEndpoint(t *testing.T) {
 	if _, ok := harness.MetricValue(before, "outbox_relay_events_published_total", "topic", "outbox.event.order"); ok {
 		t.Fatalf("events counted for topic outbox.event.order before any was written")
 	}
-	ids := append(insert(t, e.db.DSN(), "order", 5), insert(t, e.db.DSN(), "invoice", 3)...)
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	ids := append(insert(t, e.DB.DSN(), "order", 5), insert(t, e.DB.DSN(), "invoice", 3)...)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "the published counters to reach 5 and 3", func() bool {
 		f := harness.Scrape(t, base)
 		order, _ := harness.MetricValue(f, "outbox_relay_events_published_total", "topic", "outbox.event.order")
@@ -191,8 +191,8 @@ func TestAdminEndpoint(t *testing.T) {
 			t.Errorf("/slot .relay has no %q: %v", key, doc.Relay)
 		}
 	}
-	si := cluster.SlotInfo(t, e.db.Name(), e.slot)
-	if doc.Slot["slot_name"] != e.slot || doc.Slot["plugin"] != "pgoutput" || doc.Slot["active"] != true ||
+	si := cluster.SlotInfo(t, e.DB.Name(), e.Slot)
+	if doc.Slot["slot_name"] != e.Slot || doc.Slot["plugin"] != "pgoutput" || doc.Slot["active"] != true ||
 		doc.Slot["active_pid"] != float64(si.ActivePID) || doc.Slot["wal_status"] != "reserved" {
 		t.Errorf("/slot .slot = %v; pg_replication_slots says %+v", doc.Slot, si)
 	}
@@ -225,16 +225,16 @@ func TestAdminEndpointDefaultsToLoopback(t *testing.T) {
 func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	p := e.startStreaming()
+	e.Migrate()
+	p := e.StartRelay()
 	base := p.AdminURL(t)
 	harness.WaitFor(t, 30*time.Second, "the slot watch to see the slot active", func() bool {
 		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_slot_active")
 		return v == 1
 	})
 
-	release := e.kafka.HoldProduce()
-	ids := insert(t, e.db.DSN(), "order", 200)
+	release := e.Kafka.HoldProduce()
+	ids := insert(t, e.DB.DSN(), "order", 200)
 	// 200 single-row transactions write well over 50 kB of WAL.
 	var peak float64
 	harness.WaitFor(t, time.Minute, "slot lag, retained WAL, in-flight events and their age to grow", func() bool {
@@ -252,7 +252,7 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 	}
 
 	release()
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 	// Other tests write WAL into the shared cluster meanwhile, so the lag
 	// drops to what they wrote since the relay's last confirmation.
 	harness.WaitFor(t, time.Minute, "the lag and in-flight gauges to drop after Kafka answered", func() bool {
@@ -270,10 +270,10 @@ func TestSlotGaugesFollowTheSlot(t *testing.T) {
 func TestIdleRelayUsesLittleCPU(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	p := e.startStreaming()
-	ids := insert(t, e.db.DSN(), "order", 3)
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	e.Migrate()
+	p := e.StartRelay()
+	ids := insert(t, e.DB.DSN(), "order", 3)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 
 	// Measure the relay's own CPU time over a wall-clock window that is
 	// long enough to span its keepalive interval (10s by default). The
@@ -317,21 +317,21 @@ func TestKafkaStallMakesReadyzNotReady(t *testing.T) {
 		t.Run(delivery, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			e.migrate()
+			e.Migrate()
 			// From the environment: a relay that did not know the setting
 			// would still start, and the test would fail on what it does.
-			p := e.start(e.args("run", "--delivery", delivery), "OUTBOX_RELAY_KAFKA_STALL_TIMEOUT=2s")
+			p := e.start(e.Args("run", "--delivery", delivery), "OUTBOX_RELAY_KAFKA_STALL_TIMEOUT=2s")
 			p.WaitForOutput(t, harness.LogStreaming, 2*time.Minute)
 			base := p.AdminURL(t)
-			ids := insert(t, e.db.DSN(), "order", 2)
-			harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+			ids := insert(t, e.DB.DSN(), "order", 2)
+			harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 			if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
 				t.Fatalf("/readyz before the stall: %d %q", code, body)
 			}
 
-			release := e.kafka.HoldProduce()
+			release := e.Kafka.HoldProduce()
 			defer release()
-			ids = append(ids, insert(t, e.db.DSN(), "order", 5)...)
+			ids = append(ids, insert(t, e.DB.DSN(), "order", 5)...)
 			var body string
 			harness.WaitFor(t, 30*time.Second, "/readyz 503 naming the stall", func() bool {
 				var code int
@@ -348,7 +348,7 @@ func TestKafkaStallMakesReadyzNotReady(t *testing.T) {
 			})
 
 			release()
-			harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, 2*time.Minute)
+			harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, 2*time.Minute)
 			harness.WaitFor(t, time.Minute, "/readyz 200 after Kafka answered", func() bool {
 				code, _ := harness.HTTPGet(t, base+"/readyz")
 				return code == http.StatusOK

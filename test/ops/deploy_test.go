@@ -310,10 +310,10 @@ func TestExampleConfig(t *testing.T) {
 	// It works as it is, with only the environment-specific values
 	// overridden by flags (which win over the file).
 	e := newEnv(t)
-	e.migrate()
-	p := e.start(e.args("run", "--config", path, "--kafka-tls=false"))
+	e.Migrate()
+	p := e.start(e.Args("run", "--config", path, "--kafka-tls=false"))
 	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, insert(t, e.DB.DSN(), "order", 3), time.Minute)
 
 	// The standard collectors the dashboard and the alerts use exist.
 	families := harness.Scrape(t, p.AdminURL(t))

@@ -30,7 +30,7 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 		if !strings.Contains(out, "--slot-failover needs PostgreSQL 17 or newer") {
 			t.Errorf("%s --slot-failover does not say it needs PostgreSQL 17:\n%s", what, harness.LastLines(out, 10))
 		}
-		if si := cluster.SlotInfo(t, e.db.Name(), e.slot); si.Exists {
+		if si := cluster.SlotInfo(t, e.DB.Name(), e.Slot); si.Exists {
 			t.Errorf("%s --slot-failover created a slot anyway: %+v", what, si)
 		}
 	}
@@ -38,14 +38,14 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 	t.Run("migrate creates the slot", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
-		code, out := e.run(e.args("migrate", "--slot-failover"))
+		code, out := e.run(e.Args("migrate", "--slot-failover"))
 		check(t, e, "migrate", code, out)
 	})
 	t.Run("the relay creates the slot", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
-		e.migrate("--skip-slot")
-		p := e.start(e.args("run", "--slot-failover"))
+		e.Migrate("--skip-slot")
+		p := e.start(e.Args("run", "--slot-failover"))
 		code, err := p.Wait(time.Minute)
 		if err != nil {
 			t.Fatalf("run --slot-failover without a slot is still running after a minute; it must stop: %v\n%s", err, harness.LastLines(p.Output(), 10))
@@ -58,8 +58,8 @@ func TestSlotFailoverNeedsPostgres17(t *testing.T) {
 	t.Run("the slot already exists", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
-		e.migrate()
-		p := e.start(e.args("run", "--slot-failover"))
+		e.Migrate()
+		p := e.start(e.Args("run", "--slot-failover"))
 		streaming := func() bool { return strings.Contains(p.Output(), `"message":"streaming"`) }
 		harness.WaitFor(t, time.Minute, "the relay to refuse (or to stream)", func() bool { return p.Exited() || streaming() })
 		if streaming() {

@@ -23,22 +23,22 @@ const takeoverBound = 10 * time.Second
 func TestStandbyTakesOverWhenTheActiveInstanceDies(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	// Count the producers the standby creates while it waits.
 	var producerInits atomic.Int64
-	c := e.kafka.Cluster()
+	c := e.Kafka.Cluster()
 	c.ControlKey(int16(kmsg.InitProducerID), func(kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
 		producerInits.Add(1)
 		return nil, nil, false
 	})
 
-	active := e.startStreaming()
+	active := e.StartRelay()
 	activeAdmin := active.AdminURL(t)
-	before := insert(t, e.db.DSN(), "order", 50)
+	before := insert(t, e.DB.DSN(), "order", 50)
 
 	sock := listenNotify(t)
-	standby := e.start(e.args("run"), sock.env(0)...)
+	standby := e.start(e.Args("run"), sock.env(0)...)
 	standbyAdmin := standby.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "the second instance to wait for the slot", func() bool {
 		code, body := harness.HTTPGet(t, standbyAdmin+"/readyz")
@@ -61,12 +61,12 @@ func TestStandbyTakesOverWhenTheActiveInstanceDies(t *testing.T) {
 	})
 	t.Logf("the standby created %d Kafka producers (InitProducerId) in %v of waiting",
 		producerInits.Load()-initsBefore, time.Since(waitStart).Round(time.Millisecond))
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, before, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, before, time.Minute)
 
 	// Kill the active instance the hard way and time the takeover.
 	killed := time.Now()
 	active.Kill()
-	during := insert(t, e.db.DSN(), "order", 50)
+	during := insert(t, e.DB.DSN(), "order", 50)
 	harness.WaitFor(t, 30*time.Second, "the standby to take over", func() bool {
 		code, _ := harness.HTTPGet(t, standbyAdmin+"/readyz")
 		return code == http.StatusOK
@@ -76,12 +76,12 @@ func TestStandbyTakesOverWhenTheActiveInstanceDies(t *testing.T) {
 	if takeover > takeoverBound {
 		t.Errorf("the standby took %v to take over, want at most %v", takeover, takeoverBound)
 	}
-	if si := cluster.SlotInfo(t, e.db.Name(), e.slot); !si.Active {
+	if si := cluster.SlotInfo(t, e.DB.Name(), e.Slot); !si.Active {
 		t.Errorf("the standby says it streams, but the slot is inactive: %+v", si)
 	}
-	after := insert(t, e.db.DSN(), "order", 50)
+	after := insert(t, e.DB.DSN(), "order", 50)
 	all := append(append(append([]string{}, before...), during...), after...)
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, all, time.Minute)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, all, time.Minute)
 	harness.CheckNoLoss(t, records, all)
 	if n := sock.count("READY=1"); n != 1 {
 		t.Errorf("the standby sent READY=1 %d times, want once", n)

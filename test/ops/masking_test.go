@@ -19,10 +19,10 @@ import (
 func TestSecurityPasswordsThatAreWords(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	role := "app_" + e.slot
+	e.Migrate()
+	role := "app_" + e.Slot
 	createRole(t, role, "REPLICATION", "app")
-	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
+	e.DB.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,10 +32,10 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 	ln.Close()
 
 	kv := func(port int, password string) string {
-		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable connect_timeout=5", port, role, password, e.db.Name())
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable connect_timeout=5", port, role, password, e.DB.Name())
 	}
 	described := func(port int) string {
-		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s", port, role, e.db.Name())
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s dbname=%s", port, role, e.DB.Name())
 	}
 	garbled := func(what, text string) {
 		t.Helper()
@@ -46,7 +46,7 @@ func TestSecurityPasswordsThatAreWords(t *testing.T) {
 
 	t.Run("streaming, password app", func(t *testing.T) {
 		sock := listenNotify(t)
-		p := e.start(e.argsAs(e.db.DSNFor(role, "app"), "run"), sock.env(0)...)
+		p := e.start(e.argsAs(e.DB.DSNFor(role, "app"), "run"), sock.env(0)...)
 		p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 		if want := fmt.Sprintf(`"postgres":%q`, described(cluster.Port())); !strings.Contains(p.Output(), want) {
 			t.Errorf("the starting line does not show %s:\n%s", want, harness.LastLines(p.Output(), 10))

@@ -146,10 +146,10 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	// scheduling slack before a gap counts as a missed ping.
 	const watchdog = 2 * time.Second
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	proxy := harness.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", cluster.Port()))
 	proxy.Pause() // PostgreSQL unreachable at start
-	dsn := strings.Replace(e.db.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
+	dsn := strings.Replace(e.DB.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
 	sock := listenNotify(t)
 	// The stream loop pings at least once per --status-interval; keep that
 	// well inside WatchdogSec, as the unit file says.
@@ -180,7 +180,7 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	if code, body := harness.HTTPGet(t, base+"/readyz"); code != http.StatusOK {
 		t.Errorf("READY=1 arrived but /readyz says %d %q", code, body)
 	}
-	if si := cluster.SlotInfo(t, e.db.Name(), e.slot); !si.Active {
+	if si := cluster.SlotInfo(t, e.DB.Name(), e.Slot); !si.Active {
 		t.Errorf("READY=1 arrived but the slot is not active: %+v", si)
 	}
 	if !strings.Contains(p.Output(), `"message":"streaming"`) {
@@ -189,7 +189,7 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	ready := sock.times("READY=1")[0]
 
 	// Streaming (idle and then busy): pings keep coming within WatchdogSec.
-	insert(t, e.db.DSN(), "order", 20)
+	insert(t, e.DB.DSN(), "order", 20)
 	sock.checkPingsSince(t, ready, "streaming", watchdog)
 
 	// SIGTERM: STOPPING=1 goes out at the start of the shutdown, before the
@@ -225,9 +225,9 @@ func TestNotifyWatchdogStopsWhenTheRelayIsWedged(t *testing.T) {
 	t.Parallel()
 	const watchdog = time.Second
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	hole := blackhole(t)
-	dsn := strings.Replace(e.db.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", hole.port()), 1)
+	dsn := strings.Replace(e.DB.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", hole.port()), 1)
 	sock := listenNotify(t)
 	p := e.start(e.argsAs(dsn, "run"), sock.env(watchdog)...)
 	base := p.AdminURL(t)
@@ -306,10 +306,10 @@ func TestNotifyPollMode(t *testing.T) {
 	t.Parallel()
 	const watchdog = 2 * time.Second
 	e := newEnv(t)
-	harness.Migrate(t, e.bin, e.args("migrate", "--source", "poll"))
+	harness.Migrate(t, e.Bin, e.Args("migrate", "--source", "poll"))
 	proxy := harness.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", cluster.Port()))
 	proxy.Pause()
-	dsn := strings.Replace(e.db.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
+	dsn := strings.Replace(e.DB.DSN(), fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
 	sock := listenNotify(t)
 	p := e.start(e.argsAs(dsn, "run", "--source", "poll"), sock.env(watchdog)...)
 	harness.WaitFor(t, time.Minute, "three watchdog pings while PostgreSQL is unreachable", func() bool { return sock.count("WATCHDOG=1") >= 3 })

@@ -32,15 +32,15 @@ func deadAddr(t *testing.T) string {
 func TestUnpublishedAgeWhileKafkaIsDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	live := e.brokers
-	e.brokers = []string{deadAddr(t)}
-	p := e.start(e.args("run", "--kafka-timeout", "1s"))
+	e.Migrate()
+	live := e.Brokers
+	e.Brokers = []string{deadAddr(t)}
+	p := e.start(e.Args("run", "--kafka-timeout", "1s"))
 	base := p.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "a failed attempt to reach Kafka", func() bool {
 		return harness.Metric(t, base, "outbox_relay_stream_restarts_total") >= 1
 	})
-	ids := insert(t, e.db.DSN(), "order", 50)
+	ids := insert(t, e.DB.DSN(), "order", 50)
 	harness.WaitFor(t, time.Minute, "the slot watch to see the slot behind", func() bool {
 		return getSlot(t, base).Slot != nil && getSlot(t, base).Slot["lag_bytes"].(float64) > 0
 	})
@@ -55,9 +55,9 @@ func TestUnpublishedAgeWhileKafkaIsDown(t *testing.T) {
 	t.Logf("Kafka down: oldest unpublished event age %.1f s with nothing in flight", age)
 	p.Kill()
 
-	e.brokers = live
-	q := e.startStreaming()
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	e.Brokers = live
+	q := e.StartRelay()
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 	qbase := q.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "the age to fall back once the events are published", func() bool {
 		return harness.Metric(t, qbase, "outbox_relay_oldest_unpublished_event_age_seconds") < 5
@@ -70,18 +70,18 @@ func TestUnpublishedAgeWhileKafkaIsDown(t *testing.T) {
 func TestSlotReadingAgeWhilePostgresIsUnreachable(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	role := "sra_" + e.slot
+	e.Migrate()
+	role := "sra_" + e.Slot
 	const pass = "sra-pw-5d0e"
 	createRole(t, role, "REPLICATION", pass)
-	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
+	e.DB.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
 	proxy := harness.StartProxy(t, fmt.Sprintf("127.0.0.1:%d", cluster.Port()))
-	url := e.db.DSNFor(role, pass)
+	url := e.DB.DSNFor(role, pass)
 	dsn := strings.Replace(url, fmt.Sprintf(":%d/", cluster.Port()), fmt.Sprintf(":%d/", proxy.Port()), 1)
 	if dsn == url {
 		t.Fatalf("cannot point the DSN at the proxy")
 	}
-	p := harness.StartStreaming(t, e.bin, e.argsAs(dsn, "run"))
+	p := harness.StartStreaming(t, e.Bin, e.argsAs(dsn, "run"))
 	base := p.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "a fresh reading of the slot", func() bool {
 		return harness.Metric(t, base, "outbox_relay_slot_reading_age_seconds") < 10

@@ -26,10 +26,10 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 	const secret = "Pg-Secret-9f3b71c2"
 	const wrong = "Pg-Wrong-5e2c80d4"
 	e := newEnv(t)
-	e.migrate()
-	role := "pw_" + e.slot
+	e.Migrate()
+	role := "pw_" + e.Slot
 	createRole(t, role, "REPLICATION", secret)
-	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
+	e.DB.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role)
 
 	// A port nobody listens on.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -39,9 +39,9 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 	deadPort := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 
-	url := e.db.DSNFor(role, secret)
+	url := e.DB.DSNFor(role, secret)
 	kv := func(port int, password string) string {
-		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable", port, role, password, e.db.Name())
+		return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable", port, role, password, e.DB.Name())
 	}
 	leaks := func(what, text string) {
 		t.Helper()
@@ -55,7 +55,7 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 	t.Run("streaming", func(t *testing.T) {
 		p := e.start(e.argsAs(url, "run"))
 		p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
-		harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 3), time.Minute)
+		harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, insert(t, e.DB.DSN(), "order", 3), time.Minute)
 		base := p.AdminURL(t)
 		for _, path := range []string{"/slot", "/readyz", "/metrics"} {
 			_, body := harness.HTTPGet(t, base+path)
@@ -72,7 +72,7 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 
 	// A wrong password is a precondition the operator must fix: the relay
 	// stops, saying what to check.
-	for name, dsn := range map[string]string{"wrong password, URL": e.db.DSNFor(role, wrong), "wrong password, key=value": kv(cluster.Port(), wrong)} {
+	for name, dsn := range map[string]string{"wrong password, URL": e.DB.DSNFor(role, wrong), "wrong password, key=value": kv(cluster.Port(), wrong)} {
 		t.Run(name, func(t *testing.T) {
 			p := e.start(e.argsAs(dsn, "run"))
 			code, err := p.Wait(time.Minute)
@@ -121,7 +121,7 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 
 	// A DSN that does not parse is quoted back only without its password.
 	t.Run("malformed DSN", func(t *testing.T) {
-		bad := fmt.Sprintf("postgres://%s:%s@127.0.0.1:notaport/%s", role, secret, e.db.Name())
+		bad := fmt.Sprintf("postgres://%s:%s@127.0.0.1:notaport/%s", role, secret, e.DB.Name())
 		for _, cmd := range []string{"run", "status", "migrate"} {
 			code, out := e.run(e.argsAs(bad, cmd))
 			if code == 0 || !strings.Contains(out, "--pg-dsn") {
@@ -141,13 +141,13 @@ func TestPostgresPasswordIsNeverPrinted(t *testing.T) {
 func TestMinimalRole(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	owner, relayRole := "own_"+e.slot, "rel_"+e.slot
+	owner, relayRole := "own_"+e.Slot, "rel_"+e.Slot
 	const ownerPass, relayPass = "owner-pw-41d7", "relay-pw-c03e"
 	createRole(t, owner, "NOSUPERUSER NOREPLICATION", ownerPass)
 	createRole(t, relayRole, "NOSUPERUSER REPLICATION", relayPass)
 	// What a schema owner has: it may create tables and publications.
-	e.db.Exec(t, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s", e.db.Name(), owner, owner))
-	ownerDSN, relayDSN := e.db.DSNFor(owner, ownerPass), e.db.DSNFor(relayRole, relayPass)
+	e.DB.Exec(t, fmt.Sprintf("GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s", e.DB.Name(), owner, owner))
+	ownerDSN, relayDSN := e.DB.DSNFor(owner, ownerPass), e.DB.DSNFor(relayRole, relayPass)
 
 	// The owner cannot create the slot; it creates the rest.
 	if code, out := e.run(e.argsAs(ownerDSN, "migrate")); code == 0 || !strings.Contains(out, "REPLICATION") {
@@ -162,7 +162,7 @@ func TestMinimalRole(t *testing.T) {
 	// Grants come from the owner, as they would in production.
 	ownerDB := func(sql string) {
 		t.Helper()
-		e.db.Exec(t, "SET ROLE "+owner+"; "+sql+"; RESET ROLE")
+		e.DB.Exec(t, "SET ROLE "+owner+"; "+sql+"; RESET ROLE")
 	}
 	ownerDB("GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO " + relayRole)
 
@@ -172,7 +172,7 @@ func TestMinimalRole(t *testing.T) {
 		{fmt.Sprintf("SELECT has_table_privilege('%s', 'outbox_events', 'INSERT')::text", relayRole), "false"},
 		{fmt.Sprintf("SELECT rolreplication::text FROM pg_roles WHERE rolname = '%s'", owner), "false"},
 	} {
-		if got := e.db.QueryString(t, q.sql); got != q.want {
+		if got := e.DB.QueryString(t, q.sql); got != q.want {
 			t.Fatalf("%s = %s, want %s", q.sql, got, q.want)
 		}
 	}
@@ -183,13 +183,13 @@ func TestMinimalRole(t *testing.T) {
 	ids := insert(t, ownerDSN, "order", 20)
 	// A topic name Kafka refuses: the event goes to the quarantine table.
 	bad := harness.NewUUID()
-	e.db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+	e.DB.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 		VALUES ($1, 'not a topic!', 'a', 'Happened', '{}')`, bad)
 	ids = append(ids, insert(t, ownerDSN, "order", 5)...)
-	end := e.db.QueryString(t, "SELECT pg_current_wal_lsn()::text")
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, ids, time.Minute)
+	end := e.DB.QueryString(t, "SELECT pg_current_wal_lsn()::text")
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
 	harness.WaitFor(t, time.Minute, "the refused event in the quarantine table", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", bad) == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", bad) == 1
 	})
 	harness.WaitFor(t, 30*time.Second, "outbox_relay_quarantined_events to count it", func() bool {
 		v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_quarantined_events")
@@ -197,8 +197,8 @@ func TestMinimalRole(t *testing.T) {
 	})
 	// The slot advanced past the quarantined event: nothing is stuck.
 	harness.WaitFor(t, time.Minute, "the slot to confirm the last event", func() bool {
-		return e.db.QueryString(t, `SELECT (confirmed_flush_lsn >= $2::pg_lsn)::text
-			FROM pg_replication_slots WHERE slot_name = $1`, e.slot, end) == "true"
+		return e.DB.QueryString(t, `SELECT (confirmed_flush_lsn >= $2::pg_lsn)::text
+			FROM pg_replication_slots WHERE slot_name = $1`, e.Slot, end) == "true"
 	})
 	if p.Exited() {
 		t.Fatalf("the relay exited before SIGTERM:\n%s", harness.LastLines(p.Output(), 10))
@@ -209,14 +209,14 @@ func TestMinimalRole(t *testing.T) {
 
 	// Retention deletes published rows: SELECT and DELETE on the outbox.
 	ownerDB("GRANT SELECT, DELETE ON outbox_events TO " + relayRole)
-	rows := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events")
+	rows := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events")
 	p = e.start(e.argsAs(relayDSN, "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "500ms"))
 	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 	base = p.AdminURL(t)
 	last := insert(t, ownerDSN, "order", 1)
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, last, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, last, time.Minute)
 	harness.WaitFor(t, time.Minute, "retention to delete the published rows", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") < rows
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") < rows
 	})
 	if v := harness.Metric(t, base, "outbox_relay_retention_rows_deleted_total"); v < 1 {
 		t.Errorf("retention deleted rows but outbox_relay_retention_rows_deleted_total = %v", v)
@@ -233,11 +233,11 @@ func TestMinimalRole(t *testing.T) {
 func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	role := "nousage_" + e.slot
+	role := "nousage_" + e.Slot
 	const pass = "nousage-pw-7a21"
 	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
-	e.db.Exec(t, "CREATE SCHEMA app")
-	dsn := e.db.DSNFor(role, pass)
+	e.DB.Exec(t, "CREATE SCHEMA app")
+	dsn := e.DB.DSNFor(role, pass)
 	want := fmt.Sprintf(`GRANT USAGE ON SCHEMA "app" TO "%s"`, role)
 	for _, mode := range []struct {
 		name   string
@@ -250,8 +250,8 @@ func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
 			fmt.Sprintf("GRANT SELECT, DELETE ON app.poll_events TO %[1]s; GRANT SELECT, UPDATE, DELETE ON app.poll_events_poll TO %[1]s; GRANT SELECT, INSERT, UPDATE ON app.outbox_quarantine TO %[1]s", role)},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			e.migrate(mode.flags...)
-			e.db.Exec(t, mode.grants)
+			e.Migrate(mode.flags...)
+			e.DB.Exec(t, mode.grants)
 			p := e.start(e.argsAs(dsn, "run", mode.flags...))
 			code, err := p.Wait(30 * time.Second)
 			if err != nil {
@@ -263,7 +263,7 @@ func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
 				t.Fatalf("run without USAGE on the schema: exit %d, want 1 naming %q:\n%s", code, want, harness.LastLines(p.Output(), 5))
 			}
 			// The GRANT it names is enough.
-			e.db.Exec(t, want)
+			e.DB.Exec(t, want)
 			p = e.start(e.argsAs(dsn, "run", mode.flags...))
 			waitFor := `"message":"streaming"`
 			if mode.name == "poll" {
@@ -271,7 +271,7 @@ func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
 			}
 			p.WaitForOutput(t, waitFor, time.Minute)
 			p.Stop(time.Minute)
-			e.db.Exec(t, "REVOKE USAGE ON SCHEMA app FROM "+role)
+			e.DB.Exec(t, "REVOKE USAGE ON SCHEMA app FROM "+role)
 		})
 	}
 }
@@ -283,16 +283,16 @@ func TestMissingSchemaUsageStopsWithTheGrant(t *testing.T) {
 func TestFailedStartLeavesNoSlot(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	role := "noquar_" + e.slot
+	role := "noquar_" + e.Slot
 	const pass = "noquar-pw-19c4"
 	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
-	e.migrate("--skip-slot")
-	code, out := e.run(e.argsAs(e.db.DSNFor(role, pass), "run"))
+	e.Migrate("--skip-slot")
+	code, out := e.run(e.argsAs(e.DB.DSNFor(role, pass), "run"))
 	if code != 1 || !strings.Contains(out, "GRANT SELECT, INSERT, UPDATE ON") {
 		t.Errorf("run without quarantine privileges: exit %d, want 1 naming the GRANT:\n%s", code, harness.LastLines(out, 5))
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
-		t.Errorf("the failed start left %d replication slot %s behind", n, e.slot)
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
+		t.Errorf("the failed start left %d replication slot %s behind", n, e.Slot)
 	}
 }
 
@@ -303,16 +303,16 @@ func TestFailedStartLeavesNoSlot(t *testing.T) {
 func TestRetentionFailuresAreCounted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	role := "ret_" + e.slot
+	e.Migrate()
+	role := "ret_" + e.Slot
 	const pass = "ret-pw-8b2f"
 	createRole(t, role, "NOSUPERUSER REPLICATION", pass)
-	e.db.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role+"; GRANT SELECT, DELETE ON outbox_events TO "+role)
-	p := e.start(e.argsAs(e.db.DSNFor(role, pass), "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "300ms"))
+	e.DB.Exec(t, "GRANT SELECT, INSERT, UPDATE ON outbox_quarantine TO "+role+"; GRANT SELECT, DELETE ON outbox_events TO "+role)
+	p := e.start(e.argsAs(e.DB.DSNFor(role, pass), "run", "--retention", "1s", "--retention-margin", "0s", "--retention-interval", "300ms"))
 	p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
 	base := p.AdminURL(t)
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), topics, insert(t, e.db.DSN(), "order", 1), time.Minute)
-	e.db.Exec(t, "REVOKE DELETE ON outbox_events FROM "+role)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, insert(t, e.DB.DSN(), "order", 1), time.Minute)
+	e.DB.Exec(t, "REVOKE DELETE ON outbox_events FROM "+role)
 	harness.WaitFor(t, 30*time.Second, "failed cleanup passes to be counted", func() bool {
 		return harness.Metric(t, base, "outbox_relay_retention_failures_total") >= 2
 	})
@@ -327,11 +327,11 @@ func TestRetentionFailuresAreCounted(t *testing.T) {
 func TestRefusedProgressTopicLeavesNoSlot(t *testing.T) {
 	t.Parallel()
 	e := newEnvNoKafka(t)
-	e.kafka = harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: 3, DisableAutoCreate: true})
-	e.brokers = e.kafka.Brokers()
-	e.migrate("--skip-slot")
-	harness.RefuseCreateTopics(e.kafka.Cluster())
-	p := e.start(e.args("run"))
+	e.Kafka = harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: 3, DisableAutoCreate: true})
+	e.Brokers = e.Kafka.Brokers()
+	e.Migrate("--skip-slot")
+	harness.RefuseCreateTopics(e.Kafka.Cluster())
+	p := e.start(e.Args("run"))
 	code, err := p.Wait(time.Minute)
 	if err != nil {
 		p.Kill()
@@ -340,7 +340,7 @@ func TestRefusedProgressTopicLeavesNoSlot(t *testing.T) {
 	if code != 1 || !strings.Contains(p.Output(), "--create --topic") {
 		t.Errorf("run with a progress topic Kafka refuses to create: exit %d, want 1 with the command that creates it:\n%s", code, harness.LastLines(p.Output(), 5))
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.slot); n != 0 {
-		t.Errorf("the failed start left replication slot %s behind", e.slot)
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
+		t.Errorf("the failed start left replication slot %s behind", e.Slot)
 	}
 }

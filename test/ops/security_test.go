@@ -164,9 +164,9 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvNoKafka(t)
-			e.brokers = kafka.Brokers()
-			e.migrate()
-			args := e.args("run", "--kafka-tls", "--kafka-tls-ca", caFile,
+			e.Brokers = kafka.Brokers()
+			e.Migrate()
+			args := e.Args("run", "--kafka-tls", "--kafka-tls-ca", caFile,
 				"--kafka-sasl-mechanism", tc.mechanism, "--kafka-sasl-user", tc.user)
 			var env []string
 			if tc.viaFile {
@@ -176,7 +176,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 			}
 			p := e.start(args, env...)
 			p.WaitForOutput(t, `"message":"streaming"`, time.Minute)
-			ids := insert(t, e.db.DSN(), "order", 10)
+			ids := insert(t, e.DB.DSN(), "order", 10)
 			harness.ConsumeEventIDsWith(t, kafka.Brokers(), tc.consumer, topics, ids, time.Minute)
 			base := p.AdminURL(t)
 			_, slot := harness.HTTPGet(t, base+"/slot")
@@ -212,12 +212,12 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnvNoKafka(t)
-			e.brokers = kafka.Brokers()
-			e.migrate()
-			topic := "fails-closed-" + e.slot
-			p := e.start(e.args("run", append([]string{"--kafka-tls", "--topic", topic}, tc.args...)...), "OUTBOX_RELAY_KAFKA_SASL_PASSWORD="+tc.password)
+			e.Brokers = kafka.Brokers()
+			e.Migrate()
+			topic := "fails-closed-" + e.Slot
+			p := e.start(e.Args("run", append([]string{"--kafka-tls", "--topic", topic}, tc.args...)...), "OUTBOX_RELAY_KAFKA_SASL_PASSWORD="+tc.password)
 			base := p.AdminURL(t)
-			insert(t, e.db.DSN(), "order", 3)
+			insert(t, e.DB.DSN(), "order", 3)
 			// Fails closed: the error names the cause, the relay is not
 			// ready (or has exited), and it never starts streaming.
 			clear := func() bool {
@@ -259,7 +259,7 @@ func TestKafkaTLSAndSASL(t *testing.T) {
 			if strings.Contains(p.Output(), `"message":"streaming"`) {
 				t.Errorf("the relay started streaming without a working Kafka connection")
 			}
-			if si := cluster.SlotInfo(t, e.db.Name(), e.slot); si.Active {
+			if si := cluster.SlotInfo(t, e.DB.Name(), e.Slot); si.Active {
 				t.Errorf("the relay holds the slot although it cannot publish; a standby could not take over")
 			}
 			for _, secret := range []string{tc.password, scram256Pass, plainPass} {

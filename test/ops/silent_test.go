@@ -16,19 +16,19 @@ func silentEnv(t *testing.T) (*env, *harness.SilentListener) {
 	t.Helper()
 	e := newEnvNoKafka(t)
 	silent := harness.StartSilentListener(t)
-	e.brokers = []string{silent.Addr()}
-	e.migrate()
-	insert(t, e.db.DSN(), "order", 3)
+	e.Brokers = []string{silent.Addr()}
+	e.Migrate()
+	insert(t, e.DB.DSN(), "order", 3)
 	return e, silent
 }
 
 // silentCommands are the commands that wait on Kafka, with what each needs.
 func silentCommands(e *env) map[string][]string {
-	kafka := []string{"--kafka-brokers", strings.Join(e.brokers, ",")}
+	kafka := []string{"--kafka-brokers", strings.Join(e.Brokers, ",")}
 	return map[string][]string{
-		"status":            e.args("status", kafka...),
-		"quarantine replay": append([]string{"quarantine"}, e.args("replay", append(kafka, "--all")...)...),
-		"reconcile":         e.args("reconcile", append(kafka, "--since", "1h", "--until", "0s")...),
+		"status":            e.Args("status", kafka...),
+		"quarantine replay": append([]string{"quarantine"}, e.Args("replay", append(kafka, "--all")...)...),
+		"reconcile":         e.Args("reconcile", append(kafka, "--since", "1h", "--until", "0s")...),
 	}
 }
 
@@ -43,7 +43,7 @@ func TestCommandsAgainstSilentBrokerEndWithinKafkaTimeout(t *testing.T) {
 		started := time.Now()
 		// From the environment: a relay that did not know the setting
 		// would still run, and show how long it waits.
-		p := harness.StartProcess(t, e.bin, args, []string{"OUTBOX_RELAY_KAFKA_TIMEOUT=" + timeout.String()})
+		p := harness.StartProcess(t, e.Bin, args, []string{"OUTBOX_RELAY_KAFKA_TIMEOUT=" + timeout.String()})
 		// The stated bound is about three timeouts; the margin is start-up
 		// and PostgreSQL.
 		limit := 3*timeout + 5*time.Second
@@ -73,7 +73,7 @@ func TestSignalsStopCommandsWaitingOnSilentBroker(t *testing.T) {
 	stopWithin := func(name string, args []string, sig os.Signal) {
 		t.Helper()
 		before := silent.Accepted()
-		p := harness.StartProcess(t, e.bin, args, nil)
+		p := harness.StartProcess(t, e.Bin, args, nil)
 		// Once connected, it waits for an answer that never comes.
 		harness.WaitFor(t, 30*time.Second, name+" connecting to the silent broker", func() bool { return silent.Accepted() > before })
 		sent := time.Now()
@@ -90,7 +90,7 @@ func TestSignalsStopCommandsWaitingOnSilentBroker(t *testing.T) {
 	for name, args := range silentCommands(e) {
 		stopWithin(name, args, syscall.SIGINT)
 	}
-	stopWithin("run --delivery exactly-once", e.args("run", "--delivery", "exactly-once"), syscall.SIGTERM)
+	stopWithin("run --delivery exactly-once", e.Args("run", "--delivery", "exactly-once"), syscall.SIGTERM)
 }
 
 // Issue 24.5: `status --kafka-tls` against a plaintext listener took 121 s
@@ -98,15 +98,15 @@ func TestSignalsStopCommandsWaitingOnSilentBroker(t *testing.T) {
 // the listener does not speak TLS.
 func TestKafkaTLSAgainstPlaintextListenerSaysSo(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
+	e.Migrate()
 	const timeout = 3 * time.Second
 	started := time.Now()
-	code, out := harness.RunCommand(t, e.bin, e.args("status", "--kafka-brokers", strings.Join(e.brokers, ","), "--kafka-tls"),
+	code, out := harness.RunCommand(t, e.Bin, e.Args("status", "--kafka-brokers", strings.Join(e.Brokers, ","), "--kafka-tls"),
 		"OUTBOX_RELAY_KAFKA_TIMEOUT="+timeout.String())
 	took := time.Since(started)
 	t.Logf("status --kafka-tls against plaintext: exit %d after %v", code, took.Round(time.Millisecond))
-	if code != 1 || !strings.Contains(out, "does not speak TLS") || !strings.Contains(out, e.brokers[0]) {
-		t.Fatalf("status exited %d, want 1 saying the listener %s does not speak TLS:\n%s", code, e.brokers[0], out)
+	if code != 1 || !strings.Contains(out, "does not speak TLS") || !strings.Contains(out, e.Brokers[0]) {
+		t.Fatalf("status exited %d, want 1 saying the listener %s does not speak TLS:\n%s", code, e.Brokers[0], out)
 	}
 	if limit := 3*timeout + 5*time.Second; took > limit {
 		t.Errorf("status took %v, over the stated bound of about three --kafka-timeout (%v)", took, limit)
@@ -118,7 +118,7 @@ func TestKafkaTLSAgainstPlaintextListenerSaysSo(t *testing.T) {
 // wait. Each progress line now says when it waits on Kafka, and for what.
 func TestReconcileProgressSaysItWaitsOnKafka(t *testing.T) {
 	e, silent := silentEnv(t)
-	p := harness.StartProcess(t, e.bin, e.args("reconcile", "--kafka-brokers", silent.Addr(), "--since", "1h", "--until", "0s",
+	p := harness.StartProcess(t, e.Bin, e.Args("reconcile", "--kafka-brokers", silent.Addr(), "--since", "1h", "--until", "0s",
 		"--progress-interval", "200ms"), []string{"OUTBOX_RELAY_KAFKA_TIMEOUT=3s"})
 	if code, err := p.Wait(time.Minute); err != nil || code != 1 {
 		t.Fatalf("reconcile against a silent broker exited %d (%v), want 1:\n%s", code, err, p.Output())
@@ -141,7 +141,7 @@ func TestOneShotKafkaWaitEndsWithinKafkaTimeout(t *testing.T) {
 	const timeout = 2 * time.Second
 	for name, args := range silentCommands(e) {
 		started := time.Now()
-		p := harness.StartProcess(t, e.bin, append(args, "--kafka-brokers", silent.Addr(), "--kafka-timeout", timeout.String()), nil)
+		p := harness.StartProcess(t, e.Bin, append(args, "--kafka-brokers", silent.Addr(), "--kafka-timeout", timeout.String()), nil)
 		code, err := p.Wait(time.Minute)
 		took := time.Since(started)
 		if err != nil {

@@ -15,15 +15,15 @@ func TestStatusCommand(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 
-	code, out := e.run(e.args("status"))
+	code, out := e.run(e.Args("status"))
 	if code == 0 || !strings.Contains(out, "does not exist") || !strings.Contains(out, "outbox-relay migrate") {
 		t.Errorf("status of a missing slot exited %d:\n%s\nwant non-zero and advice to run migrate", code, out)
 	}
 
-	e.migrate()
+	e.Migrate()
 	statusJSON := func() map[string]any {
 		t.Helper()
-		code, out := e.run(e.args("status"))
+		code, out := e.run(e.Args("status"))
 		if code != 0 {
 			t.Fatalf("status exited %d:\n%s", code, out)
 		}
@@ -34,8 +34,8 @@ func TestStatusCommand(t *testing.T) {
 		return doc
 	}
 	doc := statusJSON()
-	si := cluster.SlotInfo(t, e.db.Name(), e.slot)
-	want := map[string]any{"slot_name": e.slot, "plugin": "pgoutput", "database": e.db.Name(), "active": false,
+	si := cluster.SlotInfo(t, e.DB.Name(), e.Slot)
+	want := map[string]any{"slot_name": e.Slot, "plugin": "pgoutput", "database": e.DB.Name(), "active": false,
 		"active_pid": nil, "confirmed_flush_lsn": si.ConfirmedFlush, "restart_lsn": si.RestartLSN, "wal_status": "reserved"}
 	for k, v := range want {
 		if doc[k] != v {
@@ -49,10 +49,10 @@ func TestStatusCommand(t *testing.T) {
 	}
 
 	// With a relay streaming, status shows the slot active and its pid.
-	p := e.startStreaming()
+	p := e.StartRelay()
 	defer p.Kill()
 	doc = statusJSON()
-	si = cluster.SlotInfo(t, e.db.Name(), e.slot)
+	si = cluster.SlotInfo(t, e.DB.Name(), e.Slot)
 	if doc["active"] != true || doc["active_pid"] != float64(si.ActivePID) {
 		t.Errorf("status with a relay streaming: active %v pid %v; pg_replication_slots: %+v", doc["active"], doc["active_pid"], si)
 	}
@@ -67,8 +67,8 @@ func TestStatusCommand(t *testing.T) {
 func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.migrate()
-	p := e.startStreaming("--delivery", "exactly-once", "--transaction-interval", "20ms")
+	e.Migrate()
+	p := e.StartRelay("--delivery", "exactly-once", "--transaction-interval", "20ms")
 	base := p.AdminURL(t)
 	// Once, under a full CI run, an event stayed invisible to read_committed
 	// for the whole minute, with nothing in the relay's log; 880 runs under
@@ -88,12 +88,12 @@ func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
 			}
 		}
 	})
-	ids := insert(t, e.db.DSN(), "order", 3)
-	before := e.db.CurrentLSN(t)
-	ids = append(ids, insert(t, e.db.DSN(), "order", 1)...)
-	harness.ConsumeEventIDs(t, e.brokers, topics, ids, time.Minute)
+	ids := insert(t, e.DB.DSN(), "order", 3)
+	before := e.DB.CurrentLSN(t)
+	ids = append(ids, insert(t, e.DB.DSN(), "order", 1)...)
+	harness.ConsumeEventIDs(t, e.Brokers, topics, ids, time.Minute)
 
-	statusArgs := e.args("status", "--delivery", "exactly-once", "--kafka-brokers", strings.Join(e.brokers, ","))
+	statusArgs := e.Args("status", "--delivery", "exactly-once", "--kafka-brokers", strings.Join(e.Brokers, ","))
 	var doc struct {
 		Delivery string `json:"delivery"`
 		Progress struct {
@@ -112,10 +112,10 @@ func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
 	if doc.Delivery != "exactly-once" || doc.Progress.WrittenBy != "exactly-once" {
 		t.Errorf("status shows delivery %q, progress written by %q; want exactly-once for both:\n%s", doc.Delivery, doc.Progress.WrittenBy, out)
 	}
-	if code, out := e.run(e.args("status")); code != 0 || !strings.Contains(out, `"delivery": "at-least-once"`) {
+	if code, out := e.run(e.Args("status")); code != 0 || !strings.Contains(out, `"delivery": "at-least-once"`) {
 		t.Errorf("status without --delivery exited %d; want the default mode, at-least-once:\n%s", code, out)
 	}
-	if code, out := e.run(e.args("status", "--delivery", "exactly-twice")); code != 2 || !strings.Contains(out, "--delivery") {
+	if code, out := e.run(e.Args("status", "--delivery", "exactly-twice")); code != 2 || !strings.Contains(out, "--delivery") {
 		t.Errorf("status --delivery exactly-twice exited %d; want 2 and the flag named:\n%s", code, out)
 	}
 

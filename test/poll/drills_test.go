@@ -33,11 +33,7 @@ type world struct {
 
 func newWorld(t *testing.T, db *harness.PGDatabase) *world {
 	t.Helper()
-	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
-		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
-		Ledger: harness.NewLedger()}
-	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
-	w := &world{env: e, rng: mrand.New(mrand.NewPCG(harness.DrillSeed(t), 0))}
+	w := &world{env: newEnvOn(t, db), rng: mrand.New(mrand.NewPCG(harness.DrillSeed(t), 0))}
 	w.logClaims()
 	return w
 }
@@ -51,9 +47,9 @@ func newWorld(t *testing.T, db *harness.PGDatabase) *world {
 // per transaction), so the two cannot disagree by a race. n orders the
 // changes of one transaction.
 func (w *world) logClaims() {
-	w.db.Exec(w.t, `CREATE TABLE claim_log (n bigserial, seq bigint, at timestamptz, claim bool,
+	w.DB.Exec(w.T, `CREATE TABLE claim_log (n bigserial, seq bigint, at timestamptz, claim bool,
 		holder text, expires timestamptz, old_holder text, old_expires timestamptz, old_alive bool)`)
-	w.db.Exec(w.t, `CREATE FUNCTION log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+	w.DB.Exec(w.T, `CREATE FUNCTION log_claim() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			INSERT INTO claim_log (seq, at, claim, holder, expires, old_holder, old_expires, old_alive)
 			VALUES (NEW.seq, now(), NEW.attempts = OLD.attempts + 1,
@@ -62,7 +58,7 @@ func (w *world) logClaims() {
 					WHERE a.backend_start = OLD.lease_backend_start));
 			RETURN NULL;
 		END $$`)
-	w.db.Exec(w.t, `CREATE TRIGGER log_claim AFTER UPDATE ON outbox_events_poll FOR EACH ROW
+	w.DB.Exec(w.T, `CREATE TRIGGER log_claim AFTER UPDATE ON outbox_events_poll FOR EACH ROW
 		WHEN (OLD.lease_holder IS DISTINCT FROM NEW.lease_holder OR OLD.lease_expires_at IS DISTINCT FROM NEW.lease_expires_at)
 		EXECUTE FUNCTION log_claim()`)
 }
@@ -71,15 +67,15 @@ func (w *world) logClaims() {
 // was still valid (unexpired, its session alive), and reports how many
 // claims took a lease that had ended.
 func (w *world) checkLeases() (claims, reclaimed int64) {
-	w.t.Helper()
+	w.T.Helper()
 	const taken = "claim AND old_expires > at AND old_alive"
-	if n := w.db.QueryInt64(w.t, `SELECT count(*) FROM claim_log WHERE `+taken); n > 0 {
-		sample := w.db.QueryString(w.t, `SELECT string_agg(format('row %s claimed by %s at %s while %s held it until %s', seq, holder, at, old_holder, old_expires), '; ')
+	if n := w.DB.QueryInt64(w.T, `SELECT count(*) FROM claim_log WHERE `+taken); n > 0 {
+		sample := w.DB.QueryString(w.T, `SELECT string_agg(format('row %s claimed by %s at %s while %s held it until %s', seq, holder, at, old_holder, old_expires), '; ')
 			FROM (SELECT * FROM claim_log WHERE `+taken+` LIMIT 5) x`)
-		w.t.Errorf("%d claims took a row whose lease was still valid: %s", n, sample)
+		w.T.Errorf("%d claims took a row whose lease was still valid: %s", n, sample)
 	}
-	return w.db.QueryInt64(w.t, "SELECT count(*) FROM claim_log WHERE claim"),
-		w.db.QueryInt64(w.t, "SELECT count(*) FROM claim_log WHERE claim AND old_holder IS NOT NULL")
+	return w.DB.QueryInt64(w.T, "SELECT count(*) FROM claim_log WHERE claim"),
+		w.DB.QueryInt64(w.T, "SELECT count(*) FROM claim_log WHERE claim AND old_holder IS NOT NULL")
 }
 
 // startPollers starts n pollers, each with an application_name that names
@@ -93,11 +89,11 @@ func (w *world) startPollers(n int, extra ...string) {
 }
 
 func (w *world) restart(i int, extra ...string) {
-	w.t.Helper()
+	w.T.Helper()
 	args := append([]string{"--poll-batch", fmt.Sprint(drillBatch)}, extra...)
-	args = append(w.pollArgs(args...), "--pg-dsn", w.db.DSN()+"&application_name="+w.names[i])
-	p := harness.StartProcess(w.t, w.bin, args, []string{harness.LogLevelInfo})
-	p.WaitForOutput(w.t, `"message":"polling"`, time.Minute)
+	args = append(w.pollArgs(args...), "--pg-dsn", w.DB.DSN()+"&application_name="+w.names[i])
+	p := harness.StartProcess(w.T, w.Bin, args, []string{harness.LogLevelInfo})
+	p.WaitForOutput(w.T, `"message":"polling"`, time.Minute)
 	w.pollers[i] = p
 }
 
@@ -162,16 +158,16 @@ func (wr *writer) halt() error {
 
 // settle records the in-doubt transaction if it committed.
 func (wr *writer) settle(w *world) {
-	w.t.Helper()
+	w.T.Helper()
 	if len(wr.doubt.ids) == 0 {
 		return
 	}
-	switch n := w.db.QueryInt64(w.t, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", wr.doubt.ids); n {
+	switch n := w.DB.QueryInt64(w.T, "SELECT count(*) FROM outbox_events WHERE event_id = ANY($1::uuid[])", wr.doubt.ids); n {
 	case int64(len(wr.doubt.ids)):
 		w.Record(wr.doubt.ids, wr.doubt.events)
 	case 0:
 	default:
-		w.t.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(wr.doubt.ids))
+		w.T.Fatalf("%d of the %d rows of the in-doubt transaction exist: a transaction is atomic", n, len(wr.doubt.ids))
 	}
 }
 
@@ -179,19 +175,19 @@ func (wr *writer) settle(w *world) {
 // loss, per-aggregate order of first delivery, duplicates within bound,
 // and no lease ever taken while valid.
 func (w *world) finish(maxDuplicates int) {
-	w.t.Helper()
-	harness.WaitFor(w.t, 3*time.Minute, "every row published", func() bool { return w.unpublished() == 0 })
-	records := w.consumeAll(3 * time.Minute)
+	w.T.Helper()
+	harness.WaitFor(w.T, 3*time.Minute, "every row published", func() bool { return w.unpublished() == 0 })
+	records := w.ConsumeAll(3 * time.Minute)
 	dups := len(records) - w.CommittedCount()
 	claims, reclaimed := w.checkLeases()
-	w.t.Logf("%d events, %d records (%d duplicates, bound %d); %d claims, %d of rows whose lease had expired",
+	w.T.Logf("%d events, %d records (%d duplicates, bound %d); %d claims, %d of rows whose lease had expired",
 		w.CommittedCount(), len(records), dups, maxDuplicates, claims, reclaimed)
 	if dups > maxDuplicates {
-		w.t.Errorf("%d duplicates, over the bound of %d", dups, maxDuplicates)
+		w.T.Errorf("%d duplicates, over the bound of %d", dups, maxDuplicates)
 	}
 	for i, p := range w.pollers {
 		if p.Exited() {
-			w.t.Errorf("poller %d exited:\n%s", i, p.Output())
+			w.T.Errorf("poller %d exited:\n%s", i, p.Output())
 		}
 	}
 }
@@ -205,25 +201,25 @@ func TestDrillPollThreePollersKilled(t *testing.T) {
 	w := newWorld(t, cluster.CreateTestDatabase(t))
 	// A session whose client died notices while it waits for a lock, so
 	// the held mark of a killed poller never commits.
-	w.db.Exec(t, fmt.Sprintf("ALTER DATABASE %s SET client_connection_check_interval = '100ms'", pgx.Identifier{w.db.Name()}.Sanitize()))
-	w.db.Exec(t, `CREATE FUNCTION hold_marks() RETURNS trigger LANGUAGE plpgsql AS $$
+	w.DB.Exec(t, fmt.Sprintf("ALTER DATABASE %s SET client_connection_check_interval = '100ms'", pgx.Identifier{w.DB.Name()}.Sanitize()))
+	w.DB.Exec(t, `CREATE FUNCTION hold_marks() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$`)
-	w.db.Exec(t, `CREATE TRIGGER hold_marks BEFORE UPDATE ON outbox_events_poll FOR EACH ROW
+	w.DB.Exec(t, `CREATE TRIGGER hold_marks BEFORE UPDATE ON outbox_events_poll FOR EACH ROW
 		WHEN (OLD.published_at IS NULL AND NEW.published_at IS NOT NULL) EXECUTE FUNCTION hold_marks()`)
 
 	w.startPollers(3)
-	wr := w.startWriter(w.db.DSN(), 5*time.Millisecond, 300)
+	wr := w.startWriter(w.DB.DSN(), 5*time.Millisecond, 300)
 	kills := 0
 
 	// The kill between ack and mark.
-	lock := w.db.Connect(t)
+	lock := w.DB.Connect(t)
 	ctx := context.Background()
 	if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
 		t.Fatal(err)
 	}
 	var victim string
 	harness.WaitFor(t, time.Minute, "a poller's mark waits at the lock", func() bool {
-		victim = w.db.QueryString(t, `SELECT COALESCE(min(application_name), '') FROM pg_stat_activity
+		victim = w.DB.QueryString(t, `SELECT COALESCE(min(application_name), '') FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name LIKE 'poller-%'`)
 		return victim != ""
 	})
@@ -232,12 +228,12 @@ func TestDrillPollThreePollersKilled(t *testing.T) {
 	// Its batch, acked and waiting at the lock to be marked: the mark
 	// cannot commit before the lock is released, so these rows are
 	// unmarked at the kill, and its session's end frees them.
-	held := w.db.QueryString(t, `SELECT COALESCE(string_agg(seq::text, ',' ORDER BY seq), '') FROM outbox_events_poll
+	held := w.DB.QueryString(t, `SELECT COALESCE(string_agg(seq::text, ',' ORDER BY seq), '') FROM outbox_events_poll
 		WHERE lease_holder LIKE '%:' || $1 AND published_at IS NULL`, fmt.Sprint(w.pollers[i].Pid()))
 	w.pollers[i].Kill()
 	kills++
 	harness.WaitFor(t, time.Minute, "the killed poller's session ends", func() bool {
-		return w.db.QueryInt64(t, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", victim) == 0
+		return w.DB.QueryInt64(t, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", victim) == 0
 	})
 	unmarked := int64(len(strings.Split(held, ",")))
 	if held == "" {
@@ -265,7 +261,7 @@ func TestDrillPollThreePollersKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 3*time.Minute, "the batch killed between ack and mark is published again", func() bool {
-		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE seq = ANY(string_to_array($1, ',')::bigint[]) AND published_at IS NULL", held) == 0
+		return w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE seq = ANY(string_to_array($1, ',')::bigint[]) AND published_at IS NULL", held) == 0
 	})
 	w.finish(kills * ackedUnmarked)
 }
@@ -276,14 +272,14 @@ func TestDrillPollThreePollersKilled(t *testing.T) {
 func TestDrillPollBrokerOutage(t *testing.T) {
 	w := newWorld(t, cluster.CreateTestDatabase(t))
 	w.startPollers(2, "--max-attempts", "1000")
-	wr := w.startWriter(w.db.DSN(), 10*time.Millisecond, 100)
+	wr := w.startWriter(w.DB.DSN(), 10*time.Millisecond, 100)
 	harness.WaitFor(t, time.Minute, "events flow before the outage", func() bool {
-		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 200
+		return w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 200
 	})
-	fault := w.kafka.FailProduce(-1, kerr.NotLeaderForPartition.Code)
+	fault := w.Kafka.FailProduce(-1, kerr.NotLeaderForPartition.Code)
 	outage := time.Duration(harness.Sized(8, 30)) * time.Second
 	time.Sleep(outage) // the outage's length: a deliberate fault duration
-	backing := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL AND attempts > 0")
+	backing := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL AND attempts > 0")
 	fault.Remove()
 	if err := wr.halt(); err != nil {
 		t.Fatal(err)
@@ -293,7 +289,7 @@ func TestDrillPollBrokerOutage(t *testing.T) {
 		t.Fatalf("the outage refused %d requests and left %d rows with failed attempts: it did not happen", fault.Hits(), backing)
 	}
 	w.finish(0)
-	if n := w.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
+	if n := w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {
 		t.Errorf("%d events quarantined by a retriable outage", n)
 	}
 }
@@ -307,7 +303,7 @@ func TestDrillPollPostgresImmediateRestart(t *testing.T) {
 	w.startPollers(2)
 	wr := w.startWriter(db.DSN(), 5*time.Millisecond, 100)
 	harness.WaitFor(t, time.Minute, "events flow before the crash", func() bool {
-		return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 300
+		return w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NOT NULL") > 300
 	})
 	pg.StopImmediate(t)
 	werr := wr.halt()
@@ -345,11 +341,11 @@ func TestDrillPollKilledPollersLeasesEndWithTheirSession(t *testing.T) {
 	w := newWorld(t, cluster.CreateTestDatabase(t))
 	// Acks as slow as a real broker's keep each poller's batch in flight,
 	// so a kill at a random moment mostly finds it holding rows.
-	w.kafka.DelayProduce(20 * time.Millisecond)
+	w.Kafka.DelayProduce(20 * time.Millisecond)
 	lease := "--poll-lease=" + poll.DefaultConfig().Lease.String()
 	w.startPollers(3, lease)
 	// 1 to 5 events per tick: about 600 events/s reduced, 2,000 full.
-	wr := w.startWriter(w.db.DSN(), time.Duration(harness.Sized(5000, 1500))*time.Microsecond, 300)
+	wr := w.startWriter(w.DB.DSN(), time.Duration(harness.Sized(5000, 1500))*time.Microsecond, 300)
 	events, measure := harness.Sized(3000, 20000), harness.Sized(3, 6)
 	kills := 0
 	var worst time.Duration
@@ -361,7 +357,7 @@ func TestDrillPollKilledPollersLeasesEndWithTheirSession(t *testing.T) {
 		i := w.rng.IntN(len(w.pollers))
 		pid := fmt.Sprint(w.pollers[i].Pid())
 		harness.WaitFor(t, 30*time.Second, "the poller to kill holds leased rows", func() bool {
-			return w.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder LIKE '%:' || $1 AND published_at IS NULL", pid) > 0
+			return w.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder LIKE '%:' || $1 AND published_at IS NULL", pid) > 0
 		})
 		// The host's clock, which PostgreSQL's published_at also reads,
 		// taken before the kill: rows others publish again within the
@@ -374,20 +370,20 @@ func TestDrillPollKilledPollersLeasesEndWithTheirSession(t *testing.T) {
 		// Kafka's ack.
 		const held = `FROM outbox_events_poll s WHERE s.seq IN (SELECT seq FROM claim_log WHERE claim AND holder LIKE '%:' || $1)
 			AND (s.published_at IS NULL OR s.published_at > $2::timestamptz)`
-		rows := w.db.QueryInt64(t, "SELECT count(*) "+held, pid, killedAt)
+		rows := w.DB.QueryInt64(t, "SELECT count(*) "+held, pid, killedAt)
 		// Of those, the rows another poller claimed from it: what the
 		// kill left for the others, rather than what it marked itself
 		// in its last moment.
-		reclaimed := w.db.QueryInt64(t, "SELECT count(*) "+held+
+		reclaimed := w.DB.QueryInt64(t, "SELECT count(*) "+held+
 			" AND s.seq IN (SELECT seq FROM claim_log WHERE claim AND old_holder LIKE '%:' || $1 AND holder NOT LIKE '%:' || $1)", pid, killedAt)
 		published := harness.Poll(bound+5*time.Second, func() bool {
-			return w.db.QueryInt64(t, "SELECT count(*) "+held+" AND s.published_at IS NULL", pid, killedAt) == 0
+			return w.DB.QueryInt64(t, "SELECT count(*) "+held+" AND s.published_at IS NULL", pid, killedAt) == 0
 		})
 		if !published {
 			t.Fatalf("kill %d (%s): %d of the %d rows it held are still unpublished %v after the kill: their leases outlived the poller",
-				kills, w.names[i], w.db.QueryInt64(t, "SELECT count(*) "+held+" AND s.published_at IS NULL", pid, killedAt), rows, bound+5*time.Second)
+				kills, w.names[i], w.DB.QueryInt64(t, "SELECT count(*) "+held+" AND s.published_at IS NULL", pid, killedAt), rows, bound+5*time.Second)
 		}
-		delay := time.Duration(w.db.QueryInt64(t, "SELECT COALESCE((extract(epoch FROM max(s.published_at) - $2::timestamptz) * 1e6)::bigint, 0) "+held,
+		delay := time.Duration(w.DB.QueryInt64(t, "SELECT COALESCE((extract(epoch FROM max(s.published_at) - $2::timestamptz) * 1e6)::bigint, 0) "+held,
 			pid, killedAt)) * time.Microsecond
 		t.Logf("kill %d (%s): %d rows unmarked, %d of them claimed by another poller; all published within %v of the kill",
 			kills, w.names[i], rows, reclaimed, delay.Round(time.Millisecond))

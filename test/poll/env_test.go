@@ -4,7 +4,6 @@
 package poll_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -29,28 +28,26 @@ const partitions = 6
 
 // env is one test's world: a database migrated for poll mode, a broker,
 // and the relay binary.
-type env struct {
-	t     *testing.T
-	db    *harness.PGDatabase
-	kafka *harness.Kfake
-	bin   string
-	*harness.Ledger
-}
+type env struct{ *harness.Env }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := cluster.CreateTestDatabase(t)
-	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
-		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
-		Ledger: harness.NewLedger()}
-	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
+	return newEnvOn(t, cluster.CreateTestDatabase(t))
+}
+
+// newEnvOn is newEnv on db.
+func newEnvOn(t *testing.T, db *harness.PGDatabase) *env {
+	t.Helper()
+	e := &env{harness.NewEnv(t, db, "", partitions)}
+	e.Source = "poll"
+	e.Migrate()
 	return e
 }
 
 // pollArgs is `run --source poll` for this test's database and broker,
 // with short timings so failures are retried within a test's time.
 func (e *env) pollArgs(extra ...string) []string {
-	args := []string{"run", "--source", "poll", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList(),
+	args := []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
 		"--admin-addr", "127.0.0.1:0", "--kafka-timeout", "2s", "--kafka-retry-backoff-max", "1s", "--poll-lease", "10s",
 		"--poll-backoff-min", "100ms", "--poll-backoff-max", "1s", "--shutdown-timeout", "5s"}
 	return append(args, extra...)
@@ -58,46 +55,26 @@ func (e *env) pollArgs(extra ...string) []string {
 
 // startPoller starts a poller and waits until it polls.
 func (e *env) startPoller(extra ...string) *harness.Process {
-	e.t.Helper()
-	p := harness.StartProcess(e.t, e.bin, e.pollArgs(extra...), []string{harness.LogLevelInfo})
-	p.WaitForOutput(e.t, `"message":"polling"`, time.Minute)
+	e.T.Helper()
+	p := harness.StartProcess(e.T, e.Bin, e.pollArgs(extra...), []string{harness.LogLevelInfo})
+	p.WaitForOutput(e.T, `"message":"polling"`, time.Minute)
 	return p
 }
 
 // writeEvents commits txns transactions of perTxn events each, spread over
-// aggregates aggregates, from one connection so commit order is the order
-// written.
+// aggregates aggregates, numbered on from the events already committed.
 func (e *env) writeEvents(conn *pgx.Conn, txns, perTxn, aggregates int) {
-	e.t.Helper()
-	n := e.CommittedCount()
-	for i := 0; i < txns; i++ {
-		rows := make([]harness.OutboxEvent, perTxn)
-		for j := range rows {
-			agg := n % aggregates
-			rows[j] = harness.NumberedEvent(n, agg, fmt.Sprintf(`{"n": %d}`, n))
-			n++
-		}
-		if err := e.Commit(context.Background(), conn, rows); err != nil {
-			e.t.Fatalf("commit txn %d: %v", i, err)
-		}
+	e.T.Helper()
+	err := e.WriteNumbered(conn, e.CommittedCount(), txns, perTxn, aggregates, func(n, _ int) string { return fmt.Sprintf(`{"n": %d}`, n) })
+	if err != nil {
+		e.T.Fatal(err)
 	}
-}
-
-// consumeAll reads until every committed event is in Kafka, and checks no
-// loss and per-aggregate order of first delivery.
-func (e *env) consumeAll(timeout time.Duration) []harness.Record {
-	e.t.Helper()
-	ids, order := e.Committed()
-	records := harness.ConsumeEventIDs(e.t, e.kafka.Brokers(), `^outbox\.event\.`, ids, timeout)
-	harness.CheckNoLoss(e.t, records, ids)
-	harness.CheckPerAggregateOrder(e.t, records, order)
-	return records
 }
 
 // unpublished counts the state rows not published yet.
 func (e *env) unpublished() int64 {
-	e.t.Helper()
-	return e.db.QueryInt64(e.t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL")
+	e.T.Helper()
+	return e.DB.QueryInt64(e.T, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL")
 }
 
 // claims is how many claim statements the poller ran, found rows or not.
@@ -120,11 +97,11 @@ func waitClaims(t *testing.T, p *harness.Process, n float64) {
 // checkQuarantineAttempts checks that the poller's "event quarantined" log
 // line and `quarantine list --json` give the event the same attempts, want.
 func (e *env) checkQuarantineAttempts(p *harness.Process, eventID string, want int) {
-	e.t.Helper()
+	e.T.Helper()
 	logged := ""
 	// The poller logs the quarantine after its row committed, so a test
 	// that saw the row may get here before the line.
-	harness.WaitFor(e.t, 30*time.Second, "the poller logs the quarantine of "+eventID, func() bool {
+	harness.WaitFor(e.T, 30*time.Second, "the poller logs the quarantine of "+eventID, func() bool {
 		for _, l := range harness.LogLines(p.Output()) {
 			if strings.HasPrefix(l.Str("message"), "event quarantined") && l.Str("event_id") == eventID {
 				logged = l.Str("attempts")
@@ -132,16 +109,16 @@ func (e *env) checkQuarantineAttempts(p *harness.Process, eventID string, want i
 		}
 		return logged != ""
 	})
-	code, out := harness.RunCommand(e.t, e.bin, []string{"quarantine", "list", "--json", "--pg-dsn", e.db.DSN()})
+	code, out := harness.RunCommand(e.T, e.Bin, []string{"quarantine", "list", "--json", "--pg-dsn", e.DB.DSN()})
 	if code != 0 {
-		e.t.Fatalf("quarantine list exited %d:\n%s", code, out)
+		e.T.Fatalf("quarantine list exited %d:\n%s", code, out)
 	}
 	var listed []struct {
 		EventID  string `json:"event_id"`
 		Attempts int    `json:"attempts"`
 	}
 	if err := json.Unmarshal([]byte(out[strings.Index(out, "["):]), &listed); err != nil {
-		e.t.Fatalf("quarantine list --json: %v\n%s", err, out)
+		e.T.Fatalf("quarantine list --json: %v\n%s", err, out)
 	}
 	listedAttempts := -1
 	for _, q := range listed {
@@ -150,6 +127,6 @@ func (e *env) checkQuarantineAttempts(p *harness.Process, eventID string, want i
 		}
 	}
 	if logged != fmt.Sprint(want) || listedAttempts != want {
-		e.t.Errorf("event %s: the log says \"attempts\":%s and quarantine list says %d; want both %d", eventID, logged, listedAttempts, want)
+		e.T.Errorf("event %s: the log says \"attempts\":%s and quarantine list says %d; want both %d", eventID, logged, listedAttempts, want)
 	}
 }

@@ -19,11 +19,11 @@ import (
 // order, and its row is marked published.
 func TestPollDeliversEveryEventInOrder(t *testing.T) {
 	e := newEnv(t)
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	e.writeEvents(conn, 50, 4, 7) // before the poller: a backlog
 	p := e.startPoller()
 	e.writeEvents(conn, 50, 4, 7) // while it polls: woken by NOTIFY
-	records := e.consumeAll(time.Minute)
+	records := e.ConsumeAll(time.Minute)
 	if len(records) != e.CommittedCount() {
 		t.Errorf("%d records for %d events: a poller alone on a table must publish each once", len(records), e.CommittedCount())
 	}
@@ -50,7 +50,7 @@ func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
 	// A high-water-mark poller over the state table's sequence.
 	hwm := int64(0)
 	pollHWM := func() []string {
-		rows, err := e.db.Connect(t).Query(ctx, "SELECT seq, event_id::text FROM outbox_events_poll WHERE seq > $1 ORDER BY seq", hwm)
+		rows, err := e.DB.Connect(t).Query(ctx, "SELECT seq, event_id::text FROM outbox_events_poll WHERE seq > $1 ORDER BY seq", hwm)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +67,7 @@ func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
 	}
 	lateID, laterID := harness.NewUUID(), harness.NewUUID()
 	interleave := func(publishBetween func()) {
-		late := e.db.Connect(t)
+		late := e.DB.Connect(t)
 		tx, err := late.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -76,7 +76,7 @@ func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
 		if _, err := tx.Exec(ctx, insert, lateID, "agg-late"); err != nil {
 			t.Fatal(err)
 		}
-		other := e.db.Connect(t)
+		other := e.DB.Connect(t)
 		if _, err := other.Exec(ctx, insert, laterID, "agg-other"); err != nil {
 			t.Fatal(err)
 		}
@@ -94,13 +94,13 @@ func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
 	}
 
 	// Poll mode, over a fresh pair in the same interleaving.
-	e.db.Exec(t, "TRUNCATE outbox_events, outbox_events_poll")
+	e.DB.Exec(t, "TRUNCATE outbox_events, outbox_events_poll")
 	lateID, laterID = harness.NewUUID(), harness.NewUUID()
 	e.startPoller()
 	interleave(func() {
-		harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{laterID}, time.Minute)
+		harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{laterID}, time.Minute)
 	})
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{laterID, lateID}, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{laterID, lateID}, time.Minute)
 	if n := e.unpublished(); n != 0 {
 		t.Errorf("%d rows still unpublished", n)
 	}
@@ -112,9 +112,9 @@ func TestPollVisibilityTrapLateCommitIsPublished(t *testing.T) {
 // which they follow in order.
 func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
 	poller := e.startPoller()
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	commit := func(ev harness.OutboxEvent) string {
 		t.Helper()
@@ -133,9 +133,9 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 	after := commit(small("poisoned", 3))
 	other := commit(small("healthy", 4))
 
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, []string{before, other}, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{before, other}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent'", poison) == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent'", poison) == 1
 	})
 	// One attempt reached Kafka: the restart that taught the producer the
 	// topic's smaller limit sent nothing, and is not an attempt.
@@ -143,20 +143,20 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 	// The aggregate waits: its later event stays unpublished while the
 	// poison one is quarantined, across several claims.
 	waitClaims(t, poller, 3)
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE event_id = $1 AND published_at IS NULL AND attempts = 0", after); n != 1 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE event_id = $1 AND published_at IS NULL AND attempts = 0", after); n != 1 {
 		t.Fatalf("the event after the quarantined one was claimed or published (%d rows pending and never tried): it must wait for the replay", n)
 	}
 
-	adm := kadm.NewClient(e.kafka.Client(t))
+	adm := kadm.NewClient(e.Kafka.Client(t))
 	limit := "1048588"
 	if _, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: &limit}}, "outbox.event.order"); err != nil {
 		t.Fatal(err)
 	}
-	replay := harness.StartProcess(t, e.bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList()}, nil)
+	replay := harness.StartProcess(t, e.Bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList()}, nil)
 	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
 	}
-	records := e.consumeAll(time.Minute)
+	records := e.ConsumeAll(time.Minute)
 	if len(records) != 4 {
 		t.Errorf("%d records for 4 events", len(records))
 	}
@@ -167,15 +167,15 @@ func TestPollPoisonIsQuarantinedAggregateWaitsReplayDelivers(t *testing.T) {
 // class and stays replayable.
 func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 	e := newEnv(t)
-	fault := e.kafka.FailProduceTo("outbox.event.flaky", -1, kerr.NotEnoughReplicas.Code)
+	fault := e.Kafka.FailProduceTo("outbox.event.flaky", -1, kerr.NotEnoughReplicas.Code)
 	poller := e.startPoller("--max-attempts", "3")
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	if err := e.Commit(context.Background(), conn, []harness.OutboxEvent{{AggregateType: "flaky", AggregateID: "f-1", EventType: "Tried", Payload: `{}`}}); err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := e.Committed()
 	harness.WaitFor(t, time.Minute, "the event is quarantined after its attempts", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'retriable'", ids[0]) == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'retriable'", ids[0]) == 1
 	})
 	var attempts int64
 	var lastClass string
@@ -192,17 +192,17 @@ func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 	}
 	// Backoff: the three attempts waited at least the upper halves of the
 	// first two backoffs (--poll-backoff-min 100ms, then 200ms).
-	took := e.db.QueryInt64(t, `SELECT (extract(epoch FROM q.first_failed_at - o.created_at) * 1000)::bigint
+	took := e.DB.QueryInt64(t, `SELECT (extract(epoch FROM q.first_failed_at - o.created_at) * 1000)::bigint
 		FROM outbox_quarantine q JOIN outbox_events o USING (event_id) WHERE event_id = $1`, ids[0])
 	if took < 150 {
 		t.Errorf("three attempts took %d ms from the insert to the quarantine: they did not back off", took)
 	}
 	fault.Remove()
-	replay := harness.StartProcess(t, e.bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.db.DSN(), "--kafka-brokers", e.kafka.BrokerList()}, nil)
+	replay := harness.StartProcess(t, e.Bin, []string{"quarantine", "replay", "--all", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList()}, nil)
 	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
 	}
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, 30*time.Second, "the replayed event's row is settled as published", func() bool { return e.unpublished() == 0 })
 }
 
@@ -211,43 +211,43 @@ func TestPollRetriableFailuresBackOffThenQuarantine(t *testing.T) {
 // counts.
 func TestPollRetentionNeverDeletesPendingOrQuarantined(t *testing.T) {
 	e := newEnv(t)
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	e.writeEvents(conn, 10, 3, 4)
 	poller := e.startPoller()
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	poller.Stop(30 * time.Second)
 
 	// Three more rows, never published: one pending, one backing off,
 	// one quarantined. All rows look a day old.
 	e.writeEvents(conn, 1, 3, 4)
-	e.db.Exec(t, `UPDATE outbox_events_poll SET next_attempt_at = now() + interval '1 hour', attempts = 2
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET next_attempt_at = now() + interval '1 hour', attempts = 2
 		WHERE seq = (SELECT max(seq) - 1 FROM outbox_events_poll)`)
-	e.db.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT max(seq) FROM outbox_events_poll)`)
-	e.db.Exec(t, `UPDATE outbox_events_poll SET inserted_at = inserted_at - interval '1 day',
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT max(seq) FROM outbox_events_poll)`)
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET inserted_at = inserted_at - interval '1 day',
 		published_at = CASE WHEN published_at IS NOT NULL THEN now() - interval '1 day' END`)
-	e.db.Exec(t, `UPDATE outbox_events SET created_at = created_at - interval '1 day'`)
+	e.DB.Exec(t, `UPDATE outbox_events SET created_at = created_at - interval '1 day'`)
 	// Keep the pending one from being published while retention runs: a
 	// poller started now would publish it, so hold it back with a lease
 	// of a poller that is not running.
-	e.db.Exec(t, `UPDATE outbox_events_poll SET lease_holder = 'elsewhere', lease_expires_at = now() + interval '1 hour'
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET lease_holder = 'elsewhere', lease_expires_at = now() + interval '1 hour'
 		WHERE seq = (SELECT max(seq) - 2 FROM outbox_events_poll)`)
 
 	dry := e.startPoller("--retention", "1h", "--retention-dry-run", "--retention-batch", "7")
 	dry.WaitForOutput(t, `"rows":30,`, time.Minute)
 	dry.WaitForOutput(t, "retention dry run", time.Minute)
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 33 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events"); n != 33 {
 		t.Fatalf("the dry run left %d rows, want all 33", n)
 	}
 	dry.Stop(30 * time.Second)
 
 	wet := e.startPoller("--retention", "1h", "--retention-batch", "7")
 	harness.WaitFor(t, time.Minute, "retention deletes the published rows", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 3
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 3
 	})
 	if n := harness.Metric(t, wet.AdminURL(t), "outbox_relay_retention_rows_deleted_total"); n != 30 {
 		t.Errorf("outbox_relay_retention_rows_deleted_total = %v, want 30", n)
 	}
-	if n := e.db.QueryInt64(t, `SELECT count(*) FROM outbox_events o JOIN outbox_events_poll s USING (event_id) WHERE s.published_at IS NULL`); n != 3 {
+	if n := e.DB.QueryInt64(t, `SELECT count(*) FROM outbox_events o JOIN outbox_events_poll s USING (event_id) WHERE s.published_at IS NULL`); n != 3 {
 		t.Errorf("%d of the 3 unpublished rows (pending, backing off, quarantined) are left with their state", n)
 	}
 }
@@ -276,13 +276,13 @@ func TestPollRefusesWhatItCannotDo(t *testing.T) {
 // their age, leases, quarantined rows; /slot says there is no slot.
 func TestPollStatusAndAdminEndpoint(t *testing.T) {
 	e := newEnv(t)
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	e.writeEvents(conn, 3, 2, 2)
-	e.db.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT min(seq) FROM outbox_events_poll)`)
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET quarantined_at = now() WHERE seq = (SELECT min(seq) FROM outbox_events_poll)`)
 	poller := e.startPoller("--poll-worker-id", "poller-a")
 	harness.WaitFor(t, time.Minute, "the other aggregate is published", func() bool { return e.unpublished() == 3 })
 
-	code, out := harness.RunCommand(t, e.bin, []string{"status", "--source", "poll", "--pg-dsn", e.db.DSN()})
+	code, out := harness.RunCommand(t, e.Bin, []string{"status", "--source", "poll", "--pg-dsn", e.DB.DSN()})
 	var status struct {
 		Source      string   `json:"source"`
 		Pending     int64    `json:"pending"`
@@ -314,10 +314,9 @@ func TestPollMigrateTracksExistingRows(t *testing.T) {
 	for _, existing := range []string{"pending", "published"} {
 		t.Run(existing, func(t *testing.T) {
 			db := cluster.CreateTestDatabase(t)
-			bin := harness.BuildRelay(t)
-			kafka := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
-			harness.Migrate(t, bin, []string{"migrate", "--skip-slot", "--pg-dsn", db.DSN()}) // the WAL path's schema first
-			e := &env{t: t, db: db, bin: bin, kafka: kafka, Ledger: harness.NewLedger()}
+			e := &env{harness.NewEnv(t, db, "", partitions)}
+			bin := e.Bin
+			e.Migrate("--skip-slot") // the WAL path's schema first
 			e.writeEvents(db.Connect(t), 4, 3, 5)
 			code, out := harness.RunCommand(t, bin, []string{"migrate", "--source", "poll", "--poll-existing", existing, "--pg-dsn", db.DSN()})
 			if code != 0 || !strings.Contains(out, "poll state of 12 rows already in the outbox, marked "+existing) {
@@ -328,14 +327,14 @@ func TestPollMigrateTracksExistingRows(t *testing.T) {
 			}
 			e.startPoller()
 			if existing == "pending" {
-				e.consumeAll(time.Minute)
+				e.ConsumeAll(time.Minute)
 				return
 			}
 			// Published ones stay untouched: a new event goes out alone.
 			before := e.CommittedCount()
 			e.writeEvents(db.Connect(t), 1, 1, 5)
 			ids, _ := e.Committed()
-			records := harness.ConsumeEventIDs(t, kafka.Brokers(), `^outbox\.event\.`, ids[before:], time.Minute)
+			records := harness.ConsumeEventIDs(t, e.Brokers, `^outbox\.event\.`, ids[before:], time.Minute)
 			if len(records) != 1 {
 				t.Errorf("%d records after one new event; the rows marked published were sent again", len(records))
 			}
@@ -349,11 +348,11 @@ func TestPollMigrateTracksExistingRows(t *testing.T) {
 func TestWALPathWorksOnATableMigratedForPolling(t *testing.T) {
 	e := newEnv(t) // migrate --source poll
 	slot := "wal_on_poll_table"
-	harness.Migrate(t, e.bin, []string{"migrate", "--pg-dsn", e.db.DSN(), "--slot", slot})
-	e.db.DropSlotAtEnd(t, slot)
-	harness.StartStreaming(t, e.bin, harness.RelayFlags{DSN: e.db.DSN(), Slot: slot, Brokers: e.kafka.Brokers()}.Args("run"))
-	e.writeEvents(e.db.Connect(t), 10, 2, 3)
-	records := e.consumeAll(time.Minute)
+	harness.Migrate(t, e.Bin, []string{"migrate", "--pg-dsn", e.DB.DSN(), "--slot", slot})
+	e.DB.DropSlotAtEnd(t, slot)
+	harness.StartStreaming(t, e.Bin, harness.RelayFlags{DSN: e.DB.DSN(), Slot: slot, Brokers: e.Kafka.Brokers()}.Args("run"))
+	e.writeEvents(e.DB.Connect(t), 10, 2, 3)
+	records := e.ConsumeAll(time.Minute)
 	if len(records) != e.CommittedCount() {
 		t.Errorf("%d records for %d events", len(records), e.CommittedCount())
 	}
@@ -368,14 +367,14 @@ func TestWALPathWorksOnATableMigratedForPolling(t *testing.T) {
 // sessions are idle, not idle in transaction.
 func TestPollHoldsNoLockWhilePublishing(t *testing.T) {
 	e := newEnv(t)
-	release := e.kafka.HoldProduce()
+	release := e.Kafka.HoldProduce()
 	defer release()
-	e.startPoller("--pg-dsn", e.db.DSN()+"&application_name=poller-under-test")
-	e.writeEvents(e.db.Connect(t), 3, 1, 3)
+	e.startPoller("--pg-dsn", e.DB.DSN()+"&application_name=poller-under-test")
+	e.writeEvents(e.DB.Connect(t), 3, 1, 3)
 	harness.WaitFor(t, time.Minute, "the rows are claimed and their records held by the broker", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.kafka.HeldProduces() > 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.Kafka.HeldProduces() > 0
 	})
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	tx, err := conn.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -386,12 +385,12 @@ func TestPollHoldsNoLockWhilePublishing(t *testing.T) {
 	if err != nil || locked != 3 {
 		t.Fatalf("locking the claimed rows while their records wait for Kafka: %d rows, %v; the poller must hold no lock then", locked, err)
 	}
-	if n := e.db.QueryInt64(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'poller-under-test' AND state <> 'idle'`); n != 0 {
+	if n := e.DB.QueryInt64(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'poller-under-test' AND state <> 'idle'`); n != 0 {
 		t.Errorf("%d of the poller's sessions are not idle while it waits for Kafka", n)
 	}
 	tx.Rollback(context.Background())
 	release()
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 }
 
 // The index of unpublished rows stays the size of the backlog, not of the
@@ -401,22 +400,22 @@ func TestPollHoldsNoLockWhilePublishing(t *testing.T) {
 func TestPollPendingIndexStaysSmall(t *testing.T) {
 	e := newEnv(t)
 	e.startPoller()
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	round := func() int64 {
 		t.Helper()
 		e.writeEvents(conn, 20, 100, 50)
 		harness.WaitFor(t, time.Minute, "the round published", func() bool { return e.unpublished() == 0 })
 		// Twice: a page emptied by one vacuum is reusable after the next.
-		e.db.Exec(t, "VACUUM outbox_events_poll")
-		e.db.Exec(t, "VACUUM outbox_events_poll")
-		return e.db.QueryInt64(t, "SELECT pg_relation_size('outbox_events_poll_pending_idx')")
+		e.DB.Exec(t, "VACUUM outbox_events_poll")
+		e.DB.Exec(t, "VACUUM outbox_events_poll")
+		return e.DB.QueryInt64(t, "SELECT pg_relation_size('outbox_events_poll_pending_idx')")
 	}
 	first := round()
 	var last int64
 	for range 5 {
 		last = round()
 	}
-	table := e.db.QueryInt64(t, "SELECT pg_relation_size('outbox_events_poll')")
+	table := e.DB.QueryInt64(t, "SELECT pg_relation_size('outbox_events_poll')")
 	t.Logf("pending index after 2,000 events: %d bytes; after 12,000: %d bytes; the state table: %d bytes", first, last, table)
 	if last > 3*first {
 		t.Errorf("the pending index grew from %d to %d bytes over 6 rounds of 2,000 events with none pending at the end: it grows with the table, not the backlog", first, last)
@@ -429,9 +428,9 @@ func TestPollPendingIndexStaysSmall(t *testing.T) {
 func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
 	e := newEnv(t) // migrate --source poll
 	slot := "wal_beside_poll"
-	harness.Migrate(t, e.bin, []string{"migrate", "--pg-dsn", e.db.DSN(), "--slot", slot})
-	e.db.DropSlotAtEnd(t, slot)
-	walArgs := harness.RelayFlags{DSN: e.db.DSN(), Slot: slot, Brokers: e.kafka.Brokers()}.Args("run")
+	harness.Migrate(t, e.Bin, []string{"migrate", "--pg-dsn", e.DB.DSN(), "--slot", slot})
+	e.DB.DropSlotAtEnd(t, slot)
+	walArgs := harness.RelayFlags{DSN: e.DB.DSN(), Slot: slot, Brokers: e.Kafka.Brokers()}.Args("run")
 	refused := func(p *harness.Process, what string, says ...string) {
 		t.Helper()
 		code, err := p.Wait(time.Minute)
@@ -445,36 +444,36 @@ func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
 		}
 	}
 
-	wal := harness.StartStreaming(t, e.bin, walArgs)
+	wal := harness.StartStreaming(t, e.Bin, walArgs)
 	for _, flags := range [][]string{
 		{"--slot", slot},
 		// The default --slot is not the WAL relay's: its walsender's
 		// command names the table's publication.
 		nil,
 	} {
-		refused(harness.StartProcess(t, e.bin, e.pollArgs(flags...), nil), "a poller",
+		refused(harness.StartProcess(t, e.Bin, e.pollArgs(flags...), nil), "a poller",
 			slot, "is active", "a WAL relay (run --source wal) is streaming", "stop that relay first", "Switching between the two")
 	}
 	if _, err := wal.Stop(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, 30*time.Second, "the stopped relay's walsender lets the slot go", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot) == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot) == 0
 	})
 
 	poller := e.startPoller("--slot", slot)
-	refused(harness.StartProcess(t, e.bin, walArgs, nil), "a WAL relay",
+	refused(harness.StartProcess(t, e.Bin, walArgs, nil), "a WAL relay",
 		"1 poll-mode relays (run --source poll) are polling", "stop them first", "Switching between the two")
 	// Only the poller published: each event once.
-	e.writeEvents(e.db.Connect(t), 5, 2, 3)
-	if records := e.consumeAll(time.Minute); len(records) != e.CommittedCount() {
+	e.writeEvents(e.DB.Connect(t), 5, 2, 3)
+	if records := e.ConsumeAll(time.Minute); len(records) != e.CommittedCount() {
 		t.Errorf("%d records for %d events with one relay running", len(records), e.CommittedCount())
 	}
 	if _, err := poller.Stop(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
 	// The poller's lock left with its session: the WAL relay starts.
-	harness.StartStreaming(t, e.bin, walArgs)
+	harness.StartStreaming(t, e.Bin, walArgs)
 }
 
 // run --source poll --reconcile-every runs the periodic comparison, as on
@@ -482,12 +481,12 @@ func TestPollAndWALRelayRefuseToRunTogether(t *testing.T) {
 // missing, and never republished.
 func TestPollPeriodicReconcileReportsMissingEvents(t *testing.T) {
 	e := newEnv(t)
-	conn := e.db.Connect(t)
+	conn := e.DB.Connect(t)
 	e.writeEvents(conn, 3, 1, 3)
 	lost, _ := e.Committed()
 	// Marked published by hand, as a relay that lost them would leave
 	// them: no poller sends them.
-	e.db.Exec(t, "UPDATE outbox_events_poll SET published_at = now()")
+	e.DB.Exec(t, "UPDATE outbox_events_poll SET published_at = now()")
 	e.Forget(lost)
 	p := e.startPoller("--admin-addr", "127.0.0.1:0", "--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s")
 	admin := p.AdminURL(t)
@@ -496,7 +495,7 @@ func TestPollPeriodicReconcileReportsMissingEvents(t *testing.T) {
 		t.Fatalf("outbox_relay_reconcile_interval_seconds = %v (present %v), want 0.2", v, ok)
 	}
 	e.writeEvents(conn, 2, 1, 3)
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, time.Minute, "a check reports the 3 lost events", func() bool {
 		missing, ok := metric("outbox_relay_reconcile_missing_events")
 		last, _ := metric("outbox_relay_reconcile_last_complete_timestamp_seconds")
@@ -509,22 +508,22 @@ func TestPollPeriodicReconcileReportsMissingEvents(t *testing.T) {
 // `migrate --source poll` on the existing install adds them.
 func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
 	e := newEnv(t)
-	e.db.Exec(t, "ALTER TABLE outbox_events_poll DROP COLUMN lease_pid, DROP COLUMN lease_backend_start")
-	old := harness.StartProcess(t, e.bin, e.pollArgs(), nil)
+	e.DB.Exec(t, "ALTER TABLE outbox_events_poll DROP COLUMN lease_pid, DROP COLUMN lease_backend_start")
+	old := harness.StartProcess(t, e.Bin, e.pollArgs(), nil)
 	if code, err := old.Wait(time.Minute); err != nil || code != 1 ||
 		!strings.Contains(old.Output(), "predates this release") || !strings.Contains(old.Output(), "migrate --source poll") {
 		t.Fatalf("a poller on the old state table: exit %d (%v), want 1 naming migrate:\n%s", code, err, harness.LastLines(old.Output(), 20))
 	}
-	code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()})
+	code, out := harness.RunCommand(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN()})
 	if code != 0 || !strings.Contains(out, "lease_pid, lease_backend_start") {
 		t.Fatalf("migrate on the old state table: exit %d, want 0 naming the columns it added:\n%s", code, out)
 	}
-	if code, out := harness.RunCommand(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.db.DSN()}); code != 0 || !strings.Contains(out, "schema is up to date") {
+	if code, out := harness.RunCommand(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN()}); code != 0 || !strings.Contains(out, "schema is up to date") {
 		t.Fatalf("migrate again: exit %d, want 0 and nothing to do:\n%s", code, out)
 	}
 	e.startPoller()
-	e.writeEvents(e.db.Connect(t), 3, 2, 3)
-	e.consumeAll(time.Minute)
+	e.writeEvents(e.DB.Connect(t), 3, 2, 3)
+	e.ConsumeAll(time.Minute)
 }
 
 // A poison event a poller claimed before it died has had one attempt
@@ -532,18 +531,18 @@ func TestPollMigrateAddsLeaseSessionColumns(t *testing.T) {
 // `quarantine list` both say 2.
 func TestPollQuarantineCountsEarlierClaims(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
-	if err := e.Commit(context.Background(), e.db.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Huge",
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	if err := e.Commit(context.Background(), e.DB.Connect(t), []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Huge",
 		Payload: fmt.Sprintf(`{"blob": %q}`, strings.Repeat("x", 10000))}}); err != nil {
 		t.Fatal(err)
 	}
 	ids, _ := e.Committed()
 	// What a poller that claimed it and died leaves: one attempt, a lease
 	// that has ended.
-	e.db.Exec(t, "UPDATE outbox_events_poll SET attempts = 1, lease_holder = 'gone:1', lease_expires_at = now() - interval '1 second'")
+	e.DB.Exec(t, "UPDATE outbox_events_poll SET attempts = 1, lease_holder = 'gone:1', lease_expires_at = now() - interval '1 second'")
 	p := e.startPoller()
 	harness.WaitFor(t, 30*time.Second, "the poison event is quarantined", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", ids[0]) == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1", ids[0]) == 1
 	})
 	e.checkQuarantineAttempts(p, ids[0], 2)
 }
@@ -554,26 +553,26 @@ func TestPollQuarantineCountsEarlierClaims(t *testing.T) {
 // are then published by another poller.
 func TestPollWithoutSessionCheckLeasesLastTheirTime(t *testing.T) {
 	e := newEnv(t)
-	release := e.kafka.HoldProduce()
+	release := e.Kafka.HoldProduce()
 	defer release()
 	first := e.startPoller("--poll-session-check=false")
-	e.writeEvents(e.db.Connect(t), 3, 1, 3)
+	e.writeEvents(e.DB.Connect(t), 3, 1, 3)
 	harness.WaitFor(t, time.Minute, "the rows are claimed and their records held by the broker", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.kafka.HeldProduces() > 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 3 && e.Kafka.HeldProduces() > 0
 	})
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_pid IS NOT NULL OR lease_backend_start IS NOT NULL"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_pid IS NOT NULL OR lease_backend_start IS NOT NULL"); n != 0 {
 		t.Errorf("%d leases name a session with --poll-session-check=false", n)
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1886350444"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1886350444"); n != 0 {
 		t.Errorf("%d poller locks held with --poll-session-check=false", n)
 	}
-	expires := e.db.QueryString(t, "SELECT max(lease_expires_at)::text FROM outbox_events_poll")
+	expires := e.DB.QueryString(t, "SELECT max(lease_expires_at)::text FROM outbox_events_poll")
 	first.Kill()
 	release()
 	e.startPoller("--poll-session-check=false")
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 	harness.WaitFor(t, time.Minute, "every row marked published", func() bool { return e.unpublished() == 0 })
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at < $1::timestamptz", expires); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at < $1::timestamptz", expires); n != 0 {
 		t.Errorf("%d rows of the killed poller were published before its lease expired at %s", n, expires)
 	}
 }
@@ -586,13 +585,10 @@ func TestPollWithoutSessionCheckLeasesLastTheirTime(t *testing.T) {
 func TestPollPartitionedOutbox(t *testing.T) {
 	db := cluster.CreateTestDatabase(t)
 	db.Exec(t, harness.PartitionedOutboxSQL)
-	e := &env{t: t, db: db, bin: harness.BuildRelay(t),
-		kafka:  harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions}),
-		Ledger: harness.NewLedger()}
-	harness.Migrate(t, e.bin, []string{"migrate", "--source", "poll", "--pg-dsn", db.DSN()})
+	e := newEnvOn(t, db)
 	e.startPoller()
 	ids := harness.InsertIntoPartitions(t, db, "order")
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.order$`, ids, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.order$`, ids, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "both events marked published", func() bool { return e.unpublished() == 0 })
 }
 

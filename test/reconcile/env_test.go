@@ -27,59 +27,42 @@ const partitions = 4
 
 // env is one test's world: its own database, slot and Kafka cluster.
 type env struct {
-	t     *testing.T
-	db    *harness.PGDatabase
-	kafka *harness.Kfake
-	bin   string
-	slot  string
-	conn  *pgx.Conn
-	*harness.Ledger
+	*harness.Env
+	conn *pgx.Conn
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db, slot := cluster.CreateRelayDatabase(t)
-	return &env{t: t, db: db, bin: harness.BuildRelay(t), slot: slot, Ledger: harness.NewLedger(),
-		kafka: harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})}
+	return &env{Env: harness.NewRelayEnv(t, cluster, partitions)}
 }
 
 // command is a command line: the command, the database, slot and (but
 // for migrate) Kafka, then extra.
 func (e *env) command(name string, extra ...string) []string {
-	flags := harness.RelayFlags{DSN: e.db.DSN(), Slot: e.slot, Brokers: e.kafka.Brokers()}
+	flags := harness.RelayFlags{DSN: e.DB.DSN(), Slot: e.Slot, Brokers: e.Brokers}
 	if name != "migrate" && name != "run" {
-		extra = append([]string{"--kafka-brokers", e.kafka.BrokerList()}, extra...)
+		extra = append([]string{"--kafka-brokers", e.Kafka.BrokerList()}, extra...)
 	}
 	return flags.Args(name, extra...)
 }
 
-func (e *env) migrate(extra ...string) {
-	e.t.Helper()
-	harness.Migrate(e.t, e.bin, e.command("migrate", extra...))
-}
-
-func (e *env) startRelay(extra ...string) *harness.Process {
-	e.t.Helper()
-	return harness.StartStreaming(e.t, e.bin, e.command("run", extra...))
-}
-
 func (e *env) stopRelay(p *harness.Process) {
-	e.t.Helper()
+	e.T.Helper()
 	if code, err := p.Stop(time.Minute); err != nil || code != 0 {
-		e.t.Fatalf("relay exited %d (%v) on SIGTERM", code, err)
+		e.T.Fatalf("relay exited %d (%v) on SIGTERM", code, err)
 	}
 }
 
 // commit writes n single-event transactions for aggregateType and returns
 // their ids.
 func (e *env) commit(n int, aggregateType string) []string {
-	e.t.Helper()
+	e.T.Helper()
 	if e.conn == nil {
-		conn, err := pgx.Connect(context.Background(), e.db.DSN())
+		conn, err := pgx.Connect(context.Background(), e.DB.DSN())
 		if err != nil {
-			e.t.Fatalf("connect: %v", err)
+			e.T.Fatalf("connect: %v", err)
 		}
-		e.t.Cleanup(func() { conn.Close(context.Background()) })
+		e.T.Cleanup(func() { conn.Close(context.Background()) })
 		e.conn = conn
 	}
 	before := e.CommittedCount()
@@ -90,7 +73,7 @@ func (e *env) commit(n int, aggregateType string) []string {
 			ev.Headers = `{"tenant": "acme"}`
 		}
 		if err := e.Commit(context.Background(), e.conn, []harness.OutboxEvent{ev}); err != nil {
-			e.t.Fatalf("commit: %v", err)
+			e.T.Fatalf("commit: %v", err)
 		}
 	}
 	ids, _ := e.Committed()
@@ -99,9 +82,9 @@ func (e *env) commit(n int, aggregateType string) []string {
 
 // consumeAll waits until the independent consumer has every id.
 func (e *env) consumeAll(ids []string) []harness.Record {
-	e.t.Helper()
-	records := harness.ConsumeEventIDs(e.t, e.kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
-	harness.CheckNoLoss(e.t, records, ids)
+	e.T.Helper()
+	records := harness.ConsumeEventIDs(e.T, e.Kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute)
+	harness.CheckNoLoss(e.T, records, ids)
 	return records
 }
 
@@ -124,17 +107,17 @@ type report struct {
 // reconcile runs the command with --json and returns its exit code and
 // report.
 func (e *env) reconcile(args ...string) (int, report) {
-	e.t.Helper()
+	e.T.Helper()
 	started := time.Now()
-	code, out := harness.RunCommand(e.t, e.bin, e.command("reconcile", append([]string{"--json"}, args...)...), "OUTBOX_RELAY_LOG_LEVEL=warn")
-	e.t.Logf("reconcile %v: exit %d in %s", args, code, time.Since(started))
+	code, out := harness.RunCommand(e.T, e.Bin, e.command("reconcile", append([]string{"--json"}, args...)...), "OUTBOX_RELAY_LOG_LEVEL=warn")
+	e.T.Logf("reconcile %v: exit %d in %s", args, code, time.Since(started))
 	var rep report
 	start := strings.Index(out, "{\n")
 	if start < 0 {
-		e.t.Fatalf("reconcile %v exited %d with no JSON report:\n%s", args, code, out)
+		e.T.Fatalf("reconcile %v exited %d with no JSON report:\n%s", args, code, out)
 	}
 	if err := json.NewDecoder(strings.NewReader(out[start:])).Decode(&rep); err != nil {
-		e.t.Fatalf("reconcile %v: decode report: %v\n%s", args, err, out)
+		e.T.Fatalf("reconcile %v: decode report: %v\n%s", args, err, out)
 	}
 	return code, rep
 }

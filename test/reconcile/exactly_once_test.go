@@ -18,13 +18,13 @@ import (
 // read_committed consumers never see it, so it is no phantom.
 func TestExactlyOnceTopicsReconcile(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay("--delivery", "exactly-once", "--transaction-interval", "20ms")
+	e.Migrate()
+	e.StartRelay("--delivery", "exactly-once", "--transaction-interval", "20ms")
 	ids := append(e.commit(6, "order"), e.commit(4, "customer")...)
 	e.consumeAll(ids)
 
 	aborted := harness.NewUUID()
-	cl := e.kafka.Client(t, kgo.TransactionalID("reconcile-test-aborted"))
+	cl := e.Kafka.Client(t, kgo.TransactionalID("reconcile-test-aborted"))
 	ctx := context.Background()
 	if err := cl.BeginTransaction(); err != nil {
 		t.Fatal(err)
@@ -51,7 +51,7 @@ func TestExactlyOnceTopicsReconcile(t *testing.T) {
 		last[r.Topic][r.Partition] = max(last[r.Topic][r.Partition], r.Offset)
 	}
 	for topic, parts := range last {
-		ends := harness.EndOffsets(t, e.kafka.Brokers(), topic)
+		ends := harness.EndOffsets(t, e.Kafka.Brokers(), topic)
 		for p, off := range parts {
 			if ends[p] <= off+1 {
 				t.Fatalf("%s/%d ends at %d, right after its last record at %d: no transaction marker to step over", topic, p, ends[p], off)

@@ -12,11 +12,11 @@ import (
 // time of its last complete check, and never republishes them.
 func TestPeriodicCheckExportsMissingEvents(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot")
+	e.Migrate("--skip-slot")
 	lost := e.commit(3, "order") // no slot yet: never published
-	e.migrate()
+	e.Migrate()
 	started := time.Now()
-	relay := e.startRelay("--admin-addr", "127.0.0.1:0",
+	relay := e.StartRelay("--admin-addr", "127.0.0.1:0",
 		"--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s")
 	admin := relay.AdminURL(t)
 	metric := func(name string) (float64, bool) { return harness.MetricValue(harness.Scrape(t, admin), name) }
@@ -46,7 +46,7 @@ func TestPeriodicCheckExportsMissingEvents(t *testing.T) {
 		lostIDs[id] = true
 	}
 	copies := map[string]int{}
-	for _, r := range harness.ConsumeToEnd(t, e.kafka.Brokers(), "outbox.event.order", time.Minute) {
+	for _, r := range harness.ConsumeToEnd(t, e.Kafka.Brokers(), "outbox.event.order", time.Minute) {
 		copies[r.EventID()]++
 	}
 	var republished []string

@@ -25,19 +25,19 @@ var window = []string{"--since", "10m", "--until", "0s"}
 // second pass finds nothing.
 func TestGapIsFoundAndRepublished(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	relay := e.startRelay()
+	e.Migrate()
+	relay := e.StartRelay()
 	before := e.commit(6, "order")
 	e.consumeAll(before)
 	e.stopRelay(relay)
 
-	e.db.Exec(t, "SELECT pg_drop_replication_slot($1)", e.slot)
+	e.DB.Exec(t, "SELECT pg_drop_replication_slot($1)", e.Slot)
 	gap := e.commit(7, "order")
 	gap = append(gap, e.commit(3, "customer")...)
-	e.migrate() // recreates the slot: the gap is behind it
-	relay = e.startRelay()
+	e.Migrate() // recreates the slot: the gap is behind it
+	relay = e.StartRelay()
 	after := e.commit(5, "order")
-	records := harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(before, after...), time.Minute)
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, append(before, after...), time.Minute)
 	for _, r := range records {
 		for _, id := range gap {
 			if r.EventID() == id {
@@ -87,13 +87,13 @@ func TestGapIsFoundAndRepublished(t *testing.T) {
 // in the window is reported and republished; the other topic is untouched.
 func TestDeletedTopicIsRepublished(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
+	e.Migrate()
+	e.StartRelay()
 	orders := e.commit(8, "order")
 	customers := e.commit(4, "customer")
 	e.consumeAll(append(orders, customers...))
 
-	adm := kadm.NewClient(e.kafka.Client(t))
+	adm := kadm.NewClient(e.Kafka.Client(t))
 	ctx := context.Background()
 	if _, err := adm.DeleteTopic(ctx, "outbox.event.order"); err != nil {
 		t.Fatalf("delete topic: %v", err)
@@ -102,7 +102,7 @@ func TestDeletedTopicIsRepublished(t *testing.T) {
 		topics, err := adm.ListTopics(ctx)
 		return err == nil && !topics.Has("outbox.event.order")
 	})
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, nil)
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, nil)
 
 	code, rep := e.reconcile(window...)
 	if code != 3 || !sameSet(rep.Missing, orders) {
@@ -121,9 +121,9 @@ func TestDeletedTopicIsRepublished(t *testing.T) {
 // An event run quarantined is reported as quarantined, not missing.
 func TestQuarantinedIsNotMissing(t *testing.T) {
 	e := newEnv(t)
-	e.kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "2000"})
-	e.migrate()
-	e.startRelay()
+	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "2000"})
+	e.Migrate()
+	e.StartRelay()
 	small := e.commit(3, "order")
 	big := make([]byte, 3000)
 	rand.Read(big)
@@ -136,7 +136,7 @@ func TestQuarantinedIsNotMissing(t *testing.T) {
 	small = append(small, e.commit(2, "order")...)
 	e.consumeAll(small)
 	harness.WaitFor(t, 30*time.Second, "run quarantines the oversize event", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
 	})
 
 	code, rep := e.reconcile(window...)
@@ -154,19 +154,19 @@ func TestQuarantinedIsNotMissing(t *testing.T) {
 // reports nor republishes the event.
 func TestReplayedFixIsDelivered(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
+	e.Migrate()
+	e.StartRelay()
 	before := e.commit(2, "order")
 	bad := e.commit(1, "a b") // "outbox.event.a b": not a valid topic name
 	after := e.commit(2, "order")
 	e.consumeAll(append(before, after...))
 	harness.WaitFor(t, 30*time.Second, "run quarantines the event with the invalid topic", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
 	})
 
 	// The docs' fix: correct the row in the quarantine table, then replay.
-	e.db.Exec(t, "UPDATE outbox_quarantine SET aggregate_type = 'fixed_ab'")
-	code, out := harness.RunCommand(t, e.bin, append([]string{"quarantine"}, e.command("replay", "--all")...))
+	e.DB.Exec(t, "UPDATE outbox_quarantine SET aggregate_type = 'fixed_ab'")
+	code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.command("replay", "--all")...))
 	if code != 0 || !strings.Contains(out, "to outbox.event.fixed_ab") {
 		t.Fatalf("quarantine replay exited %d, want 0 and a delivery to outbox.event.fixed_ab:\n%s", code, out)
 	}
@@ -182,13 +182,13 @@ func TestReplayedFixIsDelivered(t *testing.T) {
 		t.Fatalf("reconcile --republish exited %d, republished %d, quarantined %v, missing %v; want 0 and nothing sent",
 			code, rep.Republished, rep.RepublishQuarantined, rep.Missing)
 	}
-	if topic := e.db.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE replayed_at IS NOT NULL"); topic != "outbox.event.fixed_ab" {
+	if topic := e.DB.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE replayed_at IS NOT NULL"); topic != "outbox.event.fixed_ab" {
 		t.Fatalf("the quarantine table records the replay to %q, want outbox.event.fixed_ab", topic)
 	}
-	if n := e.db.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL OR attempts > 1"); n != 0 {
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL OR attempts > 1"); n != 0 {
 		t.Fatalf("%d events quarantined again after reconcile --republish", n)
 	}
-	fixed := harness.ConsumeToEnd(t, e.kafka.Brokers(), "outbox.event.fixed_ab", time.Minute)
+	fixed := harness.ConsumeToEnd(t, e.Kafka.Brokers(), "outbox.event.fixed_ab", time.Minute)
 	if len(fixed) != 1 || fixed[0].EventID() != bad[0] || string(fixed[0].Key) != "a b-0" {
 		t.Fatalf("outbox.event.fixed_ab holds %d records (%v), want the fixed event %s once", len(fixed), fixed, bad[0])
 	}
@@ -198,11 +198,11 @@ func TestReplayedFixIsDelivered(t *testing.T) {
 // widening the window reports exactly them, so the test can fail.
 func TestRowsOutsideWindowAreIgnored(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot")
+	e.Migrate("--skip-slot")
 	old := e.commit(4, "order") // no slot yet: never published
-	e.db.Exec(t, "UPDATE outbox_events SET created_at = now() - interval '3 hours'")
-	e.migrate()
-	e.startRelay()
+	e.DB.Exec(t, "UPDATE outbox_events SET created_at = now() - interval '3 hours'")
+	e.Migrate()
+	e.StartRelay()
 	recent := e.commit(5, "order")
 	e.consumeAll(recent)
 
@@ -219,15 +219,15 @@ func TestRowsOutsideWindowAreIgnored(t *testing.T) {
 // missing, and their records are not phantoms.
 func TestRetentionDeletedRowsAreNotReported(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	relay := e.startRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
+	e.Migrate()
+	relay := e.StartRelay("--retention", "1ms", "--retention-margin", "0s", "--retention-interval", "100ms")
 	deleted := e.commit(6, "order")
 	e.consumeAll(deleted)
 	harness.WaitFor(t, 30*time.Second, "cleanup deletes the published rows", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 0
 	})
 	e.stopRelay(relay)
-	e.startRelay()
+	e.StartRelay()
 	kept := e.commit(4, "order")
 	e.consumeAll(append(deleted, kept...))
 
@@ -243,13 +243,13 @@ func TestRetentionDeletedRowsAreNotReported(t *testing.T) {
 // of an event is reported as delivered more than once.
 func TestPhantomAndDuplicateAreReported(t *testing.T) {
 	e := newEnv(t)
-	e.migrate()
-	e.startRelay()
+	e.Migrate()
+	e.StartRelay()
 	ids := e.commit(5, "order")
 	e.consumeAll(ids)
 
 	phantom := harness.NewUUID()
-	cl := e.kafka.Client(t)
+	cl := e.Kafka.Client(t)
 	ctx := context.Background()
 	for _, r := range []*kgo.Record{
 		{Topic: "outbox.event.order", Key: []byte("order-1"), Value: []byte(`{}`),
@@ -270,7 +270,7 @@ func TestPhantomAndDuplicateAreReported(t *testing.T) {
 	if !sameSet(rep.Duplicated, ids[:1]) || rep.Found != int64(len(ids)) {
 		t.Fatalf("delivered more than once %v, found %d; want [%s] and %d", rep.Duplicated, rep.Found, ids[0], len(ids))
 	}
-	harness.ConsumeEventIDs(t, e.kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
 }
 
 // A relay that has to create its slot while the table holds rows logs the
@@ -278,9 +278,9 @@ func TestPhantomAndDuplicateAreReported(t *testing.T) {
 // new slot will never deliver.
 func TestNewSlotLogsReconcileCommand(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot")
+	e.Migrate("--skip-slot")
 	lost := e.commit(3, "order")
-	relay := e.startRelay()
+	relay := e.StartRelay()
 	published := e.commit(2, "order")
 	e.consumeAll(published)
 
@@ -301,12 +301,12 @@ func TestNewSlotLogsReconcileCommand(t *testing.T) {
 // has them, as run reads them by name.
 func TestRepublishWithoutOptionalColumns(t *testing.T) {
 	e := newEnv(t)
-	e.migrate("--skip-slot") // no slot: every row is missing from Kafka
-	e.db.Exec(t, "ALTER TABLE outbox_events DROP COLUMN headers, DROP COLUMN schema_version, DROP COLUMN occurred_at")
+	e.Migrate("--skip-slot") // no slot: every row is missing from Kafka
+	e.DB.Exec(t, "ALTER TABLE outbox_events DROP COLUMN headers, DROP COLUMN schema_version, DROP COLUMN occurred_at")
 	ids := make([]string, 3)
 	for i := range ids {
 		ids[i] = harness.NewUUID()
-		e.db.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+		e.DB.Exec(t, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 			VALUES ($1, 'order', $2, 'Placed', $3::jsonb)`, ids[i], fmt.Sprintf("order-%d", i), fmt.Sprintf(`{"n": %d}`, i))
 	}
 	code, rep := e.reconcile("--since", "1h", "--until", "0s", "--republish")
