@@ -600,20 +600,20 @@ func TestPollPartitionedOutbox(t *testing.T) {
 // delivery stays in order.
 func TestPollClaimsTheNextBatchWhileOnePublishes(t *testing.T) {
 	e := newEnv(t)
-	e.writeEvents(e.db.Connect(t), 8, 1, 4) // aggregates 0, 1, 2, 3, 0, 1, 2, 3
-	release := e.kafka.HoldProduce()
+	e.writeEvents(e.DB.Connect(t), 8, 1, 4) // aggregates 0, 1, 2, 3, 0, 1, 2, 3
+	release := e.Kafka.HoldProduce()
 	defer release()
 	e.startPoller("--poll-batch", "2")
 	harness.WaitFor(t, time.Minute, "two batches leased while Kafka holds the first", func() bool {
-		return e.db.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 4 && e.kafka.HeldProduces() > 0
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE lease_holder IS NOT NULL") == 4 && e.Kafka.HeldProduces() > 0
 	})
-	if n := e.db.QueryInt64(t, `SELECT count(*) FROM (SELECT aggregate_id FROM outbox_events_poll WHERE lease_holder IS NOT NULL
+	if n := e.DB.QueryInt64(t, `SELECT count(*) FROM (SELECT aggregate_id FROM outbox_events_poll WHERE lease_holder IS NOT NULL
 		GROUP BY aggregate_type, aggregate_id HAVING count(*) > 1) x`); n != 0 {
 		t.Errorf("%d aggregates have two rows leased at once: the second claim must leave out the rows behind the first batch's", n)
 	}
-	if n := e.db.QueryInt64(t, "SELECT max(seq) FROM outbox_events_poll WHERE lease_holder IS NOT NULL"); n != 4 {
+	if n := e.DB.QueryInt64(t, "SELECT max(seq) FROM outbox_events_poll WHERE lease_holder IS NOT NULL"); n != 4 {
 		t.Errorf("the leased rows end at seq %d, want 4: the first four rows, one per aggregate", n)
 	}
 	release()
-	e.consumeAll(time.Minute)
+	e.ConsumeAll(time.Minute)
 }
