@@ -266,13 +266,6 @@ func (s *TxnSink) run() {
 	o := &txnLoop{
 		TxnSink: s, successes: s.producer.Successes(), errs: s.producer.Errors(),
 		timer: time.NewTimer(time.Hour), result: make(chan error, 1),
-		// Until a commit was measured, assume it costs the most the
-		// deadline allows for: the first transaction then commits half an
-		// interval after its first record, and is visible about an
-		// interval after it, commit included (measured on Apache Kafka,
-		// with no estimate: 0.16 to 0.22 s after the start with a 100 ms
-		// interval).
-		commitCost: s.cfg.Interval / 2,
 	}
 	o.timer.Stop()
 	o.loop()
