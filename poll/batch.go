@@ -49,14 +49,14 @@ func (w *worker) claim(ctx context.Context) ([]claimed, error) {
 // giveBack releases claimed rows that were never sent, without counting
 // an attempt, rather than leave them leased until this poller's next
 // session or the lease's end. It runs after a stop too.
-func (w *worker) giveBack(ctx context.Context, q *queries, rows []claimed) {
+func (w *worker) giveBack(ctx context.Context, rows []claimed) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
 	seqs := make([]int64, len(rows))
 	for i := range rows {
 		seqs[i] = rows[i].seq
 	}
-	if err := q.release(ctx, seqs); err != nil {
+	if err := w.claims.release(ctx, seqs); err != nil {
 		w.p.log.Warn().Str("error", err.Error()).Int("rows", len(seqs)).Msg("could not give back an unsent batch; its rows wait for this poller's next session or their lease's end")
 	}
 }

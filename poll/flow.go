@@ -115,10 +115,10 @@ func (f *flow) send(ctx context.Context, rows []claimed) error {
 		case <-f.settled:
 			f.inFlight--
 		case err := <-f.failed:
-			f.w.giveBack(ctx, f.w.claims, rows)
+			f.w.giveBack(ctx, rows)
 			return err
 		case <-ctx.Done():
-			f.w.giveBack(ctx, f.w.claims, rows)
+			f.w.giveBack(ctx, rows)
 			return nil
 		}
 	}
