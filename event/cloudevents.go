@@ -99,7 +99,11 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 		}
 	}
 
-	headers := r.headers(7 + len(names) + len(extra))
+	own := 7 // the binding's headers in binary mode, at most
+	if s.Structured {
+		own = 1
+	}
+	headers := r.headers(own + len(names) + len(extra))
 	if s.Structured {
 		r.Value = a.structured(r, source, at, ev.Payload, jsonPayload)
 		headers = append(headers, Header{Key: headerContentType, Value: ceStructuredJSON})

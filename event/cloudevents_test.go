@@ -247,3 +247,24 @@ func TestCloudEventID(t *testing.T) {
 		}
 	}
 }
+
+// A CloudEvent costs the record one buffer, as the other shapes do: the
+// JSON check, the source, the time and the structured value allocate
+// nothing more, with a row header too (more than fit in the record's own
+// header array cost one more, in every shape). A per-event allocation
+// would show at every rate.
+func TestCloudEventsBuildAllocations(t *testing.T) {
+	for _, format := range []string{layout.FormatNameCloudEvents, layout.FormatNameCloudEventsStructured} {
+		ev := ceEvent(ceLayout(t, layout.NameRelay, format, ""))
+		ev.Headers = []byte(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}`)
+		var r Record
+		allocs := testing.AllocsPerRun(1000, func() {
+			if err := Build(&ev, &r); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs > 1 {
+			t.Errorf("%s: Build allocates %.1f times per event, want 1", format, allocs)
+		}
+	}
+}
