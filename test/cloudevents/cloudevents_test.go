@@ -223,10 +223,12 @@ func check(t *testing.T, evs []written, got map[string]decoded, encoding binding
 }
 
 // run starts the relay with the format and a topic template of its own,
-// and returns the regex of its topics.
+// waits for its first line to name the format, so an operator can tell
+// from the log what consumers get, and returns the regex of its topics.
 func run(e *harness.Env, format, topicPrefix string) string {
 	e.T.Helper()
-	e.StartRelayNoWait("--record-format", format, "--cloudevents-source", source, "--topic", topicPrefix+".{aggregate_type}")
+	p := e.StartRelayNoWait("--record-format", format, "--cloudevents-source", source, "--topic", topicPrefix+".{aggregate_type}")
+	p.WaitForOutput(e.T, fmt.Sprintf(`"record_format":%q`, format), time.Minute)
 	return "^" + regexp.QuoteMeta(topicPrefix+".")
 }
 
