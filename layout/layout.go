@@ -2,10 +2,11 @@
 // records made from it take: which column holds each field, which extra
 // columns become headers, and whether records follow the relay's own shape,
 // that of Debezium's Outbox Event Router, or CloudEvents' Kafka protocol
-// binding (the record format, chosen apart from the table). The pgoutput decoder, the
-// column checks, the record builder and every SQL reader of the table
-// (reconcile, the quarantine) take one Layout, so a column name or a record
-// rule is decided here and nowhere else. It imports nothing of the relay's.
+// binding (the record format, chosen apart from the table). The pgoutput
+// decoder, the column checks, the record builder and every SQL reader of
+// the table (reconcile, the quarantine) take one Layout, so a column name
+// or a record rule is decided here and nowhere else. It imports nothing of
+// the relay's.
 package layout
 
 import (
