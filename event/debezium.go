@@ -22,30 +22,17 @@ var headerID = []byte("id")
 
 // Build implements Shape.
 func (Debezium) Build(ev *Event, r *Record) error {
-	names := ev.Layout.HeaderKeys()
-	if len(ev.Extra) != len(names) {
-		return fmt.Errorf("event has %d header column values, the layout %d", len(ev.Extra), len(names))
-	}
-	n := len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Payload)
-	for i, name := range names {
-		n += len(name) + len(ev.Extra[i])
-	}
 	var extraInline [inlineHeaders]Header
-	extra, err := rowHeaders(ev.Headers, extraInline[:0])
+	names, extra, n, err := placedHeaders(ev, extraInline[:0], func(key []byte) error {
+		if string(key) == string(headerID) {
+			return errors.New(`headers column sets header "id", which carries the event id`)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	for _, h := range extra {
-		if string(h.Key) == string(headerID) {
-			return errors.New(`headers column sets header "id", which carries the event id`)
-		}
-		for _, name := range names {
-			if string(h.Key) == string(name) {
-				return fmt.Errorf("headers column sets header %q, which a header column fills", name)
-			}
-		}
-		n += len(h.Key) + len(h.Value)
-	}
+	n += len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Payload)
 
 	a := arena{buf: make([]byte, 0, n)}
 	r.EventID = a.takeNullable(ev.EventID)
@@ -54,14 +41,49 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	r.AggregateType = a.takeNullable(ev.AggregateType)
 	r.EventType = a.takeNullable(ev.EventType)
 	headers := append(r.headers(1+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
+	r.Headers = a.appendPlaced(headers, ev, names, extra)
+	return nil
+}
+
+// placedHeaders reads what a shape with header columns places after its
+// own headers: the layout's header columns' names, and the row's headers
+// column into dst, refusing a row header that a header column fills or
+// that clash says is the shape's own. size is the bytes both hold.
+func placedHeaders(ev *Event, dst []Header, clash func(key []byte) error) (names [][]byte, extra []Header, size int, err error) {
+	names = ev.Layout.HeaderKeys()
+	if len(ev.Extra) != len(names) {
+		return nil, nil, 0, fmt.Errorf("event has %d header column values, the layout %d", len(ev.Extra), len(names))
+	}
+	for i, name := range names {
+		size += len(name) + len(ev.Extra[i])
+	}
+	if extra, err = rowHeaders(ev.Headers, dst); err != nil {
+		return nil, nil, 0, err
+	}
+	for _, h := range extra {
+		if err := clash(h.Key); err != nil {
+			return nil, nil, 0, err
+		}
+		for _, name := range names {
+			if string(h.Key) == string(name) {
+				return nil, nil, 0, fmt.Errorf("headers column sets header %q, which a header column fills", name)
+			}
+		}
+		size += len(h.Key) + len(h.Value)
+	}
+	return names, extra, size, nil
+}
+
+// appendPlaced appends the header columns' values, then the row's
+// headers, copied into the arena; a NULL column stays a null value.
+func (a *arena) appendPlaced(headers []Header, ev *Event, names [][]byte, extra []Header) []Header {
 	for i, name := range names {
 		headers = append(headers, Header{Key: name, Value: a.takeNullable(ev.Extra[i])})
 	}
 	for _, h := range extra {
 		headers = append(headers, Header{Key: a.takeNullable(h.Key), Value: a.takeNullable(h.Value)})
 	}
-	r.Headers = headers
-	return nil
+	return headers
 }
 
 // Store implements Shape. The header columns' values go into the stored

@@ -2,8 +2,9 @@
 // Event is one outbox row as the relay reads it (from the WAL, a poll or
 // an SQL read), and a Shape turns it into a Kafka record's key, value and
 // headers, and into the text the quarantine table keeps of it and back.
-// The relay's own shape and Debezium's Outbox Event Router shape each live
-// in a file of their own; ShapeOf picks one by the layout. No Kafka client
+// The relay's own shape, Debezium's Outbox Event Router shape and the
+// CloudEvents shape each live in a file of their own; ShapeOf picks one by
+// the layout's record format. No Kafka client
 // is imported here: the publisher wraps a built Record for its client.
 package event
 

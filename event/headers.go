@@ -8,7 +8,7 @@ import (
 )
 
 // ReservedHeaders are the headers every record of the relay's shape
-// carries. A row's own headers may not use these names, in either shape.
+// carries. A row's own headers may not use these names, in any shape.
 var ReservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "schema_version", "occurred_at"}
 
 // rowHeaders reads the row's headers column, a JSON object, into dst:

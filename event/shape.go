@@ -25,15 +25,19 @@ func Build(ev *Event, r *Record) error {
 	return ShapeOf(ev.Layout).Build(ev, r)
 }
 
-// ShapeOf is the shape of the records a layout asks for; nil is the
-// relay's own.
+// ShapeOf is the shape of the records a layout's format asks for; nil is
+// the relay's own.
 func ShapeOf(l *layout.Layout) Shape {
 	if l == nil {
 		return Relay{}
 	}
-	switch l.Shape {
-	case layout.ShapeDebezium:
+	switch l.RecordFormat() {
+	case layout.FormatDebezium:
 		return Debezium{}
+	case layout.FormatCloudEvents:
+		return CloudEvents{}
+	case layout.FormatCloudEventsStructured:
+		return CloudEvents{Structured: true}
 	default:
 		return Relay{}
 	}
@@ -51,7 +55,8 @@ const inlineHeaders = 8
 type Record struct {
 	EventID []byte
 	Key     []byte
-	// Value is the payload; nil is a null value.
+	// Value is the payload (in structured CloudEvents, the whole event);
+	// nil is a null value.
 	Value   []byte
 	Headers []Header
 	// AggregateType and EventType are the event's, whatever the shape

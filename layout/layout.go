@@ -1,10 +1,12 @@
 // Package layout says what the outbox table looks like and what shape the
 // records made from it take: which column holds each field, which extra
-// columns become headers, and whether records follow the relay's own shape
-// or that of Debezium's Outbox Event Router. The pgoutput decoder, the
-// column checks, the record builder and every SQL reader of the table
-// (reconcile, the quarantine) take one Layout, so a column name or a record
-// rule is decided here and nowhere else. It imports nothing of the relay's.
+// columns become headers, and whether records follow the relay's own shape,
+// that of Debezium's Outbox Event Router, or CloudEvents' Kafka protocol
+// binding (the record format, chosen apart from the table). The pgoutput
+// decoder, the column checks, the record builder and every SQL reader of
+// the table (reconcile, the quarantine) take one Layout, so a column name
+// or a record rule is decided here and nowhere else. It imports nothing of
+// the relay's.
 package layout
 
 import (
@@ -14,17 +16,20 @@ import (
 	"strings"
 )
 
-// Shape is the shape of the records built from the rows.
+// Shape is the table's layout: its default columns, which of them are
+// required, and the record format its rows make unless --record-format
+// picks another.
 type Shape uint8
 
 const (
-	// ShapeRelay is the relay's own record: key aggregate_id, value the
-	// payload, six standard headers plus the row's headers column.
+	// ShapeRelay is the relay's own table, whose rows make the relay's own
+	// record by default: key aggregate_id, value the payload, six standard
+	// headers plus the row's headers column.
 	ShapeRelay Shape = iota
-	// ShapeDebezium is the record of Debezium's Outbox Event Router with
-	// its defaults: key the aggregate id, value the payload (null for a
-	// NULL payload), one header "id" with the event id, then the extra
-	// header columns.
+	// ShapeDebezium is Debezium's outbox table, whose rows make the record
+	// of Debezium's Outbox Event Router with its defaults: key the
+	// aggregate id, value the payload (null for a NULL payload), one header
+	// "id" with the event id, then the extra header columns.
 	ShapeDebezium
 )
 
@@ -33,6 +38,51 @@ const (
 	NameRelay    = "relay"
 	NameDebezium = "debezium"
 )
+
+// Format is the shape of the records, apart from the table they come
+// from: what goes in the key, the value and the headers.
+type Format uint8
+
+const (
+	// FormatDefault is the table layout's own format: FormatRelay for the
+	// relay's table, FormatDebezium for Debezium's.
+	FormatDefault Format = iota
+	// FormatRelay is the relay's own record (see ShapeRelay).
+	FormatRelay
+	// FormatDebezium is the Outbox Event Router's record (see ShapeDebezium).
+	FormatDebezium
+	// FormatCloudEvents is a CloudEvent in the Kafka protocol binding's
+	// binary content mode: the attributes in ce_ headers, the value the
+	// payload.
+	FormatCloudEvents
+	// FormatCloudEventsStructured is a CloudEvent in the structured content
+	// mode: the whole event as JSON in the value.
+	FormatCloudEventsStructured
+)
+
+// Names of the record formats, as --record-format takes them.
+const (
+	FormatNameRelay                 = "relay"
+	FormatNameDebezium              = "debezium"
+	FormatNameCloudEvents           = "cloudevents"
+	FormatNameCloudEventsStructured = "cloudevents-structured"
+)
+
+var formatNames = [...]string{FormatRelay: FormatNameRelay, FormatDebezium: FormatNameDebezium,
+	FormatCloudEvents: FormatNameCloudEvents, FormatCloudEventsStructured: FormatNameCloudEventsStructured}
+
+// String is the format's --record-format value.
+func (f Format) String() string {
+	if f == FormatDefault || int(f) >= len(formatNames) {
+		return "default"
+	}
+	return formatNames[f]
+}
+
+// CloudEvents reports whether the format is one of CloudEvents' modes.
+func (f Format) CloudEvents() bool {
+	return f == FormatCloudEvents || f == FormatCloudEventsStructured
+}
 
 // Field is one value the relay reads from a row.
 type Field int
@@ -100,6 +150,11 @@ type HeaderColumn struct {
 // Layout is the relay's own.
 type Layout struct {
 	Shape Shape
+	// Format is the records' format; FormatDefault is the Shape's own.
+	Format Format
+	// CloudEventsSource is every CloudEvent's source attribute, a URI
+	// reference; set with a CloudEvents format.
+	CloudEventsSource string
 	// Columns overrides the shape's column names, by Field; empty keeps
 	// the shape's default.
 	Columns [NumColumns]string
@@ -164,11 +219,104 @@ func New(name string, columns [NumColumns]string, headerColumns string) (*Layout
 	return l, nil
 }
 
+// SetRecordFormat sets the records' format from --record-format (empty:
+// the layout's own) and --cloudevents-source, which a CloudEvents format
+// needs and any other refuses, and checks that the layout's header
+// columns fit the format. Call it once, on a layout New made.
+func (l *Layout) SetRecordFormat(name, source string) error {
+	format := FormatDefault
+	if name != "" {
+		i := slices.Index(formatNames[:], name)
+		if i <= int(FormatDefault) {
+			return fmt.Errorf("--record-format %q: use %s (the relay's own records), %s (Debezium's Outbox Event Router's), %s (CloudEvents, binary content mode: ce_ headers, the payload as the value) or %s (CloudEvents, structured content mode: the whole event as JSON in the value)",
+				name, FormatNameRelay, FormatNameDebezium, FormatNameCloudEvents, FormatNameCloudEventsStructured)
+		}
+		format = Format(i)
+	}
+	l.Format = format
+	if !l.RecordFormat().CloudEvents() {
+		if source != "" {
+			return fmt.Errorf("--cloudevents-source %q is set but --record-format is %s: the source goes only into CloudEvents records; drop it, or use --record-format %s or %s",
+				source, l.RecordFormat(), FormatNameCloudEvents, FormatNameCloudEventsStructured)
+		}
+		if len(l.HeaderColumns) > 0 && l.RecordFormat() == FormatRelay {
+			return errors.New("--header-columns with --record-format relay: the relay's records carry extra headers from the headers column only; drop --header-columns, or use another --record-format")
+		}
+		return nil
+	}
+	if err := ValidCloudEventsSource(source); err != nil {
+		return fmt.Errorf("--cloudevents-source %q with --record-format %s: %w", source, l.RecordFormat(), err)
+	}
+	l.CloudEventsSource = source
+	for _, name := range l.HeaderNames() {
+		if CloudEventsHeader(name) {
+			return fmt.Errorf("--header-columns: header %q would clash with the CloudEvents binding's headers (ce_* and content-type); give the column another header name with column:header", name)
+		}
+	}
+	return nil
+}
+
+// ValidCloudEventsSource checks a CloudEvents source attribute: a
+// non-empty URI reference (RFC 3986), such as
+// "https://example.com/billing" or "/billing/outbox". The check is strict
+// (ASCII, no spaces, well-formed percent escapes) because every consumer's
+// SDK parses the attribute, and one it cannot parse fails every event.
+func ValidCloudEventsSource(source string) error {
+	if source == "" {
+		return errors.New("the CloudEvents formats need a source, the URI reference every event's source attribute carries (e.g. https://example.com/billing or /billing/outbox)")
+	}
+	for i := 0; i < len(source); i++ {
+		c := source[i]
+		if !uriByte(c) {
+			return fmt.Errorf("byte %q at offset %d is not allowed in a URI reference (RFC 3986); percent-encode it", c, i)
+		}
+		if c == '%' && (i+2 >= len(source) || !isHex(source[i+1]) || !isHex(source[i+2])) {
+			return fmt.Errorf("'%%' at offset %d does not start a percent escape of two hex digits", i)
+		}
+	}
+	if strings.Count(source, "#") > 1 {
+		return errors.New("a URI reference has at most one '#'")
+	}
+	return nil
+}
+
+// uriByte reports whether c may appear in a URI reference: unreserved,
+// reserved, or the '%' of an escape.
+func uriByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("-._~:/?#[]@!$&'()*+,;=%", c) >= 0
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// CloudEventsHeader reports whether a header name belongs to the
+// CloudEvents Kafka binding, which reads every ce_ header as an attribute
+// and content-type as the data's type; SDKs lower-case the names first.
+func CloudEventsHeader(name string) bool {
+	return len(name) >= 3 && strings.EqualFold(name[:3], "ce_") || strings.EqualFold(name, "content-type")
+}
+
 func validColumn(flag, name string) error {
 	if len(name) > 63 || strings.ContainsRune(name, 0) {
 		return fmt.Errorf("%s %q: a column name is 1 to 63 bytes with no NUL byte", flag, name)
 	}
 	return nil
+}
+
+// RecordFormat is the records' format: Format, or the table layout's own.
+func (l *Layout) RecordFormat() Format {
+	switch {
+	case l.Format != FormatDefault:
+		return l.Format
+	case l.Shape == ShapeDebezium:
+		return FormatDebezium
+	}
+	return FormatRelay
 }
 
 // Name is the layout's --outbox-layout value.
@@ -188,9 +336,11 @@ func (l *Layout) Column(f Field) string {
 	return fields[f].columns[l.Shape]
 }
 
-// Required reports whether the table must have the field's column.
+// Required reports whether the table must have the field's column: the
+// layout's required columns, and the event type when the records carry it.
 func (l *Layout) Required(f Field) bool {
-	return fields[f].required[l.Shape] && l.Column(f) != ""
+	required := fields[f].required[l.Shape] || f == EventType && l.EventTypeRequired()
+	return required && l.Column(f) != ""
 }
 
 // RequiredColumns are the columns every row must come with.
@@ -245,21 +395,32 @@ func (l *Layout) HeaderKeys() [][]byte {
 	return l.headerKeys
 }
 
-// EventIDHeader is the header that carries the event id in a record.
+// EventIDHeader is the header that carries the event id in a record;
+// empty for the structured CloudEvents format, whose value carries it.
 func (l *Layout) EventIDHeader() string {
-	if l.Shape == ShapeDebezium {
+	switch l.RecordFormat() {
+	case FormatDebezium:
 		return "id"
+	case FormatCloudEvents:
+		return "ce_id"
+	case FormatCloudEventsStructured:
+		return ""
 	}
 	return "event_id"
 }
 
-// PayloadNullable reports whether a SQL NULL payload is an event (the
-// router sends it with a null value) rather than a row to refuse.
-func (l *Layout) PayloadNullable() bool { return l.Shape == ShapeDebezium }
+// PayloadNullable reports whether a SQL NULL payload is an event rather
+// than a row to refuse: only Debezium's table allows one, and every format
+// but the relay's has a record for it (the router's null value, a
+// CloudEvent without data).
+func (l *Layout) PayloadNullable() bool {
+	return l.Shape == ShapeDebezium && l.RecordFormat() != FormatRelay
+}
 
 // EventTypeRequired reports whether a row needs an event type: the relay's
-// records carry it in a header, Debezium's router places it nowhere.
-func (l *Layout) EventTypeRequired() bool { return l.Shape == ShapeRelay }
+// records carry it in a header and CloudEvents in the required type
+// attribute; Debezium's router places it nowhere.
+func (l *Layout) EventTypeRequired() bool { return l.RecordFormat() != FormatDebezium }
 
 // CreatesTable reports whether migrate creates the outbox table: the
 // relay defines its own, and takes over a Debezium table as it stands.
@@ -287,6 +448,10 @@ func (l *Layout) ColumnProblems(found map[string]string) []string {
 			problems = append(problems, fmt.Sprintf("column %s is missing (want %s)", name, strings.Join(rule.types, " or ")))
 		case ok && !slices.Contains(rule.types, typ):
 			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", name, typ, strings.Join(rule.types, " or ")))
+		case ok && f == OccurredAt && typ == "timestamp without time zone" && l.RecordFormat().CloudEvents():
+			// Its text has no offset, so it is no RFC 3339 time, which
+			// the time attribute must be.
+			problems = append(problems, fmt.Sprintf("column %s is %s, want timestamp with time zone for --record-format %s (the time attribute is RFC 3339, with an offset)", name, typ, l.RecordFormat()))
 		}
 	}
 	for _, h := range l.HeaderColumns {

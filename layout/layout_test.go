@@ -50,3 +50,76 @@ func TestColumnProblemsNameTheFlag(t *testing.T) {
 		t.Errorf("the relay's own minimal table has problems: %q", p)
 	}
 }
+
+// --record-format is chosen apart from the table: each layout defaults to
+// its own format, a CloudEvents format needs a valid source and any other
+// refuses one, and what depends on the records (the event id's header,
+// whether the event type is required) follows the format.
+func TestRecordFormat(t *testing.T) {
+	for _, tc := range []struct {
+		table, format, source string
+		want                  Format
+		idHeader              string
+		typeRequired          bool
+	}{
+		{NameRelay, "", "", FormatRelay, "event_id", true},
+		{NameDebezium, "", "", FormatDebezium, "id", false},
+		{NameRelay, FormatNameDebezium, "", FormatDebezium, "id", false},
+		{NameRelay, FormatNameCloudEvents, "https://example.com/billing", FormatCloudEvents, "ce_id", true},
+		{NameDebezium, FormatNameCloudEventsStructured, "/billing/outbox?x=1#f", FormatCloudEventsStructured, "", true},
+		{NameDebezium, FormatNameCloudEvents, "urn:uuid:6e8bc430-9c3a-11d9-9669-0800200c9a66", FormatCloudEvents, "ce_id", true},
+	} {
+		l, err := New(tc.table, [NumColumns]string{}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetRecordFormat(tc.format, tc.source); err != nil {
+			t.Errorf("%s table, format %q: %v", tc.table, tc.format, err)
+			continue
+		}
+		if l.RecordFormat() != tc.want || l.EventIDHeader() != tc.idHeader || l.EventTypeRequired() != tc.typeRequired ||
+			l.Required(EventType) != (tc.typeRequired || tc.table == NameRelay) || l.CloudEventsSource != tc.source {
+			t.Errorf("%s table, format %q: format %s, id header %q, type required %v/%v, source %q", tc.table, tc.format,
+				l.RecordFormat(), l.EventIDHeader(), l.EventTypeRequired(), l.Required(EventType), l.CloudEventsSource)
+		}
+	}
+	for _, tc := range []struct{ table, format, headerColumns, source, want string }{
+		{NameRelay, "avro", "", "", `--record-format "avro": use relay`},
+		{NameRelay, FormatNameCloudEvents, "", "", "the CloudEvents formats need a source"},
+		{NameRelay, FormatNameCloudEventsStructured, "", "https://example.com/a b", `byte ' ' at offset 21`},
+		{NameRelay, FormatNameCloudEvents, "", "/billing/caf\u00e9", "is not allowed in a URI reference"},
+		{NameRelay, FormatNameCloudEvents, "", "/billing%2", "percent escape"},
+		{NameRelay, "", "", "/billing", "--cloudevents-source \"/billing\" is set but --record-format is relay"},
+		{NameDebezium, FormatNameRelay, "tenant", "", "--header-columns with --record-format relay"},
+		{NameDebezium, FormatNameCloudEvents, "tenant:content-type", "/billing", `header "content-type" would clash`},
+	} {
+		l, err := New(tc.table, [NumColumns]string{}, tc.headerColumns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.SetRecordFormat(tc.format, tc.source); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s table, format %q, source %q: %v, want %q", tc.table, tc.format, tc.source, err, tc.want)
+		}
+	}
+}
+
+// An occurred_at without a zone has no offset in its text, so it can
+// never be the CloudEvents time attribute; the column check says so at
+// start-up instead of every event being refused.
+func TestCloudEventsNeedOccurredAtWithZone(t *testing.T) {
+	l, err := New(NameRelay, [NumColumns]string{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := map[string]string{"event_id": "uuid", "aggregate_type": "text", "aggregate_id": "text", "event_type": "text", "payload": "jsonb",
+		"occurred_at": "timestamp without time zone"}
+	if p := l.ColumnProblems(found); len(p) != 0 {
+		t.Errorf("relay records: %q", p)
+	}
+	if err := l.SetRecordFormat(FormatNameCloudEvents, "/billing"); err != nil {
+		t.Fatal(err)
+	}
+	if p := strings.Join(l.ColumnProblems(found), "; "); !strings.Contains(p, "want timestamp with time zone for --record-format cloudevents") {
+		t.Errorf("cloudevents records: %q", p)
+	}
+}

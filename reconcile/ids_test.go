@@ -116,3 +116,34 @@ func TestPartitionReaderSortsRecords(t *testing.T) {
 		t.Errorf("unidentified %d records %d, want 2 and 7", p.unidentified, p.records)
 	}
 }
+
+// Reconcile finds the event id where the record format puts it: the ce_id
+// header in binary CloudEvents, the value's id in structured ones. Read
+// from the wrong place every record would look missing, and --republish
+// would send the whole window again.
+func TestPartitionReaderFindsCloudEventIDs(t *testing.T) {
+	id := mustID(t, "00000000-0000-4000-8000-00000000000c")
+	for _, tc := range []struct {
+		name      string
+		idHeader  string
+		idInValue bool
+		msg       kafkaread.Record
+	}{
+		{"binary", "ce_id", false, kafkaread.Record{Value: []byte(`{"a":1}`),
+			Headers: []*sarama.RecordHeader{{Key: []byte("ce_specversion"), Value: []byte("1.0")}, {Key: []byte("ce_id"), Value: []byte(id.String())}}}},
+		{"structured", "", true, kafkaread.Record{Value: []byte(`{"specversion":"1.0","id":"` + id.String() + `","source":"/s","type":"T","data":{"id":"not this"}}`),
+			Headers: []*sarama.RecordHeader{{Key: []byte("content-type"), Value: []byte("application/cloudevents+json")}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rows := &rowSet{}
+			rows.add(id)
+			rows.seal()
+			var done atomic.Int64
+			p := &partitionReader{rows: rows, done: &done, idHeader: tc.idHeader, idInValue: tc.idInValue}
+			p.record(tc.msg)
+			if rows.counts[0].Load() != 1 || p.unidentified != 0 {
+				t.Errorf("the row's record was not found (unidentified %d)", p.unidentified)
+			}
+		})
+	}
+}

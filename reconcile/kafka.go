@@ -11,6 +11,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/kafkaread"
 	"github.com/outbox-relay/outbox-relay/publisher"
 )
@@ -89,7 +90,8 @@ func scanKafka(ctx context.Context, cfg Config, topics []string, rows *rowSet, p
 		go func() {
 			defer wg.Done()
 			reader := partitionReader{r: r, rows: rows, phantomSince: phantomSince, until: cfg.Until,
-				stall: cfg.Stall, done: &progress.done, idHeader: cfg.Postgres.OutboxLayout().EventIDHeader()}
+				stall: cfg.Stall, done: &progress.done, idHeader: cfg.Postgres.OutboxLayout().EventIDHeader(),
+				idInValue: cfg.Postgres.OutboxLayout().EventIDHeader() == ""}
 			err := reader.read(ctx, client)
 			mu.Lock()
 			defer mu.Unlock()
@@ -160,6 +162,9 @@ type partitionReader struct {
 	// idHeader is the header that carries the event id in the layout's
 	// records; empty is the relay's own, event_id.
 	idHeader string
+	// idInValue says the records carry the event id in the value, as a
+	// structured CloudEvent's id, and in no header.
+	idInValue bool
 
 	records      int64
 	unidentified int64
@@ -197,10 +202,14 @@ func (p *partitionReader) record(msg kafkaread.Record) {
 		idHeader = eventIDHeader
 	}
 	var raw []byte
-	for _, h := range msg.Headers {
-		if h != nil && string(h.Key) == idHeader {
-			raw = h.Value
-			break
+	if p.idInValue {
+		raw, _ = event.CloudEventID(msg.Value)
+	} else {
+		for _, h := range msg.Headers {
+			if h != nil && string(h.Key) == idHeader {
+				raw = h.Value
+				break
+			}
 		}
 	}
 	id, ok := ParseEventID(raw)

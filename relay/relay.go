@@ -198,7 +198,7 @@ func (c Config) validateMessages() error {
 		return fmt.Errorf("--retention %s with --source messages: there is no outbox table to delete from (the messages leave the WAL once the slot confirms them); drop --retention", c.Retention.After)
 	}
 	if l := c.Replication.OutboxLayout(); l.Shape != layout.ShapeRelay || l.Columns != layout.Relay.Columns || len(l.HeaderColumns) > 0 {
-		return errors.New("--outbox-layout and the column flags with --source messages: a message's content has the relay's own fields and makes the relay's own records; drop them")
+		return errors.New("--outbox-layout and the column flags with --source messages: a message's content has the relay's own fields, whatever --record-format makes of them; drop them")
 	}
 	return nil
 }

@@ -268,7 +268,8 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 	} else {
 		start = start.Str("table", o.relay.Replication.Table)
 	}
-	start.Str("topic", o.relay.Publisher.TopicTemplate).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
+	start.Str("topic", o.relay.Publisher.TopicTemplate).Stringer("record_format", o.relay.Replication.OutboxLayout().RecordFormat()).
+		Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()

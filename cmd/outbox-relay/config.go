@@ -46,6 +46,9 @@ type options struct {
 	outboxLayout  string
 	columns       [layout.NumColumns]string
 	headerColumns string
+	// the records' format and the CloudEvents source, set on the layout
+	recordFormat      string
+	cloudEventsSource string
 }
 
 // envName is the environment variable that sets a flag.
@@ -118,6 +121,8 @@ func layoutFlags(fs *flag.FlagSet, o *options) {
 			what, columnDefault(layout.ShapeRelay, f), columnDefault(layout.ShapeDebezium, f)))
 	}
 	fs.StringVar(&o.headerColumns, "header-columns", "", "debezium layout: comma-separated columns placed as record headers, each column or column:header (like the router's table.fields.additional.placement column:header:name)")
+	fs.StringVar(&o.recordFormat, "record-format", "", "the records' format, whatever the layout: relay, debezium, cloudevents (CloudEvents binary content mode: ce_ headers, the payload as the value) or cloudevents-structured (the whole CloudEvent as JSON in the value) (default: the layout's own, relay or debezium)")
+	fs.StringVar(&o.cloudEventsSource, "cloudevents-source", "", "the CloudEvents source attribute of every event, a URI reference such as https://example.com/billing or /billing/outbox (required with the cloudevents formats, refused with the others)")
 }
 
 // columnDefault is a field's default column in a shape, for help text.
@@ -487,6 +492,9 @@ func (o *options) finish() error {
 	c.Publisher.Security.SASLPassword = o.saslPassword
 	l, err := layout.New(o.outboxLayout, o.columns, o.headerColumns)
 	if err != nil {
+		return err
+	}
+	if err := l.SetRecordFormat(o.recordFormat, o.cloudEventsSource); err != nil {
 		return err
 	}
 	c.Replication.Layout = l

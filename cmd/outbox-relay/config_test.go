@@ -175,3 +175,39 @@ header-columns: [tenant, "type:eventType"]
 		}
 	}
 }
+
+// --record-format and --cloudevents-source come from flags, the
+// environment or the config file like every flag, reach the layout of
+// every command that builds or reads records, and a CloudEvents format
+// without a valid source is refused at start-up (exit 2) naming the flag.
+func TestRecordFormatFlags(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	os.WriteFile(file, []byte(`
+pg-dsn: postgres://file@db/app
+record-format: cloudevents-structured
+`), 0o600)
+	t.Setenv(envName("cloudevents-source"), "https://example.com/billing")
+	for _, command := range []string{"run", "migrate", "status", "reconcile", "quarantine list", "quarantine replay"} {
+		o := &options{}
+		if _, err := parse(newFlagSet(command, o, &bytes.Buffer{}), o, []string{"--config", file}); err != nil {
+			t.Fatalf("%s: %v", command, err)
+		}
+		l := o.relay.Replication.OutboxLayout()
+		if l.RecordFormat() != layout.FormatCloudEventsStructured || l.CloudEventsSource != "https://example.com/billing" || l.Name() != "relay" {
+			t.Fatalf("%s: layout %+v", command, l)
+		}
+	}
+	os.Unsetenv(envName("cloudevents-source"))
+	for _, tc := range []struct{ args, want string }{
+		{"--record-format cloudevents", "--cloudevents-source \"\" with --record-format cloudevents: the CloudEvents formats need a source"},
+		{"--record-format cloudevents-structured --cloudevents-source http://a\tb", "is not allowed in a URI reference"},
+		{"--record-format json", `--record-format "json": use relay`},
+		{"--cloudevents-source /billing", "--record-format is relay"},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"run", "--pg-dsn", "postgres://x@db/app", "--kafka-brokers", "k:1"}, strings.Split(tc.args, " ")...), &bytes.Buffer{}, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%s: exit %d, want 2 with %q: %s", tc.args, code, tc.want, stderr.String())
+		}
+	}
+}

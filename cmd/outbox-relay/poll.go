@@ -89,7 +89,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	defer stopAdmin()
 	log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
 		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
-		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting")
+		Str("topic", cfg.Publisher.TopicTemplate).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat()).Msg("starting")
 	err = p.Run(ctx)
 	notifier.stopping()
 	if err != nil {
