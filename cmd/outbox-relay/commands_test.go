@@ -191,8 +191,8 @@ func TestHelpListsOnlyTheCommandsFlags(t *testing.T) {
 			[]string{"-topic", "-retention", "-admin-addr", "-print-sql", "-log-level", "-reset-progress", "-transaction-interval"}},
 		{[]string{"quarantine", "list", "-h"}, []string{"-json", "-quarantine-table"},
 			[]string{"-kafka-brokers", "-all", "-retention"}},
-		{[]string{"quarantine", "replay", "-h"}, []string{"-all", "-replay-timeout", "-kafka-brokers", "-kafka-tls"},
-			[]string{"-json", "-retention", "-topic", "-admin-addr"}},
+		{[]string{"quarantine", "replay", "-h"}, []string{"-all", "-replay-timeout", "-kafka-brokers", "-kafka-tls", "-topic"},
+			[]string{"-json", "-retention", "-admin-addr"}},
 		{[]string{"run", "-h"}, []string{"-kafka-brokers", "-topic", "-retention", "-admin-addr", "-slot-failover"},
 			[]string{"-print-sql", "-json", "-all"}},
 	} {

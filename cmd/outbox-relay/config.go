@@ -74,7 +74,7 @@ func commandFlags(command string) []flagGroup {
 	case "quarantine list":
 		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":
-		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, replayFlags, logFlags}
+		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, topicFlag, replayFlags, logFlags}
 	case "reconcile":
 		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
 	}
@@ -199,8 +199,8 @@ func progressFlags(fs *flag.FlagSet, o *options) {
 // publishFlags shape and route records, for every command that publishes
 // outbox rows (run, reconcile --republish).
 func publishFlags(fs *flag.FlagSet, o *options) {
+	topicFlag(fs, o)
 	c := &o.relay
-	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}")
 	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
 }
 
@@ -213,6 +213,13 @@ func migrateFlags(fs *flag.FlagSet, o *options) {
 func listFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&o.listReplayed, "replayed", false, "also list the events replay delivered, with when and to which topic")
+}
+
+// topicFlag routes records: run, reconcile --republish and quarantine
+// replay must route alike, or a replay lands where no consumer reads.
+func topicFlag(fs *flag.FlagSet, o *options) {
+	c := &o.relay
+	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}; quarantine replay needs the one run uses")
 }
 
 func replayFlags(fs *flag.FlagSet, o *options) {

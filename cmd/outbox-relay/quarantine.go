@@ -125,6 +125,10 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}
+	quarantinedFrom := make(map[string]string, len(events))
+	for _, e := range events {
+		quarantinedFrom[e.EventID] = e.Topic
+	}
 	results, err := relay.Replay(ctx, o.relay.Publisher, o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
@@ -135,7 +139,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			failed++
 			fmt.Fprintf(stdout, "FAILED    %s: %s\n", r.EventID, operatorMessage(r.Err, dsn))
 		} else {
-			fmt.Fprintf(stdout, "REPLAYED  %s to %s\n", r.EventID, r.Topic)
+			fmt.Fprintf(stdout, "REPLAYED  %s to %s%s\n", r.EventID, r.Topic, otherTopic(r.Topic, quarantinedFrom[r.EventID]))
 		}
 	}
 	fmt.Fprintf(stdout, "%d replayed, %d still waiting for a replay\n", len(results)-failed, failed)
@@ -185,4 +189,14 @@ func isUUID(s string) bool {
 		}
 	}
 	return true
+}
+
+// otherTopic says so when a replay went to another topic than the one the
+// event was quarantined from: with a --topic other than run's, consumers
+// of run's topics never see it.
+func otherTopic(replayed, quarantined string) string {
+	if quarantined == "" || quarantined == replayed {
+		return ""
+	}
+	return fmt.Sprintf(" (quarantined from %s: if run routes with another --topic, replay with the same one)", quarantined)
 }

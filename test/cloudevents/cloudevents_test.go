@@ -327,14 +327,13 @@ func TestQuarantinedCloudEventsReplay(t *testing.T) {
 			e.DB.Exec(t, "UPDATE outbox_quarantine SET headers = headers - 'ce_type' WHERE event_id = $1", clash.id)
 			delete(clash.headers, "ce_type")
 			code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
-				e.Args("replay", "--all", "--record-format", mode.format, "--cloudevents-source", source, "--kafka-brokers", strings.Join(e.Brokers, ","))...))
+				e.Args("replay", "--all", "--record-format", mode.format, "--cloudevents-source", source, "--kafka-brokers", strings.Join(e.Brokers, ","),
+					"--topic", prefix+".{aggregate_type}")...))
 			if code != 0 {
 				t.Fatalf("quarantine replay exited %d:\n%s", code, out)
 			}
-			// quarantine replay takes no --topic: it routes with the
-			// default template.
 			replayed := []written{oversize, clash}
-			check(t, replayed, consume(t, e.Brokers, harness.RelayTopics, replayed), mode.encoding)
+			check(t, replayed, consume(t, e.Brokers, topics, replayed), mode.encoding)
 		})
 	}
 }

@@ -27,12 +27,17 @@ func randomText(n int) string {
 
 // An event larger than its topic's max.message.bytes is caught before it
 // is sent, quarantined whole, and the events after it keep flowing. After
-// the limit is raised, replay delivers it with its original identity.
+// the limit is raised, replay delivers it with its original identity, to
+// the topic run routes it to: the relay runs with a --topic of its own,
+// and replay takes the same one (before, replay had no --topic and sent
+// every event to the default template's topic, where no consumer of this
+// relay reads).
 func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	e := newEnv(t)
-	e.Kafka.CreateTopic(t, "outbox.event.order", partitions, map[string]string{"max.message.bytes": "4000"})
+	const topic = "shop.{aggregate_type}"
+	e.Kafka.CreateTopic(t, "shop.order", partitions, map[string]string{"max.message.bytes": "4000"})
 	e.Migrate()
-	e.StartRelay()
+	e.StartRelay("--topic", topic)
 	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-1", EventType: "Small", Payload: `{"n": 1}`}}); err != nil {
@@ -49,7 +54,7 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	}
 	afterAll := e.DB.CurrentLSN(t)
 	ids, _ = e.Committed()
-	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{ids[0], ids[2]}, time.Minute)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^shop\.`, []string{ids[0], ids[2]}, time.Minute)
 	harness.WaitFor(t, 30*time.Second, "slot passes the quarantined event", func() bool {
 		return harness.LSNAtMost(afterAll, e.ConfirmedFlush())
 	})
@@ -74,24 +79,27 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	}
 	if len(listed) != 1 || listed[0].EventID != bigID || listed[0].ErrorClass != "permanent" ||
 		!strings.Contains(listed[0].ErrorMessage, "max.message.bytes") || !strings.Contains(listed[0].Headers, "acme") ||
-		listed[0].Topic != "outbox.event.order" || len(listed[0].Payload) < 10000 {
+		listed[0].Topic != "shop.order" || len(listed[0].Payload) < 10000 {
 		t.Fatalf("quarantine holds %+v, want the oversize event %s", listed, bigID)
 	}
 
 	adm := kadm.NewClient(e.Kafka.Client(t))
 	limit := "1048588"
-	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "outbox.event.order")
+	resp, err := adm.AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, "shop.order")
 	if err == nil {
-		_, err = resp.On("outbox.event.order", nil)
+		_, err = resp.On("shop.order", nil)
 	}
 	if err != nil {
 		t.Fatalf("raise max.message.bytes: %v", err)
 	}
-	replay := harness.StartProcess(t, e.Bin, append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.Kafka.BrokerList()}, e.Args("")[1:]...), nil)
+	replay := harness.StartProcess(t, e.Bin, append([]string{"quarantine", "replay", "--all", "--kafka-brokers", e.Kafka.BrokerList(), "--topic", topic}, e.Args("")[1:]...), nil)
 	if code, err := replay.Wait(2 * time.Minute); err != nil || code != 0 {
 		t.Fatalf("quarantine replay exited %d (%v): %s", code, err, replay.Output())
 	}
-	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{bigID}, time.Minute)
+	if out := replay.Output(); !strings.Contains(out, "REPLAYED  "+bigID+" to shop.order\n") {
+		t.Errorf("replay's output does not say the event went to shop.order, the topic it was quarantined from:\n%s", out)
+	}
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^shop\.`, []string{bigID}, time.Minute)
 	for _, r := range records {
 		if r.EventID() == bigID && (string(r.Key) != "o-1" || r.Headers["tenant"] != "acme" || r.Headers["event_type"] != "Huge") {
 			t.Fatalf("replayed record has key %q headers %v", r.Key, r.Headers)
@@ -100,8 +108,8 @@ func TestOversizeEventIsQuarantinedThenReplayed(t *testing.T) {
 	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE replayed_at IS NULL"); n != 0 {
 		t.Fatalf("%d events still waiting for a replay after a successful one", n)
 	}
-	if topic := e.DB.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE event_id = $1", bigID); topic != "outbox.event.order" {
-		t.Fatalf("the replayed event is recorded as delivered to %q, want outbox.event.order", topic)
+	if replayed := e.DB.QueryString(t, "SELECT replayed_topic FROM outbox_quarantine WHERE event_id = $1", bigID); replayed != "shop.order" {
+		t.Fatalf("the replayed event is recorded as delivered to %q, want shop.order", replayed)
 	}
 }
 
