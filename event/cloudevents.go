@@ -2,6 +2,7 @@ package event
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,12 +17,14 @@ import (
 // stays the aggregate id. The attributes: specversion 1.0, id the event
 // id, source the layout's CloudEventsSource, type the event type, subject
 // the aggregate id, time occurred_at in RFC 3339 (left out when the row has
-// none), and datacontenttype application/json for a JSON payload, else
-// text/plain; a NULL payload is an event without data.
+// none), and datacontenttype --content-type if set, else application/json
+// for a JSON payload, application/octet-stream for a binary (bytea) one,
+// else text/plain; a NULL payload is an event without data.
 //
 // Binary content mode puts each attribute in a ce_ header and the data's
 // type in content-type, and the value is the payload as it is. Structured
-// mode puts the whole event, the payload as its data, in the value as JSON,
+// mode puts the whole event, the payload as its data (a binary payload
+// base64 as data_base64, the JSON format's rule), in the value as JSON,
 // with the header content-type application/cloudevents+json. In both modes
 // the header columns, then the row's headers column, follow as headers of
 // their own; a name the binding reads (ce_*, content-type) is refused, so
@@ -47,6 +50,7 @@ var (
 	ceJSON           = []byte("application/json")
 	ceText           = []byte("text/plain; charset=utf-8")
 	ceStructuredJSON = []byte("application/cloudevents+json")
+	ceOctetStream    = []byte("application/octet-stream")
 
 	// ceDataJSON and ceDataText precede the data in a structured event. An
 	// attribute before them cannot hold these bytes, since every quote
@@ -54,6 +58,9 @@ var (
 	// data's.
 	ceDataJSON = []byte(`,"datacontenttype":"application/json","data":`)
 	ceDataText = []byte(`,"datacontenttype":"text/plain; charset=utf-8","data":`)
+	// ceDataBase64 precedes a binary payload's base64, after its
+	// datacontenttype.
+	ceDataBase64 = []byte(`,"data_base64":"`)
 )
 
 // Build implements Shape.
@@ -74,16 +81,21 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 	n += len(ev.EventID) + len(ev.AggregateID) + len(ev.EventType) + len(ev.AggregateType) +
 		len(ev.Layout.CloudEventsSource) + len(ev.OccurredAt) + len(ev.Payload)
 	// A text column may hold any text; only JSON is embedded as JSON.
-	jsonPayload := ev.Payload == nil || json.Valid(ev.Payload)
+	jsonPayload := ev.Payload == nil || !ev.PayloadBinary && json.Valid(ev.Payload)
 	contentType := ceJSON
-	if !jsonPayload {
+	switch {
+	case ev.Layout.ContentType != "":
+		contentType = ev.Layout.ContentTypeBytes()
+	case ev.PayloadBinary:
+		contentType = ceOctetStream
+	case !jsonPayload:
 		contentType = ceText
 	}
 	if s.Structured {
 		// The attributes again in the JSON, with their names, punctuation
 		// and some room for escapes.
 		n += 160 + len(ev.EventID) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Layout.CloudEventsSource) +
-			len(ev.OccurredAt) + len(ev.Payload) + len(ev.Payload)/8
+			len(ev.OccurredAt) + len(ev.Payload) + len(ev.Payload)/8 + len(contentType)
 	}
 
 	a := arena{buf: make([]byte, 0, n)}
@@ -104,11 +116,19 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 		own = 1
 	}
 	headers := r.headers(own + len(names) + len(extra))
-	if s.Structured {
+	switch {
+	case s.Structured && ev.PayloadBinary && ev.Payload != nil:
+		if r.Value, err = a.structuredBinary(r, source, at, ev.Payload, contentType); err != nil {
+			return err
+		}
+		headers = append(headers, Header{Key: headerContentType, Value: ceStructuredJSON})
+	case s.Structured:
 		r.Value = a.structured(r, source, at, ev.Payload, jsonPayload)
 		headers = append(headers, Header{Key: headerContentType, Value: ceStructuredJSON})
-	} else {
-		r.Value = a.takeNullable(ev.Payload)
+	default:
+		if r.Value, err = a.payload(ev, r, true); err != nil {
+			return err
+		}
 		headers = append(headers,
 			Header{Key: headerCESpecVersion, Value: ceSpecVersion},
 			Header{Key: headerCEID, Value: r.EventID},
@@ -128,25 +148,33 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 	return nil
 }
 
+// structuredBinary appends the event with a binary payload as a
+// structured-mode JSON object: the format's rule is that bytes go base64
+// in data_base64, never in data, with their type in datacontenttype.
+func (a *arena) structuredBinary(r *Record, source, at, text, contentType []byte) ([]byte, error) {
+	// Decoded apart, because base64 is written from the bytes while the
+	// arena grows; structured mode copies the payload twice anyway.
+	raw, err := appendBytea(nil, text)
+	if err != nil {
+		return nil, err
+	}
+	r.binary = true
+	start := len(a.buf)
+	b := appendStructuredAttributes(a.buf, r, source, at)
+	b = append(b, `,"datacontenttype":`...)
+	b = appendJSONString(b, contentType)
+	b = append(b, ceDataBase64...)
+	b = base64.StdEncoding.AppendEncode(b, raw)
+	a.buf = append(b, '"', '}')
+	return a.buf[start:len(a.buf):len(a.buf)], nil
+}
+
 // structured appends the event as a structured-mode JSON object: the
 // attributes in the specification's order, then datacontenttype and data
 // last, so that StoreRecord finds the data without parsing the attributes.
 func (a *arena) structured(r *Record, source, at, payload []byte, jsonPayload bool) []byte {
 	start := len(a.buf)
-	b := append(a.buf, `{"specversion":"1.0","id":`...)
-	b = appendJSONString(b, r.EventID)
-	b = append(b, `,"source":`...)
-	b = appendJSONString(b, source)
-	b = append(b, `,"type":`...)
-	b = appendJSONString(b, r.EventType)
-	if len(r.Key) > 0 {
-		b = append(b, `,"subject":`...)
-		b = appendJSONString(b, r.Key)
-	}
-	if at != nil {
-		b = append(b, `,"time":`...)
-		b = appendJSONString(b, at)
-	}
+	b := appendStructuredAttributes(a.buf, r, source, at)
 	switch {
 	case payload == nil:
 	case jsonPayload:
@@ -219,6 +247,26 @@ func appendJSONString(dst, s []byte) []byte {
 	return append(dst, '"')
 }
 
+// appendStructuredAttributes appends a structured event's opening and
+// its attributes but the data's, in the specification's order.
+func appendStructuredAttributes(b []byte, r *Record, source, at []byte) []byte {
+	b = append(b, `{"specversion":"1.0","id":`...)
+	b = appendJSONString(b, r.EventID)
+	b = append(b, `,"source":`...)
+	b = appendJSONString(b, source)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, r.EventType)
+	if len(r.Key) > 0 {
+		b = append(b, `,"subject":`...)
+		b = appendJSONString(b, r.Key)
+	}
+	if at != nil {
+		b = append(b, `,"time":`...)
+		b = appendJSONString(b, at)
+	}
+	return b
+}
+
 // Store implements Shape. The header columns' values go into the stored
 // headers, as in the router's shape.
 func (CloudEvents) Store(ev *Event) Stored {
@@ -243,7 +291,8 @@ func (s CloudEvents) StoreRecord(r *Record) Stored {
 	}
 	st.Headers = string(headersObject(own))
 	if !s.Structured {
-		st.Payload, st.PayloadNull, st.OccurredAt = string(r.Value), r.Value == nil, string(r.Header("ce_time"))
+		r.storedPayload(&st, r.Value)
+		st.OccurredAt = string(r.Header("ce_time"))
 		return st
 	}
 	var attrs struct {
@@ -251,6 +300,10 @@ func (s CloudEvents) StoreRecord(r *Record) Stored {
 	}
 	_ = json.Unmarshal(r.Value, &attrs) // the relay built it: it is JSON
 	st.OccurredAt = attrs.Time
+	if r.binary {
+		st.Payload, st.PayloadBinary = structuredBinaryData(r.Value), true
+		return st
+	}
 	st.Payload, st.PayloadNull = structuredData(r.Value)
 	return st
 }
@@ -268,6 +321,17 @@ func structuredData(value []byte) (payload string, null bool) {
 		return text, false
 	}
 	return "", true
+}
+
+// structuredBinaryData is the payload of a structured event with
+// data_base64, in bytea's text form.
+func structuredBinaryData(value []byte) string {
+	i := bytes.LastIndex(value, ceDataBase64)
+	if i < 0 {
+		return ""
+	}
+	raw, _ := base64.StdEncoding.AppendDecode(nil, value[i+len(ceDataBase64):len(value)-2]) // the relay encoded it
+	return byteaText(raw)
 }
 
 // Restore implements Shape.

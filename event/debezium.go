@@ -12,7 +12,8 @@ import (
 // defaults (measured with Debezium 3.6.1, pgoutput, StringConverter for
 // keys and values): key the aggregate id, value the payload as
 // PostgreSQL's text, a null value for a SQL NULL payload; the header "id"
-// with the event id, then one header per header column, null for a NULL
+// with the event id, then content-type if --content-type sets one and the
+// row's headers do not, then one header per header column, null for a NULL
 // column, then the row's headers column if the layout reads one. None of
 // the relay's standard headers.
 type Debezium struct{}
@@ -37,10 +38,15 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	a := arena{buf: make([]byte, 0, n)}
 	r.EventID = a.takeNullable(ev.EventID)
 	r.Key = a.takeNullable(ev.AggregateID)
-	r.Value = a.takeNullable(ev.Payload)
+	if r.Value, err = a.payload(ev, r, true); err != nil {
+		return err
+	}
 	r.AggregateType = a.takeNullable(ev.AggregateType)
 	r.EventType = a.takeNullable(ev.EventType)
-	headers := append(r.headers(1+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
+	headers := append(r.headers(2+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
+	if contentType := configuredContentType(ev, extra); contentType != nil {
+		headers = append(headers, Header{Key: headerContentType, Value: contentType})
+	}
 	r.Headers = a.appendPlaced(headers, ev, names, extra)
 	return nil
 }
@@ -121,11 +127,12 @@ func debeziumHeaders(ev *Event) string {
 // StoreRecord implements Shape. The record carries no schema version or
 // occurred_at, so none is stored.
 func (Debezium) StoreRecord(r *Record) Stored {
-	return Stored{
+	s := Stored{
 		EventID: string(r.EventID), AggregateType: string(r.AggregateType), AggregateID: string(r.Key),
-		EventType: string(r.EventType), Payload: string(r.Value), PayloadNull: r.Value == nil,
-		Headers: string(headersObject(r.Headers[1:])),
+		EventType: string(r.EventType), Headers: string(headersObject(r.ownHeaders(1))),
 	}
+	r.storedPayload(&s, r.Value)
+	return s
 }
 
 // Restore implements Shape.
@@ -133,7 +140,7 @@ func (Debezium) Restore(s *Stored, l *layout.Layout) *Event {
 	ev := &Event{
 		EventID: []byte(s.EventID), AggregateType: []byte(s.AggregateType), AggregateID: []byte(s.AggregateID),
 		EventType: []byte(s.EventType), SchemaVersion: []byte(s.SchemaVersion), Payload: []byte(s.Payload),
-		OccurredAt: []byte(s.OccurredAt), Layout: l,
+		PayloadBinary: s.PayloadBinary, OccurredAt: []byte(s.OccurredAt), Layout: l,
 	}
 	if s.PayloadNull {
 		ev.Payload = nil

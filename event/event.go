@@ -24,6 +24,9 @@ type Event struct {
 	EventType     []byte
 	SchemaVersion []byte
 	Payload       []byte
+	// PayloadBinary says Payload is a bytea column's text form, which
+	// the record carries as the bytes it stands for.
+	PayloadBinary bool
 	Headers       []byte // a JSON object, or nil
 	OccurredAt    []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
 	// Extra holds the values of Layout's header columns, in order; nil is
@@ -65,9 +68,13 @@ type Stored struct {
 	Payload       string `json:"payload"`
 	// PayloadNull is a SQL NULL payload, which Debezium's layout publishes
 	// as a null value; Payload is then empty.
-	PayloadNull bool   `json:"payload_null,omitempty"`
-	Headers     string `json:"headers,omitempty"`     // may be empty
-	OccurredAt  string `json:"occurred_at,omitempty"` // may be empty
+	PayloadNull bool `json:"payload_null,omitempty"`
+	// PayloadBinary is a binary payload, which Payload holds in bytea's
+	// hex text form (\x and two hex digits a byte), so that it stays
+	// text wherever the stored event goes.
+	PayloadBinary bool   `json:"payload_binary,omitempty"`
+	Headers       string `json:"headers,omitempty"`     // may be empty
+	OccurredAt    string `json:"occurred_at,omitempty"` // may be empty
 }
 
 // Stored is ev as the quarantine table keeps it, for an event that failed

@@ -28,6 +28,8 @@ func (Relay) Build(ev *Event, r *Record) error {
 	if err != nil {
 		return err
 	}
+	contentType := configuredContentType(ev, extra)
+	n += len(contentType)
 	for _, h := range extra {
 		n += len(h.Key) + len(h.Value)
 	}
@@ -35,10 +37,12 @@ func (Relay) Build(ev *Event, r *Record) error {
 	a := arena{buf: make([]byte, 0, n)}
 	r.EventID = a.take(ev.EventID)
 	r.Key = a.take(ev.AggregateID)
-	r.Value = a.take(ev.Payload)
+	if r.Value, err = a.payload(ev, r, false); err != nil {
+		return err
+	}
 	r.EventType = a.take(ev.EventType)
 	r.AggregateType = a.take(ev.AggregateType)
-	headers := append(r.headers(6+len(extra)),
+	headers := append(r.headers(7+len(extra)),
 		Header{Key: headerEventID, Value: r.EventID},
 		Header{Key: headerEventType, Value: r.EventType},
 		Header{Key: headerAggregateType, Value: r.AggregateType},
@@ -46,6 +50,9 @@ func (Relay) Build(ev *Event, r *Record) error {
 		Header{Key: headerSchemaVersion, Value: a.take(ev.SchemaVersion)},
 		Header{Key: headerOccurredAt, Value: a.takeRFC3339(ev.OccurredAt)},
 	)
+	if contentType != nil {
+		headers = append(headers, Header{Key: headerContentType, Value: contentType})
+	}
 	for _, h := range extra {
 		headers = append(headers, Header{Key: a.take(h.Key), Value: a.take(h.Value)})
 	}
@@ -58,19 +65,46 @@ func (Relay) Store(ev *Event) Stored {
 	return Stored{
 		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
 		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
-		Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
+		PayloadBinary: ev.PayloadBinary, Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
 	}
 }
 
 // StoreRecord implements Shape. occurred_at is kept as the header has it,
 // RFC 3339, which a replay sends as it is.
 func (Relay) StoreRecord(r *Record) Stored {
-	return Stored{
+	s := Stored{
 		EventID: string(r.EventID), AggregateType: string(r.AggregateType), AggregateID: string(r.Key),
 		EventType: string(r.EventType), SchemaVersion: string(r.Header("schema_version")),
-		Payload: string(r.Value), Headers: string(headersObject(r.Headers[len(ReservedHeaders):])),
-		OccurredAt: string(r.Header("occurred_at")),
+		Headers: string(headersObject(r.ownHeaders(len(ReservedHeaders)))), OccurredAt: string(r.Header("occurred_at")),
 	}
+	r.storedPayload(&s, r.Value)
+	return s
+}
+
+// configuredContentType is the --content-type header's value for ev's
+// record, nil when none is configured or the row's headers set their own,
+// which wins as every row header does.
+func configuredContentType(ev *Event, rowHeaders []Header) []byte {
+	if ev.Layout == nil || ev.Layout.ContentType == "" {
+		return nil
+	}
+	for _, h := range rowHeaders {
+		if string(h.Key) == string(headerContentType) {
+			return nil
+		}
+	}
+	return ev.Layout.ContentTypeBytes()
+}
+
+// ownHeaders are the headers a shape placed after its own first n: the
+// row's, less the configured content-type, which a replay adds again.
+func (r *Record) ownHeaders(n int) []Header {
+	rest := r.Headers[n:]
+	if r.layout != nil && r.layout.ContentType != "" && len(rest) > 0 &&
+		string(rest[0].Key) == string(headerContentType) && string(rest[0].Value) == r.layout.ContentType {
+		rest = rest[1:]
+	}
+	return rest
 }
 
 // Restore implements Shape.
@@ -78,7 +112,7 @@ func (Relay) Restore(s *Stored, l *layout.Layout) *Event {
 	ev := &Event{
 		EventID: []byte(s.EventID), AggregateType: []byte(s.AggregateType), AggregateID: []byte(s.AggregateID),
 		EventType: []byte(s.EventType), SchemaVersion: []byte(s.SchemaVersion), Payload: []byte(s.Payload),
-		OccurredAt: []byte(s.OccurredAt), Layout: l,
+		PayloadBinary: s.PayloadBinary, OccurredAt: []byte(s.OccurredAt), Layout: l,
 	}
 	if s.Headers != "" {
 		ev.Headers = []byte(s.Headers)

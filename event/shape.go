@@ -65,6 +65,8 @@ type Record struct {
 
 	// layout is the event's, which says the shape that built the record.
 	layout *layout.Layout
+	// binary says Value holds a binary payload's bytes.
+	binary bool
 	inline [inlineHeaders]Header
 }
 
@@ -109,6 +111,29 @@ func (a *arena) takeNullable(b []byte) []byte {
 	start := len(a.buf)
 	a.buf = append(a.buf, b...)
 	return a.buf[start:len(a.buf):len(a.buf)]
+}
+
+// payload copies ev's payload into the arena as the record's value: a
+// binary one decoded to its bytes. A nil payload stays nil when nullable,
+// else becomes an empty value.
+func (a *arena) payload(ev *Event, r *Record, nullable bool) ([]byte, error) {
+	r.binary = ev.PayloadBinary && ev.Payload != nil
+	switch {
+	case ev.Payload == nil && nullable:
+		return nil, nil
+	case r.binary:
+		return a.takeBytea(ev.Payload)
+	}
+	return a.take(ev.Payload), nil
+}
+
+// storedPayload is a record's value as the quarantine table keeps it:
+// a binary one in bytea's text form, which Restore gives back as it is.
+func (r *Record) storedPayload(s *Stored, value []byte) {
+	s.Payload, s.PayloadNull, s.PayloadBinary = string(value), value == nil, r.binary
+	if r.binary {
+		s.Payload = byteaText(value)
+	}
 }
 
 // takeRFC3339 copies PostgreSQL's timestamptz text in as RFC 3339.

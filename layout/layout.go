@@ -12,6 +12,7 @@ package layout
 import (
 	"errors"
 	"fmt"
+	"mime"
 	"slices"
 	"strings"
 )
@@ -131,7 +132,7 @@ var fields = [NumColumns]field{
 	AggregateID:   {"--column-aggregate-id", [2]string{"aggregate_id", "aggregateid"}, [2]bool{true, true}, textTypes, ""},
 	EventType:     {"--column-event-type", [2]string{"event_type", "type"}, [2]bool{true, false}, textTypes, ""},
 	SchemaVersion: {"--column-schema-version", [2]string{"schema_version", ""}, [2]bool{}, []string{"integer", "smallint", "bigint"}, "::text"},
-	Payload:       {"--column-payload", [2]string{"payload", "payload"}, [2]bool{true, true}, []string{"jsonb", "json", "text"}, "::text"},
+	Payload:       {"--column-payload", [2]string{"payload", "payload"}, [2]bool{true, true}, []string{"jsonb", "json", "text", "bytea"}, "::text"},
 	Headers:       {"--column-headers", [2]string{"headers", ""}, [2]bool{}, []string{"jsonb", "json"}, "::text"},
 	OccurredAt:    {"--column-occurred-at", [2]string{"occurred_at", ""}, [2]bool{}, timeTypes, "::text"},
 	CreatedAt:     {"--column-created-at", [2]string{"created_at", "timestamp"}, [2]bool{}, timeTypes, ""},
@@ -155,6 +156,9 @@ type Layout struct {
 	// CloudEventsSource is every CloudEvent's source attribute, a URI
 	// reference; set with a CloudEvents format.
 	CloudEventsSource string
+	// ContentType is the media type of every payload, from
+	// --content-type; empty sends none where the format has room not to.
+	ContentType string
 	// Columns overrides the shape's column names, by Field; empty keeps
 	// the shape's default.
 	Columns [NumColumns]string
@@ -163,6 +167,8 @@ type Layout struct {
 	// headerKeys are the header names as bytes, made once by New so the
 	// record builder does not convert them per event.
 	headerKeys [][]byte
+	// contentType is ContentType as bytes, made by SetContentType.
+	contentType []byte
 }
 
 // Relay is the relay's own layout; it is never changed.
@@ -255,6 +261,32 @@ func (l *Layout) SetRecordFormat(name, source string) error {
 	}
 	return nil
 }
+
+// SetContentType sets the payloads' media type from --content-type:
+// empty, or a media type such as application/x-protobuf, which goes into
+// every record's content-type header (in structured CloudEvents, its
+// datacontenttype).
+func (l *Layout) SetContentType(contentType string) error {
+	if contentType == "" {
+		return nil
+	}
+	// ParseMediaType takes a bare token too; a media type is type/subtype.
+	if media, _, err := mime.ParseMediaType(contentType); err != nil || !strings.Contains(media, "/") || strings.ContainsAny(contentType, "\r\n") {
+		return fmt.Errorf("--content-type %q: not a media type such as application/x-protobuf or application/json (RFC 2045)", contentType)
+	}
+	for _, h := range l.HeaderColumns {
+		if strings.EqualFold(h.Header, "content-type") {
+			return fmt.Errorf("--content-type %q: header column %s already fills the content-type header; drop one of them", contentType, h.Column)
+		}
+	}
+	l.ContentType = contentType
+	l.contentType = []byte(contentType)
+	return nil
+}
+
+// ContentTypeBytes is ContentType as bytes, made once so the record
+// builder does not convert it per event. The caller must not change it.
+func (l *Layout) ContentTypeBytes() []byte { return l.contentType }
 
 // ValidCloudEventsSource checks a CloudEvents source attribute: a
 // non-empty URI reference (RFC 3986), such as

@@ -123,3 +123,32 @@ func TestCloudEventsNeedOccurredAtWithZone(t *testing.T) {
 		t.Errorf("cloudevents records: %q", p)
 	}
 }
+
+// A bytea payload passes the column check (its records carry the bytes);
+// --content-type takes a media type and nothing a header could not hold,
+// and refuses a header column that fills the same header.
+func TestBinaryPayloadAndContentType(t *testing.T) {
+	found := map[string]string{"event_id": "uuid", "aggregate_type": "text", "aggregate_id": "text", "event_type": "text", "payload": "bytea"}
+	if p := Relay.ColumnProblems(found); len(p) != 0 {
+		t.Errorf("bytea payload: %q", p)
+	}
+	l, err := New(NameRelay, [NumColumns]string{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"protobuf", "application/x-protobuf\r\nx: y", "a/b; c"} {
+		if err := l.SetContentType(bad); err == nil || !strings.Contains(err.Error(), "--content-type") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	if err := l.SetContentType("application/x-protobuf; messageType=acme.Order"); err != nil || string(l.ContentTypeBytes()) != l.ContentType {
+		t.Errorf("%v, %q", err, l.ContentTypeBytes())
+	}
+	d, err := New(NameDebezium, [NumColumns]string{}, "ct:Content-Type")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetContentType("application/x-protobuf"); err == nil || !strings.Contains(err.Error(), "header column ct") {
+		t.Errorf("a header column fills content-type: %v", err)
+	}
+}
