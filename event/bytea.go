@@ -69,3 +69,9 @@ func (a *arena) takeBytea(text []byte) ([]byte, error) {
 	a.buf = b
 	return a.buf[start:len(a.buf):len(a.buf)], nil
 }
+
+// PayloadBytes is the bytes of a binary payload, which Payload holds in
+// bytea's text form; the quarantine table keeps them as bytes.
+func (s *Stored) PayloadBytes() ([]byte, error) {
+	return appendBytea(nil, []byte(s.Payload))
+}

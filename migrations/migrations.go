@@ -223,8 +223,12 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		{"columns replayed_at, replayed_topic of " + quarantine.String(),
 			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'replayed_at' AND NOT attisdropped)",
 			quarantine.Quoted()},
+		// And one from before binary payloads gets this.
+		{"column payload_bytes of " + quarantine.String(),
+			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'payload_bytes' AND NOT attisdropped)",
+			quarantine.Quoted()},
 	}
-	const quarantineTable, replayColumns, pollStateTable = 2, 3, 4 // in objects
+	const quarantineTable, replayColumns, payloadBytesColumn, pollStateTable = 2, 3, 4, 5 // in objects
 	if n.Poll {
 		poll, err := store.PollStateTable(outbox)
 		if err != nil {
@@ -251,7 +255,8 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		}
 	}
 	if !existed[quarantineTable] {
-		existed[replayColumns] = true // a new table comes with them: not worth a line of their own
+		// A new table comes with them: not worth a line of their own.
+		existed[replayColumns], existed[payloadBytesColumn] = true, true
 	}
 	if n.Poll && !existed[pollStateTable] {
 		existed[pollStateTable+2] = true // the lease columns come with a new state table too

@@ -109,6 +109,21 @@ func TestSQLAppliesWithOddNames(t *testing.T) {
 		AND attname IN ('replayed_at', 'replayed_topic') AND NOT attisdropped`); n != 2 {
 		t.Errorf("%d replay columns after migrate, want 2", n)
 	}
+	// A quarantine table from before binary payloads, with an event in
+	// it, gets the column that keeps their bytes in place: the event
+	// stays as it was.
+	if _, err := conn.Exec(ctx, `ALTER TABLE "my schema"."refused ""events""" DROP COLUMN payload_bytes;
+		INSERT INTO "my schema"."refused ""events""" (event_id, aggregate_type, aggregate_id, event_type, payload, topic, error_class, error_message)
+		VALUES (gen_random_uuid(), 'a', '1', 'e', '{"a": 1}', 't', 'permanent', 'too large')`); err != nil {
+		t.Fatal(err)
+	}
+	created, err = Apply(ctx, conn, names)
+	if err != nil || len(created) != 1 || !strings.Contains(created[0], "payload_bytes") {
+		t.Errorf("apply to a quarantine table without payload_bytes: created %q, %v; want the column named", created, err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM "my schema"."refused ""events""" WHERE payload = '{"a": 1}' AND payload_bytes IS NULL`); n != 1 {
+		t.Errorf("%d JSON events kept after migrate, want 1", n)
+	}
 	// The check constraint works under its quoted name.
 	_, err = conn.Exec(ctx, `INSERT INTO "my schema"."out""box events" (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES (gen_random_uuid(), 'a', '1', 'e', '{}', '{"event_id": "x"}')`)

@@ -130,20 +130,24 @@ type queries struct {
 	// sessionCheck records the claiming session in each lease (see
 	// Config.SessionCheck).
 	sessionCheck bool
+	// payloadBinary says the payload column is a bytea, which claim
+	// reads in its text form, as the WAL path gets it.
+	payloadBinary bool
 }
 
 func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout, workerID string, sessionCheck bool) (*queries, error) {
 	if err := checkTables(ctx, conn, t); err != nil {
 		return nil, err
 	}
-	columns, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
+	columns, payloadBinary, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
 	if err != nil {
 		return nil, err
 	}
 	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
 		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize(),
 		"{{lease_dead_s}}", leaseDead("s"), "{{lease_dead_e}}", leaseDead("e")).Replace(claimSQL)
-	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID, sessionCheck: sessionCheck}, nil
+	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID, sessionCheck: sessionCheck,
+		payloadBinary: payloadBinary}, nil
 }
 
 // checkTables names what `migrate --source poll` would have created and is
@@ -204,7 +208,7 @@ func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([
 	defer rows.Close()
 	var out []claimed
 	for rows.Next() {
-		c, err := scanClaimed(rows, q.layout)
+		c, err := scanClaimed(rows, q.layout, q.payloadBinary)
 		if err != nil {
 			return nil, err
 		}
@@ -217,8 +221,9 @@ func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([
 }
 
 // scanClaimed reads one row of claimSQL: six fixed columns, then the
-// event's, all text or NULL.
-func scanClaimed(rows pgx.Rows, l *layout.Layout) (claimed, error) {
+// event's, all text or NULL; payloadBinary says the payload is a bytea's
+// text form.
+func scanClaimed(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (claimed, error) {
 	var c claimed
 	values, err := rows.Values()
 	if err != nil {
@@ -251,6 +256,7 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout) (claimed, error) {
 		}
 	}
 	c.ev = event.OfColumns(l, text)
+	c.ev.PayloadBinary = payloadBinary
 	c.aggKey = string(c.ev.AggregateType) + "\x00" + string(c.ev.AggregateID)
 	return c, nil
 }

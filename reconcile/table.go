@@ -295,7 +295,7 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 // eachWindowRow streams the window's rows whole, oldest first, so events
 // of one aggregate are handed over in the order they were written.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) error) error {
-	columns, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
+	columns, payloadBinary, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
 		return err
 	}
@@ -308,6 +308,7 @@ func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) erro
 	var ev event.Event
 	for rows.Next() {
 		ev = event.OfColumns(t.layout, rows.RawValues())
+		ev.PayloadBinary = payloadBinary
 		if err := fn(&ev); err != nil {
 			return err
 		}

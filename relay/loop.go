@@ -446,6 +446,7 @@ func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime t
 		EventType:     v[replication.FieldEventType],
 		SchemaVersion: v[replication.FieldSchemaVersion],
 		Payload:       v[replication.FieldPayload],
+		PayloadBinary: row.PayloadBinary,
 		Headers:       v[replication.FieldHeaders],
 		OccurredAt:    v[replication.FieldOccurredAt],
 		Txn:           uint64(txn),

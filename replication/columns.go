@@ -17,16 +17,19 @@ var ErrColumnMapping = errors.New("columns do not match the layout")
 // CheckColumns verifies the outbox table's columns, named by the layout,
 // have types whose text form the relay can publish (docs/operations.md
 // documents the rules; package layout holds them), and names every column at fault with the type
-// found and the types accepted. A bytea payload, for one, would otherwise
-// be published as the text \x00ff...
+// found and the types accepted. An integer payload, for one, would
+// otherwise be published as its digits.
 func (a *Admin) CheckColumns(ctx context.Context) error {
 	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return err
 	}
-	// A domain is judged by its base type.
+	// A domain is judged by its base type, but for a bytea payload: the
+	// stream names a domain's own type, so the decoder could not tell its
+	// rows carry bytes.
 	rows, err := a.conn.Query(ctx, `
-		SELECT a.attname, format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL)
+		SELECT a.attname, CASE WHEN t.typtype = 'd' AND t.typbasetype = 'bytea'::regtype THEN 'a domain over bytea'
+			ELSE format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL) END
 		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 		WHERE a.attrelid = to_regclass(format('%I.%I', $1::text, $2::text)) AND a.attnum > 0 AND NOT a.attisdropped`,
 		schema, table)

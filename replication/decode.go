@@ -76,6 +76,11 @@ type Row struct {
 	// its time, so a later ALTER TABLE never changes this: the row must be
 	// set aside, or the stream can never pass it.
 	Unmapped string
+	// PayloadBinary says the payload is a bytea, in its text form (\x
+	// and hex), as pgoutput sends every value; the record builder
+	// decodes it. The table's type when the row was written decides, as
+	// for Unmapped.
+	PayloadBinary bool
 }
 
 // Message is one decoded replication message. Receive reuses it.
@@ -108,7 +113,13 @@ type relation struct {
 	// unmapped is set for an outbox relation that lacks a required
 	// column; its rows carry it as Row.Unmapped.
 	unmapped string
+	// payloadBinary says the payload column is a bytea; its rows carry
+	// it as Row.PayloadBinary.
+	payloadBinary bool
 }
+
+// byteaOID is bytea's type OID, fixed in PostgreSQL's catalog.
+const byteaOID = 17
 
 // decoder turns pgoutput protocol version 1 messages into Messages.
 type decoder struct {
@@ -224,12 +235,14 @@ func (d *decoder) relation(b []byte) error {
 		if err != nil || len(b) < 8 {
 			return fmt.Errorf("relation %s.%s column %d: %w", namespace, name, i, errShort)
 		}
+		typ := binary.BigEndian.Uint32(b)
 		b = b[8:] // type OID and modifier
 		names = append(names, col)
 		rel.fieldOf[i] = -1
 		if f, ok := d.fieldOf[col]; ok {
 			rel.fieldOf[i] = int8(f)
 			seen[col] = true
+			rel.payloadBinary = rel.payloadBinary || f == int(FieldPayload) && typ == byteaOID
 		}
 		if rel.headerOf != nil {
 			rel.headerOf[i] = d.headerOf[col]
@@ -274,7 +287,7 @@ func (d *decoder) insert(b []byte, m *Message) error {
 	ncols := int(binary.BigEndian.Uint16(b[5:]))
 	b = b[7:]
 	m.Kind = KindRow
-	m.Row = Row{Unmapped: rel.unmapped}
+	m.Row = Row{Unmapped: rel.unmapped, PayloadBinary: rel.payloadBinary}
 	if rel.headerOf != nil {
 		// A header column the table lacks is NULL, as a missing optional
 		// column is.

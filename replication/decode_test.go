@@ -311,3 +311,36 @@ func TestDecodeDebeziumLayout(t *testing.T) {
 		t.Fatalf("unmapped %q", m.Row.Unmapped)
 	}
 }
+
+// A bytea payload column marks its rows binary, by the type the Relation
+// message gives, so an ALTER TABLE that changes the type changes the rows
+// that follow and no other.
+func TestDecodeBinaryPayload(t *testing.T) {
+	d := newDecoder("public", "outbox_events", layout.Relay)
+	var m Message
+	relation := func(payloadType uint32) []byte {
+		w := wire{}.u8('R').u32(16384).str("public").str("outbox_events").u8('d').u16(uint16(len(outboxCols)))
+		for _, c := range outboxCols {
+			typ := uint32(25)
+			if c == "payload" {
+				typ = payloadType
+			}
+			w = w.u8(0).str(c).u32(typ).u32(0xffffffff)
+		}
+		return w
+	}
+	for _, tc := range []struct {
+		typ    uint32
+		binary bool
+	}{{byteaOID, true}, {3802 /* jsonb */, false}} {
+		if err := d.decode(relation(tc.typ), &m); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.decode(insertMsg(16384, "id-1", "order", "o-1", "Placed", "1", `\x00ff`, "\x00null", "\x00null", "\x00null"), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Row.PayloadBinary != tc.binary || string(m.Row.Values[FieldPayload]) != `\x00ff` {
+			t.Errorf("payload type %d: binary %v, payload %q", tc.typ, m.Row.PayloadBinary, m.Row.Values[FieldPayload])
+		}
+	}
+}

@@ -15,30 +15,38 @@ import (
 // stream delivers, so a record built from an SQL read is byte for byte
 // what the WAL path sends), each column qualified with alias when it is
 // not empty, and NULL for each optional column the table lacks, as the WAL
-// path takes a missing one. event.OfColumns reads its values.
-func EventColumns(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.Layout, alias string) (string, error) {
-	rows, err := conn.Query(ctx, `SELECT attname FROM pg_attribute
+// path takes a missing one. event.OfColumns reads its values; when
+// payloadBinary, the payload column is a bytea, read in its text form as
+// the stream sends it too, and each event read must say so
+// (Event.PayloadBinary) for its record to carry the bytes.
+func EventColumns(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.Layout, alias string) (list string, payloadBinary bool, err error) {
+	// A domain over bytea is not taken as one: pgoutput names the
+	// domain's type, so the WAL path could not tell, and the two paths
+	// must build the same record.
+	rows, err := conn.Query(ctx, `SELECT attname, atttypid = 'bytea'::regtype FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, outbox.Quoted())
 	if err != nil {
-		return "", fmt.Errorf("read the outbox table's columns: %w", err)
+		return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
 	}
 	present := map[string]bool{}
 	for rows.Next() {
 		var name string
-		if err := rows.Scan(&name); err != nil {
+		var bytea bool
+		if err := rows.Scan(&name, &bytea); err != nil {
 			rows.Close()
-			return "", fmt.Errorf("read the outbox table's columns: %w", err)
+			return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
 		}
 		present[name] = true
+		payloadBinary = payloadBinary || bytea && name == l.Column(layout.Payload)
 	}
 	if err := rows.Err(); err != nil {
-		return "", fmt.Errorf("read the outbox table's columns: %w", err)
+		return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
 	}
 	quote := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	if alias != "" {
 		quote = func(name string) string { return pgx.Identifier{alias, name}.Sanitize() }
 	}
-	return l.SelectList(present, quote), nil
+	return l.SelectList(present, quote), payloadBinary, nil
 }
 
 // Failure is why an event is quarantined, as the quarantine table keeps

@@ -88,7 +88,9 @@ type Quarantine struct {
 	payloadCast string
 	// replayedColumns is whether the table has replayed_at and
 	// replayed_topic; a table from before them holds no replayed event.
-	replayedColumns bool
+	replayedColumns bool // payloadBytes is whether the table has payload_bytes, where a binary
+	// payload is kept; a table from before it holds none.
+	payloadBytes bool
 }
 
 // OpenQuarantine connects to the database and checks the quarantine table
@@ -144,6 +146,11 @@ func (q *Quarantine) check(ctx context.Context, cfg pg.Config, access Access) er
 		return err
 	}
 	q.replayedColumns = replayedAt != ""
+	payloadBytes, err := q.columnType(ctx, quoted, "payload_bytes")
+	if err != nil {
+		return err
+	}
+	q.payloadBytes = payloadBytes == "bytea"
 	if access == ForReplay && !q.replayedColumns {
 		return fmt.Errorf("%w: the quarantine table %s has no column replayed_at, where replay records what it delivered: run `outbox-relay migrate` to add it",
 			pg.ErrPrecondition, quoted)
@@ -173,6 +180,15 @@ func (q *Quarantine) check(ctx context.Context, cfg pg.Config, access Access) er
 		source, err := q.columnType(ctx, outbox.Quoted(), l.Column(c.field))
 		if err != nil {
 			return err
+		}
+		if source == "bytea" && c.field == layout.Payload {
+			if !q.payloadBytes {
+				// Binary events could then not be quarantined, and the
+				// relay would stall on the first.
+				return fmt.Errorf("%w: the outbox table's %s is bytea but the quarantine table %s has no column payload_bytes to keep such payloads: run `outbox-relay migrate` to add it",
+					pg.ErrPrecondition, l.Column(c.field), quoted)
+			}
+			continue
 		}
 		if isText(source) && !isText(stored) {
 			// A text value need not be a uuid or JSON, and one that is not
@@ -245,7 +261,18 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 		version = "1"
 	}
 	var payload *string
+	var payloadBytes []byte
 	switch {
+	case e.PayloadBinary:
+		if !q.payloadBytes {
+			return fmt.Errorf("quarantine event %s: the quarantine table has no column payload_bytes for its binary payload; run `outbox-relay migrate`", e.EventID)
+		}
+		b, err := e.PayloadBytes()
+		if err != nil {
+			return fmt.Errorf("quarantine event %s: %w", e.EventID, err)
+		}
+		// Not nil: an empty bytea is a payload, NULL none.
+		payloadBytes = append([]byte{}, b...)
 	case e.PayloadNull:
 	case e.Payload == "" && q.payloadCast != "":
 		null := "null"
@@ -253,14 +280,22 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	default:
 		payload = &e.Payload
 	}
+	args := []any{e.EventID, e.AggregateType, e.AggregateID, e.EventType, version, payload, headers, occurred,
+		e.Topic, e.ErrorClass, e.ErrorMessage, e.Attempts}
+	bytesColumn, bytesValue := "", ""
+	if q.payloadBytes {
+		// Only a table that has the column names it, so one from before
+		// binary payloads takes JSON events as it always did.
+		bytesColumn, bytesValue = ", payload_bytes", ", $13::bytea"
+		args = append(args, payloadBytes)
+	}
 	_, err := q.conn.Exec(ctx, `
 		INSERT INTO `+q.table.Quoted()+` AS q (event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers,
-			occurred_at, topic, error_class, error_message, attempts)
-		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11, greatest($12::int, 1))
+			occurred_at, topic, error_class, error_message, attempts`+bytesColumn+`)
+		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11, greatest($12::int, 1)`+bytesValue+`)
 		ON CONFLICT (event_id) DO UPDATE SET attempts = greatest(q.attempts + 1, excluded.attempts), last_failed_at = now(),
 			topic = excluded.topic, error_class = excluded.error_class, error_message = excluded.error_message`,
-		e.EventID, e.AggregateType, e.AggregateID, e.EventType, version, payload, headers, occurred,
-		e.Topic, e.ErrorClass, e.ErrorMessage, e.Attempts)
+		args...)
 	if err != nil {
 		return fmt.Errorf("quarantine event %s: %w", e.EventID, err)
 	}
@@ -302,7 +337,13 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	if q.replayedColumns {
 		replayed = "replayed_at, COALESCE(replayed_topic, '')"
 	}
-	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, COALESCE(payload::text, ''), payload IS NULL,
+	// A binary payload comes back in bytea's hex text form, whatever the
+	// session's bytea_output, as event.Stored keeps it.
+	payload := "COALESCE(payload::text, ''), payload IS NULL, false"
+	if q.payloadBytes {
+		payload = `COALESCE(payload::text, '\x' || encode(payload_bytes, 'hex'), ''), payload IS NULL AND payload_bytes IS NULL, payload_bytes IS NOT NULL`
+	}
+	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, ` + payload + `,
 		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), occurred_at, topic, error_class, error_message, attempts,
 		first_failed_at, last_failed_at, ` + replayed + ` FROM ` + q.table.Quoted()
 	var args []any
@@ -321,7 +362,7 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	var out []Quarantined
 	for rows.Next() {
 		var e Quarantined
-		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull,
+		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull, &e.PayloadBinary,
 			&e.Headers, &e.OccurredAt, &e.occurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
 			&e.ReplayedAt, &e.ReplayedTopic); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)

@@ -48,6 +48,7 @@ type options struct {
 	headerColumns string
 	// the records' format and the CloudEvents source, set on the layout
 	recordFormat      string
+	contentType       string
 	cloudEventsSource string
 }
 
@@ -122,6 +123,7 @@ func layoutFlags(fs *flag.FlagSet, o *options) {
 	}
 	fs.StringVar(&o.headerColumns, "header-columns", "", "debezium layout: comma-separated columns placed as record headers, each column or column:header (like the router's table.fields.additional.placement column:header:name)")
 	fs.StringVar(&o.recordFormat, "record-format", "", "the records' format, whatever the layout: relay, debezium, cloudevents (CloudEvents binary content mode: ce_ headers, the payload as the value) or cloudevents-structured (the whole CloudEvent as JSON in the value) (default: the layout's own, relay or debezium)")
+	fs.StringVar(&o.contentType, "content-type", "", "the payloads' media type, such as application/x-protobuf for a bytea payload column: sent as every record's content-type header (in structured CloudEvents, datacontenttype) unless the row's headers set one (default: none; CloudEvents send application/json, text/plain or, for bytea, application/octet-stream)")
 	fs.StringVar(&o.cloudEventsSource, "cloudevents-source", "", "the CloudEvents source attribute of every event, a URI reference such as https://example.com/billing or /billing/outbox (required with the cloudevents formats, refused with the others)")
 }
 
@@ -502,6 +504,9 @@ func (o *options) finish() error {
 		return err
 	}
 	if err := l.SetRecordFormat(o.recordFormat, o.cloudEventsSource); err != nil {
+		return err
+	}
+	if err := l.SetContentType(o.contentType); err != nil {
 		return err
 	}
 	c.Replication.Layout = l

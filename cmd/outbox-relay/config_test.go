@@ -176,7 +176,7 @@ header-columns: [tenant, "type:eventType"]
 	}
 }
 
-// --record-format and --cloudevents-source come from flags, the
+// --record-format, --cloudevents-source and --content-type come from flags, the
 // environment or the config file like every flag, reach the layout of
 // every command that builds or reads records, and a CloudEvents format
 // without a valid source is refused at start-up (exit 2) naming the flag.
@@ -185,6 +185,7 @@ func TestRecordFormatFlags(t *testing.T) {
 	os.WriteFile(file, []byte(`
 pg-dsn: postgres://file@db/app
 record-format: cloudevents-structured
+content-type: application/x-protobuf
 `), 0o600)
 	t.Setenv(envName("cloudevents-source"), "https://example.com/billing")
 	for _, command := range []string{"run", "migrate", "status", "reconcile", "quarantine list", "quarantine replay"} {
@@ -193,7 +194,8 @@ record-format: cloudevents-structured
 			t.Fatalf("%s: %v", command, err)
 		}
 		l := o.relay.Replication.OutboxLayout()
-		if l.RecordFormat() != layout.FormatCloudEventsStructured || l.CloudEventsSource != "https://example.com/billing" || l.Name() != "relay" {
+		if l.RecordFormat() != layout.FormatCloudEventsStructured || l.CloudEventsSource != "https://example.com/billing" || l.Name() != "relay" ||
+			l.ContentType != "application/x-protobuf" {
 			t.Fatalf("%s: layout %+v", command, l)
 		}
 	}
@@ -203,6 +205,7 @@ record-format: cloudevents-structured
 		{"--record-format cloudevents-structured --cloudevents-source http://a\tb", "is not allowed in a URI reference"},
 		{"--record-format json", `--record-format "json": use relay`},
 		{"--cloudevents-source /billing", "--record-format is relay"},
+		{"--content-type protobuf", `--content-type "protobuf": not a media type`},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"run", "--pg-dsn", "postgres://x@db/app", "--kafka-brokers", "k:1"}, strings.Split(tc.args, " ")...), &bytes.Buffer{}, &stderr)
