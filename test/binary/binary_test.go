@@ -1,0 +1,214 @@
+// Package binary_test runs the relay binary on an outbox table whose
+// payload column is bytea, from the wal and poll sources, against a
+// private PostgreSQL and kfake, and reads every record back with franz-go:
+// a marshalled Protobuf message and bytes that are no UTF-8 must arrive
+// byte for byte, with --content-type's header, and so must one that Kafka
+// refused, after the quarantine kept it and replay sent it again.
+package binary_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// cluster is the PostgreSQL cluster the package's tests share; each test
+// gets its own database, and so its own slot.
+var cluster *harness.Postgres
+
+func TestMain(m *testing.M) {
+	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "20s"}},
+		func(pg *harness.Postgres) { cluster = pg })
+}
+
+const contentType = "application/x-protobuf"
+
+// written is one event the test writes and expects back.
+type written struct {
+	id, aggregateType, aggregateID string
+	payload                        []byte
+}
+
+// messages are Protobuf messages as a service would marshal its events:
+// a Struct, a Timestamp, and bytes that are no UTF-8.
+func messages(t *testing.T) []proto.Message {
+	t.Helper()
+	st, err := structpb.NewStruct(map[string]any{"order": "o-1", "amount": 12.5, "lines": []any{"a", "b"}, "note": "caf\u00e9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []proto.Message{st, timestamppb.New(time.Date(2026, 12, 2, 10, 30, 15, 123456789, time.UTC)),
+		wrapperspb.Bytes([]byte{0xff, 0x00, 0xc3})}
+}
+
+func marshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// payloads are the messages marshalled, then bytes no text column could
+// hold: NUL, a lone continuation byte, 0xff, and what looks like bytea's
+// own text form; an empty payload; a long run of a lead byte.
+func payloads(t *testing.T) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for _, m := range messages(t) {
+		out = append(out, marshal(t, m))
+	}
+	return append(out, []byte{0x00, 0x80, 0xff, 0xfe, '\\', 'x', '0', '0'}, []byte{}, bytes.Repeat([]byte{0xc3}, 300))
+}
+
+// setUp migrates the relay's own table and turns its payload column into
+// a bytea, as a team sending Protobuf would.
+func setUp(t *testing.T, e *harness.Env) {
+	t.Helper()
+	e.Migrate()
+	e.DB.Exec(t, "ALTER TABLE outbox_events ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, 'UTF8')")
+}
+
+func write(t *testing.T, e *harness.Env, evs []written) {
+	t.Helper()
+	conn := e.DB.Connect(t)
+	for _, w := range evs {
+		if _, err := conn.Exec(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+			VALUES ($1, $2, $3, 'com.example.Happened', $4)`, w.id, w.aggregateType, w.aggregateID, w.payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func events(t *testing.T, aggregateTypes ...string) []written {
+	var out []written
+	for i, p := range payloads(t) {
+		out = append(out, written{id: harness.NewUUID(), aggregateType: aggregateTypes[i%len(aggregateTypes)], aggregateID: fmt.Sprintf("agg-%d", i%3), payload: p})
+	}
+	return out
+}
+
+// consume reads the topics until a record of every written event is
+// there, compares each with what was written, byte for byte, and returns
+// them by event id.
+func consume(t *testing.T, brokers []string, topicRegex string, evs []written) map[string]harness.Record {
+	t.Helper()
+	want := make(map[string]written, len(evs))
+	for _, w := range evs {
+		want[w.id] = w
+	}
+	got := map[string]harness.Record{}
+	harness.ConsumeUntil(t, brokers, topicRegex, 2*time.Minute, func(all []harness.Record) bool {
+		for _, r := range all {
+			if _, ok := want[r.Headers["event_id"]]; ok {
+				got[r.Headers["event_id"]] = r
+			}
+		}
+		return len(got) == len(want)
+	})
+	for _, w := range evs {
+		r := got[w.id]
+		if !bytes.Equal(r.Value, w.payload) {
+			t.Errorf("event %s: value %x, want %x", w.id, r.Value, w.payload)
+		}
+		if r.Headers["content-type"] != contentType || string(r.Key) != w.aggregateID {
+			t.Errorf("event %s: key %q, content-type %q", w.id, r.Key, r.Headers["content-type"])
+		}
+	}
+	return got
+}
+
+// unmarshals checks a record value parses as the Protobuf message that
+// was marshalled into it.
+func unmarshals(t *testing.T, value []byte, want proto.Message) {
+	t.Helper()
+	got := want.ProtoReflect().New().Interface()
+	if err := proto.Unmarshal(value, got); err != nil || !proto.Equal(got, want) {
+		t.Errorf("the %T reads back as %v, %v", want, got, err)
+	}
+}
+
+func run(e *harness.Env, topicPrefix string) string {
+	e.T.Helper()
+	p := e.StartRelayNoWait("--content-type", contentType, "--topic", topicPrefix+".{aggregate_type}")
+	p.WaitForOutput(e.T, `"record_format":"relay"`, time.Minute)
+	return "^" + regexp.QuoteMeta(topicPrefix+".")
+}
+
+// Each table source carries bytea payloads as their bytes, with the
+// configured content-type.
+func TestBinaryPayloadsFromEverySource(t *testing.T) {
+	for _, src := range []string{"wal", "poll"} {
+		t.Run(src, func(t *testing.T) {
+			e := harness.NewRelayEnv(t, cluster, 3)
+			e.Source = src
+			setUp(t, e)
+			evs := events(t, "order", "customer")
+			write(t, e, evs)
+			got := consume(t, e.Brokers, run(e, "bin-"+src), evs)
+			for i, m := range messages(t) {
+				unmarshals(t, got[evs[i].id].Value, m)
+			}
+		})
+	}
+}
+
+// A binary event whose record Kafka refused (too large for its topic) is
+// kept in the quarantine table as its bytes, and replay sends the same
+// bytes once the topic takes them.
+func TestQuarantinedBinaryPayloadReplays(t *testing.T) {
+	for _, src := range []string{"wal", "poll"} {
+		t.Run(src, func(t *testing.T) {
+			e := harness.NewRelayEnv(t, cluster, 3)
+			e.Source = src
+			prefix := "bin-q-" + src
+			small := prefix + ".customer"
+			e.Kafka.CreateTopic(t, small, 3, map[string]string{"max.message.bytes": "1000"})
+			setUp(t, e)
+			evs := events(t, "order")
+			big := wrapperspb.Bytes(bytes.Repeat([]byte{0xff, 0x00, 0x80}, 1000))
+			oversize := written{id: harness.NewUUID(), aggregateType: "customer", aggregateID: "agg-9", payload: marshal(t, big)}
+			write(t, e, append(evs, oversize))
+			topics := run(e, prefix)
+			consume(t, e.Brokers, topics, evs)
+			harness.WaitFor(t, time.Minute, "the oversize event quarantined", func() bool {
+				return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+			})
+			if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE payload IS NULL AND payload_bytes = $1", oversize.payload); n != 1 {
+				t.Errorf("the quarantine table does not keep the payload's bytes")
+			}
+
+			limit := "1048588"
+			resp, err := kadm.NewClient(e.Kafka.Client(t)).AlterTopicConfigs(context.Background(),
+				[]kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, small)
+			if err == nil {
+				_, err = resp.On(small, nil)
+			}
+			if err != nil {
+				t.Fatalf("raise max.message.bytes: %v", err)
+			}
+			e.Source = "" // replay reads the quarantine table, whatever the source
+			code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
+				e.Args("replay", "--all", "--content-type", contentType, "--kafka-brokers", strings.Join(e.Brokers, ","),
+					"--topic", prefix+".{aggregate_type}")...))
+			if code != 0 {
+				t.Fatalf("quarantine replay exited %d:\n%s", code, out)
+			}
+			got := consume(t, e.Brokers, topics, []written{oversize})
+			unmarshals(t, got[oversize.id].Value, big)
+		})
+	}
+}
