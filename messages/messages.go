@@ -7,6 +7,8 @@
 package messages
 
 import (
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -31,7 +33,22 @@ type Values = [layout.NumFields][]byte
 // Decode; it is used from one goroutine.
 type Decoder struct {
 	buf []byte
+	// raw holds a payload_base64's bytes while they are turned into
+	// bytea's text form; reused.
+	raw []byte
+	// binary says the last content decoded carried payload_base64.
+	binary bool
 }
+
+// PayloadBinary reports whether the last content decoded carried its
+// payload as payload_base64: the payload value is then the bytes in
+// bytea's hex text form, as a bytea column's value arrives in the WAL.
+func (d *Decoder) PayloadBinary() bool { return d.binary }
+
+// memberPayloadBase64 is the member that carries a binary payload, base64
+// (RFC 4648, standard alphabet, padded) in a JSON string, in place of
+// payload: JSON has no bytes.
+const memberPayloadBase64 = "payload_base64"
 
 // Decode fills v from a message's content. commitTime stands in for an
 // absent occurred_at: the table's default is the transaction's start time,
@@ -43,7 +60,7 @@ type Decoder struct {
 // one, and the whole content as a JSON string when it is no JSON object).
 func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Values) (problem string) {
 	*v = Values{}
-	d.buf = d.buf[:0]
+	d.buf, d.binary = d.buf[:0], false
 	problem = d.decode(content, commitTime, v)
 	if problem == "" {
 		return ""
@@ -77,13 +94,27 @@ func derivedID(at uint64) string {
 // keep copies b into the decoder's buffer and returns the copy. The buffer
 // is sized before any copy, so earlier copies never move.
 func (d *Decoder) keep(b []byte) []byte {
-	if cap(d.buf)-len(d.buf) < len(b) {
-		// A new array: the values already kept point into the old one.
-		d.buf = make([]byte, 0, max(2*cap(d.buf), len(b)+256))
-	}
+	d.reserve(len(b))
 	start := len(d.buf)
 	d.buf = append(d.buf, b...)
 	return d.buf[start:len(d.buf):len(d.buf)]
+}
+
+// keepBytea is keep of raw's bytea hex text form.
+func (d *Decoder) keepBytea(raw []byte) []byte {
+	d.reserve(2 + 2*len(raw))
+	start := len(d.buf)
+	d.buf = hex.AppendEncode(append(d.buf, '\\', 'x'), raw)
+	return d.buf[start:len(d.buf):len(d.buf)]
+}
+
+// reserve makes room for n more bytes in the buffer without moving what
+// it holds.
+func (d *Decoder) reserve(n int) {
+	if cap(d.buf)-len(d.buf) < n {
+		// A new array: the values already kept point into the old one.
+		d.buf = make([]byte, 0, max(2*cap(d.buf), n+256))
+	}
 }
 
 func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string {
@@ -101,9 +132,24 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 		if !ok {
 			break
 		}
+		if string(key) == memberPayloadBase64 {
+			if seen&(1<<layout.Payload) != 0 {
+				problems = append(problems, "both payload and payload_base64")
+				continue
+			}
+			seen |= 1 << layout.Payload
+			if p := d.payloadBase64(value, v); p != "" {
+				problems = append(problems, p)
+			}
+			continue
+		}
 		f, ours := fieldNamed(key)
 		if !ours {
 			continue // a later writer may add members
+		}
+		if f == layout.Payload && seen&(1<<f) != 0 {
+			problems = append(problems, "both payload and payload_base64")
+			continue
 		}
 		seen |= 1 << f
 		if p := d.field(f, value, v); p != "" {
@@ -129,6 +175,24 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 		var text [40]byte
 		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
 	}
+	return ""
+}
+
+// payloadBase64 takes a payload_base64 member: its bytes, kept in bytea's
+// hex text form so the record builder takes them as it takes a bytea
+// column's.
+func (d *Decoder) payloadBase64(value []byte, v *Values) string {
+	s, ok := d.text(value)
+	if !ok {
+		return "payload_base64 is not a string"
+	}
+	raw, err := base64.StdEncoding.AppendDecode(d.raw[:0], s)
+	d.raw = raw
+	if err != nil {
+		return "payload_base64 is not base64 (RFC 4648, standard alphabet, padded)"
+	}
+	v[layout.Payload] = d.keepBytea(raw)
+	d.binary = true
 	return ""
 }
 

@@ -98,3 +98,29 @@ func BenchmarkDecode(b *testing.B) {
 		d.Decode(content, 1, commit, &v)
 	}
 }
+
+// A binary payload comes as payload_base64 and becomes the bytes' bytea
+// text form, as a bytea column's value arrives; a content with both
+// members, or base64 that does not decode, is no outbox event.
+func TestPayloadBase64(t *testing.T) {
+	var d Decoder
+	var v Values
+	commit := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	const event = `{"event_id": "0b5a1d64-8b0e-4c7a-9c53-1d2e3f405162", "aggregate_type": "a", "aggregate_id": "b", "event_type": "c", `
+	if p := d.Decode([]byte(event+`"payload_base64": "AID/XHg="}`), 1, commit, &v); p != "" || !d.PayloadBinary() || string(v[layout.Payload]) != `\x0080ff5c78` {
+		t.Errorf("problem %q, binary %v, payload %q", p, d.PayloadBinary(), v[layout.Payload])
+	}
+	if p := d.Decode([]byte(event+`"payload": {"a": 1}}`), 2, commit, &v); p != "" || d.PayloadBinary() {
+		t.Errorf("a JSON payload after a binary one: problem %q, binary %v", p, d.PayloadBinary())
+	}
+	for _, c := range []struct{ members, want string }{
+		{`"payload": {}, "payload_base64": "AA=="`, "both payload and payload_base64"},
+		{`"payload_base64": "AA==", "payload": {}`, "both payload and payload_base64"},
+		{`"payload_base64": "not base64!"`, "payload_base64 is not base64"},
+		{`"payload_base64": 1`, "payload_base64 is not a string"},
+	} {
+		if p := d.Decode([]byte(event+c.members+"}"), 3, commit, &v); !strings.Contains(p, c.want) || v[layout.Payload] == nil {
+			t.Errorf("%s: problem %q, payload %q; want %q", c.members, p, v[layout.Payload], c.want)
+		}
+	}
+}

@@ -360,6 +360,7 @@ func (d *decoder) message(b []byte, m *Message) error {
 		m.Kind = KindRow
 		m.Row = Row{}
 		m.Row.Unmapped = d.messages.Decode(content, at, d.commitTime, &m.Row.Values)
+		m.Row.PayloadBinary = d.messages.PayloadBinary()
 	}
 	return nil
 }

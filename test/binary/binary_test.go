@@ -1,6 +1,7 @@
-// Package binary_test runs the relay binary on an outbox table whose
-// payload column is bytea, from the wal and poll sources, against a
-// private PostgreSQL and kfake, and reads every record back with franz-go:
+// Package binary_test runs the relay binary on binary payloads (an outbox
+// table whose payload column is bytea, from the wal and poll sources, and
+// messages with payload_base64) against a private PostgreSQL and kfake,
+// and reads every record back with franz-go:
 // a marshalled Protobuf message and bytes that are no UTF-8 must arrive
 // byte for byte, with --content-type's header, and so must one that Kafka
 // refused, after the quarantine kept it and replay sent it again.
@@ -74,20 +75,36 @@ func payloads(t *testing.T) [][]byte {
 	return append(out, []byte{0x00, 0x80, 0xff, 0xfe, '\\', 'x', '0', '0'}, []byte{}, bytes.Repeat([]byte{0xc3}, 300))
 }
 
-// setUp migrates the relay's own table and turns its payload column into
-// a bytea, as a team sending Protobuf would.
+// setUp migrates, and for the table sources turns the payload column of
+// the relay's own table into a bytea, as a team sending Protobuf would.
 func setUp(t *testing.T, e *harness.Env) {
 	t.Helper()
 	e.Migrate()
-	e.DB.Exec(t, "ALTER TABLE outbox_events ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, 'UTF8')")
+	if e.Source != "messages" {
+		e.DB.Exec(t, "ALTER TABLE outbox_events ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, 'UTF8')")
+	}
 }
+
+// insertSQL writes one event as an outbox row, for the wal and poll
+// sources.
+const insertSQL = `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+	VALUES ($1, $2, $3, 'com.example.Happened', $4)`
+
+// emitSQL writes one event as a logical decoding message, for the messages
+// source, its payload base64 in payload_base64.
+const emitSQL = `SELECT pg_logical_emit_message(true, 'outbox', jsonb_build_object(
+	'event_id', $1::uuid, 'aggregate_type', $2::text, 'aggregate_id', $3::text, 'event_type', 'com.example.Happened',
+	'payload_base64', encode($4::bytea, 'base64'))::text)`
 
 func write(t *testing.T, e *harness.Env, evs []written) {
 	t.Helper()
+	sql := insertSQL
+	if e.Source == "messages" {
+		sql = emitSQL
+	}
 	conn := e.DB.Connect(t)
 	for _, w := range evs {
-		if _, err := conn.Exec(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
-			VALUES ($1, $2, $3, 'com.example.Happened', $4)`, w.id, w.aggregateType, w.aggregateID, w.payload); err != nil {
+		if _, err := conn.Exec(context.Background(), sql, w.id, w.aggregateType, w.aggregateID, w.payload); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -148,10 +165,11 @@ func run(e *harness.Env, topicPrefix string) string {
 	return "^" + regexp.QuoteMeta(topicPrefix+".")
 }
 
-// Each table source carries bytea payloads as their bytes, with the
-// configured content-type.
+// Each source carries binary payloads as their bytes, with the configured
+// content-type: a bytea column from the table sources, payload_base64 from
+// the messages source.
 func TestBinaryPayloadsFromEverySource(t *testing.T) {
-	for _, src := range []string{"wal", "poll"} {
+	for _, src := range []string{"wal", "poll", "messages"} {
 		t.Run(src, func(t *testing.T) {
 			e := harness.NewRelayEnv(t, cluster, 3)
 			e.Source = src
@@ -170,7 +188,7 @@ func TestBinaryPayloadsFromEverySource(t *testing.T) {
 // kept in the quarantine table as its bytes, and replay sends the same
 // bytes once the topic takes them.
 func TestQuarantinedBinaryPayloadReplays(t *testing.T) {
-	for _, src := range []string{"wal", "poll"} {
+	for _, src := range []string{"wal", "poll", "messages"} {
 		t.Run(src, func(t *testing.T) {
 			e := harness.NewRelayEnv(t, cluster, 3)
 			e.Source = src
