@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -70,11 +71,13 @@ func (e *Emitter) statement(rows []row) (string, []any) {
 	var b strings.Builder
 	b.WriteString(`SELECT count(pg_logical_emit_message(true, $1, (jsonb_build_object(
 		'event_id', e.event_id, 'aggregate_type', e.aggregate_type, 'aggregate_id', e.aggregate_id,
-		'event_type', e.event_type, 'schema_version', e.schema_version, 'payload', e.payload,
+		'event_type', e.event_type, 'schema_version', e.schema_version,
 		'occurred_at', coalesce(e.occurred_at, now()))
+		|| CASE WHEN e.payload_base64 IS NULL THEN jsonb_build_object('payload', e.payload)
+			ELSE jsonb_build_object('payload_base64', e.payload_base64) END
 		|| CASE WHEN e.headers IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('headers', e.headers) END)::text))
 	FROM (VALUES `)
-	args := make([]any, 1, 1+len(rows)*8)
+	args := make([]any, 1, 1+len(rows)*9)
 	args[0] = e.prefix
 	param := func(v any, cast string) string {
 		args = append(args, v)
@@ -84,10 +87,15 @@ func (e *Emitter) statement(rows []row) (string, []any) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
+		// JSON has no bytes: a raw payload goes base64 in payload_base64.
+		var payload, payloadBase64 any = r.payload, nil
+		if r.raw {
+			payload, payloadBase64 = nil, base64.StdEncoding.EncodeToString(r.payload.([]byte))
+		}
 		b.WriteString("(" + param(r.id, "uuid") + "," + param(r.aggregateType, "text") + "," + param(r.aggregateID, "text") + "," +
-			param(r.eventType, "text") + "," + param(r.schemaVersion, "int") + "," + param(r.payload, "jsonb") + "," +
-			param(r.headers, "jsonb") + "," + param(r.occurredAt, "timestamptz") + ")")
+			param(r.eventType, "text") + "," + param(r.schemaVersion, "int") + "," + param(payload, "jsonb") + "," +
+			param(payloadBase64, "text") + "," + param(r.headers, "jsonb") + "," + param(r.occurredAt, "timestamptz") + ")")
 	}
-	b.WriteString(`) AS e(event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers, occurred_at)`)
+	b.WriteString(`) AS e(event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, payload_base64, headers, occurred_at)`)
 	return b.String(), args
 }

@@ -43,8 +43,11 @@ const VersionHeader = "aggregate_version"
 // (event.ReservedHeaders, checked by a test) and the table's CHECK.
 var reservedHeaders = []string{"event_id", "event_type", "aggregate_type", "aggregate_id", "schema_version", "occurred_at"}
 
+// contentTypeHeader carries Event.ContentType, in the row's headers.
+const contentTypeHeader = "content-type"
+
 // maxRowsPerStatement keeps a statement far below PostgreSQL's 65,535
-// parameters (8 per row) and its plan small.
+// parameters (8 per row, 9 for an Emitter) and its plan small.
 const maxRowsPerStatement = 1000
 
 // Event is one event to write.
@@ -60,8 +63,21 @@ type Event struct {
 	EventType     string
 	// SchemaVersion is the payload's schema version; 0 means 1.
 	SchemaVersion int
-	// Payload is the record's value, a JSON document.
+	// Payload is the record's value: a JSON document, or with ContentType
+	// any bytes.
 	Payload []byte
+	// ContentType, when set, is the payload's media type (for example
+	// application/x-protobuf) and makes Payload raw bytes, stored as they
+	// are in a bytea payload column (or, by an Emitter, in the message's
+	// payload_base64) and not checked as JSON. It travels as the record's
+	// content-type header, through the row's headers. Leave it empty for
+	// JSON, which is checked. The CloudEvents record formats refuse a
+	// row's content-type header: with them, leave ContentType empty, give
+	// the bytes with RawPayload, and set the relay's --content-type.
+	ContentType string
+	// RawPayload makes Payload raw bytes, as ContentType does, without a
+	// content-type header of the row's own.
+	RawPayload bool
 	// Headers are extra Kafka headers (tenant, traceparent, ...). The
 	// relay's own header names and VersionHeader are refused.
 	Headers map[string]string
@@ -160,9 +176,12 @@ type row struct {
 	aggregateID   string
 	eventType     string
 	schemaVersion int
-	payload       string
-	headers       *string
-	occurredAt    *time.Time
+	// payload is the JSON text, or for a raw payload its bytes.
+	payload    any
+	headers    *string
+	occurredAt *time.Time
+	// raw says payload is bytes, not JSON.
+	raw bool
 }
 
 // columns of the INSERT, in order; the optional ones are sent only when an
@@ -253,23 +272,38 @@ func prepare(ev *Event) (row, error) {
 	if r.schemaVersion < 0 {
 		return row{}, fmt.Errorf("event %s: SchemaVersion %d is negative", id, ev.SchemaVersion)
 	}
-	if len(ev.Payload) == 0 || !json.Valid(ev.Payload) {
-		return row{}, fmt.Errorf("event %s: Payload is not a JSON document (the relay publishes the payload column, jsonb)", id)
+	raw := ev.ContentType != "" || ev.RawPayload
+	switch {
+	case raw:
+		// Not nil: an empty payload is a payload, NULL none.
+		r.payload, r.raw = append([]byte{}, ev.Payload...), true
+	case len(ev.Payload) == 0 || !json.Valid(ev.Payload):
+		return row{}, fmt.Errorf("event %s: Payload is not a JSON document (the relay publishes the payload column, jsonb); for bytes, set ContentType", id)
+	default:
+		if at := nulEscape(ev.Payload); at >= 0 {
+			return row{}, fmt.Errorf("event %s: Payload holds the escape \\u0000 at byte %d, which jsonb cannot store (PostgreSQL would abort the whole transaction); drop the NUL character or encode it another way", id, at)
+		}
+		r.payload = string(ev.Payload)
 	}
-	if at := nulEscape(ev.Payload); at >= 0 {
-		return row{}, fmt.Errorf("event %s: Payload holds the escape \\u0000 at byte %d, which jsonb cannot store (PostgreSQL would abort the whole transaction); drop the NUL character or encode it another way", id, at)
-	}
-	r.payload = string(ev.Payload)
 	if ev.AggregateVersion < 0 {
 		return row{}, fmt.Errorf("event %s: AggregateVersion %d is negative", id, ev.AggregateVersion)
 	}
-	if len(ev.Headers) > 0 || ev.AggregateVersion > 0 {
-		headers := make(map[string]string, len(ev.Headers)+1)
+	if len(ev.Headers) > 0 || ev.AggregateVersion > 0 || ev.ContentType != "" {
+		headers := make(map[string]string, len(ev.Headers)+2)
 		for k, v := range ev.Headers {
 			if err := checkHeader(k, v); err != nil {
 				return row{}, fmt.Errorf("event %s: %w", id, err)
 			}
 			headers[k] = v
+		}
+		if ev.ContentType != "" {
+			if _, ok := headers[contentTypeHeader]; ok {
+				return row{}, fmt.Errorf("event %s: both ContentType and Headers set %s; set one", id, contentTypeHeader)
+			}
+			if err := checkHeader(contentTypeHeader, ev.ContentType); err != nil {
+				return row{}, fmt.Errorf("event %s: ContentType: %w", id, err)
+			}
+			headers[contentTypeHeader] = ev.ContentType
 		}
 		if ev.AggregateVersion > 0 {
 			headers[VersionHeader] = strconv.FormatInt(ev.AggregateVersion, 10)
