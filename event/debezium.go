@@ -43,8 +43,9 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	}
 	r.AggregateType = a.takeNullable(ev.AggregateType)
 	r.EventType = a.takeNullable(ev.EventType)
-	headers := append(r.headers(2+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
-	if contentType := configuredContentType(ev, extra); contentType != nil {
+	contentType := configuredContentType(ev, extra)
+	headers := append(r.headers(plusContentType(1, contentType)+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
+	if contentType != nil {
 		headers = append(headers, Header{Key: headerContentType, Value: contentType})
 	}
 	r.Headers = a.appendPlaced(headers, ev, names, extra)

@@ -42,7 +42,7 @@ func (Relay) Build(ev *Event, r *Record) error {
 	}
 	r.EventType = a.take(ev.EventType)
 	r.AggregateType = a.take(ev.AggregateType)
-	headers := append(r.headers(7+len(extra)),
+	headers := append(r.headers(plusContentType(6, contentType)+len(extra)),
 		Header{Key: headerEventID, Value: r.EventID},
 		Header{Key: headerEventType, Value: r.EventType},
 		Header{Key: headerAggregateType, Value: r.AggregateType},
@@ -94,6 +94,16 @@ func configuredContentType(ev *Event, rowHeaders []Header) []byte {
 		}
 	}
 	return ev.Layout.ContentTypeBytes()
+}
+
+// plusContentType is n headers of a shape's own, plus one for a
+// configured content-type: a record asks room for what it sends, so the
+// common one fits the record's inline array.
+func plusContentType(n int, contentType []byte) int {
+	if contentType != nil {
+		n++
+	}
+	return n
 }
 
 // ownHeaders are the headers a shape placed after its own first n: the
