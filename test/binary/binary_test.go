@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -209,15 +208,7 @@ func TestQuarantinedBinaryPayloadReplays(t *testing.T) {
 				t.Errorf("the quarantine table does not keep the payload's bytes")
 			}
 
-			limit := "1048588"
-			resp, err := kadm.NewClient(e.Kafka.Client(t)).AlterTopicConfigs(context.Background(),
-				[]kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, small)
-			if err == nil {
-				_, err = resp.On(small, nil)
-			}
-			if err != nil {
-				t.Fatalf("raise max.message.bytes: %v", err)
-			}
+			e.Kafka.SetTopicConfig(t, small, "max.message.bytes", "1048588")
 			e.Source = "" // replay reads the quarantine table, whatever the source
 			code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
 				e.Args("replay", "--all", "--content-type", contentType, "--kafka-brokers", strings.Join(e.Brokers, ","),

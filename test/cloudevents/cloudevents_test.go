@@ -22,7 +22,6 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -315,15 +314,7 @@ func TestQuarantinedCloudEventsReplay(t *testing.T) {
 				t.Errorf("the clashing event is quarantined with %q", msg)
 			}
 
-			limit := "1048588"
-			resp, err := kadm.NewClient(e.Kafka.Client(t)).AlterTopicConfigs(context.Background(),
-				[]kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, big)
-			if err == nil {
-				_, err = resp.On(big, nil)
-			}
-			if err != nil {
-				t.Fatalf("raise max.message.bytes: %v", err)
-			}
+			e.Kafka.SetTopicConfig(t, big, "max.message.bytes", "1048588")
 			e.DB.Exec(t, "UPDATE outbox_quarantine SET headers = headers - 'ce_type' WHERE event_id = $1", clash.id)
 			delete(clash.headers, "ce_type")
 			code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},

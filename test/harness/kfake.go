@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -92,6 +94,20 @@ func (k *Kfake) Cluster() *kfake.Cluster { return k.c }
 func (k *Kfake) CreateTopic(t testing.TB, name string, partitions int32, configs map[string]string) {
 	t.Helper()
 	CreateTopic(t, k.brokers, name, partitions, configs)
+}
+
+// SetTopicConfig sets one config of a topic, such as max.message.bytes to
+// let a refused record through, and fails the test if the cluster refuses.
+func (k *Kfake) SetTopicConfig(t testing.TB, topic, name, value string) {
+	t.Helper()
+	resp, err := kadm.NewClient(k.Client(t)).AlterTopicConfigs(context.Background(),
+		[]kadm.AlterConfig{{Name: name, Value: &value}}, topic)
+	if err == nil {
+		_, err = resp.On(topic, nil)
+	}
+	if err != nil {
+		t.Fatalf("set %s of topic %s: %v", name, topic, err)
+	}
 }
 
 // Client returns a franz-go client for this cluster, closed when the test
