@@ -111,9 +111,7 @@ func TestWriterTakesRawBytesWithAContentType(t *testing.T) {
 // unchanged.
 func TestEmitterCarriesRawBytesAsBase64(t *testing.T) {
 	ctx := context.Background()
-	db := migratedDB(t)
-	db.Exec(t, "SELECT pg_create_logical_replication_slot('emit_raw_test', 'test_decoding')")
-	defer db.Exec(t, "SELECT pg_drop_replication_slot('emit_raw_test')")
+	db := slotDB(t, "emit_raw_test")
 	conn := db.Connect(t)
 	e, err := outbox.NewEmitter("")
 	if err != nil {

@@ -34,9 +34,7 @@ func emitted(t *testing.T, conn *pgx.Conn, slot string) []string {
 // commits; it refuses what Write refuses, emitting nothing.
 func TestEmitterEmitsWhatTheMessagesSourceReads(t *testing.T) {
 	ctx := context.Background()
-	db := migratedDB(t)
-	db.Exec(t, "SELECT pg_create_logical_replication_slot('emit_test', 'test_decoding')")
-	defer db.Exec(t, "SELECT pg_drop_replication_slot('emit_test')")
+	db := slotDB(t, "emit_test")
 	conn := db.Connect(t)
 	e, err := outbox.NewEmitter("")
 	if err != nil {
@@ -122,9 +120,7 @@ func TestEmitterEmitsWhatTheMessagesSourceReads(t *testing.T) {
 // EmitSQL is Emit for database/sql.
 func TestEmitterDatabaseSQL(t *testing.T) {
 	ctx := context.Background()
-	db := migratedDB(t)
-	db.Exec(t, "SELECT pg_create_logical_replication_slot('emit_sql_test', 'test_decoding')")
-	defer db.Exec(t, "SELECT pg_drop_replication_slot('emit_sql_test')")
+	db := slotDB(t, "emit_sql_test")
 	sqlDB, err := sql.Open("pgx", db.DSN())
 	if err != nil {
 		t.Fatal(err)

@@ -51,3 +51,13 @@ func migratedDB(t *testing.T) *harness.PGDatabase {
 	}
 	return db
 }
+
+// slotDB is a migrated database with a test_decoding slot, dropped when
+// the test ends, whose messages emitted reads.
+func slotDB(t *testing.T, slot string) *harness.PGDatabase {
+	t.Helper()
+	db := migratedDB(t)
+	db.Exec(t, "SELECT pg_create_logical_replication_slot($1, 'test_decoding')", slot)
+	t.Cleanup(func() { db.Exec(t, "SELECT pg_drop_replication_slot($1)", slot) })
+	return db
+}
