@@ -25,7 +25,9 @@ func appendBytea(dst, text []byte) ([]byte, error) {
 	if len(text) >= 2 && text[0] == '\\' && text[1] == 'x' {
 		out, err := hex.AppendDecode(dst, text[2:])
 		if err != nil {
-			return dst, fmt.Errorf("%w: %w", errBytea, err)
+			// Not wrapped: hex's error quotes the payload's byte, and
+			// errors reach the log.
+			return dst, fmt.Errorf("%w: not two hex digits a byte after \\x", errBytea)
 		}
 		return out, nil
 	}
