@@ -21,9 +21,12 @@ type Event struct {
 	EventType     string
 	// Version is the aggregate_version header; 0 when the record has none.
 	Version int64
-	// Payload is the record's value.
+	// Payload is the record's value: JSON, text, or the bytes of a bytea
+	// payload (Protobuf, Avro) as they were written, never re-encoded.
 	Payload []byte
-	// Headers holds every header of the record, the relay's own included.
+	// Headers holds every header of the record, the relay's own included;
+	// content-type, when the writer or the relay's --content-type set one,
+	// says how to read a binary Payload.
 	Headers map[string]string
 }
 
