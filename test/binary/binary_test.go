@@ -4,7 +4,9 @@
 // and reads every record back with franz-go:
 // a marshalled Protobuf message and bytes that are no UTF-8 must arrive
 // byte for byte, with --content-type's header, and so must one that Kafka
-// refused, after the quarantine kept it and replay sent it again.
+// refused, after the quarantine kept it and replay sent it again. In the
+// CloudEvents formats the official SDK, not the relay's code, decodes the
+// records.
 package binary_test
 
 import (
@@ -16,6 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
+	kafka_sarama "github.com/cloudevents/sdk-go/protocol/kafka_sarama/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -218,6 +224,57 @@ func TestQuarantinedBinaryPayloadReplays(t *testing.T) {
 			}
 			got := consume(t, e.Brokers, topics, []written{oversize})
 			unmarshals(t, got[oversize.id].Value, big)
+		})
+	}
+}
+
+// In both CloudEvents modes the official SDK reads a binary payload back
+// as the bytes written, with their content type: the value in binary mode,
+// data_base64 in structured mode.
+func TestBinaryPayloadsAsCloudEvents(t *testing.T) {
+	for _, format := range []string{"cloudevents", "cloudevents-structured"} {
+		t.Run(format, func(t *testing.T) {
+			e := harness.NewRelayEnv(t, cluster, 3)
+			setUp(t, e)
+			evs := events(t, "order")
+			write(t, e, evs)
+			prefix := "bin-" + format
+			p := e.StartRelayNoWait("--record-format", format, "--cloudevents-source", "/billing", "--content-type", contentType,
+				"--topic", prefix+".{aggregate_type}")
+			p.WaitForOutput(e.T, fmt.Sprintf(`"record_format":%q`, format), time.Minute)
+			want := make(map[string][]byte, len(evs))
+			for _, w := range evs {
+				want[w.id] = w.payload
+			}
+			got := map[string]*cloudevents.Event{}
+			var problems []string
+			harness.ConsumeUntil(t, e.Brokers, "^"+regexp.QuoteMeta(prefix+"."), 2*time.Minute, func(all []harness.Record) bool {
+				for _, r := range all {
+					cm := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
+					for i, k := range r.HeaderKeys {
+						cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(k), Value: r.HeaderValues[i]})
+					}
+					ev, err := binding.ToEvent(context.Background(), kafka_sarama.NewMessageFromConsumerMessage(cm))
+					if err == nil {
+						err = ev.Validate()
+					}
+					if err != nil {
+						problems = append(problems, err.Error())
+						continue
+					}
+					got[ev.ID()] = ev
+				}
+				return len(got) == len(want) || len(problems) > 0
+			})
+			if len(problems) > 0 {
+				t.Fatalf("the SDK refused %d records, the first: %s", len(problems), problems[0])
+			}
+			for id, payload := range want {
+				ev := got[id]
+				if ev == nil || !bytes.Equal(ev.Data(), payload) || ev.DataContentType() != contentType {
+					t.Errorf("event %s: %v", id, ev)
+				}
+			}
 		})
 	}
 }
