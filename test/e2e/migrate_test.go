@@ -8,9 +8,11 @@ import (
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
-// Issue 11.8: a table with event_id bigint, aggregate_id int and payload
-// bytea got "schema is up to date" from migrate, and run then published the
-// payload as the text \x00ff7b7d. Both refuse it, naming the columns.
+// Issue 11.8: a table with event_id bigint and aggregate_id int got
+// "schema is up to date" from migrate. Both refuse it, naming the columns.
+// A bytea payload, which run then published as the text \x00ff7b7d, is
+// now a binary payload that goes out as its bytes (test/binary), so it is
+// not named.
 func TestWrongColumnTypesAreRefused(t *testing.T) {
 	e := newEnv(t)
 	e.DB.Exec(t, `CREATE TABLE outbox_events (event_id bigint PRIMARY KEY, aggregate_type text NOT NULL,
@@ -22,8 +24,8 @@ func TestWrongColumnTypesAreRefused(t *testing.T) {
 			t.Fatalf("%s exited %d (%v), want a failure:\n%s", cmd[0], code, err, p.Output())
 		}
 		out := p.Output()
-		if strings.Contains(out, "schema is up to date") ||
-			!outputHas(out, "column event_id is bigint", "column aggregate_id is integer", "column payload is bytea") {
+		if strings.Contains(out, "schema is up to date") || strings.Contains(out, "column payload") ||
+			!outputHas(out, "column event_id is bigint", "column aggregate_id is integer") {
 			t.Errorf("%s does not name the wrong columns:\n%s", cmd[0], out)
 		}
 	}
