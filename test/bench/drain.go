@@ -528,8 +528,19 @@ func (w *firstsWatch) stop() {
 }
 
 // after stops the watch and returns how long after from each first came,
-// in seconds; 0 for one not seen.
+// in seconds; 0 for one not seen. A small backlog can be drained between
+// two of the watch's polls, so it first gives the watch up to a second to
+// see what has happened by now: both only ever move forward.
 func (w *firstsWatch) after(from time.Time) (confirm, visible float64) {
+	seen := make(chan struct{})
+	go func() {
+		w.done.Wait()
+		close(seen)
+	}()
+	select {
+	case <-seen:
+	case <-time.After(time.Second):
+	}
 	w.stop()
 	since := func(t time.Time) float64 {
 		if t.IsZero() {
