@@ -18,9 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	kafka_sarama "github.com/cloudevents/sdk-go/protocol/kafka_sarama/v2"
-	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -250,14 +247,7 @@ func TestBinaryPayloadsAsCloudEvents(t *testing.T) {
 			var problems []string
 			harness.ConsumeUntil(t, e.Brokers, "^"+regexp.QuoteMeta(prefix+"."), 2*time.Minute, func(all []harness.Record) bool {
 				for _, r := range all {
-					cm := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value}
-					for i, k := range r.HeaderKeys {
-						cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(k), Value: r.HeaderValues[i]})
-					}
-					ev, err := binding.ToEvent(context.Background(), kafka_sarama.NewMessageFromConsumerMessage(cm))
-					if err == nil {
-						err = ev.Validate()
-					}
+					ev, _, err := harness.CloudEvent(r)
 					if err != nil {
 						problems = append(problems, err.Error())
 						continue

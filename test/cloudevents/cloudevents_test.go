@@ -17,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-	kafka_sarama "github.com/cloudevents/sdk-go/protocol/kafka_sarama/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/jackc/pgx/v5"
@@ -125,25 +123,10 @@ type decoded struct {
 	encoding binding.Encoding
 }
 
-// decode hands a consumed record to the SDK's Kafka binding, as a sarama
-// consumer message (the binding's own input), and lets the SDK build and
-// validate the event.
+// decode lets the SDK read a consumed record (see harness.CloudEvent).
 func decode(r harness.Record) (decoded, error) {
-	cm := &sarama.ConsumerMessage{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
-	for i, k := range r.HeaderKeys {
-		cm.Headers = append(cm.Headers, &sarama.RecordHeader{Key: []byte(k), Value: r.HeaderValues[i]})
-	}
-	msg := kafka_sarama.NewMessageFromConsumerMessage(cm)
-	d := decoded{record: r, encoding: msg.ReadEncoding()}
-	ev, err := binding.ToEvent(context.Background(), msg)
-	if err != nil {
-		return d, fmt.Errorf("record %s/%d@%d: the SDK cannot read it as a CloudEvent: %w", r.Topic, r.Partition, r.Offset, err)
-	}
-	if err := ev.Validate(); err != nil {
-		return d, fmt.Errorf("record %s/%d@%d: the SDK finds the event invalid: %w", r.Topic, r.Partition, r.Offset, err)
-	}
-	d.event = ev
-	return d, nil
+	ev, encoding, err := harness.CloudEvent(r)
+	return decoded{record: r, encoding: encoding, event: ev}, err
 }
 
 // consume reads the topics until the SDK has decoded an event for every
