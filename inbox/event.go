@@ -1,9 +1,12 @@
 package inbox
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -13,20 +16,23 @@ type Header struct {
 	Key, Value []byte
 }
 
-// Event is one record from the relay, as the inbox and a handler see it.
+// Event is one record from the relay, as the inbox and a handler see it,
+// whichever record format the relay wrote (see ParseRecord).
 type Event struct {
-	ID            string // the event_id header
-	AggregateType string
+	ID            string // the event id: event_id, ce_id or id
+	AggregateType string // empty for a CloudEvent or a Debezium-shape record, which carry none
 	AggregateID   string
 	EventType     string
 	// Version is the aggregate_version header; 0 when the record has none.
 	Version int64
-	// Payload is the record's value: JSON, text, or the bytes of a bytea
-	// payload (Protobuf, Avro) as they were written, never re-encoded.
+	// Payload is the record's value, or a structured CloudEvent's data:
+	// JSON, text, or the bytes of a bytea payload (Protobuf, Avro) as they
+	// were written, never re-encoded.
 	Payload []byte
 	// Headers holds every header of the record, the relay's own included;
 	// content-type, when the writer or the relay's --content-type set one,
-	// says how to read a binary Payload.
+	// says how to read a binary Payload (for a structured CloudEvent, it is
+	// the event's datacontenttype).
 	Headers map[string]string
 }
 
@@ -34,21 +40,62 @@ type Event struct {
 // aggregate's version in.
 const VersionHeader = outbox.VersionHeader
 
-// ErrNoEventID means a record lacks the event_id header: it did not come
-// from the relay, and the inbox cannot tell a re-delivery of it.
-var ErrNoEventID = errors.New("record has no event_id header")
+// ErrNoEventID means a record carries no event id in any of the relay's
+// record formats: it did not come from the relay, and the inbox cannot
+// tell a re-delivery of it.
+var ErrNoEventID = errors.New("record has no event id (no event_id, ce_id or id header, and no structured CloudEvent): it did not come from the relay")
 
-// Parse reads a relay record's headers and value into an Event. Any Kafka
-// client works: pass its headers as Header values.
+// Parse reads a record's headers and value into an Event; it is
+// ParseRecord without the key, which only a Debezium-shape record needs
+// (for its aggregate id).
 func Parse(headers []Header, value []byte) (Event, error) {
+	return ParseRecord(nil, headers, value)
+}
+
+// ParseRecord reads a record from the relay into an Event, in each of the
+// relay's record formats, told apart by their headers:
+//
+//   - relay (the default): event_id, event_type, aggregate_type and
+//     aggregate_id headers; the value is the payload.
+//   - cloudevents (binary content mode): ce_id, ce_type and ce_subject (the
+//     aggregate id); the value is the payload.
+//   - cloudevents-structured: content-type application/cloudevents+json;
+//     the value is the event in JSON, whose data (or data_base64) is the
+//     payload.
+//   - debezium: id; the key is the aggregate id, and the event type is a
+//     header named type or eventType if the relay placed one there with
+//     --header-columns.
+//
+// In every format the version is the aggregate_version header, which the
+// relay passes through as the writer set it. Any Kafka client works: pass
+// its key, headers and value.
+func ParseRecord(key []byte, headers []Header, value []byte) (Event, error) {
 	ev := Event{Payload: value, Headers: make(map[string]string, len(headers))}
 	for _, h := range headers {
 		ev.Headers[string(h.Key)] = string(h.Value)
 	}
-	ev.ID = ev.Headers["event_id"]
-	ev.AggregateType = ev.Headers["aggregate_type"]
-	ev.AggregateID = ev.Headers["aggregate_id"]
-	ev.EventType = ev.Headers["event_type"]
+	switch {
+	case ev.Headers["event_id"] != "":
+		ev.ID = ev.Headers["event_id"]
+		ev.AggregateType = ev.Headers["aggregate_type"]
+		ev.AggregateID = ev.Headers["aggregate_id"]
+		ev.EventType = ev.Headers["event_type"]
+	case ev.Headers["ce_specversion"] != "":
+		ev.ID = ev.Headers["ce_id"]
+		ev.AggregateID = ev.Headers["ce_subject"]
+		ev.EventType = ev.Headers["ce_type"]
+	case isStructuredCloudEvent(ev.Headers["content-type"]):
+		if err := parseStructured(&ev, value); err != nil {
+			return Event{}, err
+		}
+	case ev.Headers["id"] != "":
+		ev.ID = ev.Headers["id"]
+		ev.AggregateID = string(key)
+		ev.EventType = ev.Headers["type"]
+		if ev.EventType == "" {
+			ev.EventType = ev.Headers["eventType"]
+		}
+	}
 	if ev.ID == "" {
 		return Event{}, ErrNoEventID
 	}
@@ -60,4 +107,67 @@ func Parse(headers []Header, value []byte) (Event, error) {
 		ev.Version = n
 	}
 	return ev, nil
+}
+
+// isStructuredCloudEvent: the binding's media type, with or without
+// parameters.
+func isStructuredCloudEvent(contentType string) bool {
+	mediaType, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mediaType), "application/cloudevents+json")
+}
+
+// structuredEvent is what the inbox reads of a structured CloudEvent.
+type structuredEvent struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Type            string          `json:"type"`
+	Subject         string          `json:"subject"`
+	DataContentType string          `json:"datacontenttype"`
+	Data            json.RawMessage `json:"data"`
+	DataBase64      *string         `json:"data_base64"`
+}
+
+// parseStructured takes the attributes and the data of a structured
+// CloudEvent, by the JSON format's rules: data_base64 holds bytes; data
+// holds JSON as it is when the data's type is JSON (or unset), and
+// otherwise a string whose text is the data.
+func parseStructured(ev *Event, value []byte) error {
+	var ce structuredEvent
+	if err := json.Unmarshal(value, &ce); err != nil {
+		return fmt.Errorf("structured cloudevent is no JSON object: %w", err)
+	}
+	if ce.SpecVersion == "" || ce.ID == "" {
+		return fmt.Errorf("structured cloudevent lacks specversion or id: %w", ErrNoEventID)
+	}
+	ev.ID, ev.AggregateID, ev.EventType = ce.ID, ce.Subject, ce.Type
+	if ce.DataContentType != "" {
+		ev.Headers["content-type"] = ce.DataContentType
+	}
+	switch {
+	case ce.DataBase64 != nil:
+		data, err := base64.StdEncoding.DecodeString(*ce.DataBase64)
+		if err != nil {
+			return fmt.Errorf("event %s: data_base64 is no base64: %w", ce.ID, err)
+		}
+		ev.Payload = data
+	case ce.Data == nil || string(ce.Data) == "null":
+		ev.Payload = nil
+	case isJSONMediaType(ce.DataContentType) || ce.Data[0] != '"':
+		ev.Payload = []byte(ce.Data)
+	default:
+		var text string
+		if err := json.Unmarshal(ce.Data, &text); err != nil {
+			return fmt.Errorf("event %s: data: %w", ce.ID, err)
+		}
+		ev.Payload = []byte(text)
+	}
+	return nil
+}
+
+// isJSONMediaType: unset (the format's default), application/json, or a
+// +json suffix.
+func isJSONMediaType(contentType string) bool {
+	mediaType, _, _ := strings.Cut(contentType, ";")
+	mediaType = strings.ToLower(strings.TrimSpace(mediaType))
+	return mediaType == "" || mediaType == "application/json" || mediaType == "text/json" || strings.HasSuffix(mediaType, "+json")
 }

@@ -18,7 +18,8 @@
 // its predecessor arrives (or refused), and a predecessor missing for
 // longer than a limit is reported.
 //
-// The core takes any Kafka client's headers and value (Parse). Package
+// The core takes any Kafka client's key, headers and value, in every
+// record format the relay writes (ParseRecord). Package
 // inboxsarama adapts it to a sarama consumer group and marks each offset
 // only after the event's transaction committed.
 package inbox

@@ -20,7 +20,11 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outbox-relay/outbox-relay/inbox"
+	"github.com/outbox-relay/outbox-relay/inbox/inboxkgo"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -308,6 +312,102 @@ func TestQuarantinedCloudEventsReplay(t *testing.T) {
 			}
 			replayed := []written{oversize, clash}
 			check(t, replayed, consume(t, e.Brokers, topics, replayed), mode.encoding)
+		})
+	}
+}
+
+// The inbox reads the relay's CloudEvents in both modes: a franz-go
+// consumer applies every event through inboxkgo with version checks on,
+// each once, with the id, type, subject, version and data written.
+// CloudEvents carry no aggregate type, so the versions here run per
+// aggregate id, on one topic.
+func TestInboxAppliesCloudEvents(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode.format, func(t *testing.T) {
+			e := harness.NewRelayEnv(t, cluster, 6)
+			e.Migrate()
+			evs := events(40)
+			versions := map[string]int{}
+			for i := range evs {
+				versions[evs[i].aggregateID]++
+				if evs[i].headers == nil {
+					evs[i].headers = map[string]string{}
+				}
+				evs[i].headers["aggregate_version"] = fmt.Sprint(versions[evs[i].aggregateID])
+			}
+			write(t, e.DB.Connect(t), insertSQL, evs)
+			topic := "ce-inbox-" + mode.format
+			p := e.StartRelayNoWait("--record-format", mode.format, "--cloudevents-source", source, "--topic", topic)
+			p.WaitForOutput(t, fmt.Sprintf(`"record_format":%q`, mode.format), time.Minute)
+
+			consumerDB := cluster.CreateTestDatabase(t)
+			schema, err := inbox.SQL(inbox.Tables{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			consumerDB.Exec(t, schema)
+			consumerDB.Exec(t, `CREATE TABLE applied (event_id text PRIMARY KEY, aggregate_id text, event_type text, version bigint, payload text, content_type text)`)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			pool, err := pgxpool.New(ctx, consumerDB.DSN())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			ib, err := inbox.New(inbox.Config{Consumer: "ce-test", CheckVersions: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cl, err := kgo.NewClient(kgo.SeedBrokers(e.Brokers...), kgo.ConsumerGroup("ce-inbox"), kgo.ConsumeTopics(topic),
+				kgo.AutoCommitMarks(), kgo.BlockRebalanceOnPoll(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			failures := make(chan error, 1)
+			c := &inboxkgo.Consumer{Client: cl, Inbox: ib, DB: pool, CommitEach: true,
+				Handler: func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+					_, err := tx.Exec(ctx, `INSERT INTO applied VALUES ($1, $2, $3, $4, $5, $6)`,
+						ev.ID, ev.AggregateID, ev.EventType, ev.Version, string(ev.Payload), ev.Headers["content-type"])
+					return err
+				},
+				OnError: func(_ *kgo.Record, err error) {
+					select {
+					case failures <- err:
+					default:
+					}
+				}}
+			go func() { _ = c.Run(ctx) }()
+			harness.WaitFor(t, time.Minute, "every event applied", func() bool {
+				select {
+				case err := <-failures:
+					t.Fatalf("the inbox failed a record: %v", err)
+				default:
+				}
+				return consumerDB.QueryInt64(t, `SELECT count(*) FROM applied`) == int64(len(evs))
+			})
+			for _, w := range evs {
+				var aggregateID, eventType, payload, contentType string
+				var version int64
+				err := pool.QueryRow(ctx, `SELECT aggregate_id, event_type, version, payload, content_type FROM applied WHERE event_id = $1`, w.id).
+					Scan(&aggregateID, &eventType, &version, &payload, &contentType)
+				if err != nil {
+					t.Fatalf("event %s: %v", w.id, err)
+				}
+				var got, want any
+				if err := json.Unmarshal([]byte(payload), &got); err != nil {
+					t.Fatalf("event %s: payload %q is no JSON: %v", w.id, payload, err)
+				}
+				_ = json.Unmarshal([]byte(w.payload), &want)
+				if aggregateID != w.aggregateID || eventType != w.eventType || fmt.Sprint(version) != w.headers["aggregate_version"] ||
+					!reflect.DeepEqual(got, want) || contentType != "application/json" {
+					t.Errorf("event %s applied as (%q, %q, v%d, %s, %q), written as (%q, %q, v%s, %s)", w.id, aggregateID, eventType, version,
+						payload, contentType, w.aggregateID, w.eventType, w.headers["aggregate_version"], w.payload)
+				}
+			}
+			if n := consumerDB.QueryInt64(t, `SELECT count(*) FROM inbox_parked`); n != 0 {
+				t.Errorf("%d events parked: the versions came out of order", n)
+			}
 		})
 	}
 }
