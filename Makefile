@@ -59,14 +59,16 @@ test: lint kafka postgres
 # The whole suite runs on PostgreSQL 15 (Debian's). These run again on every
 # other supported major, fetched by test/postgres/fetch.sh: the core
 # end-to-end tests, the restart and crash drills in both delivery modes, the
-# standby and slot-invalidation drills, and the failover-slot drills (each
-# skips on a server that lacks what it tests).
+# standby and slot-invalidation drills, the failover-slot drills (each
+# skips on a server that lacks what it tests), and binary payloads and
+# CloudEvents from every source, whose bytea and timestamptz text forms
+# come from the server.
 PG_VERSIONS ?= 16 17 18
-PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestDrillRelayWaitsForPromotion|TestDrillSlotInvalidated|TestDrillSlotIdleTimeout|TestDrillFailoverSlotNotSyncedStatus|TestSlotFailoverNeedsPostgres17|TestDrillMessages|TestMessagesRecordsAreTheTableSourcesByteForByte)$$
+PG_VERSION_TESTS := ^(TestRequestedPGMajorIsWhatRuns|TestEventsCommittedBeforeFirstRunArrive|TestDeliveryIsExactAndOrderedPerAggregate|TestRolledBackTransactionsAreNotPublished|TestKilledRelayRedeliversEverything|TestConfirmedFlushNeverPassesUnackedEvent|TestIdleOutboxBusyDatabaseSlotAdvances|TestAlterTableMidStream|TestPreconditionErrorsNameTheProblem|TestCleanStopMidBacklogLeavesNothingToRedeliver|TestSecondInstanceWaitsThenTakesOver|TestDrillPostgresImmediateShutdown|TestDrillEOSPostgresImmediateRestart|TestDrillEOSCrashes|TestDrillProgressRestartCaughtUp|TestDrillProgressRestartMidStream|TestDrillFailoverSlotPromotion|TestDrillRelayWaitsForPromotion|TestDrillSlotInvalidated|TestDrillSlotIdleTimeout|TestDrillFailoverSlotNotSyncedStatus|TestSlotFailoverNeedsPostgres17|TestDrillMessages|TestMessagesRecordsAreTheTableSourcesByteForByte|TestBinaryPayloadsFromEverySource|TestEverySourceMakesCloudEventsTheSDKReads)$$
 test-postgres-versions: postgres
 	@set -e; for v in $(PG_VERSIONS); do \
 		echo "== PostgreSQL $$v"; start=$$(date +%s); \
-		OUTBOX_RELAY_PG_VERSION=$$v $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(PG_VERSION_TESTS)' ./test/harness/ ./test/e2e/ ./test/drills/ ./test/ops/; \
+		OUTBOX_RELAY_PG_VERSION=$$v $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(PG_VERSION_TESTS)' ./test/harness/ ./test/e2e/ ./test/drills/ ./test/ops/ ./test/binary/ ./test/cloudevents/; \
 		echo "== PostgreSQL $$v: $$(( $$(date +%s) - start )) s"; \
 	done
 
