@@ -102,8 +102,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 // batch committed.
 func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) {
 	_ = c.Inbox.ApplyInOrder(ctx, c.DB, inbox.Records{
-		Len:     len(recs),
-		Parse:   func(i int) (inbox.Event, error) { return inbox.ParseRecord(recs[i].Key, headers(recs[i]), recs[i].Value) },
+		Len: len(recs),
+		Parse: func(i int) (inbox.Event, error) {
+			return inbox.ParseRecord(recs[i].Key, headers(recs[i]), recs[i].Value)
+		},
 		Applied: func(from, to int) { c.Client.MarkCommitRecords(recs[from:to]...) },
 		Failed: func(i int, err error) {
 			if c.OnError != nil {

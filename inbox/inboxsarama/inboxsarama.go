@@ -122,8 +122,10 @@ func (h *Handler) fill(ctx context.Context, msgs <-chan *sarama.ConsumerMessage,
 // that failed until all are applied or ctx ends.
 func (h *Handler) apply(ctx context.Context, sess sarama.ConsumerGroupSession, msgs []*sarama.ConsumerMessage) error {
 	return h.Inbox.ApplyInOrder(ctx, h.DB, inbox.Records{
-		Len:   len(msgs),
-		Parse: func(i int) (inbox.Event, error) { return inbox.ParseRecord(msgs[i].Key, headers(msgs[i]), msgs[i].Value) },
+		Len: len(msgs),
+		Parse: func(i int) (inbox.Event, error) {
+			return inbox.ParseRecord(msgs[i].Key, headers(msgs[i]), msgs[i].Value)
+		},
 		Applied: func(from, to int) {
 			for _, msg := range msgs[from:to] {
 				sess.MarkMessage(msg, "")
