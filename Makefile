@@ -7,7 +7,7 @@ BIN := bin/outbox-relay
 # Go's own test timeout; the suite is sized to finish well inside it.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build deb deb-version demo test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
+.PHONY: all build deb deb-version demo docs docs-generate docs-site test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
 
 all: build
 
@@ -39,6 +39,27 @@ deb: build
 
 deb-version:
 	@echo '$(DEB_VERSION)'
+
+# The docs site: make docs regenerates the reference that comes from the
+# code (docs/reference/commands.md, flags.md and metrics.md, and the man
+# page deploy/outbox-relay.1, written by internal/docgen through
+# cmd/outbox-relay's TestReferenceIsGenerated, which fails in make test when
+# they are stale), then builds site/ with MkDocs and the Material theme,
+# pinned in docs/requirements.txt, in a virtual environment of its own.
+# --strict fails on a broken link or anchor and on a page missing from nav.
+DOCS_VENV ?= .venv-docs
+docs: docs-generate docs-site
+
+docs-generate:
+	$(GO) test -count=1 -run '^TestReferenceIsGenerated$$' ./cmd/outbox-relay/ -update
+
+docs-site:
+	@if ! cmp -s docs/requirements.txt $(DOCS_VENV)/requirements.txt; then \
+		rm -rf $(DOCS_VENV) && python3 -m venv $(DOCS_VENV) && \
+		$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt && \
+		cp docs/requirements.txt $(DOCS_VENV)/requirements.txt; \
+	fi
+	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
 
 # A private PostgreSQL and an in-process Kafka broker; a service writing with
 # package outbox, the relay (SIGKILLed once half-way), and a consumer applying
@@ -113,7 +134,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
-	$(GO) run ./internal/doccheck/cmd/doccheck docs/*.md README.md
+	$(GO) run ./internal/doccheck/cmd/doccheck $$(git ls-files --cached --others --exclude-standard 'docs/*.md') README.md
 
 kafka:
 	@bash test/kafka/fetch.sh || { echo "make kafka: fetching Apache Kafka from Maven Central failed (the lines above say why). It needs Java 17+, Maven (mvn) and access to Maven Central: fix that and run make kafka again. Without Apache Kafka, go test skips its tests and says so." >&2; exit 1; }
@@ -124,4 +145,4 @@ postgres:
 	bash test/postgres/fetch.sh
 
 clean:
-	rm -rf bin dist
+	rm -rf bin dist site $(DOCS_VENV)
