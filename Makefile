@@ -59,7 +59,7 @@ docs-site:
 		$(DOCS_VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt && \
 		cp docs/requirements.txt $(DOCS_VENV)/requirements.txt; \
 	fi
-	$(DOCS_VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --quiet
 
 # A private PostgreSQL and an in-process Kafka broker; a service writing with
 # package outbox, the relay (SIGKILLed once half-way), and a consumer applying

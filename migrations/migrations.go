@@ -266,7 +266,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		return nil, err
 	}
 	if _, err := tx.Exec(ctx, script); err != nil {
-		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; see the README's SQL for running it with your own tool)", err)
+		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; migrate --print-sql prints the SQL for running it with your own tool)", err)
 	}
 	if untracked > 0 {
 		state := "pending: poll mode publishes them"

@@ -58,7 +58,7 @@ type Config struct {
 	// request is in flight records gather anyway, so it matters only when
 	// the relay is idle between events. The default, 2 ms, was measured at
 	// steady rates: it halves the broker's CPU per event against sending
-	// each event in a request of its own (see docs/operations.md).
+	// each event in a request of its own (see docs/memory-and-cpu.md).
 	Linger time.Duration
 	// Timeout bounds every wait for a broker: connecting, each request's
 	// answer, and a metadata lookup over all brokers and retries. A broker

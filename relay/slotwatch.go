@@ -281,7 +281,7 @@ func (p *slotWatch) noteWALStatus(info *replication.SlotInfo, walStatus string) 
 			ev = ev.Float64("retained_wal_bytes", *info.RetainedWALBytes)
 		}
 		if walStatus == "lost" {
-			ev.Msg("PostgreSQL invalidated the replication slot (" + info.Invalidation() + "): events it no longer holds can no longer be delivered; see docs/operations.md")
+			ev.Msg("PostgreSQL invalidated the replication slot (" + info.Invalidation() + "): events it no longer holds can no longer be delivered; see docs/slot-trouble.md")
 		} else {
 			ev.Msg("the replication slot holds more WAL than max_slot_wal_keep_size allows: PostgreSQL will invalidate it at the next checkpoint unless the relay catches up")
 		}

@@ -84,7 +84,7 @@ func (a *Admin) Check(ctx context.Context) error {
 		return fmt.Errorf("look up table %s: %w", a.cfg.Table, err)
 	}
 	if !exists {
-		return pg.Preconditionf("table %s.%s does not exist: run `outbox-relay migrate` (or apply the README's SQL), or fix --table", schema, table)
+		return pg.Preconditionf("table %s.%s does not exist: run `outbox-relay migrate` (or apply the SQL of outbox-relay migrate --print-sql), or fix --table", schema, table)
 	}
 	var partitioned bool
 	if err := a.conn.QueryRow(ctx,

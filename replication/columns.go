@@ -15,7 +15,7 @@ import (
 var ErrColumnMapping = errors.New("columns do not match the layout")
 
 // CheckColumns verifies the outbox table's columns, named by the layout,
-// have types whose text form the relay can publish (docs/operations.md
+// have types whose text form the relay can publish (docs/reference/tables.md
 // documents the rules; package layout holds them), and names every column at fault with the type
 // found and the types accepted. An integer payload, for one, would
 // otherwise be published as its digits.

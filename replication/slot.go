@@ -346,7 +346,7 @@ func (a *Admin) FailoverWarning(ctx context.Context, info *SlotInfo, exists bool
 	if err := a.conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil {
 		return "", fmt.Errorf("read pg_is_in_recovery(): %w", err)
 	}
-	const fix = "start the relay on the primary: once it streams, the slot moves and the standby synchronises it within seconds (see \"PostgreSQL standbys and failover\" in docs/operations.md)"
+	const fix = "start the relay on the primary: once it streams, the slot moves and the standby synchronises it within seconds (see \"PostgreSQL standbys and failover\" in docs/postgres-failover.md)"
 	if inRecovery {
 		switch {
 		case !exists:

@@ -1,7 +1,8 @@
 // Package doccheck keeps the project's Markdown pages true to the code: it
 // fails a page that names a file, directory, package, type, function or
 // method that does not exist, or places a declaration in a file it is not
-// in. `make lint` runs it (cmd/doccheck) over docs/*.md and README.md.
+// in. `make lint` runs it (cmd/doccheck) over every page under docs/ and
+// README.md.
 //
 // Only inline code spans are read; fenced code blocks (diagrams, shell
 // sessions, configuration) are not. A span is checked when it is one of:

@@ -47,6 +47,7 @@ type CLI struct {
 	// ListFlags are the flags whose config-file value may be a YAML list.
 	ListFlags map[string]bool
 	EnvOnly   []EnvVar
+	// ExitCodes are the man page's EXIT STATUS.
 	ExitCodes []ExitCode
 }
 
@@ -147,10 +148,7 @@ func (c CLI) Markdown(flagsPage string) []byte {
 	for _, e := range c.EnvOnly {
 		fmt.Fprintf(&b, "| `%s` | %s |\n", e.Name, mdCell(e.Meaning))
 	}
-	b.WriteString("\n## Exit codes\n\nThe same for every command.\n\n| code | meaning |\n|---|---|\n")
-	for _, e := range c.ExitCodes {
-		fmt.Fprintf(&b, "| %d | %s |\n", e.Code, mdCell(e.Meaning))
-	}
+	b.WriteString("\nThe exit codes, the same for every command, are on [their own page](exit-codes.md).\n")
 	return b.Bytes()
 }
 

@@ -300,7 +300,9 @@ func TestDebInstallRemoveUpgradePurge(t *testing.T) {
 		"deploy/prometheus-alerts.yaml":    "/usr/share/outbox-relay/prometheus-alerts.yaml",
 		"deploy/grafana/outbox-relay.json": "/usr/share/outbox-relay/grafana/outbox-relay.json",
 		"README.md":                        "/usr/share/doc/outbox-relay/README.md",
-		"docs/operations.md":               "/usr/share/doc/outbox-relay/operations.md",
+		"docs/operations.md":               "/usr/share/doc/outbox-relay/docs/operations.md",
+		"docs/reference/flags.md":          "/usr/share/doc/outbox-relay/docs/reference/flags.md",
+		"deploy/outbox-relay.1":            "/usr/share/man/man1/outbox-relay.1",
 		"deploy/outbox-relay@.service":     unitDir + "/outbox-relay@.service",
 	} {
 		want, err := os.ReadFile(filepath.Join(repoRoot, src))
@@ -310,6 +312,19 @@ func TestDebInstallRemoveUpgradePurge(t *testing.T) {
 		if got, err := os.ReadFile(dst); err != nil || string(got) != string(want) {
 			t.Errorf("%s is not %s (%v)", dst, src, err)
 		}
+	}
+
+	// man finds the page the package installed, and formats it.
+	if _, err := exec.LookPath("man"); err == nil {
+		const manPage = "/usr/share/man/man1/outbox-relay.1"
+		if out := run(t, "man", "-w", "outbox-relay"); strings.TrimSpace(out) != manPage {
+			t.Errorf("man -w outbox-relay: %q, want %s", out, manPage)
+		}
+		if out := run(t, "man", "-l", manPage); !strings.Contains(out, "EXIT STATUS") || !strings.Contains(out, "OUTBOX_RELAY_PG_DSN") {
+			t.Errorf("man -l %s does not show the page's sections:\n%s", manPage, out)
+		}
+	} else {
+		t.Log("man is not installed: the man page is checked as a file only")
 	}
 
 	// An operator's edit survives removal, which keeps /etc/outbox-relay

@@ -74,7 +74,7 @@ func failoverDrill(t *testing.T, exactlyOnce bool) {
 
 	// The standby must hold the slot, synchronised past events the relay
 	// confirmed, before the primary goes: a slot nothing synced yet is
-	// not there after the promotion (see docs/operations.md).
+	// not there after the promotion (see docs/postgres-failover.md).
 	harness.WaitFor(t, 2*time.Minute, "500 events committed and confirmed", func() bool {
 		return pw.events.Load() >= 500 && !notPast(w.ConfirmedFlush(), "0/0")
 	})

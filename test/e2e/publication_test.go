@@ -78,7 +78,7 @@ func TestDroppedPublicationStopsWithTheWayOut(t *testing.T) {
 		t.Fatalf("reconcile --republish exited %d:\n%s", code, out)
 	}
 	// Republished events land after later ones of their aggregate (the
-	// README says so), so only loss is checked here.
+	// guarantees page says so), so only loss is checked here.
 	ids, _ := e.Committed()
 	harness.CheckNoLoss(t, harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, ids, time.Minute), ids)
 }

@@ -256,7 +256,7 @@ func NewUUID() string {
 }
 
 // PartitionedOutboxSQL is the relay's outbox table partitioned by created_at,
-// as docs/operations.md describes: the primary key holds the partition key,
+// as docs/partitioned-outbox.md describes: the primary key holds the partition key,
 // and retention can drop old partitions whole. Partition outbox_events_old
 // takes rows created before 2000, outbox_events_new the rest.
 const PartitionedOutboxSQL = `

@@ -2,7 +2,7 @@
 // package, type, function or method the module does not have; see package
 // doccheck for what it reads. Usage, from the module root:
 //
-//	go run ./internal/doccheck/cmd/doccheck docs/*.md README.md
+//	go run ./internal/doccheck/cmd/doccheck $(git ls-files 'docs/*.md') README.md
 package main
 
 import (
