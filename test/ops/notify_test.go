@@ -67,6 +67,24 @@ func listenNotify(t *testing.T) *notifySocket {
 	return n
 }
 
+// readAll returns once every datagram sent before the call has been
+// recorded: it sends a marker of its own and waits for the reader to
+// record it, since a unixgram socket keeps its datagrams in order. A test
+// calls it after the relay exited, before it counts what was sent.
+func (n *notifySocket) readAll(t *testing.T) {
+	t.Helper()
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: n.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	marker := fmt.Sprintf("TEST_MARKER=%d", time.Now().UnixNano())
+	if _, err := c.Write([]byte(marker)); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 30*time.Second, "the notify socket's reader to catch up", func() bool { return n.count(marker) == 1 })
+}
+
 // env is what the relay needs to talk to this socket with a watchdog.
 func (n *notifySocket) env(watchdog time.Duration) []string {
 	return []string{"NOTIFY_SOCKET=" + n.path,
@@ -202,6 +220,7 @@ func TestNotifyReadyWatchdogAndStopping(t *testing.T) {
 	if err != nil || code != 0 {
 		t.Fatalf("relay exited %d (%v) after SIGTERM, want 0", code, err)
 	}
+	sock.readAll(t)
 	if n := sock.count("STOPPING=1"); n != 1 {
 		t.Errorf("STOPPING=1 sent %d times, want once:\n%s", n, sock.lines())
 	}
@@ -334,6 +353,7 @@ func TestNotifyPollMode(t *testing.T) {
 	if err != nil || code != 0 {
 		t.Fatalf("poller exited %d (%v) after SIGTERM, want 0:\n%s", code, err, p.Output())
 	}
+	sock.readAll(t)
 	if n := sock.count("STOPPING=1"); n != 1 {
 		t.Errorf("STOPPING=1 sent %d times, want once:\n%s", n, sock.lines())
 	}
