@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/internal/pgname"
 )
@@ -78,8 +80,11 @@ type Event struct {
 	// RawPayload makes Payload raw bytes, as ContentType does, without a
 	// content-type header of the row's own.
 	RawPayload bool
-	// Headers are extra Kafka headers (tenant, traceparent, ...). The
-	// relay's own header names and VersionHeader are refused.
+	// Headers are extra Kafka headers (tenant, ...). The relay's own
+	// header names and VersionHeader are refused. When the ctx given to
+	// Write carries a valid span context, the event gets its W3C
+	// traceparent (and tracestate, when not empty) headers, unless
+	// Headers sets traceparent itself.
 	Headers map[string]string
 	// OccurredAt is when the business fact happened; zero means the
 	// transaction's start (now()).
@@ -152,8 +157,9 @@ func (w *Writer) write(ctx context.Context, events []Event, exec execFunc) ([]st
 func writeEvents(ctx context.Context, events []Event, exec execFunc, statement func([]row) (string, []any), what func(n int) string) ([]string, error) {
 	rows := make([]row, len(events))
 	ids := make([]string, len(events))
+	tc := traceContextOf(ctx)
 	for i := range events {
-		r, err := prepare(&events[i])
+		r, err := prepare(&events[i], tc)
 		if err != nil {
 			return nil, fmt.Errorf("outbox event %d of %d: %w", i+1, len(events), err)
 		}
@@ -242,9 +248,32 @@ func (w *Writer) insert(rows []row) (string, []any) {
 	return b.String(), args
 }
 
+// Trace context headers (W3C Trace Context), which the relay and package
+// inbox read.
+const (
+	traceparentHeader = "traceparent"
+	tracestateHeader  = "tracestate"
+)
+
+// traceContext is the W3C headers of the caller's span, empty without one.
+type traceContext struct{ traceparent, tracestate string }
+
+// traceContextOf reads ctx's span context through the W3C propagator, so
+// the header is what every OpenTelemetry consumer parses, without the
+// caller having configured a global propagator.
+func traceContextOf(ctx context.Context) traceContext {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return traceContext{}
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	return traceContext{traceparent: carrier[traceparentHeader], tracestate: carrier[tracestateHeader]}
+}
+
 // prepare checks an event against the relay's rules and fills in what the
-// caller left to the writer.
-func prepare(ev *Event) (row, error) {
+// caller left to the writer: the ID, and tc's headers unless the event
+// sets its own traceparent.
+func prepare(ev *Event, tc traceContext) (row, error) {
 	id := ev.ID
 	if id == "" {
 		id = NewID()
@@ -288,8 +317,8 @@ func prepare(ev *Event) (row, error) {
 	if ev.AggregateVersion < 0 {
 		return row{}, fmt.Errorf("event %s: AggregateVersion %d is negative", id, ev.AggregateVersion)
 	}
-	if len(ev.Headers) > 0 || ev.AggregateVersion > 0 || ev.ContentType != "" {
-		headers := make(map[string]string, len(ev.Headers)+2)
+	if len(ev.Headers) > 0 || ev.AggregateVersion > 0 || ev.ContentType != "" || tc.traceparent != "" {
+		headers := make(map[string]string, len(ev.Headers)+4)
 		for k, v := range ev.Headers {
 			if err := checkHeader(k, v); err != nil {
 				return row{}, fmt.Errorf("event %s: %w", id, err)
@@ -304,6 +333,14 @@ func prepare(ev *Event) (row, error) {
 				return row{}, fmt.Errorf("event %s: ContentType: %w", id, err)
 			}
 			headers[contentTypeHeader] = ev.ContentType
+		}
+		if _, own := headers[traceparentHeader]; !own && tc.traceparent != "" {
+			// The pair goes together: a tracestate belongs to the
+			// traceparent it came with.
+			headers[traceparentHeader] = tc.traceparent
+			if _, own := headers[tracestateHeader]; !own && tc.tracestate != "" {
+				headers[tracestateHeader] = tc.tracestate
+			}
 		}
 		if ev.AggregateVersion > 0 {
 			headers[VersionHeader] = strconv.FormatInt(ev.AggregateVersion, 10)
