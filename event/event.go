@@ -27,8 +27,12 @@ type Event struct {
 	// PayloadBinary says Payload is a bytea column's text form, which
 	// the record carries as the bytes it stands for.
 	PayloadBinary bool
-	Headers       []byte // a JSON object, or nil
-	OccurredAt    []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
+	// Redelivery says the source knows it may have published the event
+	// before (poll mode: a row claimed again after its lease expired); the
+	// relay's trace span says so.
+	Redelivery bool
+	Headers    []byte // a JSON object, or nil
+	OccurredAt []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
 	// Extra holds the values of Layout's header columns, in order; nil is
 	// SQL NULL.
 	Extra [][]byte

@@ -257,6 +257,11 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (claimed, 
 	}
 	c.ev = event.OfColumns(l, text)
 	c.ev.PayloadBinary = payloadBinary
+	// Poll mode sees no commit time: the relay's span starts at the
+	// insert, a little before it. A row tried before may be in Kafka
+	// already (a lease that ended, an ack that was lost).
+	c.ev.CommitTime = c.insertedAt
+	c.ev.Redelivery = c.reclaimed || c.attempts > 1
 	c.aggKey = string(c.ev.AggregateType) + "\x00" + string(c.ev.AggregateID)
 	return c, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
 // Config says how to reach Kafka and how to shape records.
@@ -71,6 +72,11 @@ type Config struct {
 	// TopicWait is how long a new topic may take to appear (for brokers that
 	// create topics on first use) before it counts as missing.
 	TopicWait time.Duration
+
+	// Tracing, when set, makes a span of each record whose event carries
+	// a trace context, ended at its outcome; nil (the default) turns
+	// tracing off at the cost of a nil check per record.
+	Tracing *tracing.Records
 }
 
 // DefaultConfig returns the safe defaults the relay ships with.
@@ -436,6 +442,7 @@ func (p *Publisher) drainOutcomes() {
 				Topic: o.Topic, Partition: o.Partition, Err: perr.Err, Record: r,
 			}
 		}
+		p.topics.spans.end(&o)
 		select {
 		case p.outcomes <- o:
 			continue
@@ -488,6 +495,7 @@ func (p *Publisher) Close(timeout time.Duration) error {
 	go func() {
 		p.workers.Wait()
 		p.topics.wait()
+		p.topics.spans.abandon()
 		close(drained)
 	}()
 	var err error

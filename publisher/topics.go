@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
+	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
 // topicResolver turns events into records for both sinks: it resolves each
@@ -30,6 +31,9 @@ type topicResolver struct {
 	missing map[string]missingTopic
 	lookups map[string]*lookup
 
+	// spans are the trace spans of records in flight; nil without tracing.
+	spans *spanTable
+
 	quit    chan struct{} // closed by stop: lookups give up waiting
 	stopped sync.Once
 	running sync.WaitGroup // lookups under way
@@ -39,7 +43,7 @@ func newTopicResolver(cfg Config, log zerolog.Logger, template *topicTemplate, c
 	return &topicResolver{
 		cfg: cfg, log: log, template: template, client: client, admin: admin,
 		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
-		quit: make(chan struct{}),
+		quit: make(chan struct{}), spans: newSpanTable(cfg),
 	}
 }
 
@@ -99,12 +103,24 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	if err != nil {
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
+	var span *tracing.Span
+	if t.cfg.Tracing != nil {
+		var grew bool
+		if span, grew = t.cfg.Tracing.Start(&r.rec, ev, topic.name, ev.CommitTime); grew {
+			r.msg.Headers = saramaHeaders(r.rec.Headers)
+			r.size = int32(r.msg.ByteSize(2))
+		}
+	}
 	if limit := min(topic.maxBytes-recordBatchOverhead, t.cfg.batchBytes()); r.Size() > limit {
 		sizeErr := &LocalSizeError{Size: r.Size(), Limit: limit, TopicMax: topic.maxBytes, ProducerMax: t.cfg.MaxMessageBytes}
 		if t.cfg.batchBytes() < t.cfg.MaxMessageBytes {
 			sizeErr.LoweredTo = t.cfg.batchBytes()
 		}
+		span.End(-1, -1, sizeErr, time.Now())
 		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
+	}
+	if span != nil {
+		t.spans.put(r, span)
 	}
 	return r, nil
 }

@@ -277,6 +277,7 @@ func (s *TxnSink) run() {
 	s.topics.stop()
 	_ = s.producer.Close() // its errors were reported as outcomes already
 	s.topics.wait()
+	s.topics.spans.abandon()
 	s.admin.Close()
 	close(s.done)
 }
@@ -791,7 +792,10 @@ func (o *txnLoop) failOneAs(r *Record, err error, class Class) {
 	o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
 }
 
-func (o *txnLoop) report(out Outcome) { o.pending = append(o.pending, out) }
+func (o *txnLoop) report(out Outcome) {
+	o.topics.spans.end(&out)
+	o.pending = append(o.pending, out)
+}
 
 func (o *txnLoop) reset() {
 	if o.broken != nil || o.complete == len(o.batch) {

@@ -228,6 +228,11 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, "run", err, "")
 	}
+	stopTracing, err := startTracing(ctx, o, log)
+	if err != nil {
+		return usageError(stderr, "run", err, "")
+	}
+	defer stopTracing()
 	return source.run(ctx, o, log, stderr)
 }
 

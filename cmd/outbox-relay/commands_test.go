@@ -436,3 +436,34 @@ func TestOperatorReadsKafkaAdviceOnce(t *testing.T) {
 		}
 	}
 }
+
+// A tracing setting that can never work exits 2 at start-up naming its
+// flag, whether it came from the flag, OUTBOX_RELAY_OTEL_* or the
+// OpenTelemetry variable beneath them.
+func TestRunRefusesBadTracingSettings(t *testing.T) {
+	dsn := deadDSN(t)
+	base := []string{"run", "--pg-dsn", dsn, "--kafka-brokers", "127.0.0.1:1"}
+	for _, tc := range []struct {
+		flags []string
+		env   map[string]string
+		named string
+	}{
+		{flags: []string{"--otel-traces-exporter", "zipkin"}, named: "--otel-traces-exporter"},
+		{flags: []string{"--otel-traces-exporter", "otlp", "--otel-exporter-otlp-protocol", "http/json"}, named: "--otel-exporter-otlp-protocol"},
+		{flags: []string{"--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", "127.0.0.1:4318"}, named: "--otel-exporter-otlp-endpoint"},
+		{flags: []string{"--otel-traces-sampler-arg", "1.5"}, env: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "traceidratio"}, named: "--otel-traces-sampler-arg"},
+		{env: map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "often"}, named: "OTEL_TRACES_SAMPLER"},
+		{env: map[string]string{"OUTBOX_RELAY_OTEL_TRACES_EXPORTER": "otlp", "OUTBOX_RELAY_OTEL_TRACES_SAMPLER": "often"}, named: "--otel-traces-sampler"},
+	} {
+		for k, v := range tc.env {
+			t.Setenv(k, v)
+		}
+		code, _, stderr := runCaptured(append(base, tc.flags...)...)
+		if code != exitUsage || !strings.Contains(stderr, tc.named) {
+			t.Errorf("%v %v: exit %d, want %d naming %s:\n%s", tc.flags, tc.env, code, exitUsage, tc.named, stderr)
+		}
+		for k := range tc.env {
+			os.Unsetenv(k)
+		}
+	}
+}

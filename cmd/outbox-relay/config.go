@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
 // options is everything a command can be told, with the relay's defaults.
@@ -50,6 +51,8 @@ type options struct {
 	recordFormat      string
 	contentType       string
 	cloudEventsSource string
+	// run's trace export, made into relay.Config.Publisher.Tracing
+	tracing tracing.Config
 }
 
 // envName is the environment variable that sets a flag.
@@ -65,7 +68,7 @@ type flagGroup func(fs *flag.FlagSet, o *options)
 func commandFlags(command string) []flagGroup {
 	switch command {
 	case "run":
-		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, pollFlags, deliveryFlag, progressFlags, periodicReconcileFlags, logFlags}
+		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, slotCreationFlags, quarantineTableFlag, kafkaFlags, publishFlags, runFlags, pollFlags, deliveryFlag, progressFlags, periodicReconcileFlags, tracingFlags, logFlags}
 	case "migrate":
 		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, slotCreationFlags, quarantineTableFlag, migrateFlags, pollMigrateFlags, logFlags}
 	case "status":

@@ -1,0 +1,196 @@
+package tracing
+
+import (
+	"bufio"
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outbox-relay/outbox-relay/event"
+)
+
+// The W3C headers, and the column Debezium's outbox router reads a
+// serialized span context from (its tracing.span.context.field default).
+const (
+	TraceparentHeader        = "traceparent"
+	TracestateHeader         = "tracestate"
+	DebeziumSpanContextField = "tracingspancontext"
+)
+
+// Span attributes beyond OpenTelemetry's messaging conventions.
+const (
+	AttrEventID       = "outbox.event_id"
+	AttrAggregateType = "outbox.aggregate_type"
+	AttrAggregateID   = "outbox.aggregate_id"
+	AttrSource        = "outbox.source"
+	AttrDelivery      = "outbox.delivery"
+	AttrRedelivery    = "outbox.redelivery"
+)
+
+// Records starts and ends the relay's span of each traced record. One
+// Records serves every sink of a process; each sink keeps its own spans
+// in flight (a Span, from Start to End).
+type Records struct {
+	tracer trace.Tracer
+	fixed  []attribute.KeyValue
+}
+
+// NewRecords makes the spans of a relay reading source (wal, messages or
+// poll) and delivering in mode (at-least-once or exactly-once) with tp's
+// tracer.
+func NewRecords(tp trace.TracerProvider, source, mode string) *Records {
+	return &Records{
+		tracer: tp.Tracer("github.com/outbox-relay/outbox-relay"),
+		fixed: []attribute.KeyValue{
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String(AttrSource, source),
+			attribute.String(AttrDelivery, mode),
+		},
+	}
+}
+
+// Span is one record's span, to end with End once Kafka answered.
+type Span struct{ span trace.Span }
+
+// Start begins rec's span when the record carries a valid traceparent
+// header (or, in Debezium's shape, a tracingspancontext one holding
+// one), starting at commit (the source transaction's commit time; now when
+// zero), and writes the span's context into rec's traceparent and
+// tracestate headers. grew says a header was added, so the record's size
+// must be counted again. A record without a parent gets no span: nil.
+func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit time.Time) (s *Span, grew bool) {
+	parent := parentOf(rec)
+	if !parent.IsValid() {
+		return nil, false
+	}
+	if commit.IsZero() {
+		commit = time.Now()
+	}
+	attrs := make([]attribute.KeyValue, 0, len(t.fixed)+6)
+	attrs = append(attrs, t.fixed...)
+	attrs = append(attrs,
+		attribute.String("messaging.destination.name", topic),
+		attribute.String("messaging.message.id", string(rec.EventID)),
+		attribute.String(AttrEventID, string(rec.EventID)),
+		attribute.String(AttrAggregateType, string(rec.AggregateType)),
+		attribute.String(AttrAggregateID, string(rec.Key)))
+	if ev.Redelivery {
+		attrs = append(attrs, attribute.Bool(AttrRedelivery, true))
+	}
+	ctx, span := t.tracer.Start(trace.ContextWithRemoteSpanContext(context.Background(), parent), "send "+topic,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(commit), trace.WithAttributes(attrs...))
+	carrier := headerCarrier{rec: rec}
+	propagation.TraceContext{}.Inject(ctx, &carrier)
+	if !span.IsRecording() {
+		// Not sampled: nothing to end, but the consumer still continues
+		// the trace from the context written above.
+		return nil, carrier.grew
+	}
+	return &Span{span: span}, carrier.grew
+}
+
+// End ends the span at the acknowledgement (or failure) at, with where
+// Kafka put the record. A nil Span does nothing.
+func (s *Span) End(partition int32, offset int64, err error, at time.Time) {
+	if s == nil {
+		return
+	}
+	if partition >= 0 {
+		s.span.SetAttributes(attribute.String("messaging.destination.partition.id", itoa(int64(partition))))
+	}
+	if offset >= 0 {
+		s.span.SetAttributes(attribute.Int64("messaging.kafka.offset", offset))
+	}
+	if err != nil {
+		s.span.SetStatus(codes.Error, err.Error())
+	}
+	s.span.End(trace.WithTimestamp(at))
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// parentOf is the span context rec's headers carry.
+func parentOf(rec *event.Record) trace.SpanContext {
+	carrier := headerCarrier{rec: rec}
+	if rec.Header(TraceparentHeader) == nil {
+		// Debezium's column holds java.util.Properties text, e.g.
+		// "traceparent=00-...\ntracestate=...".
+		raw := rec.Header(DebeziumSpanContextField)
+		if raw == nil {
+			return trace.SpanContext{}
+		}
+		carrier.props = properties(string(raw))
+	}
+	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), &carrier))
+}
+
+// properties reads the keys and values of java.util.Properties text: one
+// key=value (or key:value) a line, # and ! comments, and a backslash
+// escaping the next character (Properties.store writes tracestate's "="
+// as "\="). W3C values are ASCII, so no \u escapes are needed.
+func properties(text string) map[string]string {
+	props := map[string]string{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == '!' {
+			continue
+		}
+		i := strings.IndexAny(line, "=:")
+		if i < 0 {
+			continue
+		}
+		props[unescape(strings.TrimSpace(line[:i]))] = unescape(strings.TrimSpace(line[i+1:]))
+	}
+	return props
+}
+
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// headerCarrier is a record's headers as a propagation.TextMapCarrier:
+// it reads from props when set (a Debezium span context), and writes
+// into the record, replacing a header or adding it.
+type headerCarrier struct {
+	rec   *event.Record
+	props map[string]string
+	grew  bool
+}
+
+func (c *headerCarrier) Get(key string) string {
+	if c.props != nil {
+		return c.props[key]
+	}
+	return string(c.rec.Header(key))
+}
+
+func (c *headerCarrier) Set(key, value string) {
+	for i := range c.rec.Headers {
+		if string(c.rec.Headers[i].Key) == key {
+			c.rec.Headers[i].Value = []byte(value)
+			return
+		}
+	}
+	c.rec.Headers = append(c.rec.Headers, event.Header{Key: []byte(key), Value: []byte(value)})
+	c.grew = true
+}
+
+func (c *headerCarrier) Keys() []string { return []string{TraceparentHeader, TracestateHeader} }
