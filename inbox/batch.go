@@ -32,21 +32,23 @@ func (ib *Inbox) HandleBatch(ctx context.Context, db Beginner, events []Event, h
 			break
 		}
 	}
-	results, err := ib.handleValid(ctx, db, events[:valid], h)
+	spans := ib.startSpans(ctx, events[:valid])
+	results, err := ib.handleValid(ctx, db, events[:valid], h, spans)
 	if err == nil && valid < len(events) {
 		err = ErrNoEventID
 	}
+	endSpans(spans, results, err)
 	return results, err
 }
 
-func (ib *Inbox) handleValid(ctx context.Context, db Beginner, events []Event, h Handler) ([]Result, error) {
+func (ib *Inbox) handleValid(ctx context.Context, db Beginner, events []Event, h Handler, spans []eventSpan) ([]Result, error) {
 	if len(events) == 0 {
 		return nil, nil
 	}
 	if len(events) > 1 {
-		results, reports, err := ib.applyInTx(ctx, db, events, h)
+		results, reports, err := ib.applyInTx(ctx, db, events, h, spans)
 		if err == nil {
-			ib.count(results, reports)
+			ib.count(events, results, reports)
 			return results, nil
 		}
 		if ctx.Err() != nil {
@@ -55,22 +57,30 @@ func (ib *Inbox) handleValid(ctx context.Context, db Beginner, events []Event, h
 	}
 	results := make([]Result, 0, len(events))
 	for i := range events {
-		res, reports, err := ib.applyInTx(ctx, db, events[i:i+1], h)
+		var one []eventSpan
+		if spans != nil {
+			one = spans[i : i+1]
+		}
+		res, reports, err := ib.applyInTx(ctx, db, events[i:i+1], h, one)
 		if err != nil {
 			ib.countFailure(err)
 			return results, err
 		}
-		ib.count(res, reports)
+		ib.count(events[i:i+1], res, reports)
 		results = append(results, res[0])
 	}
 	return results, nil
 }
 
-func (ib *Inbox) count(results []Result, reports []Missing) {
-	for _, r := range results {
+func (ib *Inbox) count(events []Event, results []Result, reports []Missing) {
+	now := ib.cfg.Now()
+	for i, r := range results {
 		switch r.Outcome {
 		case Applied:
 			ib.m.applied.Add(int64(1 + r.Released))
+			if at := occurredAt(&events[i]); !at.IsZero() {
+				ib.m.occurredToApplied.Observe(now.Sub(at).Seconds())
+			}
 		case Duplicate:
 			ib.m.duplicates.Add(1)
 		case Stale:
@@ -102,7 +112,7 @@ type aggregate struct{ typ, id string }
 
 // applyInTx applies events in one transaction begun on db and commits it.
 // It returns the missing-predecessor reports to make once committed.
-func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h Handler) ([]Result, []Missing, error) {
+func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h Handler, spans []eventSpan) ([]Result, []Missing, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("event %s: begin: %w", events[0].ID, err)
@@ -128,13 +138,13 @@ func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h H
 		}
 		wrote = true
 		if v == nil || ev.Version == 0 {
-			if err := ib.run(ctx, tx, ev, h); err != nil {
+			if err := ib.run(ctxOf(ctx, spans, i), tx, ev, h); err != nil {
 				return nil, nil, err
 			}
 			results[i] = Result{Outcome: Applied}
 			continue
 		}
-		res, missing, err := ib.applyVersioned(ctx, tx, v, ev, h)
+		res, missing, err := ib.applyVersioned(ctxOf(ctx, spans, i), tx, v, ev, h)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -11,6 +11,7 @@ import (
 type Metrics struct {
 	applied, duplicates, staleVersions, gaps, handlerErrors, missingReports atomic.Int64
 	missing                                                                 atomic.Int64
+	occurredToApplied                                                       prometheus.Histogram
 	collectors                                                              []prometheus.Collector
 }
 
@@ -54,8 +55,17 @@ func NewMetrics(consumer string) *Metrics {
 		Name: "inbox_missing_predecessors", ConstLabels: labels,
 		Help: "Aggregates whose next version has been missing longer than the limit, at the last check.",
 	}, func() float64 { return float64(m.missing.Load()) }))
+	m.occurredToApplied = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "inbox_occurred_to_applied_seconds", ConstLabels: labels, Buckets: latencyBuckets,
+		Help: "From the event's occurred_at header to its handler's commit, for events applied (records without occurred_at are not observed).",
+	})
+	m.collectors = append(m.collectors, m.occurredToApplied)
 	return m
 }
+
+// latencyBuckets are the relay's latency buckets (sub-millisecond to
+// minutes), so its commit-to-ack and this line up on one dashboard.
+var latencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 300}
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
