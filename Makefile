@@ -7,7 +7,7 @@ BIN := bin/outbox-relay
 # Go's own test timeout; the suite is sized to finish well inside it.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build deb deb-version demo docs docs-generate docs-site test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres clean
+.PHONY: all build deb deb-version demo docs docs-generate docs-site test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres jaeger clean
 
 all: build
 
@@ -68,10 +68,11 @@ demo: build
 	$(GO) run ./cmd/outbox-relay-demo --relay $(BIN)
 
 # Everything: unit tests, then end-to-end tests and reduced-size drills
-# against a private PostgreSQL, kfake, and Apache Kafka (fetched from Maven
-# Central into ~/.cache/outbox-relay on first use). nfpm is built first, so
-# that test/deb, which runs make deb, does not spend its time compiling it.
-test: lint kafka postgres
+# against a private PostgreSQL, kfake, Apache Kafka (fetched from Maven
+# Central into ~/.cache/outbox-relay on first use) and Jaeger (built there
+# on first use, see make jaeger). nfpm is built first, so that test/deb,
+# which runs make deb, does not spend its time compiling it.
+test: lint kafka postgres jaeger
 	$(GO) tool nfpm --version >/dev/null
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory test-norace
@@ -143,6 +144,13 @@ kafka:
 # Debian); see test/postgres/fetch.sh.
 postgres:
 	bash test/postgres/fetch.sh
+
+# Jaeger's all-in-one, built from the Go module proxy into
+# ~/.cache/outbox-relay/jaeger-<version>/ for test/tracing; its own module
+# (test/tracing/jaeger) pins it, so its dependencies stay out of go.mod.
+# Minutes the first time, nothing after.
+jaeger:
+	@bash test/tracing/jaeger/fetch.sh || { echo "make jaeger: building Jaeger failed (the lines above say why). It needs Go and the Go module proxy: fix that and run make jaeger again. Without Jaeger, go test skips the tracing tests and says so." >&2; exit 1; }
 
 clean:
 	rm -rf bin dist site $(DOCS_VENV)

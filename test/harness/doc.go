@@ -44,6 +44,9 @@
 //   - tools.go: command-line tools a test needs (systemd-analyze,
 //     promtool, dpkg), skipped loudly when missing unless the environment
 //     requires them, and running them with a timeout.
+//   - jaeger.go: a Jaeger all-in-one (in-memory, every endpoint on
+//     127.0.0.1) that test/tracing/jaeger/fetch.sh builds, its OTLP
+//     endpoints, and traces read from its query API.
 //   - wait.go: WaitFor (poll a condition with a deadline, never sleep as
 //     synchronisation) and FreePort.
 //
