@@ -84,6 +84,8 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 	jsonPayload := ev.Payload == nil || !ev.PayloadBinary && json.Valid(ev.Payload)
 	contentType := ceJSON
 	switch {
+	case len(ev.ContentType) > 0:
+		contentType = ev.ContentType
 	case ev.Layout.ContentType != "":
 		contentType = ev.Layout.ContentTypeBytes()
 	case ev.PayloadBinary:
@@ -91,6 +93,7 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 	case !jsonPayload:
 		contentType = ceText
 	}
+	n += len(contentType)
 	if s.Structured {
 		// The attributes again in the JSON, with their names, punctuation
 		// and some room for escapes.
@@ -141,7 +144,8 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 			headers = append(headers, Header{Key: headerCETime, Value: at})
 		}
 		if r.Value != nil {
-			headers = append(headers, Header{Key: headerContentType, Value: contentType})
+			// Copied: a row's value aliases the caller's buffer.
+			headers = append(headers, Header{Key: headerContentType, Value: a.take(contentType)})
 		}
 	}
 	r.Headers = a.appendPlaced(headers, ev, names, extra)
@@ -273,7 +277,7 @@ func (CloudEvents) Store(ev *Event) Stored {
 	s := Relay{}.Store(ev)
 	s.PayloadNull = ev.Payload == nil
 	if len(ev.Layout.HeaderColumns) > 0 {
-		s.Headers = debeziumHeaders(ev)
+		s.Headers = storedWithContentType(debeziumHeaders(ev), ev.ContentType)
 	}
 	return s
 }
@@ -293,13 +297,18 @@ func (s CloudEvents) StoreRecord(r *Record) Stored {
 	if !s.Structured {
 		r.storedPayload(&st, r.Value)
 		st.OccurredAt = string(r.Header("ce_time"))
+		// The data's type as sent, which a replay sends again: it may
+		// have come from the row (--column-content-type).
+		st.Headers = storedWithContentType(st.Headers, r.Header(string(headerContentType)))
 		return st
 	}
 	var attrs struct {
-		Time string `json:"time"`
+		Time            string `json:"time"`
+		DataContentType string `json:"datacontenttype"`
 	}
 	_ = json.Unmarshal(r.Value, &attrs) // the relay built it: it is JSON
 	st.OccurredAt = attrs.Time
+	st.Headers = storedWithContentType(st.Headers, []byte(attrs.DataContentType))
 	if r.binary {
 		st.Payload, st.PayloadBinary = structuredBinaryData(r.Value), true
 		return st
@@ -343,7 +352,35 @@ func (CloudEvents) Restore(s *Stored, l *layout.Layout) *Event {
 	if len(l.HeaderColumns) > 0 {
 		ev.Extra, ev.Headers = splitDebeziumHeaders(s.Headers, l)
 	}
+	// The binding refuses a row's content-type header: a stored one is
+	// the data's type the event was sent with (see Store, StoreRecord).
+	ev.ContentType, ev.Headers = takeContentType(ev.Headers)
 	return ev
+}
+
+// takeContentType removes content-type from a headers object and returns
+// its value; headers without one come back as they are.
+func takeContentType(headers []byte) (contentType, rest []byte) {
+	if len(headers) == 0 {
+		return nil, headers
+	}
+	members := map[string]json.RawMessage{}
+	if json.Unmarshal(headers, &members) != nil {
+		return nil, headers
+	}
+	raw, ok := members[string(headerContentType)]
+	if !ok {
+		return nil, headers
+	}
+	delete(members, string(headerContentType))
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return nil, headers
+	}
+	if len(members) > 0 {
+		rest, _ = json.Marshal(members)
+	}
+	return []byte(s), rest
 }
 
 // CloudEventID is the id attribute of a structured CloudEvent, for readers

@@ -204,11 +204,17 @@ func TestCloudEventsStoreAndRestore(t *testing.T) {
 		text.Payload = []byte(`a "text" payload`)
 		null := withColumns(ceEvent(relayLayout))
 		null.Payload = nil
+		ownType := ceEvent(relayLayout)
+		ownType.Payload, ownType.PayloadBinary, ownType.ContentType = []byte(`\x0aff`), true, []byte("application/x-protobuf")
+		ownTypeColumns := withColumns(ceEvent(relayLayout))
+		ownTypeColumns.ContentType = []byte("application/vnd.a+json")
 		for name, ev := range map[string]Event{
 			"relay table":               ceEvent(relayLayout),
 			"text payload":              text,
 			"debezium table, columns":   withColumns(ceEvent(relayLayout)),
 			"debezium table, NULL data": null,
+			"content type column":       ownType,
+			"content type, columns":     ownTypeColumns,
 		} {
 			t.Run(format+"/"+name, func(t *testing.T) {
 				var r Record

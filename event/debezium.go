@@ -33,7 +33,8 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	if err != nil {
 		return err
 	}
-	n += len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Payload)
+	contentType := configuredContentType(ev, extra)
+	n += len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Payload) + len(contentType)
 
 	a := arena{buf: make([]byte, 0, n)}
 	r.EventID = a.takeNullable(ev.EventID)
@@ -43,10 +44,10 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	}
 	r.AggregateType = a.takeNullable(ev.AggregateType)
 	r.EventType = a.takeNullable(ev.EventType)
-	contentType := configuredContentType(ev, extra)
 	headers := append(r.headers(plusContentType(1, contentType)+len(names)+len(extra)), Header{Key: headerID, Value: r.EventID})
 	if contentType != nil {
-		headers = append(headers, Header{Key: headerContentType, Value: contentType})
+		// Copied: a row's value aliases the caller's buffer.
+		headers = append(headers, Header{Key: headerContentType, Value: a.take(contentType)})
 	}
 	r.Headers = a.appendPlaced(headers, ev, names, extra)
 	return nil
@@ -97,7 +98,7 @@ func (a *arena) appendPlaced(headers []Header, ev *Event, names [][]byte, extra 
 // headers, with the row's own headers if the layout reads them.
 func (Debezium) Store(ev *Event) Stored {
 	s := Relay{}.Store(ev)
-	s.PayloadNull, s.Headers = ev.Payload == nil, debeziumHeaders(ev)
+	s.PayloadNull, s.Headers = ev.Payload == nil, storedWithContentType(debeziumHeaders(ev), ev.ContentType)
 	return s
 }
 

@@ -33,6 +33,9 @@ type Event struct {
 	Redelivery bool
 	Headers    []byte // a JSON object, or nil
 	OccurredAt []byte // PostgreSQL's ISO text in UTC, e.g. "2026-11-29 21:03:56.123+00"
+	// ContentType is the row's --column-content-type value: the payload's
+	// media type, which wins over --content-type; nil or empty for none.
+	ContentType []byte
 	// Extra holds the values of Layout's header columns, in order; nil is
 	// SQL NULL.
 	Extra [][]byte
@@ -53,7 +56,7 @@ func OfColumns(l *layout.Layout, values [][]byte) Event {
 	v := values[:layout.NumFields]
 	ev := Event{EventID: v[layout.EventID], AggregateType: v[layout.AggregateType], AggregateID: v[layout.AggregateID],
 		EventType: v[layout.EventType], SchemaVersion: v[layout.SchemaVersion], Payload: v[layout.Payload],
-		Headers: v[layout.Headers], OccurredAt: v[layout.OccurredAt], Layout: l}
+		Headers: v[layout.Headers], OccurredAt: v[layout.OccurredAt], ContentType: v[layout.ContentType], Layout: l}
 	if len(l.HeaderColumns) > 0 {
 		ev.Extra = values[layout.NumFields:]
 	}

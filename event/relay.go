@@ -51,7 +51,8 @@ func (Relay) Build(ev *Event, r *Record) error {
 		Header{Key: headerOccurredAt, Value: a.takeRFC3339(ev.OccurredAt)},
 	)
 	if contentType != nil {
-		headers = append(headers, Header{Key: headerContentType, Value: contentType})
+		// Copied: a row's value aliases the caller's buffer.
+		headers = append(headers, Header{Key: headerContentType, Value: a.take(contentType)})
 	}
 	for _, h := range extra {
 		headers = append(headers, Header{Key: a.take(h.Key), Value: a.take(h.Value)})
@@ -60,13 +61,33 @@ func (Relay) Build(ev *Event, r *Record) error {
 	return nil
 }
 
-// Store implements Shape.
+// Store implements Shape. A --column-content-type value goes into the
+// stored headers as content-type, which a replay sends as a row header.
 func (Relay) Store(ev *Event) Stored {
 	return Stored{
 		EventID: string(ev.EventID), AggregateType: string(ev.AggregateType), AggregateID: string(ev.AggregateID),
 		EventType: string(ev.EventType), SchemaVersion: string(ev.SchemaVersion), Payload: string(ev.Payload),
-		PayloadBinary: ev.PayloadBinary, Headers: string(ev.Headers), OccurredAt: string(ev.OccurredAt),
+		PayloadBinary: ev.PayloadBinary, Headers: storedWithContentType(string(ev.Headers), ev.ContentType), OccurredAt: string(ev.OccurredAt),
 	}
+}
+
+// storedWithContentType adds a row's content type to its stored headers (a
+// JSON object, or empty), unless they set one already.
+func storedWithContentType(headers string, contentType []byte) string {
+	if len(contentType) == 0 {
+		return headers
+	}
+	members := map[string]json.RawMessage{}
+	if headers != "" && json.Unmarshal([]byte(headers), &members) != nil {
+		// Not an object: the error the event was quarantined with says so.
+		return headers
+	}
+	if _, ok := members[string(headerContentType)]; ok {
+		return headers
+	}
+	members[string(headerContentType)], _ = json.Marshal(string(contentType))
+	b, _ := json.Marshal(members)
+	return string(b)
 }
 
 // StoreRecord implements Shape. occurred_at is kept as the header has it,
@@ -81,17 +102,21 @@ func (Relay) StoreRecord(r *Record) Stored {
 	return s
 }
 
-// configuredContentType is the --content-type header's value for ev's
-// record, nil when none is configured or the row's headers set their own,
-// which wins as every row header does.
+// configuredContentType is the content-type header's value for ev's
+// record: the row's --column-content-type value, else --content-type's;
+// nil when neither is set or the row's headers set their own, which wins
+// as every row header does.
 func configuredContentType(ev *Event, rowHeaders []Header) []byte {
-	if ev.Layout == nil || ev.Layout.ContentType == "" {
+	if ev.Layout == nil || ev.Layout.ContentType == "" && len(ev.ContentType) == 0 {
 		return nil
 	}
 	for _, h := range rowHeaders {
 		if string(h.Key) == string(headerContentType) {
 			return nil
 		}
+	}
+	if len(ev.ContentType) > 0 {
+		return ev.ContentType
 	}
 	return ev.Layout.ContentTypeBytes()
 }

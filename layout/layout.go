@@ -100,6 +100,9 @@ const (
 	Payload
 	Headers
 	OccurredAt
+	// ContentType is the payload's media type, per row; no layout reads
+	// a column for it unless --column-content-type names one.
+	ContentType
 	// NumFields is how many fields a record is made of.
 	NumFields
 	CreatedAt  = NumFields
@@ -135,6 +138,7 @@ var fields = [NumColumns]field{
 	Payload:       {"--column-payload", [2]string{"payload", "payload"}, [2]bool{true, true}, []string{"jsonb", "json", "text", "bytea"}, "::text"},
 	Headers:       {"--column-headers", [2]string{"headers", ""}, [2]bool{}, []string{"jsonb", "json"}, "::text"},
 	OccurredAt:    {"--column-occurred-at", [2]string{"occurred_at", ""}, [2]bool{}, timeTypes, "::text"},
+	ContentType:   {"--column-content-type", [2]string{"", ""}, [2]bool{}, textTypes, ""},
 	CreatedAt:     {"--column-created-at", [2]string{"created_at", "timestamp"}, [2]bool{}, timeTypes, ""},
 }
 

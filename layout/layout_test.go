@@ -16,7 +16,7 @@ func TestSelectList(t *testing.T) {
 	for _, c := range []string{"event_id", "aggregate_type", "aggregate_id", "event_type", "schema_version", "payload", "headers", "occurred_at"} {
 		all[c] = true
 	}
-	if got, want := Relay.SelectList(all, quoteForTest), `"event_id"::text, "aggregate_type", "aggregate_id", "event_type", "schema_version"::text, "payload"::text, "headers"::text, "occurred_at"::text`; got != want {
+	if got, want := Relay.SelectList(all, quoteForTest), `"event_id"::text, "aggregate_type", "aggregate_id", "event_type", "schema_version"::text, "payload"::text, "headers"::text, "occurred_at"::text, NULL::text`; got != want {
 		t.Errorf("relay layout:\n got %s\nwant %s", got, want)
 	}
 	l, err := New(NameDebezium, [NumColumns]string{}, "tenant, type:eventType")
@@ -25,7 +25,7 @@ func TestSelectList(t *testing.T) {
 	}
 	present := map[string]bool{"id": true, "aggregatetype": true, "aggregateid": true, "payload": true, "tenant": true}
 	got := l.SelectList(present, quoteForTest)
-	want := `"id"::text, "aggregatetype", "aggregateid", NULL::text, NULL::text, "payload"::text, NULL::text, NULL::text, "tenant"::text, "type"::text`
+	want := `"id"::text, "aggregatetype", "aggregateid", NULL::text, NULL::text, "payload"::text, NULL::text, NULL::text, NULL::text, "tenant"::text, "type"::text`
 	if got != want {
 		t.Errorf("debezium layout:\n got %s\nwant %s", got, want)
 	}

@@ -207,7 +207,9 @@ var required = [...]layout.Field{layout.EventID, layout.AggregateType, layout.Ag
 // column names, which the content shares.
 func fieldNamed(key []byte) (layout.Field, bool) {
 	for f := layout.Field(0); f < layout.NumFields; f++ {
-		if string(key) == layout.Relay.Column(f) {
+		// A field the relay's layout reads no column for (the content
+		// type) has no member either.
+		if c := layout.Relay.Column(f); c != "" && string(key) == c {
 			return f, true
 		}
 	}

@@ -449,6 +449,7 @@ func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime t
 		PayloadBinary: row.PayloadBinary,
 		Headers:       v[replication.FieldHeaders],
 		OccurredAt:    v[replication.FieldOccurredAt],
+		ContentType:   v[replication.FieldContentType],
 		Txn:           uint64(txn),
 		CommitTime:    commitTime,
 	}

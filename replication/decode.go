@@ -59,6 +59,7 @@ const (
 	FieldPayload       = layout.Payload
 	FieldHeaders       = layout.Headers
 	FieldOccurredAt    = layout.OccurredAt
+	FieldContentType   = layout.ContentType
 	numFields          = int(layout.NumFields)
 )
 

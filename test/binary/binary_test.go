@@ -268,3 +268,123 @@ func TestBinaryPayloadsAsCloudEvents(t *testing.T) {
 		})
 	}
 }
+
+// columnContentTypes are the per-row media types of the
+// --column-content-type tests, by event; "" is a NULL column.
+var columnContentTypes = []string{"application/x-protobuf; messageType=Struct", "application/vnd.apache.avro+binary", ""}
+
+// writeWithContentTypes adds a content_type column to the table sources'
+// table and writes evs with columnContentTypes in turn.
+func writeWithContentTypes(t *testing.T, e *harness.Env, evs []written) []string {
+	t.Helper()
+	e.DB.Exec(t, "ALTER TABLE outbox_events ADD COLUMN content_type text")
+	conn := e.DB.Connect(t)
+	types := make([]string, len(evs))
+	for i, w := range evs {
+		types[i] = columnContentTypes[i%len(columnContentTypes)]
+		var ct any
+		if types[i] != "" {
+			ct = types[i]
+		}
+		if _, err := conn.Exec(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload, content_type)
+			VALUES ($1, $2, $3, 'com.example.Happened', $4, $5)`, w.id, w.aggregateType, w.aggregateID, w.payload, ct); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return types
+}
+
+// With --column-content-type, each row's content type goes into its
+// record's content-type header, through the WAL and poll sources; a NULL
+// falls back to --content-type. A row Kafka refused keeps its content type
+// through the quarantine, and replay sends it again.
+func TestContentTypeFromColumn(t *testing.T) {
+	for _, src := range []string{"wal", "poll"} {
+		t.Run(src, func(t *testing.T) {
+			e := harness.NewRelayEnv(t, cluster, 3)
+			e.Source = src
+			prefix := "bin-ct-" + src
+			small := prefix + ".customer"
+			e.Kafka.CreateTopic(t, small, 3, map[string]string{"max.message.bytes": "1000"})
+			setUp(t, e)
+			evs := events(t, "order")
+			oversize := written{id: harness.NewUUID(), aggregateType: "customer", aggregateID: "agg-9", payload: bytes.Repeat([]byte{0xff, 0x00}, 1000)}
+			types := writeWithContentTypes(t, e, append(evs, oversize))
+			topics := "^" + regexp.QuoteMeta(prefix+".")
+			p := e.StartRelayNoWait("--column-content-type", "content_type", "--content-type", contentType, "--topic", prefix+".{aggregate_type}")
+			p.WaitForOutput(e.T, `"record_format":"relay"`, time.Minute)
+			got := map[string]harness.Record{}
+			harness.ConsumeUntil(t, e.Brokers, topics, 2*time.Minute, func(all []harness.Record) bool {
+				for _, r := range all {
+					got[r.EventID()] = r
+				}
+				return len(got) == len(evs)
+			})
+			for i, w := range evs {
+				want := types[i]
+				if want == "" {
+					want = contentType
+				}
+				if r := got[w.id]; r.Headers["content-type"] != want || !bytes.Equal(r.Value, w.payload) {
+					t.Errorf("event %d (column %q): content-type %q, value %x; want %q, %x", i, types[i], r.Headers["content-type"], r.Value, want, w.payload)
+				}
+			}
+
+			harness.WaitFor(t, time.Minute, "the oversize event quarantined", func() bool {
+				return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 1
+			})
+			e.Kafka.SetTopicConfig(t, small, "max.message.bytes", "1048588")
+			e.Source = ""
+			code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
+				e.Args("replay", "--all", "--content-type", contentType, "--kafka-brokers", strings.Join(e.Brokers, ","),
+					"--topic", prefix+".{aggregate_type}")...))
+			if code != 0 {
+				t.Fatalf("quarantine replay exited %d:\n%s", code, out)
+			}
+			var replayed harness.Record
+			harness.ConsumeUntil(t, e.Brokers, "^"+regexp.QuoteMeta(small), time.Minute, func(all []harness.Record) bool {
+				for _, r := range all {
+					if r.EventID() == oversize.id {
+						replayed = r
+						return true
+					}
+				}
+				return false
+			})
+			if want := types[len(evs)]; replayed.Headers["content-type"] != want || !bytes.Equal(replayed.Value, oversize.payload) {
+				t.Errorf("replayed: content-type %q, %d bytes; want %q, the %d written", replayed.Headers["content-type"], len(replayed.Value), want, len(oversize.payload))
+			}
+		})
+	}
+}
+
+// In CloudEvents binary mode, the official SDK reads each row's column as
+// the event's datacontenttype.
+func TestContentTypeFromColumnAsCloudEvents(t *testing.T) {
+	e := harness.NewRelayEnv(t, cluster, 3)
+	setUp(t, e)
+	evs := events(t, "order")
+	types := writeWithContentTypes(t, e, evs)
+	prefix := "bin-ct-ce"
+	p := e.StartRelayNoWait("--record-format", "cloudevents", "--cloudevents-source", "/billing", "--column-content-type", "content_type",
+		"--content-type", contentType, "--topic", prefix+".{aggregate_type}")
+	p.WaitForOutput(e.T, `"record_format":"cloudevents"`, time.Minute)
+	got := map[string]*cloudevents.Event{}
+	harness.ConsumeUntil(t, e.Brokers, "^"+regexp.QuoteMeta(prefix+"."), 2*time.Minute, func(all []harness.Record) bool {
+		for _, r := range all {
+			if ev, _, err := harness.CloudEvent(r); err == nil {
+				got[ev.ID()] = ev
+			}
+		}
+		return len(got) == len(evs)
+	})
+	for i, w := range evs {
+		want := types[i]
+		if want == "" {
+			want = contentType
+		}
+		if ev := got[w.id]; ev == nil || ev.DataContentType() != want || !bytes.Equal(ev.Data(), w.payload) {
+			t.Errorf("event %d (column %q): %v; want datacontenttype %q", i, types[i], ev, want)
+		}
+	}
+}
