@@ -118,7 +118,9 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // parentOf is the span context rec's headers carry.
 func parentOf(rec *event.Record) trace.SpanContext {
-	carrier := headerCarrier{rec: rec}
+	// The untraced record returns before the carrier exists: it escapes
+	// to the heap, and an untraced record must cost no allocation.
+	var props map[string]string
 	if rec.Header(TraceparentHeader) == nil {
 		// Debezium's column holds java.util.Properties text, e.g.
 		// "traceparent=00-...\ntracestate=...".
@@ -126,9 +128,14 @@ func parentOf(rec *event.Record) trace.SpanContext {
 		if raw == nil {
 			return trace.SpanContext{}
 		}
-		carrier.props = properties(string(raw))
+		props = properties(string(raw))
 	}
-	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), &carrier))
+	return extract(rec, props)
+}
+
+func extract(rec *event.Record, props map[string]string) trace.SpanContext {
+	carrier := &headerCarrier{rec: rec, props: props}
+	return trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
 }
 
 // properties reads the keys and values of java.util.Properties text: one
