@@ -66,6 +66,7 @@ type options struct {
 	pollRows      int
 	pollIdle      time.Duration
 	inboxEvents   int
+	tracingRows   int
 }
 
 // variant is one relay build measured side by side with the others on the
@@ -95,6 +96,7 @@ func parseOptions(args []string) (*options, error) {
 	fs.IntVar(&o.reconcileRows, "reconcile-rows", 1_000_000, "rows in the window of the reconcile part")
 	fs.IntVar(&o.writerEvents, "writer-events", 200_000, "events each mode of the writer part writes")
 	fs.IntVar(&o.inboxEvents, "inbox-events", 30_000, "backlog each consumer of the inbox part drains")
+	fs.IntVar(&o.tracingRows, "tracing-rows", 300_000, "backlog each setting of the tracing part drains (tracing off, on, sampled 1%)")
 	fs.StringVar(&o.steadyRates, "steady-rates", "500,2000,5000", "commit rates per second of the steady-rate part")
 	fs.DurationVar(&o.steadyFor, "steady-duration", 15*time.Second, "measured length of each steady-rate run (after a warm-up at the same rate)")
 	fs.DurationVar(&o.steadyWarm, "steady-warmup", 2*time.Second, "warm-up at the same rate before each steady-rate measurement")
@@ -163,6 +165,9 @@ func parseOptions(args []string) (*options, error) {
 		if !set["writer-events"] {
 			o.writerEvents = 20_000
 		}
+		if !set["tracing-rows"] {
+			o.tracingRows = 50_000
+		}
 		if !set["skip"] {
 			*skip = "bigtxn"
 		}
@@ -220,7 +225,7 @@ func parseOptions(args []string) (*options, error) {
 }
 
 // parts are the parts of the benchmark that --skip can leave out.
-var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll", "inbox", "messages"}
+var parts = []string{"ceiling", "bigtxn", "latency", "steady", "floor", "allocs", "reconcile", "eos", "writer", "poll", "inbox", "messages", "tracing"}
 
 // catchUpShapes are the backlogs of the catch-up part, by their --shapes key.
 func catchUpShapes() []shape {
@@ -362,12 +367,12 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.res.Brokers = names
 
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["writer"] || !b.o.skip["inbox"] || b.o.profileDir != "" {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["latency"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["writer"] || !b.o.skip["inbox"] || !b.o.skip["tracing"] || b.o.profileDir != "" {
 		if err := b.startPostgres(); err != nil {
 			return err
 		}
 	}
-	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["poll"] || !b.o.skip["messages"] {
+	if !b.o.skip["ceiling"] || !b.o.skip["bigtxn"] || !b.o.skip["steady"] || !b.o.skip["reconcile"] || !b.o.skip["eos"] || !b.o.skip["poll"] || !b.o.skip["messages"] || !b.o.skip["tracing"] {
 		if err := b.buildRelay(); err != nil {
 			return err
 		}
@@ -469,6 +474,13 @@ func (b *bench) run(ctx context.Context) error {
 		b.res.Messages = mr
 		if err != nil {
 			return fmt.Errorf("messages part: %w", err)
+		}
+	}
+	if !b.o.skip["tracing"] {
+		tr, err := b.tracingPart(ctx)
+		b.res.Tracing = tr
+		if err != nil {
+			return fmt.Errorf("tracing part: %w", err)
 		}
 	}
 	b.res.Duration = time.Since(b.started).Round(time.Second).String()

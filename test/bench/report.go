@@ -49,8 +49,10 @@ type Results struct {
 	Poll *PollResult `json:"poll,omitempty"`
 	// Messages is the messages source and the table source side by side.
 	Messages *PollResult `json:"messages,omitempty"`
-	Problems []string    `json:"problems,omitempty"`
-	Duration string      `json:"duration"`
+	// Tracing is the relay with tracing off, on and sampled at 1%.
+	Tracing  *TracingResult `json:"tracing,omitempty"`
+	Problems []string       `json:"problems,omitempty"`
+	Duration string         `json:"duration"`
 }
 
 // TargetRow is one measured value against its target from the issue.
@@ -428,6 +430,7 @@ func (r *Results) markdown() string {
 	r.writerMarkdown(w)
 	r.inboxMarkdown(w)
 	r.pollMarkdown(w)
+	r.tracingMarkdown(w)
 	return b.String()
 }
 

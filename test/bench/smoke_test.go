@@ -29,7 +29,7 @@ func TestBenchRunsEveryPartAtReducedSize(t *testing.T) {
 	}
 	results := filepath.Join(dir, "results")
 	const rows = 1000
-	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--inbox-events", strconv.Itoa(rows), "--broker", "kfake",
+	cmd := exec.Command(bench, "--rows", strconv.Itoa(rows), "--reconcile-rows", strconv.Itoa(rows), "--writer-events", strconv.Itoa(rows), "--inbox-events", strconv.Itoa(rows), "--tracing-rows", strconv.Itoa(rows), "--broker", "kfake",
 		"--skip", "bigtxn,allocs", "--rates", "500", "--latency-duration", "3s",
 		"--steady-rates", "500", "--steady-duration", "2s", "--steady-warmup", "0s",
 		"--poll-rates", "500", "--poll-idle", "2s",
@@ -174,11 +174,12 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 
 	out = append(out, unmeasuredSources(r.Poll, "poll", []string{"wal", "poll"}, rows)...)
 	out = append(out, unmeasuredSources(r.Messages, "messages", []string{"wal", "messages"}, rows)...)
+	out = append(out, unmeasuredTracing(r.Tracing, rows)...)
 
 	if !strings.Contains(hist, "reduced-size check") {
 		bad("history.md lacks the run's line:\n%s", hist)
 	}
-	for _, heading := range []string{"## Ceiling", "## Exactly-once catch-up beside at-least-once", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC", "## Messages"} {
+	for _, heading := range []string{"## Ceiling", "## Exactly-once catch-up beside at-least-once", "## Live commit-to-ack latency", "## Producer floor", "## Steady rate", "## Exactly-once", "## Reconcile", "## Writer", "## Polling or CDC", "## Messages", "## Tracing cost"} {
 		if !strings.Contains(md, "\n"+heading) {
 			bad("latest.md has no section %q", heading)
 		}
@@ -219,6 +220,32 @@ func unmeasuredSources(p *PollResult, part string, sources []string, rows int) [
 		if !sized || !idled {
 			bad("%s part, %s: sizes measured %v, idle period measured %v; want both", part, source, sized, idled)
 		}
+	}
+	return out
+}
+
+// unmeasuredTracing lists what the tracing part failed to measure: each
+// setting's catch-up and steady run, and spans exported when tracing is
+// on.
+func unmeasuredTracing(t *TracingResult, rows int) []string {
+	if t == nil {
+		return []string{"no tracing part"}
+	}
+	var out []string
+	for _, setting := range []string{"tracing off", "tracing on", "sampled 1%"} {
+		var drained, steady bool
+		for _, d := range t.CatchUp {
+			drained = drained || d.Variant == setting && d.Events == rows && d.EventsPerSec > 0 && d.CPUUsPerEvent > 0
+		}
+		for _, s := range t.Steady {
+			steady = steady || s.Variant == setting && s.Events > 0 && s.CPUUsPerEvent > 0
+		}
+		if !drained || !steady {
+			out = append(out, fmt.Sprintf("tracing part, %s: drained %v, steady run %v; want both measured", setting, drained, steady))
+		}
+	}
+	if t.Spans["tracing on"] <= 0 || t.Spans["sampled 1%"] >= t.Spans["tracing on"] {
+		out = append(out, fmt.Sprintf("tracing part: spans exported %v; want some with tracing on, fewer sampled at 1%%", t.Spans))
 	}
 	return out
 }

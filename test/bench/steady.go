@@ -390,6 +390,12 @@ func mean(v []float64) float64 {
 
 // steadyRelay measures one relay variant at rate against br.
 func (b *bench) steadyRelay(ctx context.Context, dsn string, br *broker, vi int, v variant, rate, pad, rep int, logDir string) (SteadyRun, error) {
+	return b.steadyRelayWith(ctx, dsn, br, vi, v, rate, pad, rep, logDir, "")
+}
+
+// steadyRelayWith is steadyRelay with the writers' statement (see
+// writerPool.statement).
+func (b *bench) steadyRelayWith(ctx context.Context, dsn string, br *broker, vi int, v variant, rate, pad, rep int, logDir, statement string) (SteadyRun, error) {
 	run := SteadyRun{Rate: rate, Reader: "relay/" + br.name, Variant: v.name}
 	slot := relaySlot(fmt.Sprintf("steady%d", rate), br, vi, rep)
 	if _, err := createSlots(ctx, dsn, []string{slot}); err != nil {
@@ -430,6 +436,7 @@ func (b *bench) steadyRelay(ctx context.Context, dsn string, br *broker, vi int,
 	}
 	defer db.close()
 	pool := db.pool
+	pool.statement = statement
 
 	warm, err := pool.write(ctx, rate, b.o.steadyWarm, b.o.aggregates, pad)
 	if err != nil {

@@ -42,6 +42,11 @@ func measuredResults(rows int) Results {
 	for _, source := range []string{"wal", "messages"} {
 		r.Messages = pollResultWith(r.Messages, source, rows)
 	}
+	r.Tracing = &TracingResult{Spans: map[string]int64{"tracing on": 2000, "sampled 1%": 20}}
+	for _, setting := range []string{"tracing off", "tracing on", "sampled 1%"} {
+		r.Tracing.CatchUp = append(r.Tracing.CatchUp, DrainRun{Reader: "relay/kfake", Variant: setting, Rep: 1, Events: rows, EventsPerSec: 1000, CPUUsPerEvent: 4})
+		r.Tracing.Steady = append(r.Tracing.Steady, SteadyRun{Reader: "relay/kfake", Variant: setting, Rep: 1, Rate: 2000, Events: 1000, CPUUsPerEvent: 50})
+	}
 	r.evaluate()
 	return r
 }
@@ -63,7 +68,7 @@ func pollResultWith(p *PollResult, source string, rows int) *PollResult {
 	return p
 }
 
-const measuredMarkdown = "\n## Ceiling\n## Exactly-once catch-up beside at-least-once\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n## Messages\n"
+const measuredMarkdown = "\n## Ceiling\n## Exactly-once catch-up beside at-least-once\n## Live commit-to-ack latency\n## Producer floor\n## Steady rate\n## Exactly-once\n## Reconcile\n## Writer\n## Polling or CDC\n## Messages\n## Tracing cost\n"
 
 // A drain of a 1,000-row backlog takes a few milliseconds of relay CPU.
 // The bench read it in 10 ms clock ticks, so it often reported 0, and the
@@ -89,6 +94,9 @@ func TestUnmeasuredCPUFailsTheReducedSizeCheck(t *testing.T) {
 		{"poll part missing", func(r *Results) { r.Poll = nil }, "no poll part", 0},
 		{"messages source's WAL", func(r *Results) { r.Messages.Runs[2].WALBytesPerEvent = 0 }, "messages part, messages at 500/s", 0},
 		{"messages part missing", func(r *Results) { r.Messages = nil }, "no messages part", 0},
+		{"tracing part missing", func(r *Results) { r.Tracing = nil }, "no tracing part", 0},
+		{"tracing on, CPU", func(r *Results) { r.Tracing.Steady[1].CPUUsPerEvent = 0 }, "tracing part, tracing on", 0},
+		{"no spans exported", func(r *Results) { r.Tracing.Spans["tracing on"] = 0 }, "spans exported", 0},
 		{"first confirm", func(r *Results) { r.Ceiling[0].Runs[3].FirstConfirmAfter = 0 }, "single-row, relay/kfake [exactly-once]: first confirm 0.000s", 0},
 		{"exactly-once catch-up", func(r *Results) {
 			r.Ceiling[0].Runs = r.Ceiling[0].Runs[:3]
