@@ -27,7 +27,7 @@ func traced(id, agg string, version int64) inbox.Event {
 func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
 	m := map[string]string{}
 	for _, kv := range s.Attributes() {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }

@@ -13,6 +13,12 @@
 //
 // Many events go to the table in one statement per 1,000 events, not one
 // round trip each.
+//
+// When the ctx of a write carries an OpenTelemetry span, each event gets
+// the span's W3C traceparent (and tracestate) headers, so the relay and
+// the consumer's inbox continue the request's trace; an event that sets
+// traceparent itself keeps its own. The writer only reads the span: it
+// needs no tracer provider.
 package outbox
 
 import (

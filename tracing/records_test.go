@@ -55,7 +55,7 @@ func TestRecordSpanIsTheWritersChildAndTheConsumersParent(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range got.Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	for k, v := range map[string]string{
 		"messaging.destination.name": "orders", "messaging.destination.partition.id": "3", "messaging.kafka.offset": "1234",

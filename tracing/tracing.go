@@ -33,10 +33,12 @@ type Config struct {
 	// Exporter is OTEL_TRACES_EXPORTER: none (the default: tracing off)
 	// or otlp.
 	Exporter string
-	// Endpoint is OTEL_EXPORTER_OTLP_ENDPOINT, a URL: for http/protobuf
-	// the base that /v1/traces is added to, for grpc the collector's
-	// address. OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, a full URL, is read by
-	// the exporter itself when neither is set.
+	// Endpoint is the collector's URL (--otel-exporter-otlp-endpoint):
+	// for http/protobuf the base that /v1/traces is added to, for grpc
+	// the collector's address. Left empty, the exporter reads
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and OTEL_EXPORTER_OTLP_ENDPOINT
+	// itself, with the precedence the specification gives them, which
+	// WithEnv would lose by copying the generic one here.
 	Endpoint string
 	// Protocol is OTEL_EXPORTER_OTLP_PROTOCOL: http/protobuf (the
 	// default) or grpc.
@@ -69,7 +71,7 @@ var Flags = struct{ Exporter, Endpoint, Protocol, ServiceName, Sampler, SamplerA
 }
 
 // WithEnv fills the fields left empty from the OTEL_* variables getenv
-// reads (os.Getenv in the relay).
+// reads (os.Getenv in the relay); the endpoint is left to the exporter.
 func (c Config) WithEnv(getenv func(string) string) Config {
 	fill := func(field *string, names ...string) {
 		for _, name := range names {
@@ -79,7 +81,6 @@ func (c Config) WithEnv(getenv func(string) string) Config {
 		}
 	}
 	fill(&c.Exporter, "OTEL_TRACES_EXPORTER")
-	fill(&c.Endpoint, "OTEL_EXPORTER_OTLP_ENDPOINT")
 	fill(&c.Protocol, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 	fill(&c.ServiceName, "OTEL_SERVICE_NAME")
 	fill(&c.Sampler, "OTEL_TRACES_SAMPLER")
@@ -106,7 +107,7 @@ func (c Config) Validate() error {
 	if c.Endpoint != "" {
 		u, err := url.Parse(c.Endpoint)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%s (OTEL_EXPORTER_OTLP_ENDPOINT) %q: want a URL such as http://127.0.0.1:4318 (http/protobuf) or http://127.0.0.1:4317 (grpc)", Flags.Endpoint, c.Endpoint)
+			return fmt.Errorf("%s %q: want a URL such as http://127.0.0.1:4318 (http/protobuf) or http://127.0.0.1:4317 (grpc)", Flags.Endpoint, c.Endpoint)
 		}
 	}
 	if _, err := c.sampler(); err != nil {
