@@ -458,3 +458,67 @@ func TestDrillTraceThroughRelayCrash(t *testing.T) {
 		t.Error("no event was re-delivered after the kill; the drill proved nothing about re-delivery")
 	}
 }
+
+// Debezium's outbox table carries the writer's span context serialized as
+// java.util.Properties text in a tracingspancontext column. Placed as a
+// header, it is copied as it is, and the relay makes its span the child
+// of the traceparent in it and adds traceparent (and tracestate) headers
+// naming its own span, as Debezium's router does; a row without it gets
+// neither.
+func TestTraceDebeziumSpanContextColumn(t *testing.T) {
+	j := harness.StartJaeger(t)
+	e := harness.NewRelayEnv(t, cluster, 3)
+	e.DB.Exec(t, `CREATE TABLE public.outbox_events (
+		id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
+		type varchar(255) NOT NULL, payload jsonb, tracingspancontext varchar(256))`)
+	layout := []string{"--outbox-layout", "debezium", "--header-columns", "tracingspancontext"}
+	e.Migrate(layout...)
+	tp := provider(t, j, serviceName)
+	ctx, span := tp.Tracer("drill").Start(context.Background(), "place order")
+	sc := span.SpanContext()
+	props := fmt.Sprintf("#Wed Dec 02 10:00:00 UTC 2026\ntraceparent=00-%s-%s-01\ntracestate=vendor\\=1\n", sc.TraceID(), sc.SpanID())
+	traced, plain := harness.NewUUID(), harness.NewUUID()
+	conn := e.DB.Connect(t)
+	for id, column := range map[string]any{traced: props, plain: nil} {
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox_events VALUES ($1, 'order', 'o-1', 'OrderPlaced', '{}', $2)`, id, column); err != nil {
+			t.Fatal(err)
+		}
+	}
+	span.End()
+	flush(t, tp)
+	relay := harness.StartProcess(t, e.Bin, e.Args("run", relayArgs(j, layout...)...), relayEnv)
+	byID := map[string]harness.Record{}
+	harness.ConsumeUntil(t, e.Brokers, harness.RelayTopics, 2*time.Minute, func(all []harness.Record) bool {
+		for _, r := range all {
+			byID[r.Headers["id"]] = r
+		}
+		return len(byID) == 2
+	})
+	stopRelay(t, relay)
+
+	if r := byID[plain]; r.Headers["traceparent"] != "" || r.Headers["tracingspancontext"] != "" {
+		t.Errorf("row without a span context: headers %v, want neither traceparent nor a tracingspancontext value", r.Headers)
+	}
+	r := byID[traced]
+	if r.Headers["tracingspancontext"] != props || r.Headers["tracestate"] != "vendor=1" {
+		t.Errorf("tracingspancontext %q, tracestate %q: want the column as written and the writer's tracestate", r.Headers["tracingspancontext"], r.Headers["tracestate"])
+	}
+	relaySpan := parentSpanID(r.Headers["traceparent"])
+	var spans []harness.JaegerSpan
+	harness.WaitFor(t, time.Minute, "Jaeger holds the service and relay spans", func() bool {
+		spans, _ = j.Trace(sc.TraceID().String())
+		return len(spans) >= 2
+	})
+	var found bool
+	for _, s := range spans {
+		if s.SpanID == relaySpan {
+			found = true
+			if s.Service != relayName || s.Parent() != sc.SpanID().String() || s.Tag("outbox.event_id") != traced {
+				t.Errorf("relay span %+v: want service %s, CHILD_OF the service span %s, event %s", s, relayName, sc.SpanID(), traced)
+			}
+		}
+	}
+	if !found || len(spans) != 2 {
+		t.Errorf("trace %s: %d spans, relay span %s found %v; want the service's and the relay's", sc.TraceID(), len(spans), relaySpan, found)
+	}
+}
