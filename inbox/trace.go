@@ -108,10 +108,14 @@ func ctxOf(ctx context.Context, spans []eventSpan, i int) context.Context {
 	return spans[i].ctx
 }
 
-// occurredAt is the relay's occurred_at header (RFC 3339), zero when the
-// record has none (Debezium's shape) or it does not parse.
+// occurredAt is the event's occurred_at header (RFC 3339), or a binary
+// CloudEvent's ce_time; zero when the record has neither (Debezium's
+// shape, a structured CloudEvent) or it does not parse.
 func occurredAt(ev *Event) time.Time {
 	v := ev.Headers["occurred_at"]
+	if v == "" {
+		v = ev.Headers["ce_time"]
+	}
 	if v == "" {
 		return time.Time{}
 	}

@@ -107,7 +107,8 @@ func TestInboxConsumerSpanRecordsAFailure(t *testing.T) {
 }
 
 // The occurred-to-applied histogram observes each applied event with an
-// occurred_at header, by the inbox's clock.
+// occurred_at header (or a binary CloudEvent's ce_time), by the inbox's
+// clock.
 func TestInboxOccurredToAppliedHistogram(t *testing.T) {
 	_, conn := setup(t)
 	occurred := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
@@ -118,6 +119,9 @@ func TestInboxOccurredToAppliedHistogram(t *testing.T) {
 	mustHandle(t, ib, conn, e)
 	mustHandle(t, ib, conn, e)                // a duplicate: not observed
 	mustHandle(t, ib, conn, ev("e2", "a", 0)) // no occurred_at: not observed
+	ce := ev("e3", "a", 0)
+	ce.Headers["ce_time"] = occurred.Add(500 * time.Millisecond).Format(time.RFC3339Nano) // a binary CloudEvent's time
+	mustHandle(t, ib, conn, ce)
 
 	ch := make(chan prometheus.Metric, 32)
 	go func() { m.Collect(ch); close(ch) }()
@@ -129,8 +133,8 @@ func TestInboxOccurredToAppliedHistogram(t *testing.T) {
 		}
 		if h := d.GetHistogram(); h != nil {
 			found = true
-			if h.GetSampleCount() != 1 || h.GetSampleSum() != 1.5 {
-				t.Errorf("histogram: %d samples summing %g, want 1 of 1.5 s", h.GetSampleCount(), h.GetSampleSum())
+			if h.GetSampleCount() != 2 || h.GetSampleSum() != 2.5 {
+				t.Errorf("histogram: %d samples summing %g, want 2, of 1.5 s and 1 s", h.GetSampleCount(), h.GetSampleSum())
 			}
 		}
 	}

@@ -175,7 +175,7 @@ func applyAll(t *testing.T, e *harness.Env, j *harness.Jaeger, records []harness
 		for i, k := range r.HeaderKeys {
 			headers[i] = inbox.Header{Key: []byte(k), Value: r.HeaderValues[i]}
 		}
-		ev, err := inbox.Parse(headers, r.Value)
+		ev, err := inbox.ParseRecord(r.Key, headers, r.Value)
 		if err != nil {
 			t.Fatal(err)
 		}
