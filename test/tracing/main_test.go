@@ -19,10 +19,13 @@ import (
 )
 
 // cluster is the PostgreSQL cluster the package's tests share; each test
-// gets its own database, and so its own slot.
+// gets its own database, and so its own slot. Its wal_sender_timeout of a
+// minute makes the relay's keepalive status (which confirms what Kafka
+// acknowledged) come every 10 s, so the crash drill's relay has that long
+// to publish part of the stream without confirming it, on a busy machine.
 var cluster *harness.Postgres
 
 func TestMain(m *testing.M) {
-	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "20s"}},
+	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "60s"}},
 		func(pg *harness.Postgres) { cluster = pg })
 }

@@ -366,8 +366,8 @@ func TestTraceEverySourceAndDelivery(t *testing.T) {
 // To be sure the killed relay confirmed nothing it had published, Kafka's
 // answers are delayed (so records are always in flight while the service
 // writes, and the relay never confirms on going idle), the relay reports
-// its position only every hour (--status-interval; the slot's keepalive
-// schedule still reports within wal_sender_timeout/3), and once part of
+// its position only every hour (--status-interval; its keepalive schedule
+// still reports every 10 s, see TestMain), and once part of
 // the stream is in Kafka, produce requests are cut so nothing more is
 // acknowledged while the test waits for the relay's spans to reach Jaeger.
 //
