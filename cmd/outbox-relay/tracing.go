@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/outbox-relay/outbox-relay/tracing"
@@ -40,6 +41,12 @@ func startTracing(ctx context.Context, o *options, log zerolog.Logger) (stop fun
 	if err != nil || tp == nil {
 		return func() {}, err
 	}
+	// The SDK reports a failed export to the global handler, which prints
+	// plain text to stderr; the journal should get one JSON line that
+	// says what to check. main is the one place that may set it.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn().Err(err).Msg("tracing: spans were not exported; check that the collector at the OTLP endpoint is up and reachable")
+	}))
 	o.relay.Publisher.Tracing = tracing.NewRecords(tp, o.source, o.relay.DeliveryMode())
 	log.Info().Str("protocol", orDefault(o.tracing.Protocol, tracing.ProtocolHTTP)).Str("sampler", orDefault(o.tracing.Sampler, "parentbased_always_on")).
 		Msg("tracing on: events with a traceparent get a span from commit to ack")
