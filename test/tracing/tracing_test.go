@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -520,5 +521,30 @@ func TestTraceDebeziumSpanContextColumn(t *testing.T) {
 	}
 	if !found || len(spans) != 2 {
 		t.Errorf("trace %s: %d spans, relay span %s found %v; want the service's and the relay's", sc.TraceID(), len(spans), relaySpan, found)
+	}
+}
+
+// A collector that is not there costs the relay nothing but a warning: it
+// publishes as ever, and says in one JSON log line what to check, not in
+// the SDK's plain text on stderr.
+func TestUnreachableCollectorIsAWarning(t *testing.T) {
+	j := harness.StartJaeger(t) // for the service's own spans only
+	e := harness.NewRelayEnv(t, cluster, 3)
+	e.Migrate()
+	s := newService(t, e, j)
+	if err := s.placeOrder(1, true); err != nil {
+		t.Fatal(err)
+	}
+	dead := fmt.Sprintf("http://127.0.0.1:%d", harness.FreePort(t))
+	relay := harness.StartProcess(t, e.Bin, e.Args("run", "--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", dead),
+		append(slices.Clone(relayEnv), "OTEL_EXPORTER_OTLP_TIMEOUT=300"))
+	ids, _ := e.Committed()
+	harness.ConsumeEventIDs(t, e.Brokers, harness.RelayTopics, ids, time.Minute)
+	relay.WaitForOutput(t, "spans were not exported", time.Minute)
+	stopRelay(t, relay)
+	for _, line := range strings.Split(strings.TrimSpace(relay.Output()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("the relay wrote a line that is no JSON: %q", line)
+		}
 	}
 }
