@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -546,5 +547,58 @@ func TestUnreachableCollectorIsAWarning(t *testing.T) {
 		if !json.Valid([]byte(line)) {
 			t.Errorf("the relay wrote a line that is no JSON: %q", line)
 		}
+	}
+}
+
+// Poll mode knows a row it claims again may be in Kafka already: after a
+// failed attempt, the next relay span of the event says outbox.redelivery,
+// and the failed one ends with an error status. Both are the service
+// span's children in one trace.
+func TestPollRetryIsMarkedAsARedelivery(t *testing.T) {
+	j := harness.StartJaeger(t)
+	e := harness.NewRelayEnv(t, cluster, 3)
+	e.Source = "poll"
+	e.Migrate()
+	s := newService(t, e, j)
+	if err := s.placeOrder(1, true); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, s.tp)
+	// The first attempt and the producer's one retry fail, so the
+	// poller records a failed attempt and claims the row again.
+	fault := e.Kafka.FailProduce(2, kerr.NotLeaderForPartition.Code)
+	defer fault.Remove()
+	relay := harness.StartProcess(t, e.Bin, e.Args("run", relayArgs(j, "--kafka-retry-max", "1", "--poll-backoff-min", "100ms")...), relayEnv)
+	ids, _ := e.Committed()
+	harness.ConsumeEventIDs(t, e.Brokers, harness.RelayTopics, ids, time.Minute)
+	stopRelay(t, relay)
+	var sc trace.SpanContext
+	for _, v := range s.traced {
+		sc = v
+	}
+	var spans []harness.JaegerSpan
+	harness.WaitFor(t, time.Minute, "Jaeger holds the service span and two relay spans", func() bool {
+		spans, _ = j.Trace(sc.TraceID().String())
+		return len(spans) >= 3
+	})
+	var failed, retried int
+	for _, sp := range spans {
+		if sp.Service != relayName {
+			continue
+		}
+		if sp.Parent() != sc.SpanID().String() {
+			t.Errorf("relay span %s is CHILD_OF %q, want the service span %s", sp.SpanID, sp.Parent(), sc.SpanID())
+		}
+		switch {
+		case sp.Tag("otel.status_code") == "ERROR" && sp.Tag("outbox.redelivery") == "":
+			failed++
+		case sp.Tag("otel.status_code") == "" && sp.Tag("outbox.redelivery") == "true" && sp.Tag("messaging.kafka.offset") != "":
+			retried++
+		default:
+			t.Errorf("relay span %+v: want a failed first attempt, or a re-delivery with its offset", sp)
+		}
+	}
+	if failed != 1 || retried != 1 || len(spans) != 3 {
+		t.Errorf("%d spans: %d failed attempts, %d re-deliveries; want the service span, one of each", len(spans), failed, retried)
 	}
 }
