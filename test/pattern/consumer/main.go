@@ -79,6 +79,10 @@ func run() error {
 	// A killed member holds its partitions until its session times out.
 	cfg.Consumer.Group.Session.Timeout = 6 * time.Second
 	cfg.Consumer.Group.Heartbeat.Interval = time.Second
+	// A JoinGroup answer may wait for the rebalance to end, up to this
+	// timeout: keep it below the read timeout (30 s), or a rebalance
+	// that waits on a killed member reads as an i/o timeout.
+	cfg.Consumer.Group.Rebalance.Timeout = 15 * time.Second
 	if *readCommitted {
 		cfg.Consumer.IsolationLevel = sarama.ReadCommitted
 	}
@@ -103,9 +107,22 @@ func run() error {
 			}
 		}
 	}()
+	// As sarama's own example does, a session that ends in an error is
+	// started again: a JoinGroup or a fetch that times out on a loaded
+	// broker is no reason for a service to exit, and the offsets make it
+	// resume where the last commit left it. Only a closed group ends it.
 	for ctx.Err() == nil && err == nil {
-		if err = cg.Consume(ctx, []string{*topic}, handler); ctx.Err() != nil {
+		err = cg.Consume(ctx, []string{*topic}, handler)
+		switch {
+		case ctx.Err() != nil:
 			err = nil
+		case err != nil && !errors.Is(err, sarama.ErrClosedConsumerGroup):
+			fmt.Fprintf(os.Stderr, "consume: %v; joining the group again\n", err)
+			err = nil
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
 		}
 	}
 	stop()
