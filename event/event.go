@@ -47,6 +47,10 @@ type Event struct {
 	// come back in the acknowledgement unchanged.
 	Txn        uint64
 	CommitTime time.Time
+	// Position is where the source found the event, for its trace span:
+	// the row's or message's WAL position (an LSN), or in poll mode the
+	// row's seq.
+	Position uint64
 }
 
 // OfColumns makes the event of a row read with l.SelectList: the fields

@@ -261,6 +261,7 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (claimed, 
 	// insert, a little before it. A row tried before may be in Kafka
 	// already (a lease that ended, an ack that was lost).
 	c.ev.CommitTime = c.insertedAt
+	c.ev.Position = uint64(c.seq)
 	c.ev.Redelivery = c.reclaimed || c.attempts > 1
 	c.aggKey = string(c.ev.AggregateType) + "\x00" + string(c.ev.AggregateID)
 	return c, nil

@@ -461,6 +461,7 @@ func eventOf(row *replication.Row, l *layout.Layout, txn lsn.TxnID, commitTime t
 func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN) error {
 	ev := &s.event
 	*ev = eventOf(row, s.cfg.layout, s.txn, s.commitTime)
+	ev.Position = uint64(at)
 	var rec *publisher.Record
 	var err error
 	if row.Unmapped != "" {

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
 // The W3C headers, and the column Debezium's outbox router reads a
@@ -31,6 +32,10 @@ const (
 	AttrSource        = "outbox.source"
 	AttrDelivery      = "outbox.delivery"
 	AttrRedelivery    = "outbox.redelivery"
+	// AttrLSN is the WAL position the wal and messages sources found the
+	// event at; AttrPollSeq the outbox row's seq in poll mode.
+	AttrLSN     = "outbox.lsn"
+	AttrPollSeq = "outbox.poll_seq"
 )
 
 // Records starts and ends the relay's span of each traced record. One
@@ -39,6 +44,7 @@ const (
 type Records struct {
 	tracer trace.Tracer
 	fixed  []attribute.KeyValue
+	poll   bool // positions are seqs, not LSNs
 }
 
 // NewRecords makes the spans of a relay reading source (wal, messages or
@@ -53,27 +59,43 @@ func NewRecords(tp trace.TracerProvider, source, mode string) *Records {
 			attribute.String(AttrSource, source),
 			attribute.String(AttrDelivery, mode),
 		},
+		poll: source == "poll",
 	}
 }
 
 // Span is one record's span, to end with End once Kafka answered.
 type Span struct{ span trace.Span }
 
-// Start begins rec's span when the record carries a valid traceparent
-// header (or, in Debezium's shape, a tracingspancontext one holding
-// one), starting at commit (the source transaction's commit time; now when
-// zero), and writes the span's context into rec's traceparent and
-// tracestate headers. grew says a header was added, so the record's size
-// must be counted again. A record without a parent gets no span: nil.
+// Start begins rec's span, starting at commit (the source transaction's
+// commit time; now when zero), and writes the span's context into rec's
+// traceparent and tracestate headers. A record with a valid traceparent
+// header (or, in Debezium's shape, a tracingspancontext one holding one)
+// gets a child of that span. One without starts a trace of its own if the
+// sampler picks it, as any root span does: with the SDK's default
+// sampler every event is traced, with parentbased_traceidratio a share
+// of them. grew says a header was added, so the record's size must be
+// counted again. A record whose span is not sampled gets nil.
 func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit time.Time) (s *Span, grew bool) {
+	ctx := context.Background()
 	parent := parentOf(rec)
-	if !parent.IsValid() {
-		return nil, false
+	if parent.IsValid() {
+		ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
 	}
 	if commit.IsZero() {
 		commit = time.Now()
 	}
-	attrs := make([]attribute.KeyValue, 0, len(t.fixed)+6)
+	ctx, span := t.tracer.Start(ctx, "send "+topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(commit))
+	carrier := headerCarrier{rec: rec}
+	if !span.IsRecording() {
+		if !parent.IsValid() {
+			return nil, false // a root the sampler left out: the record stays untraced
+		}
+		// A parent not sampled: nothing to end, but the consumer still
+		// continues the trace from the context written here.
+		propagation.TraceContext{}.Inject(ctx, &carrier)
+		return nil, carrier.grew
+	}
+	attrs := make([]attribute.KeyValue, 0, len(t.fixed)+7)
 	attrs = append(attrs, t.fixed...)
 	attrs = append(attrs,
 		attribute.String("messaging.destination.name", topic),
@@ -81,18 +103,16 @@ func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit
 		attribute.String(AttrEventID, string(rec.EventID)),
 		attribute.String(AttrAggregateType, string(rec.AggregateType)),
 		attribute.String(AttrAggregateID, string(rec.Key)))
+	if t.poll {
+		attrs = append(attrs, attribute.Int64(AttrPollSeq, int64(ev.Position)))
+	} else if ev.Position != 0 {
+		attrs = append(attrs, attribute.String(AttrLSN, lsn.LSN(ev.Position).String()))
+	}
 	if ev.Redelivery {
 		attrs = append(attrs, attribute.Bool(AttrRedelivery, true))
 	}
-	ctx, span := t.tracer.Start(trace.ContextWithRemoteSpanContext(context.Background(), parent), "send "+topic,
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithTimestamp(commit), trace.WithAttributes(attrs...))
-	carrier := headerCarrier{rec: rec}
+	span.SetAttributes(attrs...)
 	propagation.TraceContext{}.Inject(ctx, &carrier)
-	if !span.IsRecording() {
-		// Not sampled: nothing to end, but the consumer still continues
-		// the trace from the context written above.
-		return nil, carrier.grew
-	}
 	return &Span{span: span}, carrier.grew
 }
 

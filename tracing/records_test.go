@@ -35,7 +35,7 @@ func TestRecordSpanIsTheWritersChildAndTheConsumersParent(t *testing.T) {
 	rs := NewRecords(tp, "wal", "at-least-once")
 	r := record("tenant", "acme", TraceparentHeader, parentTP, TracestateHeader, "v=1")
 	commit := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	s, grew := rs.Start(r, &event.Event{Redelivery: true}, "orders", commit)
+	s, grew := rs.Start(r, &event.Event{Redelivery: true, Position: 0x16B3748}, "orders", commit)
 	if s == nil || grew {
 		t.Fatalf("span %v, grew %v: want a span and no new header", s, grew)
 	}
@@ -60,6 +60,7 @@ func TestRecordSpanIsTheWritersChildAndTheConsumersParent(t *testing.T) {
 	for k, v := range map[string]string{
 		"messaging.destination.name": "orders", "messaging.destination.partition.id": "3", "messaging.kafka.offset": "1234",
 		AttrEventID: "e1", AttrAggregateType: "order", AttrAggregateID: "42", AttrSource: "wal", AttrDelivery: "at-least-once", AttrRedelivery: "true",
+		AttrLSN: "0/16B3748",
 	} {
 		if attrs[k] != v {
 			t.Errorf("attribute %s = %q, want %q", k, attrs[k], v)
@@ -77,18 +78,50 @@ func TestRecordSpanIsTheWritersChildAndTheConsumersParent(t *testing.T) {
 	}
 }
 
-// No traceparent (or a malformed one): no span, and the record untouched.
-func TestRecordWithoutTraceContextGetsNoSpan(t *testing.T) {
-	spans, tp := recorder(sdktrace.AlwaysSample())
-	rs := NewRecords(tp, "poll", "at-least-once")
-	for _, r := range []*event.Record{record("tenant", "acme"), record(TraceparentHeader, "00-zz-yy-01")} {
-		before := len(r.Headers)
-		if s, grew := rs.Start(r, &event.Event{}, "orders", time.Now()); s != nil || grew || len(r.Headers) != before {
-			t.Errorf("headers %v: span %v grew %v", r.Headers, s, grew)
-		}
-	}
-	if n := len(spans.Started()); n != 0 {
-		t.Errorf("%d spans started, want 0", n)
+// No traceparent (or a malformed one): the sampler decides, as for any
+// root span. Sampled, the record gets a root span and carries its
+// context on (a malformed traceparent is replaced); left out, it gets no
+// span and stays as it was.
+func TestRecordWithoutTraceContextFollowsTheSampler(t *testing.T) {
+	for name, sampler := range map[string]sdktrace.Sampler{"sampled": sdktrace.ParentBased(sdktrace.AlwaysSample()), "left out": sdktrace.NeverSample()} {
+		t.Run(name, func(t *testing.T) {
+			spans, tp := recorder(sampler)
+			rs := NewRecords(tp, "poll", "at-least-once")
+			for _, r := range []*event.Record{record("tenant", "acme"), record(TraceparentHeader, "00-zz-yy-01")} {
+				before := string(r.Header(TraceparentHeader))
+				s, _ := rs.Start(r, &event.Event{Position: 77}, "orders", time.Now())
+				after := string(r.Header(TraceparentHeader))
+				if name == "left out" {
+					if s != nil || after != before {
+						t.Errorf("span %v, traceparent %q then %q: want no span and the record untouched", s, before, after)
+					}
+					continue
+				}
+				if s == nil {
+					t.Fatal("no span for a sampled root")
+				}
+				s.End(1, 2, nil, time.Now())
+				got := spans.Ended()[len(spans.Ended())-1]
+				if got.Parent().IsValid() {
+					t.Errorf("parent %v, want a root span", got.Parent())
+				}
+				if want := "00-" + got.SpanContext().TraceID().String() + "-" + got.SpanContext().SpanID().String() + "-01"; after != want {
+					t.Errorf("record's traceparent %q, want the root span's %q", after, want)
+				}
+				var seq int64
+				for _, kv := range got.Attributes() {
+					if kv.Key == AttrPollSeq {
+						seq = kv.Value.AsInt64()
+					}
+				}
+				if seq != 77 {
+					t.Errorf("attribute %s = %d, want the row's seq 77", AttrPollSeq, seq)
+				}
+			}
+			if name == "left out" && len(spans.Started()) != 0 {
+				t.Errorf("%d spans recorded, want 0", len(spans.Started()))
+			}
+		})
 	}
 }
 

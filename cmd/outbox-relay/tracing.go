@@ -19,11 +19,11 @@ import (
 // over it for this process alone.
 func tracingFlags(fs *flag.FlagSet, o *options) {
 	c := &o.tracing
-	fs.StringVar(&c.Exporter, "otel-traces-exporter", "", "trace export (OTEL_TRACES_EXPORTER): otlp, or none (default: tracing off); with otlp, each event whose row carries a traceparent header gets a span from its commit to Kafka's ack, and its record carries that span's context (see docs/tracing.md)")
+	fs.StringVar(&c.Exporter, "otel-traces-exporter", "", "trace export (OTEL_TRACES_EXPORTER): otlp, or none (default: tracing off); with otlp, each event the sampler picks gets a span from its commit to Kafka's ack, the child of the writer's span when its row carries a traceparent header, and its record carries that span's context (see docs/tracing.md)")
 	fs.StringVar(&c.Endpoint, "otel-exporter-otlp-endpoint", "", "OTLP collector URL (OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 for http/protobuf, http://127.0.0.1:4317 for grpc (default: the exporter's, localhost)")
 	fs.StringVar(&c.Protocol, "otel-exporter-otlp-protocol", "", "OTLP protocol (OTEL_EXPORTER_OTLP_PROTOCOL): http/protobuf or grpc (default http/protobuf)")
 	fs.StringVar(&c.ServiceName, "otel-service-name", "", "the spans' service.name (OTEL_SERVICE_NAME; default outbox-relay)")
-	fs.StringVar(&c.Sampler, "otel-traces-sampler", "", "sampler (OTEL_TRACES_SAMPLER): parentbased_always_on (the default: trace what the writer's service traced), parentbased_traceidratio, traceidratio, always_on, always_off, parentbased_always_off")
+	fs.StringVar(&c.Sampler, "otel-traces-sampler", "", "sampler (OTEL_TRACES_SAMPLER): parentbased_always_on (the default: every event, as the child of the writer's span when it has one), parentbased_always_off (only events whose writer sampled its span), parentbased_traceidratio (those, and a fraction of the rest), traceidratio, always_on, always_off")
 	fs.StringVar(&c.SamplerArg, "otel-traces-sampler-arg", "", "the ratio samplers' fraction (OTEL_TRACES_SAMPLER_ARG), 0 to 1, e.g. 0.01")
 }
 
@@ -49,7 +49,7 @@ func startTracing(ctx context.Context, o *options, log zerolog.Logger) (stop fun
 	}))
 	o.relay.Publisher.Tracing = tracing.NewRecords(tp, o.source, o.relay.DeliveryMode())
 	log.Info().Str("protocol", orDefault(o.tracing.Protocol, tracing.ProtocolHTTP)).Str("sampler", orDefault(o.tracing.Sampler, "parentbased_always_on")).
-		Msg("tracing on: events with a traceparent get a span from commit to ack")
+		Msg("tracing on: each event the sampler picks gets a span from commit to ack")
 	return func() { shutdownTracing(tp, log) }, nil
 }
 

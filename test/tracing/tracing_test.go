@@ -202,8 +202,43 @@ func parentSpanID(traceparent string) string {
 	return parts[2]
 }
 
-// want says what the relay spans of a run must carry.
-type want struct{ source, delivery string }
+// want says what the relay spans of a run must carry, and whether its
+// sampler starts traces for events written without a span (roots).
+type want struct {
+	source, delivery string
+	roots            bool
+}
+
+// checkRootRelaySpan: the record of an event written without a span names
+// a relay span that is the root of its trace.
+func checkRootRelaySpan(t *testing.T, j *harness.Jaeger, id string, r harness.Record) {
+	t.Helper()
+	parts := strings.Split(r.Headers["traceparent"], "-")
+	if len(parts) != 4 {
+		t.Errorf("event %s, written without a span: traceparent %q, want one naming the relay's root span", id, r.Headers["traceparent"])
+		return
+	}
+	var spans []harness.JaegerSpan
+	var qerr error
+	var root harness.JaegerSpan
+	if !harness.Poll(time.Minute, func() bool {
+		spans, qerr = j.Trace(parts[1])
+		for _, sp := range spans {
+			if sp.SpanID == parts[2] {
+				root = sp
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Errorf("event %s, written without a span: trace %s has no span %s (%d spans, %v)", id, parts[1], parts[2], len(spans), qerr)
+		return
+	}
+	if root.Service != relayName || root.Parent() != "" || root.Tag("outbox.event_id") != id {
+		t.Errorf("event %s, written without a span: span %s is %s's with parent %q and event %q; want the relay's, a root, for this event",
+			id, parts[2], root.Service, root.Parent(), root.Tag("outbox.event_id"))
+	}
+}
 
 // checkTraces asserts, for every traced event, one trace in Jaeger with
 // the service span at its root; for each of the event's records, a relay
@@ -211,8 +246,10 @@ type want struct{ source, delivery string }
 // span, with the record's topic, partition and offset; and a consumer
 // span CHILD_OF that relay span saying what the inbox did with the record
 // (applied for the first, duplicate for a re-delivery). An event written
-// without a span has no traceparent at all. It returns how many events
-// have more than one record.
+// without a span follows the relay's sampler: with w.roots, each of its
+// records names a relay span at the root of a trace of its own; without,
+// it has no traceparent at all. It returns how many events have more than
+// one record.
 func checkTraces(t *testing.T, j *harness.Jaeger, s *service, records []harness.Record, outcomes map[string]inbox.Outcome, w want) (redelivered int) {
 	t.Helper()
 	byEvent := map[string][]harness.Record{}
@@ -221,9 +258,14 @@ func checkTraces(t *testing.T, j *harness.Jaeger, s *service, records []harness.
 	}
 	for id := range s.plain {
 		for _, r := range byEvent[id] {
-			if _, ok := r.Headers["traceparent"]; ok {
-				t.Errorf("event %s, written without a span, has traceparent %q", id, r.Headers["traceparent"])
+			traceparent, ok := r.Headers["traceparent"]
+			if !w.roots {
+				if ok {
+					t.Errorf("event %s, written without a span, has traceparent %q; the sampler traces only sampled parents", id, traceparent)
+				}
+				continue
 			}
+			checkRootRelaySpan(t, j, id, r)
 		}
 	}
 	for id, sc := range s.traced {
@@ -312,20 +354,23 @@ func checkEvent(t *testing.T, id string, sc trace.SpanContext, spans []harness.J
 
 // Every source and delivery mode carries the trace: the relay's span is
 // the service span's child and the consumer's parent, with the record's
-// place in Kafka; an event without a span gets no traceparent. One run
-// takes the settings from the OpenTelemetry environment and exports over
-// gRPC, the others from flags over HTTP.
+// place in Kafka. An event written without a span starts a trace at the
+// relay with the default sampler, and none in the run whose sampler is
+// parentbased_always_off. One run takes the settings from the
+// OpenTelemetry environment and exports over gRPC, the others from flags
+// over HTTP.
 func TestTraceEverySourceAndDelivery(t *testing.T) {
 	j := harness.StartJaeger(t)
 	for _, tc := range []struct {
 		source, delivery string
 		env              bool
+		sampler          string // empty: the default, parentbased_always_on
 	}{
-		{"wal", "at-least-once", false},
-		{"wal", "exactly-once", true},
-		{"messages", "at-least-once", false},
-		{"messages", "exactly-once", false},
-		{"poll", "at-least-once", false},
+		{"wal", "at-least-once", false, ""},
+		{"wal", "exactly-once", true, ""},
+		{"messages", "at-least-once", false, "parentbased_always_off"},
+		{"messages", "exactly-once", false, ""},
+		{"poll", "at-least-once", false, ""},
 	} {
 		t.Run(tc.source+"/"+tc.delivery, func(t *testing.T) {
 			e := harness.NewRelayEnv(t, cluster, 3)
@@ -339,6 +384,9 @@ func TestTraceEverySourceAndDelivery(t *testing.T) {
 			}
 			flush(t, s.tp)
 			args := []string{"--delivery", tc.delivery}
+			if tc.sampler != "" {
+				args = append(args, "--otel-traces-sampler", tc.sampler)
+			}
 			env := relayEnv
 			if tc.env {
 				env = append(slices.Clone(relayEnv), "OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
@@ -351,7 +399,7 @@ func TestTraceEverySourceAndDelivery(t *testing.T) {
 			records := harness.ConsumeEventIDs(t, e.Brokers, harness.RelayTopics, ids, 2*time.Minute)
 			stopRelay(t, relay)
 			outcomes := applyAll(t, e, j, records)
-			checkTraces(t, j, s, records, outcomes, want{tc.source, tc.delivery})
+			checkTraces(t, j, s, records, outcomes, want{tc.source, tc.delivery, tc.sampler == ""})
 		})
 	}
 }
@@ -454,7 +502,7 @@ func TestDrillTraceThroughRelayCrash(t *testing.T) {
 	harness.CheckPerAggregateOrder(t, records, order)
 
 	outcomes := applyAll(t, e, j, records)
-	redelivered := checkTraces(t, j, s, records, outcomes, want{"wal", "at-least-once"})
+	redelivered := checkTraces(t, j, s, records, outcomes, want{"wal", "at-least-once", true})
 	t.Logf("%d events, %d records, %d events re-delivered after the kill", len(ids), len(records), redelivered)
 	if redelivered == 0 {
 		t.Error("no event was re-delivered after the kill; the drill proved nothing about re-delivery")
@@ -498,8 +546,10 @@ func TestTraceDebeziumSpanContextColumn(t *testing.T) {
 	})
 	stopRelay(t, relay)
 
-	if r := byID[plain]; r.Headers["traceparent"] != "" || r.Headers["tracingspancontext"] != "" {
-		t.Errorf("row without a span context: headers %v, want neither traceparent nor a tracingspancontext value", r.Headers)
+	if r := byID[plain]; r.Headers["tracingspancontext"] != "" {
+		t.Errorf("row without a span context: headers %v, want no tracingspancontext value", r.Headers)
+	} else {
+		checkRootRelaySpan(t, j, plain, r) // the default sampler starts a trace of its own
 	}
 	r := byID[traced]
 	if r.Headers["tracingspancontext"] != props || r.Headers["tracestate"] != "vendor=1" {
