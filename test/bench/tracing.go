@@ -117,6 +117,11 @@ func (b *bench) tracingPart(ctx context.Context) (*TracingResult, error) {
 	for i, s := range settings {
 		variants[i] = variant{name: s.name, bin: base.bin, env: append(slices.Clone(base.env), s.env...)}
 	}
+	// Any other --variant runs beside them with tracing off: a build from
+	// before tracing existed shows what off costs.
+	for _, v := range b.o.variants[1:] {
+		variants = append(variants, variant{name: "tracing off [" + v.name + "]", bin: v.bin, env: v.env})
+	}
 	rows := b.o.tracingRows
 	for rep := 1; rep <= b.o.repeat; rep++ {
 		slots := make([]string, len(variants))
