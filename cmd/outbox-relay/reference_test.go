@@ -29,6 +29,7 @@ var updateReference = flag.Bool("update", false, "write the generated reference 
 const (
 	commandsPage = "docs/reference/commands.md"
 	flagsPage    = "docs/reference/flags.md"
+	runFlagsPage = "docs/reference/run-flags.md"
 	metricsPage  = "docs/reference/metrics.md"
 	manPage      = "deploy/outbox-relay.1"
 )
@@ -42,6 +43,7 @@ func referenceCLI() docgen.CLI {
 		Usage:     usage,
 		EnvName:   envName,
 		ListFlags: listFlagNames,
+		OwnPage:   "run",
 		EnvOnly: []docgen.EnvVar{
 			{Name: envName("kafka-sasl-password"), Meaning: "the SASL password, when --kafka-sasl-password-file does not name a file holding it (the file wins); never a flag, so it never shows in a process list"},
 			{Name: "GOGC", Meaning: fmt.Sprintf("Go's garbage collector target; when unset, run sets %d (%d with --delivery exactly-once)", gcPercent, gcPercentExactlyOnce)},
@@ -117,8 +119,9 @@ func generatedReference() (map[string][]byte, error) {
 		{Name: "/usr/share/doc/outbox-relay/", Meaning: "the documentation"},
 	}
 	return map[string][]byte{
-		commandsPage: cli.Markdown("flags.md"),
-		flagsPage:    cli.FlagsMarkdown("commands.md"),
+		commandsPage: cli.Markdown("flags.md", "run-flags.md"),
+		flagsPage:    cli.FlagsMarkdown("commands.md", "run-flags.md"),
+		runFlagsPage: cli.OwnFlagsMarkdown("commands.md", "flags.md"),
 		metricsPage:  metrics,
 		manPage:      cli.ManPage(files, "systemctl(1), journalctl(1); the documentation in /usr/share/doc/outbox-relay"),
 	}, nil
@@ -163,7 +166,7 @@ func TestReferenceNamesEveryFlagAndMetric(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags, metrics, man := string(files[flagsPage]), string(files[metricsPage]), string(files[manPage])
+	flags, metrics, man := string(files[flagsPage])+string(files[runFlagsPage]), string(files[metricsPage]), string(files[manPage])
 	for _, command := range allCommands {
 		newFlagSet(command, &options{}, io.Discard).VisitAll(func(f *flag.Flag) {
 			for _, s := range []string{"`--" + f.Name + "`", "`" + envName(f.Name) + "`"} {

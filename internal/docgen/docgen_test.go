@@ -64,7 +64,7 @@ func TestFlagsMergeAcrossCommands(t *testing.T) {
 		Program: "p", EnvName: func(f string) string { return "P_" + strings.ToUpper(strings.ReplaceAll(f, "-", "_")) },
 		Commands: []Command{{Name: "a", Flags: mk("print JSON")}, {Name: "b", Flags: mk("print the report as JSON")}},
 	}
-	page := string(cli.FlagsMarkdown("commands.md"))
+	page := string(cli.FlagsMarkdown("commands.md", ""))
 	for _, want := range []string{
 		"`--pg-dsn` | `P_PG_DSN` | string |  | all | the DSN \\| with a pipe |",
 		"| bool | `false` | a | print JSON |",
@@ -78,5 +78,29 @@ func TestFlagsMergeAcrossCommands(t *testing.T) {
 	man := string(cli.ManPage(nil, ""))
 	if !strings.Contains(man, `.B \-\-pg\-dsn \fIstring\fR`) || !strings.Contains(man, `.B \-\-json`+"\n") {
 		t.Errorf("man page:\n%s", man)
+	}
+}
+
+// With OwnPage set, the flags only that command takes move to their own
+// page, the shared ones stay, and the commands page links each flag to the
+// page that lists it.
+func TestOwnPageTakesTheFlagsOfItsCommandAlone(t *testing.T) {
+	a := flag.NewFlagSet("a", flag.ContinueOnError)
+	a.String("pg-dsn", "", "the DSN")
+	a.Int("only-a", 1, "a's own")
+	b := flag.NewFlagSet("b", flag.ContinueOnError)
+	b.String("pg-dsn", "", "the DSN")
+	cli := CLI{Program: "p", OwnPage: "a", EnvName: func(f string) string { return "P_" + strings.ToUpper(strings.ReplaceAll(f, "-", "_")) },
+		Commands: []Command{{Name: "a", Flags: a}, {Name: "b", Flags: b}}}
+	shared, own := string(cli.FlagsMarkdown("commands.md", "a-flags.md")), string(cli.OwnFlagsMarkdown("commands.md", "flags.md"))
+	if !strings.Contains(shared, "`--pg-dsn`") || strings.Contains(shared, "`--only-a`") || !strings.Contains(shared, "(a-flags.md)") {
+		t.Errorf("shared page:\n%s", shared)
+	}
+	if !strings.Contains(own, "`--only-a`") || strings.Contains(own, "`--pg-dsn`") {
+		t.Errorf("a's page:\n%s", own)
+	}
+	commands := string(cli.Markdown("flags.md", "a-flags.md"))
+	if !strings.Contains(commands, "(a-flags.md#flag-only-a)") || !strings.Contains(commands, "(flags.md#flag-pg-dsn)") {
+		t.Errorf("commands page links:\n%s", commands)
 	}
 }
