@@ -130,11 +130,27 @@ type structuredEvent struct {
 // parseStructured takes the attributes and the data of a structured
 // CloudEvent, by the JSON format's rules: data_base64 holds bytes; data
 // holds JSON as it is when the data's type is JSON (or unset), and
-// otherwise a string whose text is the data.
+// otherwise a string whose text is the data. Each string attribute also
+// goes into Headers as binary mode's ce_ header would carry it (ce_time,
+// ce_source, extensions), unless the record has that header itself, so a
+// handler reads both modes the same way.
 func parseStructured(ev *Event, value []byte) error {
 	var ce structuredEvent
 	if err := json.Unmarshal(value, &ce); err != nil {
 		return fmt.Errorf("structured cloudevent is no JSON object: %w", err)
+	}
+	var attributes map[string]json.RawMessage
+	if err := json.Unmarshal(value, &attributes); err != nil {
+		return fmt.Errorf("structured cloudevent is no JSON object: %w", err)
+	}
+	for name, raw := range attributes {
+		var text string
+		if name == "data" || name == "data_base64" || name == "datacontenttype" || json.Unmarshal(raw, &text) != nil {
+			continue
+		}
+		if _, set := ev.Headers["ce_"+name]; !set {
+			ev.Headers["ce_"+name] = text
+		}
 	}
 	if ce.SpecVersion == "" || ce.ID == "" {
 		return fmt.Errorf("structured cloudevent lacks specversion or id: %w", ErrNoEventID)

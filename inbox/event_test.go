@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/outbox-relay/outbox-relay/event"
@@ -91,6 +92,10 @@ func TestParseRecordReadsEveryRecordFormat(t *testing.T) {
 			}
 			if ev.Headers["tenant"] != "acme" {
 				t.Errorf("the row's header tenant is %q", ev.Headers["tenant"])
+			}
+			if strings.HasPrefix(tc.format, "cloudevents") &&
+				(ev.Headers["ce_time"] != "2026-11-29T21:03:56.123456Z" || ev.Headers["ce_source"] != "https://example.com/billing" || ev.Headers["ce_id"] != ev.ID) {
+				t.Errorf("a CloudEvent's attributes as headers: ce_time %q, ce_source %q, ce_id %q", ev.Headers["ce_time"], ev.Headers["ce_source"], ev.Headers["ce_id"])
 			}
 		})
 	}

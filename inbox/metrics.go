@@ -57,7 +57,7 @@ func NewMetrics(consumer string) *Metrics {
 	}, func() float64 { return float64(m.missing.Load()) }))
 	m.occurredToApplied = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "inbox_occurred_to_applied_seconds", ConstLabels: labels, Buckets: latencyBuckets,
-		Help: "From the event's occurred_at header (a binary CloudEvent's ce_time) to its handler's commit, for events applied (records without either are not observed).",
+		Help: "From the event's occurred_at header (a CloudEvent's time) to its handler's commit, for events applied (records without either are not observed).",
 	})
 	m.collectors = append(m.collectors, m.occurredToApplied)
 	return m

@@ -108,9 +108,10 @@ func ctxOf(ctx context.Context, spans []eventSpan, i int) context.Context {
 	return spans[i].ctx
 }
 
-// occurredAt is the event's occurred_at header (RFC 3339), or a binary
-// CloudEvent's ce_time; zero when the record has neither (Debezium's
-// shape, a structured CloudEvent) or it does not parse.
+// occurredAt is the event's occurred_at header (RFC 3339), or a
+// CloudEvent's ce_time (ParseRecord fills it from a structured event's
+// time); zero when the record has neither (Debezium's shape) or it does
+// not parse.
 func occurredAt(ev *Event) time.Time {
 	v := ev.Headers["occurred_at"]
 	if v == "" {
