@@ -116,17 +116,6 @@ func isStructuredCloudEvent(contentType string) bool {
 	return strings.EqualFold(strings.TrimSpace(mediaType), "application/cloudevents+json")
 }
 
-// structuredEvent is what the inbox reads of a structured CloudEvent.
-type structuredEvent struct {
-	SpecVersion     string          `json:"specversion"`
-	ID              string          `json:"id"`
-	Type            string          `json:"type"`
-	Subject         string          `json:"subject"`
-	DataContentType string          `json:"datacontenttype"`
-	Data            json.RawMessage `json:"data"`
-	DataBase64      *string         `json:"data_base64"`
-}
-
 // parseStructured takes the attributes and the data of a structured
 // CloudEvent, by the JSON format's rules: data_base64 holds bytes; data
 // holds JSON as it is when the data's type is JSON (or unset), and
@@ -135,45 +124,48 @@ type structuredEvent struct {
 // ce_source, extensions), unless the record has that header itself, so a
 // handler reads both modes the same way.
 func parseStructured(ev *Event, value []byte) error {
-	var ce structuredEvent
-	if err := json.Unmarshal(value, &ce); err != nil {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(value, &members); err != nil {
 		return fmt.Errorf("structured cloudevent is no JSON object: %w", err)
 	}
-	var attributes map[string]json.RawMessage
-	if err := json.Unmarshal(value, &attributes); err != nil {
-		return fmt.Errorf("structured cloudevent is no JSON object: %w", err)
-	}
-	for name, raw := range attributes {
+	attributes := make(map[string]string, len(members))
+	for name, raw := range members {
 		var text string
-		if name == "data" || name == "data_base64" || name == "datacontenttype" || json.Unmarshal(raw, &text) != nil {
-			continue
+		if name != "data" && json.Unmarshal(raw, &text) == nil {
+			attributes[name] = text
 		}
-		if _, set := ev.Headers["ce_"+name]; !set {
+	}
+	if attributes["specversion"] == "" || attributes["id"] == "" {
+		return fmt.Errorf("structured cloudevent lacks specversion or id: %w", ErrNoEventID)
+	}
+	ev.ID, ev.AggregateID, ev.EventType = attributes["id"], attributes["subject"], attributes["type"]
+	for name, text := range attributes {
+		if _, set := ev.Headers["ce_"+name]; !set && name != "data_base64" && name != "datacontenttype" {
 			ev.Headers["ce_"+name] = text
 		}
 	}
-	if ce.SpecVersion == "" || ce.ID == "" {
-		return fmt.Errorf("structured cloudevent lacks specversion or id: %w", ErrNoEventID)
+	contentType := attributes["datacontenttype"]
+	if contentType != "" {
+		ev.Headers["content-type"] = contentType
 	}
-	ev.ID, ev.AggregateID, ev.EventType = ce.ID, ce.Subject, ce.Type
-	if ce.DataContentType != "" {
-		ev.Headers["content-type"] = ce.DataContentType
-	}
+	data := members["data"]
+	_, binary := members["data_base64"]
 	switch {
-	case ce.DataBase64 != nil:
-		data, err := base64.StdEncoding.DecodeString(*ce.DataBase64)
-		if err != nil {
-			return fmt.Errorf("event %s: data_base64 is no base64: %w", ce.ID, err)
+	case binary:
+		text, isText := attributes["data_base64"]
+		raw, err := base64.StdEncoding.DecodeString(text)
+		if !isText || err != nil {
+			return fmt.Errorf("event %s: data_base64 is no base64 string", ev.ID)
 		}
-		ev.Payload = data
-	case ce.Data == nil || string(ce.Data) == "null":
+		ev.Payload = raw
+	case data == nil || string(data) == "null":
 		ev.Payload = nil
-	case isJSONMediaType(ce.DataContentType) || ce.Data[0] != '"':
-		ev.Payload = []byte(ce.Data)
+	case isJSONMediaType(contentType) || data[0] != '"':
+		ev.Payload = []byte(data)
 	default:
 		var text string
-		if err := json.Unmarshal(ce.Data, &text); err != nil {
-			return fmt.Errorf("event %s: data: %w", ce.ID, err)
+		if err := json.Unmarshal(data, &text); err != nil {
+			return fmt.Errorf("event %s: data: %w", ev.ID, err)
 		}
 		ev.Payload = []byte(text)
 	}

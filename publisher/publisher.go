@@ -73,9 +73,10 @@ type Config struct {
 	// create topics on first use) before it counts as missing.
 	TopicWait time.Duration
 
-	// Tracing, when set, makes a span of each record whose event carries
-	// a trace context, ended at its outcome; nil (the default) turns
-	// tracing off at the cost of a nil check per record.
+	// Tracing, when set, makes a span of each record its sampler picks
+	// (a child of the event's trace context, if it carries one), ended at
+	// its outcome; nil (the default) turns tracing off at the cost of a
+	// nil check per record.
 	Tracing *tracing.Records
 }
 

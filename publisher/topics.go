@@ -105,8 +105,8 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	}
 	var span *tracing.Span
 	if t.cfg.Tracing != nil {
-		var grew bool
-		if span, grew = t.cfg.Tracing.Start(&r.rec, ev, topic.name, ev.CommitTime); grew {
+		var resized bool
+		if span, resized = t.cfg.Tracing.Start(&r.rec, ev, topic.name, ev.CommitTime); resized {
 			r.msg.Headers = saramaHeaders(r.rec.Headers)
 			r.size = int32(r.msg.ByteSize(2))
 		}

@@ -73,9 +73,10 @@ type Span struct{ span trace.Span }
 // gets a child of that span. One without starts a trace of its own if the
 // sampler picks it, as any root span does: with the SDK's default
 // sampler every event is traced, with parentbased_traceidratio a share
-// of them. grew says a header was added, so the record's size must be
-// counted again. A record whose span is not sampled gets nil.
-func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit time.Time) (s *Span, grew bool) {
+// of them. resized says the headers' encoded size changed (a header
+// added, or one replaced by a value of another length, such as a malformed
+// traceparent), so the record's size must be counted again. A record whose span is not sampled gets nil.
+func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit time.Time) (s *Span, resized bool) {
 	ctx := context.Background()
 	parent := parentOf(rec)
 	if parent.IsValid() {
@@ -93,7 +94,7 @@ func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit
 		// A parent not sampled: nothing to end, but the consumer still
 		// continues the trace from the context written here.
 		propagation.TraceContext{}.Inject(ctx, &carrier)
-		return nil, carrier.grew
+		return nil, carrier.resized
 	}
 	attrs := make([]attribute.KeyValue, 0, len(t.fixed)+7)
 	attrs = append(attrs, t.fixed...)
@@ -113,7 +114,7 @@ func (t *Records) Start(rec *event.Record, ev *event.Event, topic string, commit
 	}
 	span.SetAttributes(attrs...)
 	propagation.TraceContext{}.Inject(ctx, &carrier)
-	return &Span{span: span}, carrier.grew
+	return &Span{span: span}, carrier.resized
 }
 
 // End ends the span at the acknowledgement (or failure) at, with where
@@ -138,8 +139,8 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // parentOf is the span context rec's headers carry.
 func parentOf(rec *event.Record) trace.SpanContext {
-	// The untraced record returns before the carrier exists: it escapes
-	// to the heap, and an untraced record must cost no allocation.
+	// A record without a context returns before the carrier exists: it
+	// escapes to the heap, and with tracing on every record comes here.
 	var props map[string]string
 	if rec.Header(TraceparentHeader) == nil {
 		// Debezium's column holds java.util.Properties text, e.g.
@@ -197,9 +198,9 @@ func unescape(s string) string {
 // it reads from props when set (a Debezium span context), and writes
 // into the record, replacing a header or adding it.
 type headerCarrier struct {
-	rec   *event.Record
-	props map[string]string
-	grew  bool
+	rec     *event.Record
+	props   map[string]string
+	resized bool
 }
 
 func (c *headerCarrier) Get(key string) string {
@@ -212,12 +213,13 @@ func (c *headerCarrier) Get(key string) string {
 func (c *headerCarrier) Set(key, value string) {
 	for i := range c.rec.Headers {
 		if string(c.rec.Headers[i].Key) == key {
+			c.resized = c.resized || len(c.rec.Headers[i].Value) != len(value)
 			c.rec.Headers[i].Value = []byte(value)
 			return
 		}
 	}
 	c.rec.Headers = append(c.rec.Headers, event.Header{Key: []byte(key), Value: []byte(value)})
-	c.grew = true
+	c.resized = true
 }
 
 func (c *headerCarrier) Keys() []string { return []string{TraceparentHeader, TracestateHeader} }

@@ -35,9 +35,9 @@ func TestRecordSpanIsTheWritersChildAndTheConsumersParent(t *testing.T) {
 	rs := NewRecords(tp, "wal", "at-least-once")
 	r := record("tenant", "acme", TraceparentHeader, parentTP, TracestateHeader, "v=1")
 	commit := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	s, grew := rs.Start(r, &event.Event{Redelivery: true, Position: 0x16B3748}, "orders", commit)
-	if s == nil || grew {
-		t.Fatalf("span %v, grew %v: want a span and no new header", s, grew)
+	s, resized := rs.Start(r, &event.Event{Redelivery: true, Position: 0x16B3748}, "orders", commit)
+	if s == nil || resized {
+		t.Fatalf("span %v, resized %v: want a span and headers of the same size", s, resized)
 	}
 	ack := commit.Add(30 * time.Millisecond)
 	s.End(3, 1234, nil, ack)
@@ -89,16 +89,19 @@ func TestRecordWithoutTraceContextFollowsTheSampler(t *testing.T) {
 			rs := NewRecords(tp, "poll", "at-least-once")
 			for _, r := range []*event.Record{record("tenant", "acme"), record(TraceparentHeader, "00-zz-yy-01")} {
 				before := string(r.Header(TraceparentHeader))
-				s, _ := rs.Start(r, &event.Event{Position: 77}, "orders", time.Now())
+				s, resized := rs.Start(r, &event.Event{Position: 77}, "orders", time.Now())
 				after := string(r.Header(TraceparentHeader))
 				if name == "left out" {
-					if s != nil || after != before {
+					if s != nil || resized || after != before {
 						t.Errorf("span %v, traceparent %q then %q: want no span and the record untouched", s, before, after)
 					}
 					continue
 				}
 				if s == nil {
 					t.Fatal("no span for a sampled root")
+				}
+				if !resized {
+					t.Errorf("traceparent %q became %q, but the record's size was not to be counted again", before, after)
 				}
 				s.End(1, 2, nil, time.Now())
 				got := spans.Ended()[len(spans.Ended())-1]
@@ -150,9 +153,9 @@ func TestDebeziumSpanContextColumn(t *testing.T) {
 	spans, tp := recorder(sdktrace.AlwaysSample())
 	rs := NewRecords(tp, "wal", "at-least-once")
 	r := record("id", "e1", DebeziumSpanContextField, "#Tue Dec 02 10:00:00 UTC 2026\ntraceparent="+parentTP+"\ntracestate=v\\=1\n")
-	s, grew := rs.Start(r, &event.Event{}, "orders", time.Now())
-	if s == nil || !grew {
-		t.Fatalf("span %v grew %v: want a span and a new header", s, grew)
+	s, resized := rs.Start(r, &event.Event{}, "orders", time.Now())
+	if s == nil || !resized {
+		t.Fatalf("span %v resized %v: want a span and a new header", s, resized)
 	}
 	s.End(0, 1, nil, time.Now())
 	got := spans.Ended()[0]
