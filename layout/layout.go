@@ -480,6 +480,11 @@ func (l *Layout) ColumnProblems(found map[string]string) []string {
 		}
 		typ, ok := found[col]
 		switch {
+		case !ok && l.Columns[f] != "":
+			// A flag that names no column would otherwise read as an
+			// optional column the table lacks: every record would lose
+			// the field without a word.
+			problems = append(problems, fmt.Sprintf("column %s is missing: %s names a column the table does not have", name, rule.flag))
 		case !ok && l.Required(f):
 			problems = append(problems, fmt.Sprintf("column %s is missing (want %s)", name, strings.Join(rule.types, " or ")))
 		case ok && !slices.Contains(rule.types, typ):
@@ -496,6 +501,31 @@ func (l *Layout) ColumnProblems(found map[string]string) []string {
 		}
 	}
 	return problems
+}
+
+// ErrColumnMapping marks a table that does not have a column a flag names,
+// or whose columns do not match a layout other than the relay's own: the
+// flags and the table disagree, which is bad configuration, not a state
+// that retrying fixes.
+var ErrColumnMapping = errors.New("columns do not match the layout")
+
+// MissingNamedColumns names each column that a --column-* flag or
+// --header-columns names and the table lacks (has says which it has), with
+// its flag. Reading such a column as an absent optional one would drop its
+// field from every record silently.
+func (l *Layout) MissingNamedColumns(has func(column string) bool) []string {
+	var missing []string
+	for f := Field(0); f < NumColumns; f++ {
+		if c := l.Columns[f]; c != "" && !has(c) {
+			missing = append(missing, fmt.Sprintf("%s (%s)", c, fields[f].flag))
+		}
+	}
+	for _, h := range l.HeaderColumns {
+		if !has(h.Column) {
+			missing = append(missing, h.Column+" (--header-columns)")
+		}
+	}
+	return missing
 }
 
 // SelectList is the SELECT list that reads a row in the text forms the

@@ -51,6 +51,26 @@ func TestColumnProblemsNameTheFlag(t *testing.T) {
 	}
 }
 
+// Issue 40.7: an optional column the table lacks is read as NULL, but one a
+// flag names is a typo, which would drop the field from every record.
+func TestColumnNamedByAFlagMustExist(t *testing.T) {
+	minimal := map[string]string{"event_id": "uuid", "aggregate_type": "text", "aggregate_id": "text", "event_type": "text", "payload": "jsonb"}
+	l, err := New(NameRelay, [NumColumns]string{Headers: "hdrs_typo"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := strings.Join(l.ColumnProblems(minimal), "; "); !strings.Contains(p, "column hdrs_typo (--column-headers) is missing") {
+		t.Errorf("problems %q do not name the flag's missing column", p)
+	}
+	missing := l.MissingNamedColumns(func(c string) bool { _, ok := minimal[c]; return ok })
+	if len(missing) != 1 || missing[0] != "hdrs_typo (--column-headers)" {
+		t.Errorf("MissingNamedColumns = %q, want the one column the flag names", missing)
+	}
+	if m := Relay.MissingNamedColumns(func(string) bool { return false }); len(m) != 0 {
+		t.Errorf("the relay's own layout names no column by flag, yet %q", m)
+	}
+}
+
 // --record-format is chosen apart from the table: each layout defaults to
 // its own format, a CloudEvents format needs a valid source and any other
 // refuses one, and what depends on the records (the event id's header,

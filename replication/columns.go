@@ -2,17 +2,12 @@ package replication
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 )
-
-// ErrColumnMapping marks a table that exists but does not match the
-// columns a layout other than the relay's own maps: the flags and the table
-// disagree.
-var ErrColumnMapping = errors.New("columns do not match the layout")
 
 // CheckColumns verifies the outbox table's columns, named by the layout,
 // have types whose text form the relay can publish (docs/reference/tables.md
@@ -54,9 +49,10 @@ func (a *Admin) CheckColumns(ctx context.Context) error {
 			schema, table, l.Name())
 	}
 	if problems := l.ColumnProblems(found); len(problems) > 0 {
-		if !l.CreatesTable() {
+		flagged := len(l.MissingNamedColumns(func(c string) bool { _, ok := found[c]; return ok })) > 0
+		if !l.CreatesTable() || flagged {
 			return fmt.Errorf("%w: %w: outbox table %s.%s: %s. Map the columns with the --column-* flags and --header-columns, point --table at the right table, or fix its column types (ALTER TABLE ... ALTER COLUMN ... TYPE ...)",
-				pg.ErrPrecondition, ErrColumnMapping, schema, table, strings.Join(problems, "; "))
+				pg.ErrPrecondition, layout.ErrColumnMapping, schema, table, strings.Join(problems, "; "))
 		}
 		return pg.Preconditionf("outbox table %s.%s: %s. Fix the table (ALTER TABLE ... ALTER COLUMN ... TYPE ...) or point --table at the right one; `outbox-relay migrate --print-sql` shows the expected definition",
 			schema, table, strings.Join(problems, "; "))

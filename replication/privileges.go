@@ -32,14 +32,14 @@ func (a *Admin) CheckRetention(ctx context.Context) error {
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, quoted, col).Scan(&typ)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%w: %w: --retention deletes rows by the time they were inserted, but the outbox table %s.%s has no column %s: name the table's insert-time column with --column-created-at, add one (ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now()), or leave --retention unset",
-			pg.ErrPrecondition, ErrColumnMapping, schema, table, pg.QuoteIdent(col), quoted, pg.QuoteIdent(col))
+			pg.ErrPrecondition, layout.ErrColumnMapping, schema, table, pg.QuoteIdent(col), quoted, pg.QuoteIdent(col))
 	}
 	if err != nil {
 		return fmt.Errorf("read column %s of %s: %w", col, quoted, err)
 	}
 	if typ != "timestamp with time zone" && typ != "timestamp without time zone" {
 		return fmt.Errorf("%w: %w: --retention dates rows by column %s of %s, which is %s, not a timestamp: name the insert-time column with --column-created-at, or leave --retention unset",
-			pg.ErrPrecondition, ErrColumnMapping, pg.QuoteIdent(col), quoted, typ)
+			pg.ErrPrecondition, layout.ErrColumnMapping, pg.QuoteIdent(col), quoted, typ)
 	}
 	return pg.RequireTablePrivileges(ctx, a.conn, quoted, []string{"SELECT", "DELETE"}, "--retention")
 }

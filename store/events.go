@@ -3,11 +3,13 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
 )
 
 // EventColumns is the SELECT list that reads an event from the outbox
@@ -41,6 +43,10 @@ func EventColumns(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.L
 	}
 	if err := rows.Err(); err != nil {
 		return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
+	}
+	if missing := l.MissingNamedColumns(func(c string) bool { return present[c] }); len(missing) > 0 {
+		return "", false, fmt.Errorf("%w: %w: outbox table %s: a flag names a column the table does not have: %s; fix the flag, or point --table at the right table (read as absent, the column's field would be missing from every record)",
+			pg.ErrPrecondition, layout.ErrColumnMapping, outbox, strings.Join(missing, ", "))
 	}
 	quote := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	if alias != "" {

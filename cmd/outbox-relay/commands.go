@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -279,7 +280,7 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 	if err := r.Run(ctx); err != nil {
 		notifier.stopping()
 		log.Error().Msg(operatorMessage(err, o.relay.Replication.DSN))
-		if errors.Is(err, replication.ErrColumnMapping) {
+		if errors.Is(err, layout.ErrColumnMapping) {
 			// The flags name columns the table does not have: bad
 			// configuration, found before the slot was made.
 			return exitUsage
@@ -362,7 +363,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 			// Another tool's table is checked before anything is made for
 			// it: columns that do not match the layout are a flag problem.
 			if err := admin.CheckColumns(ctx); err != nil {
-				if errors.Is(err, replication.ErrColumnMapping) {
+				if errors.Is(err, layout.ErrColumnMapping) {
 					return usageError(stderr, "migrate", err, dsn)
 				}
 				return failure(stderr, "migrate", err, dsn)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"io"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
@@ -94,6 +96,11 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	notifier.stopping()
 	if err != nil {
 		log.Error().Msg(operatorMessage(err, cfg.Postgres.DSN))
+		if errors.Is(err, layout.ErrColumnMapping) {
+			// The flags name columns the table does not have: bad
+			// configuration, found before the first claim.
+			return exitUsage
+		}
 		return exitFailure
 	}
 	return exitOK

@@ -45,3 +45,30 @@ func TestPrintSQLRefusesABadSlotName(t *testing.T) {
 		t.Errorf("the bad name went into the SQL:\n%s", out)
 	}
 }
+
+// Issue 40.7: `run --column-headers hdrs_typo` streamed, and every record
+// lost the row's headers (traceparent, aggregate_version) without a word;
+// the same for the other optional columns. A flag that names a column the
+// table lacks is bad configuration: exit 2 naming the flag and the column,
+// for the WAL source, the poll source and migrate, before anything streams.
+func TestColumnFlagThatNamesNoColumnIsRefused(t *testing.T) {
+	e := newEnv(t)
+	e.Migrate()
+	harness.Migrate(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN()})
+	for _, flag := range []string{"--column-headers", "--column-content-type", "--column-occurred-at", "--column-schema-version", "--column-created-at"} {
+		typo := "typo_" + strings.ReplaceAll(strings.TrimPrefix(flag, "--column-"), "-", "_")
+		for _, cmd := range [][]string{
+			e.Args("run", flag, typo),
+			{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(), "--admin-addr", "", flag, typo},
+		} {
+			p := harness.StartProcess(t, e.Bin, cmd, nil)
+			code, err := p.Wait(time.Minute)
+			if err != nil || code != 2 || !outputHas(p.Output(), flag, typo, "does not have") {
+				t.Errorf("%v: exit %d (%v), want 2 naming %s and %s:\n%s", cmd[:3], code, err, flag, typo, harness.LastLines(p.Output(), 5))
+			}
+		}
+	}
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE active"); n != 0 {
+		t.Errorf("%d slots are active after every start was refused", n)
+	}
+}
