@@ -17,7 +17,7 @@ import (
 // stays the aggregate id. The attributes: specversion 1.0, id the event
 // id, source the layout's CloudEventsSource, type the event type, subject
 // the aggregate id, time occurred_at in RFC 3339 (left out when the row has
-// none), and datacontenttype --content-type if set, else application/json
+// none), and datacontenttype the row's content type or --content-type if set, else application/json
 // for a JSON payload, application/octet-stream for a binary (bytea) one,
 // else text/plain; a NULL payload is an event without data.
 //
@@ -52,12 +52,10 @@ var (
 	ceStructuredJSON = []byte("application/cloudevents+json")
 	ceOctetStream    = []byte("application/octet-stream")
 
-	// ceDataJSON and ceDataText precede the data in a structured event. An
-	// attribute before them cannot hold these bytes, since every quote
-	// inside a JSON string is escaped, so their first occurrence is the
-	// data's.
-	ceDataJSON = []byte(`,"datacontenttype":"application/json","data":`)
-	ceDataText = []byte(`,"datacontenttype":"text/plain; charset=utf-8","data":`)
+	// ceData precedes the data in a structured event. An attribute before
+	// it cannot hold these bytes, since every quote inside a JSON string is
+	// escaped, so their first occurrence is the data's.
+	ceData = []byte(`,"data":`)
 	// ceDataBase64 precedes a binary payload's base64, after its
 	// datacontenttype.
 	ceDataBase64 = []byte(`,"data_base64":"`)
@@ -85,6 +83,12 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 	contentType := ceJSON
 	switch {
 	case len(ev.ContentType) > 0:
+		if err := rowContentTypeProblem(ev.ContentType); err != nil {
+			return err
+		}
+		if layout.CloudEventsMediaType(ev.ContentType) {
+			return fmt.Errorf("the content-type column holds %q, the type of a whole structured CloudEvent, not of its data: a CloudEvents reader would take the record for a structured event", ev.ContentType)
+		}
 		contentType = ev.ContentType
 	case ev.Layout.ContentType != "":
 		contentType = ev.Layout.ContentTypeBytes()
@@ -126,7 +130,7 @@ func (s CloudEvents) Build(ev *Event, r *Record) error {
 		}
 		headers = append(headers, Header{Key: headerContentType, Value: ceStructuredJSON})
 	case s.Structured:
-		r.Value = a.structured(r, source, at, ev.Payload, jsonPayload)
+		r.Value = a.structured(r, source, at, ev.Payload, contentType, jsonPayload && jsonMediaType(contentType))
 		headers = append(headers, Header{Key: headerContentType, Value: ceStructuredJSON})
 	default:
 		if r.Value, err = a.payload(ev, r, true); err != nil {
@@ -176,21 +180,39 @@ func (a *arena) structuredBinary(r *Record, source, at, text, contentType []byte
 // structured appends the event as a structured-mode JSON object: the
 // attributes in the specification's order, then datacontenttype and data
 // last, so that StoreRecord finds the data without parsing the attributes.
-func (a *arena) structured(r *Record, source, at, payload []byte, jsonPayload bool) []byte {
+// The data is embedded as JSON when embedJSON (a JSON payload of a JSON
+// media type), else as a string, the JSON format's rule for any other type.
+func (a *arena) structured(r *Record, source, at, payload, contentType []byte, embedJSON bool) []byte {
 	start := len(a.buf)
 	b := appendStructuredAttributes(a.buf, r, source, at)
-	switch {
-	case payload == nil:
-	case jsonPayload:
-		b = append(b, ceDataJSON...)
-		b = append(b, payload...)
-	default:
-		b = append(b, ceDataText...)
-		b = appendJSONString(b, payload)
+	if payload != nil {
+		b = append(b, `,"datacontenttype":`...)
+		b = appendJSONString(b, contentType)
+		b = append(b, ceData...)
+		if embedJSON {
+			b = append(b, payload...)
+		} else {
+			b = appendJSONString(b, payload)
+			r.textData = true
+		}
 	}
 	b = append(b, '}')
 	a.buf = b
 	return b[start:len(b):len(b)]
+}
+
+// jsonMediaType reports whether data of this media type is embedded as
+// JSON: application/json and text/json. The format's text also names
+// */*+json, but the Go SDK (v2) reads data as JSON only for those two and
+// refuses a +json type's embedded object, so such data goes as a string,
+// which every reader takes.
+func jsonMediaType(contentType []byte) bool {
+	media := contentType
+	if i := bytes.IndexByte(media, ';'); i >= 0 {
+		media = media[:i]
+	}
+	media = bytes.TrimSpace(media)
+	return bytes.EqualFold(media, ceJSON) || bytes.EqualFold(media, []byte("text/json"))
 }
 
 // takeString copies s into the arena.
@@ -313,23 +335,25 @@ func (s CloudEvents) StoreRecord(r *Record) Stored {
 		st.Payload, st.PayloadBinary = structuredBinaryData(r.Value), true
 		return st
 	}
-	st.Payload, st.PayloadNull = structuredData(r.Value)
+	st.Payload, st.PayloadNull = structuredData(r.Value, r.textData)
 	return st
 }
 
 // structuredData is the payload a structured event was built from: the
 // data as it was embedded, or a text payload unquoted; null when the
 // event has no data.
-func structuredData(value []byte) (payload string, null bool) {
-	if i := bytes.Index(value, ceDataJSON); i >= 0 {
-		return string(value[i+len(ceDataJSON) : len(value)-1]), false
+func structuredData(value []byte, text bool) (payload string, null bool) {
+	i := bytes.Index(value, ceData)
+	if i < 0 {
+		return "", true
 	}
-	if i := bytes.Index(value, ceDataText); i >= 0 {
-		var text string
-		_ = json.Unmarshal(value[i+len(ceDataText):len(value)-1], &text)
-		return text, false
+	data := value[i+len(ceData) : len(value)-1]
+	if !text {
+		return string(data), false
 	}
-	return "", true
+	var s string
+	_ = json.Unmarshal(data, &s) // the relay quoted it
+	return s, false
 }
 
 // structuredBinaryData is the payload of a structured event with

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	sdkevent "github.com/cloudevents/sdk-go/v2/event"
+
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
@@ -272,5 +274,83 @@ func TestCloudEventsBuildAllocations(t *testing.T) {
 		if allocs > 1 {
 			t.Errorf("%s: Build allocates %.1f times per event, want 1", format, allocs)
 		}
+	}
+}
+
+// Issue 40.8: structured mode wrote "datacontenttype":"application/json"
+// for every JSON payload whatever --content-type or the row said, and a
+// row's content type that is no media type, or a structured CloudEvent's
+// own, was published. The data's type is what was configured; a JSON
+// payload of a type that is not JSON's goes in data as a string, and the
+// stored payload is the one the record was built from either way.
+func TestCloudEventsStructuredDataTakesTheConfiguredType(t *testing.T) {
+	for _, c := range []struct {
+		name, flag, row, payload string
+		wantType                 string
+		wantData                 string // the data member as JSON
+	}{
+		{"default", "", "", `{"a":1}`, "application/json", `{"a":1}`},
+		{"flag json", "application/json; charset=utf-8", "", `{"a":1}`, "application/json; charset=utf-8", `{"a":1}`},
+		{"flag json subtype", "application/vnd.acme.order+json", "", `{"a":1}`, "application/vnd.acme.order+json", `"{\"a\":1}"`},
+		{"row type", "", "text/json", `{"a":1}`, "text/json", `{"a":1}`},
+		{"row not json", "application/json", "text/csv", `{"a":1}`, "text/csv", `"{\"a\":1}"`},
+		{"text payload", "", "", `a,b`, "text/plain; charset=utf-8", `"a,b"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := ceLayout(t, layout.NameRelay, layout.FormatNameCloudEventsStructured, "")
+			if err := l.SetContentType(c.flag); err != nil {
+				t.Fatal(err)
+			}
+			ev := ceEvent(l)
+			ev.Payload, ev.Headers = []byte(c.payload), nil
+			if c.row != "" {
+				ev.ContentType = []byte(c.row)
+			}
+			var r Record
+			if err := Build(&ev, &r); err != nil {
+				t.Fatal(err)
+			}
+			var got map[string]json.RawMessage
+			if err := json.Unmarshal(r.Value, &got); err != nil {
+				t.Fatalf("value is no JSON: %v\n%s", err, r.Value)
+			}
+			if want, _ := json.Marshal(c.wantType); string(got["datacontenttype"]) != string(want) {
+				t.Errorf("datacontenttype %s, want %s", got["datacontenttype"], want)
+			}
+			if string(got["data"]) != c.wantData {
+				t.Errorf("data %s, want %s", got["data"], c.wantData)
+			}
+			// The SDK reads what the type says, and validates the event.
+			var sdk sdkevent.Event
+			if err := json.Unmarshal(r.Value, &sdk); err != nil {
+				t.Fatalf("the SDK cannot read the event: %v", err)
+			}
+			if err := sdk.Validate(); err != nil || sdk.DataContentType() != c.wantType {
+				t.Errorf("the SDK reads datacontenttype %q (validation: %v), want %q", sdk.DataContentType(), err, c.wantType)
+			}
+			if st := r.Stored(); st.Payload != c.payload {
+				t.Errorf("stored payload %q, want %q as the row had it", st.Payload, c.payload)
+			}
+		})
+	}
+}
+
+func TestCloudEventsRefuseARowContentTypeThatIsNoDataType(t *testing.T) {
+	for _, format := range []string{layout.FormatNameCloudEvents, layout.FormatNameCloudEventsStructured} {
+		for _, row := range []string{"bad type!!", "application/json\r\nx: y", "application/cloudevents+json", "APPLICATION/CLOUDEVENTS-BATCH+JSON"} {
+			ev := ceEvent(ceLayout(t, layout.NameRelay, format, ""))
+			ev.ContentType = []byte(row)
+			var r Record
+			err := Build(&ev, &r)
+			if err == nil || !strings.Contains(err.Error(), "content-type column holds") {
+				t.Errorf("%s, row content type %q: %v, want an error naming the column's value", format, row, err)
+			}
+		}
+	}
+	ev := ceEvent(nil)
+	ev.Layout = &layout.Layout{}
+	ev.ContentType = []byte("bad type!!")
+	if err := Build(&ev, &Record{}); err == nil {
+		t.Error("the relay's format sent a content-type header that is no media type")
 	}
 }

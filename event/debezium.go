@@ -33,7 +33,10 @@ func (Debezium) Build(ev *Event, r *Record) error {
 	if err != nil {
 		return err
 	}
-	contentType := configuredContentType(ev, extra)
+	contentType, err := configuredContentType(ev, extra)
+	if err != nil {
+		return err
+	}
 	n += len(ev.EventID) + len(ev.AggregateType) + len(ev.AggregateID) + len(ev.EventType) + len(ev.Payload) + len(contentType)
 
 	a := arena{buf: make([]byte, 0, n)}

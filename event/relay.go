@@ -2,6 +2,7 @@ package event
 
 import (
 	"encoding/json"
+	"fmt"
 
 	"github.com/outbox-relay/outbox-relay/layout"
 )
@@ -28,7 +29,10 @@ func (Relay) Build(ev *Event, r *Record) error {
 	if err != nil {
 		return err
 	}
-	contentType := configuredContentType(ev, extra)
+	contentType, err := configuredContentType(ev, extra)
+	if err != nil {
+		return err
+	}
 	n += len(contentType)
 	for _, h := range extra {
 		n += len(h.Key) + len(h.Value)
@@ -105,20 +109,31 @@ func (Relay) StoreRecord(r *Record) Stored {
 // configuredContentType is the content-type header's value for ev's
 // record: the row's --column-content-type value, else --content-type's;
 // nil when neither is set or the row's headers set their own, which wins
-// as every row header does.
-func configuredContentType(ev *Event, rowHeaders []Header) []byte {
+// as every row header does. A row's value that is no media type is an
+// error, so the event is quarantined rather than sent with a type its
+// readers refuse.
+func configuredContentType(ev *Event, rowHeaders []Header) ([]byte, error) {
 	if ev.Layout == nil || ev.Layout.ContentType == "" && len(ev.ContentType) == 0 {
-		return nil
+		return nil, nil
 	}
 	for _, h := range rowHeaders {
 		if string(h.Key) == string(headerContentType) {
-			return nil
+			return nil, nil
 		}
 	}
 	if len(ev.ContentType) > 0 {
-		return ev.ContentType
+		return ev.ContentType, rowContentTypeProblem(ev.ContentType)
 	}
-	return ev.Layout.ContentTypeBytes()
+	return ev.Layout.ContentTypeBytes(), nil
+}
+
+// rowContentTypeProblem checks a row's --column-content-type value, which
+// --content-type's own check never saw.
+func rowContentTypeProblem(contentType []byte) error {
+	if !layout.ValidMediaType(contentType) {
+		return fmt.Errorf("the content-type column holds %q, which is not a media type such as application/json or application/x-protobuf (RFC 9110)", contentType)
+	}
+	return nil
 }
 
 // plusContentType is n headers of a shape's own, plus one for a

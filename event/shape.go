@@ -21,7 +21,9 @@ type Shape interface {
 
 // Build makes ev's record into r in the shape ev's layout asks for.
 func Build(ev *Event, r *Record) error {
-	r.layout = ev.Layout
+	// A record may be reused: what the last build said of its value
+	// must not carry over.
+	r.layout, r.binary, r.textData = ev.Layout, false, false
 	return ShapeOf(ev.Layout).Build(ev, r)
 }
 
@@ -67,7 +69,11 @@ type Record struct {
 	layout *layout.Layout
 	// binary says Value holds a binary payload's bytes.
 	binary bool
-	inline [inlineHeaders]Header
+	// textData says a structured CloudEvent carries its payload as a
+	// JSON string in data (a payload that is not JSON, or a media type
+	// that is not JSON's).
+	textData bool
+	inline   [inlineHeaders]Header
 }
 
 // Stored is the record's event as the quarantine table keeps it.

@@ -12,7 +12,7 @@ package layout
 import (
 	"errors"
 	"fmt"
-	"mime"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -274,9 +274,11 @@ func (l *Layout) SetContentType(contentType string) error {
 	if contentType == "" {
 		return nil
 	}
-	// ParseMediaType takes a bare token too; a media type is type/subtype.
-	if media, _, err := mime.ParseMediaType(contentType); err != nil || !strings.Contains(media, "/") || strings.ContainsAny(contentType, "\r\n") {
+	if !ValidMediaType([]byte(contentType)) {
 		return fmt.Errorf("--content-type %q: not a media type such as application/x-protobuf or application/json (RFC 2045)", contentType)
+	}
+	if l.RecordFormat().CloudEvents() && CloudEventsMediaType([]byte(contentType)) {
+		return fmt.Errorf("--content-type %q with --record-format %s: that is the type of a whole structured CloudEvent, not of its data; a reader would take the record for a structured event", contentType, l.RecordFormat())
 	}
 	for _, h := range l.HeaderColumns {
 		if strings.EqualFold(h.Header, "content-type") {
@@ -286,6 +288,101 @@ func (l *Layout) SetContentType(contentType string) error {
 	l.ContentType = contentType
 	l.contentType = []byte(contentType)
 	return nil
+}
+
+// ValidMediaType reports whether s is a media type as RFC 9110 (8.3.1)
+// writes one: type "/" subtype, each a token, then any number of
+// ";" name=value parameters, the value a token or a quoted string. It
+// allocates nothing, as it runs for every row that has a content type.
+func ValidMediaType(s []byte) bool {
+	i := skipToken(s, 0)
+	if i == 0 || i == len(s) || s[i] != '/' {
+		return false
+	}
+	j := skipToken(s, i+1)
+	if j == i+1 {
+		return false
+	}
+	for i = j; i < len(s); {
+		i = skipSpace(s, i)
+		if i == len(s) {
+			return true
+		}
+		if s[i] != ';' {
+			return false
+		}
+		i = skipSpace(s, i+1)
+		if i == len(s) {
+			return true // a trailing ";" is tolerated, as Go's mime package does
+		}
+		name := skipToken(s, i)
+		if name == i || name == len(s) || s[name] != '=' {
+			return false
+		}
+		i = name + 1
+		if i < len(s) && s[i] == '"' {
+			if i = skipQuoted(s, i+1); i < 0 {
+				return false
+			}
+			continue
+		}
+		if value := skipToken(s, i); value > i {
+			i = value
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// CloudEventsMediaType reports whether a media type is one of the
+// CloudEvents formats' own (application/cloudevents+json, its batch
+// form): the binding reads a record of that content-type as a structured
+// event, so it can never be the type of an event's data.
+func CloudEventsMediaType(s []byte) bool {
+	const prefix = "application/cloudevents"
+	return len(s) >= len(prefix) && strings.EqualFold(string(s[:len(prefix)]), prefix)
+}
+
+func skipToken(s []byte, i int) int {
+	for i < len(s) && tokenByte(s[i]) {
+		i++
+	}
+	return i
+}
+
+func skipSpace(s []byte, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// skipQuoted returns the index after a quoted string's closing quote,
+// from just after its opening one; -1 when it does not close.
+func skipQuoted(s []byte, i int) int {
+	for i < len(s) {
+		switch c := s[i]; {
+		case c == '"':
+			return i + 1
+		case c == '\\' && i+1 < len(s):
+			i += 2
+		case c < 0x20 && c != '\t' || c == 0x7f:
+			return -1
+		default:
+			i++
+		}
+	}
+	return -1
+}
+
+// tokenByte is tchar of RFC 9110 (5.6.2).
+func tokenByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
 // ContentTypeBytes is ContentType as bytes, made once so the record
@@ -312,6 +409,11 @@ func ValidCloudEventsSource(source string) error {
 	}
 	if strings.Count(source, "#") > 1 {
 		return errors.New("a URI reference has at most one '#'")
+	}
+	// Well-formed bytes can still make no URI ("http://[::1"): every
+	// record would then be one a CloudEvents reader refuses.
+	if _, err := url.Parse(source); err != nil {
+		return fmt.Errorf("not a URI reference (RFC 3986): %w", errors.Unwrap(err))
 	}
 	return nil
 }

@@ -172,3 +172,52 @@ func TestBinaryPayloadAndContentType(t *testing.T) {
 		t.Errorf("a header column fills content-type: %v", err)
 	}
 }
+
+func TestValidMediaType(t *testing.T) {
+	for s, want := range map[string]bool{
+		"application/json":                    true,
+		"application/vnd.acme+json; v=2":      true,
+		`text/plain; charset="utf-8"`:         true,
+		"text/plain;charset=utf-8;":           true,
+		"application/x-protobuf":              true,
+		"bad type!!":                          false,
+		"application":                         false,
+		"application/":                        false,
+		"/json":                               false,
+		"application/json; charset":           false,
+		"application/json\r\nx-evil: 1":       false,
+		`text/plain; charset="utf-8`:          false,
+		"application/json extra":              false,
+		"":                                    false,
+		"application/json; a=b; c=\"d\\\"e\"": true,
+	} {
+		if got := ValidMediaType([]byte(s)); got != want {
+			t.Errorf("ValidMediaType(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// Issue 40.8: 'http://[::1' passed the byte check, and every record was
+// then one the CloudEvents SDK could not read.
+func TestCloudEventsSourceMustParse(t *testing.T) {
+	for _, source := range []string{"http://[::1", "http://%zz", "a#b#c"} {
+		if err := ValidCloudEventsSource(source); err == nil {
+			t.Errorf("source %q accepted", source)
+		}
+	}
+	for _, source := range []string{"https://example.com/billing", "/billing/outbox", "urn:acme:billing", "http://[::1]:8080/x"} {
+		if err := ValidCloudEventsSource(source); err != nil {
+			t.Errorf("source %q refused: %v", source, err)
+		}
+	}
+	l, err := New(NameRelay, [NumColumns]string{}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetRecordFormat(FormatNameCloudEvents, "/billing"); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetContentType("application/cloudevents+json"); err == nil {
+		t.Error("--content-type application/cloudevents+json accepted for CloudEvents' data")
+	}
+}
