@@ -3,6 +3,7 @@ package tracing
 import (
 	"bufio"
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -218,8 +219,19 @@ func (c *headerCarrier) Set(key, value string) {
 			return
 		}
 	}
-	c.rec.Headers = append(c.rec.Headers, event.Header{Key: []byte(key), Value: []byte(value)})
+	h := event.Header{Key: []byte(key), Value: []byte(value)}
 	c.resized = true
+	if key == TraceparentHeader {
+		// The propagator sets tracestate first; traceparent goes before
+		// it, the order readers and the W3C examples expect.
+		for i := range c.rec.Headers {
+			if string(c.rec.Headers[i].Key) == TracestateHeader {
+				c.rec.Headers = slices.Insert(c.rec.Headers, i, h)
+				return
+			}
+		}
+	}
+	c.rec.Headers = append(c.rec.Headers, h)
 }
 
 func (c *headerCarrier) Keys() []string { return []string{TraceparentHeader, TracestateHeader} }

@@ -168,6 +168,15 @@ func TestDebeziumSpanContextColumn(t *testing.T) {
 	if ts := string(r.Header(TracestateHeader)); ts != "v=1" {
 		t.Errorf("tracestate header %q, want v=1 unescaped", ts)
 	}
+	// Issue 40.11: the propagator sets tracestate first, and both were
+	// appended in that order.
+	var keys []string
+	for _, h := range r.Headers {
+		keys = append(keys, string(h.Key))
+	}
+	if got, want := strings.Join(keys, ","), "id,"+DebeziumSpanContextField+","+TraceparentHeader+","+TracestateHeader; got != want {
+		t.Errorf("headers in order %s, want %s", got, want)
+	}
 }
 
 func TestConfigValidateNamesTheFlag(t *testing.T) {
