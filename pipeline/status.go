@@ -22,23 +22,31 @@ const (
 	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
 	// cannot serve the relay's slot until it is promoted.
 	StateWaitingForPromotion State = "waiting-for-promotion"
-	StateBackingOff          State = "backing-off"
-	StateDraining            State = "draining"
-	StateStopped             State = "stopped"
-	StateFailed              State = "failed"
+	// StateWaitingForKafka: the WAL path holds its replication
+	// connection while Kafka is unreachable or acknowledges nothing for
+	// longer than --kafka-stall-timeout; nothing is read meanwhile, or
+	// what was sent waits for its ack.
+	StateWaitingForKafka State = "waiting-for-kafka"
+	StateBackingOff      State = "backing-off"
+	StateDraining        State = "draining"
+	StateStopped         State = "stopped"
+	StateFailed          State = "failed"
 )
 
 // States are every source's states.
 var States = []State{StateStarting, StateConnecting, StateStreaming, StatePolling, StateWaitingForSlot,
-	StateWaitingForPromotion, StateBackingOff, StateDraining, StateStopped, StateFailed}
+	StateWaitingForPromotion, StateWaitingForKafka, StateBackingOff, StateDraining, StateStopped, StateFailed}
 
 // Status is what every source says of its state; a source's own document
 // embeds it.
 type Status struct {
 	State State `json:"state"`
-	// LastError is the most recent error, kept after recovery.
-	LastError string    `json:"last_error"`
-	Since     time.Time `json:"state_since"`
+	// LastError is the most recent error, kept after recovery;
+	// LastErrorAt says when it happened, so an old one is not taken for
+	// the cause of the state now.
+	LastError   string     `json:"last_error"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	Since       time.Time  `json:"state_since"`
 }
 
 // Set moves to state at now; a non-nil err becomes LastError.
@@ -48,8 +56,13 @@ func (s *Status) Set(state State, err error, now time.Time) {
 	}
 	s.State = state
 	if err != nil {
-		s.LastError = err.Error()
+		s.SetError(err.Error(), now)
 	}
+}
+
+// SetError records the most recent error, at.
+func (s *Status) SetError(err string, at time.Time) {
+	s.LastError, s.LastErrorAt = err, &at
 }
 
 // NotReady is /readyz's reason for a state that is not the running one.

@@ -42,7 +42,7 @@ func (s *readLoop) waitForKafka(ctx context.Context, cause error) error {
 	}()
 	s.failure = nil
 	s.paused = true
-	s.report.pause(true)
+	s.report.pause(s.clock.Now(), cause)
 	for attempt := 1; ; attempt++ {
 		wait := backoff.Delay(s.cfg.backoffMin, s.cfg.backoffMax, attempt)
 		log.Warn().Err(cause).Str("retry_in", wait.String()).Int("attempt", attempt).

@@ -26,6 +26,10 @@ type readReport struct {
 	// paused says the read loop waits for Kafka and reads nothing: the
 	// tracker then knows nothing of the events committed meanwhile.
 	paused bool
+	// pausedAt is when the wait began, and kafkaErr the failure that
+	// began it, so /slot says why the relay is not ready.
+	pausedAt time.Time
+	kafkaErr string
 	// draining is when the loop began its drain on shutdown; zero while
 	// it reads.
 	draining time.Time
@@ -36,6 +40,8 @@ type readSnapshot struct {
 	received        lsn.LSN
 	confirmedCommit time.Time
 	paused          bool
+	pausedAt        time.Time
+	kafkaErr        string
 	draining        time.Time
 }
 
@@ -77,20 +83,25 @@ func (p *readReport) drain(now time.Time) {
 	p.mu.Unlock()
 }
 
-// pause records whether the loop stopped reading to wait for Kafka.
-func (p *readReport) pause(paused bool) {
+// pause records that the loop stopped reading at now to wait for Kafka,
+// which failed with cause.
+func (p *readReport) pause(now time.Time, cause error) {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
-	p.paused = paused
+	p.paused, p.pausedAt, p.kafkaErr = true, now, ""
+	if cause != nil {
+		p.kafkaErr = cause.Error()
+	}
 	p.mu.Unlock()
 }
 
 func (p *readReport) snapshot() readSnapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return readSnapshot{received: p.received, confirmedCommit: p.confirmedCommit, paused: p.paused, draining: p.draining}
+	return readSnapshot{received: p.received, confirmedCommit: p.confirmedCommit, paused: p.paused, pausedAt: p.pausedAt,
+		kafkaErr: p.kafkaErr, draining: p.draining}
 }
 
 // ackClock is when Kafka last acknowledged an event of this process.

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -89,8 +90,39 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	if got := age(20 * time.Second); got != 0 {
 		t.Errorf("streaming, nothing in flight: age %v, want 0", got)
 	}
-	r.report.pause(true)
+	r.report.pause(time.Now(), errors.New("kafka: client has run out of available brokers to talk to"))
 	if got := age(20 * time.Second); got != 15 {
 		t.Errorf("waiting for Kafka: age %v, want 15", got)
+	}
+}
+
+// Issue 40.11: during a Kafka outage /slot said "streaming" with an older
+// last_error while /readyz said 503. Both now come from one status: the
+// wait for Kafka, with its cause and when it began.
+func TestWaitingForKafkaIsOneTruth(t *testing.T) {
+	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
+	r.setStreaming(lsn.NewTracker(0, lsn.Limits{Events: 10}))
+	r.mu.Lock()
+	r.status.SetError("an error from an hour ago", time.Now().Add(-time.Hour))
+	r.mu.Unlock()
+	if ok, why := r.Ready(); !ok {
+		t.Fatalf("streaming relay not ready: %s", why)
+	}
+	pausedAt := time.Now()
+	r.report.pause(pausedAt, errors.New("kafka: client has run out of available brokers to talk to"))
+	s := r.Status()
+	if s.State != pipeline.StateWaitingForKafka || !s.Since.Equal(pausedAt) {
+		t.Errorf("/slot state %s since %v, want %s since the pause", s.State, s.Since, pipeline.StateWaitingForKafka)
+	}
+	if !strings.Contains(s.LastError, "run out of available brokers") || s.LastErrorAt == nil || !s.LastErrorAt.Equal(pausedAt) {
+		t.Errorf("/slot last_error %q at %v, want the Kafka failure at the pause", s.LastError, s.LastErrorAt)
+	}
+	ok, why := r.Ready()
+	if ok || !strings.Contains(why, string(pipeline.StateWaitingForKafka)) || !strings.Contains(why, "run out of available brokers") {
+		t.Errorf("/readyz ready %v (%s), want not ready for the same reason /slot gives", ok, why)
+	}
+	r.report.start()
+	if ok, why := r.Ready(); !ok {
+		t.Errorf("streaming again, yet not ready: %s", why)
 	}
 }

@@ -14,9 +14,17 @@ import (
 // events in flight, so a catch-up whose acks keep coming, or an event
 // just sent after an idle hour, never counts as a stall.
 func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) {
-	s, _ := r.current()
+	r.mu.Lock()
+	s := r.status
+	r.mu.Unlock()
+	return r.stallOf(s, r.report.snapshot(), now)
+}
+
+// stallOf is kafkaStall of the status as set (not as current derives it)
+// and the read loop's report.
+func (r *Relay) stallOf(s Status, read readSnapshot, now time.Time) (stalled time.Duration, inFlight int) {
 	tracker := s.tracker
-	if tracker == nil || s.State != pipeline.StateStreaming {
+	if tracker == nil || s.State != pipeline.StateStreaming || !read.draining.IsZero() {
 		return 0, 0
 	}
 	st := tracker.Stats()
@@ -30,15 +38,15 @@ func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) 
 	return max(0, now.Sub(from)), st.InFlightEvents
 }
 
-// stallReason is why /readyz says not ready during a stall, "" when Kafka
-// acknowledges within the configured time.
-func (r *Relay) stallReason(now time.Time) string {
-	stalled, inFlight := r.kafkaStall(now)
+// stallReason is why the relay waits for Kafka during a stall, and since
+// when; "" when Kafka acknowledges within the configured time.
+func (r *Relay) stallReason(s Status, read readSnapshot, now time.Time) (string, time.Time) {
+	stalled, inFlight := r.stallOf(s, read, now)
 	if stalled < r.cfg.KafkaStallTimeout {
-		return ""
+		return "", time.Time{}
 	}
 	return fmt.Sprintf("kafka-stalled: no acknowledgement from Kafka for %s with %d events in flight (--kafka-stall-timeout %s)",
-		stalled.Round(time.Second), inFlight, r.cfg.KafkaStallTimeout)
+		stalled.Round(time.Second), inFlight, r.cfg.KafkaStallTimeout), now.Add(-stalled)
 }
 
 // watchStall keeps the stall gauge and logs a stall when it starts, every

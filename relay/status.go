@@ -148,20 +148,38 @@ func (r *Relay) unpublishedAge(now time.Time) float64 {
 			inFlight = now.Sub(oldest).Seconds()
 		}
 	}
-	reading := s.State == pipeline.StateStreaming && !read.paused
+	// A stalled loop still reads; a paused or draining one does not.
+	reading := (s.State == pipeline.StateStreaming || s.State == pipeline.StateWaitingForKafka) && !read.paused
 	return r.slot.unpublishedAge(now, inFlight, reading, read.confirmedCommit)
 }
 
 // current is the relay's status as set here, with what the read loop
 // reports applied to it: a loop that drains makes a streaming relay a
-// draining one.
+// draining one, and a loop that waits for Kafka (paused, or stalled past
+// --kafka-stall-timeout) a waiting-for-kafka one with the cause as its
+// last error, so /slot, /readyz and the log say the same.
 func (r *Relay) current() (Status, readSnapshot) {
 	r.mu.Lock()
 	s := r.status
 	r.mu.Unlock()
 	read := r.report.snapshot()
-	if s.State == pipeline.StateStreaming && !read.draining.IsZero() {
+	if s.State != pipeline.StateStreaming {
+		return s, read
+	}
+	switch {
+	case !read.draining.IsZero():
 		s.State, s.Since = pipeline.StateDraining, read.draining
+	case read.paused:
+		s.State, s.Since = pipeline.StateWaitingForKafka, read.pausedAt
+		if read.kafkaErr != "" {
+			s.SetError("kafka failed; the relay keeps the replication connection until a producer connects again: "+read.kafkaErr, read.pausedAt)
+		}
+	default:
+		now := time.Now()
+		if reason, since := r.stallReason(s, read, now); reason != "" {
+			s.State, s.Since = pipeline.StateWaitingForKafka, since
+			s.SetError(reason, since)
+		}
 	}
 	return s, read
 }
@@ -226,9 +244,6 @@ func (r *Relay) Status() Status {
 func (r *Relay) Ready() (bool, string) {
 	s := r.Status()
 	if s.State == pipeline.StateStreaming {
-		if reason := r.stallReason(time.Now()); reason != "" {
-			return false, reason
-		}
 		return true, ""
 	}
 	reason := string(s.State)

@@ -338,6 +338,22 @@ func TestKafkaStallMakesReadyzNotReady(t *testing.T) {
 				code, body = harness.HTTPGet(t, base+"/readyz")
 				return code == http.StatusServiceUnavailable && strings.Contains(body, "kafka-stalled") && strings.Contains(body, "events in flight")
 			})
+			// Issue 40.11: /slot said "streaming" meanwhile. One truth:
+			// the same state and cause as /readyz.
+			var slot struct {
+				Relay struct {
+					State       string     `json:"state"`
+					LastError   string     `json:"last_error"`
+					LastErrorAt *time.Time `json:"last_error_at"`
+				} `json:"relay"`
+			}
+			if code, doc := harness.HTTPGet(t, base+"/slot"); code != http.StatusOK || json.Unmarshal([]byte(doc), &slot) != nil {
+				t.Fatalf("/slot: %d %q", code, doc)
+			}
+			if slot.Relay.State != "waiting-for-kafka" || !strings.Contains(slot.Relay.LastError, "kafka-stalled") || slot.Relay.LastErrorAt == nil {
+				t.Errorf("/slot during the stall: state %q, last_error %q at %v; want waiting-for-kafka and the stall as /readyz says (%q)",
+					slot.Relay.State, slot.Relay.LastError, slot.Relay.LastErrorAt, body)
+			}
 			// The gauge is sampled once a second, /readyz at each request.
 			harness.WaitFor(t, 10*time.Second, "outbox_relay_kafka_stall_seconds at 2 or more", func() bool {
 				return harness.Metric(t, base, "outbox_relay_kafka_stall_seconds") >= 2
