@@ -2,10 +2,13 @@ package pg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outbox-relay/outbox-relay/layout"
 )
 
 // Querier is what the privilege checks need of a connection; *pgx.Conn has
@@ -61,4 +64,38 @@ func RequireTablePrivileges(ctx context.Context, conn Querier, quotedTable strin
 			role, strings.Join(missing, ", "), quotedTable, why, strings.Join(privs, ", "), quotedTable, QuoteIdent(role))
 	}
 	return nil
+}
+
+// CheckRetention verifies what deleting published rows needs, before a
+// source starts (every table source deletes by one rule: published, and
+// inserted longer ago than --retention): the column that dates a row (a Debezium table has no
+// "timestamp" column unless one was added, and --column-created-at names
+// another) with a time type, and SELECT and DELETE on the table. Without
+// the column the cleanup would fail at every interval behind a ready
+// relay.
+func CheckRetention(ctx context.Context, conn Querier, cfg Config) error {
+	schema, table, err := SplitTable(cfg.Table)
+	if err != nil {
+		return err
+	}
+	quoted := QuoteIdent(schema) + "." + QuoteIdent(table)
+	l := cfg.OutboxLayout()
+	col := l.Column(layout.CreatedAt)
+	var typ string
+	err = conn.QueryRow(ctx, `
+		SELECT format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL)
+		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, quoted, col).Scan(&typ)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w: --retention deletes rows by the time they were inserted, but the outbox table %s.%s has no column %s: name the table's insert-time column with --column-created-at, add one (ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now()), or leave --retention unset",
+			ErrPrecondition, layout.ErrColumnMapping, schema, table, QuoteIdent(col), quoted, QuoteIdent(col))
+	}
+	if err != nil {
+		return fmt.Errorf("read column %s of %s: %w", col, quoted, err)
+	}
+	if typ != "timestamp with time zone" && typ != "timestamp without time zone" {
+		return fmt.Errorf("%w: %w: --retention dates rows by column %s of %s, which is %s, not a timestamp: name the insert-time column with --column-created-at, or leave --retention unset",
+			ErrPrecondition, layout.ErrColumnMapping, QuoteIdent(col), quoted, typ)
+	}
+	return RequireTablePrivileges(ctx, conn, quoted, []string{"SELECT", "DELETE"}, "--retention")
 }

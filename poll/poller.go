@@ -150,6 +150,11 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	if err := pg.CheckNoWALRelay(ctx, conn, p.cfg.Postgres, p.cfg.Slot); err != nil {
 		return false, err
 	}
+	if p.cfg.Retention.After > 0 {
+		if err := pg.CheckRetention(ctx, conn, p.cfg.Postgres); err != nil {
+			return false, err
+		}
+	}
 	if p.cfg.SessionCheck {
 		// On the claiming session: the lock lives exactly as long as the
 		// leases this session takes stay valid.
@@ -436,7 +441,8 @@ func (p *Poller) refreshStats(ctx context.Context, q *queries) error {
 	return nil
 }
 
-// retain deletes published rows older than the retention, after logging
+// retain deletes the published rows inserted (--column-created-at) longer
+// ago than the retention, the rule of every table source, after logging
 // how many there are; under --retention-dry-run it only logs.
 func (p *Poller) retain(ctx context.Context, q *queries) error {
 	cutoff := time.Now().Add(-p.cfg.Retention.After)
@@ -448,10 +454,10 @@ func (p *Poller) retain(ctx context.Context, q *queries) error {
 		return nil
 	}
 	if p.cfg.Retention.DryRun {
-		p.log.Info().Int64("rows", count).Time("published_before", cutoff).Msg("retention dry run: would delete these published rows")
+		p.log.Info().Int64("rows", count).Time("created_before", cutoff).Msg("retention dry run: would delete these published rows")
 		return nil
 	}
-	p.log.Info().Int64("rows", count).Time("published_before", cutoff).Msg("retention: deleting published rows")
+	p.log.Info().Int64("rows", count).Time("created_before", cutoff).Msg("retention: deleting published rows")
 	var deleted int64
 	for ctx.Err() == nil {
 		n, err := q.deletePublished(ctx, cutoff, p.cfg.Retention.Batch)

@@ -427,20 +427,28 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, state store.Table) (Stats, e
 // retainable counts the published rows inserted before cutoff.
 func (q *queries) retainable(ctx context.Context, cutoff time.Time) (int64, error) {
 	var n int64
-	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.t.state.Quoted()+" WHERE published_at < $1", cutoff).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count published rows older than %s in %s: %w", cutoff.UTC().Format(time.RFC3339), q.t.state, err)
+	if err := q.conn.QueryRow(ctx, "SELECT count(*) FROM "+q.publishedCreatedBefore(), cutoff).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count published rows inserted before %s in %s: %w", cutoff.UTC().Format(time.RFC3339), q.t.state, err)
 	}
 	return n, nil
 }
 
-// deletePublished deletes up to batch published rows published before
-// cutoff, from the outbox and the state table together. A pending or
-// quarantined row has no published_at, so it can never match. The outbox
-// row is found by the layout's event id column (a Debezium table's is id);
-// the state table's own column is always event_id.
+// publishedCreatedBefore is the FROM and WHERE of the published rows (by
+// the state table's mark) inserted before $1 (by the outbox's
+// --column-created-at, as retention selects in every source). A pending or
+// quarantined row has no published_at, so it can never match.
+func (q *queries) publishedCreatedBefore() string {
+	return q.t.state.Quoted() + ` s JOIN ` + q.t.outbox.Quoted() + ` o ON o.` + pgx.Identifier{q.layout.Column(layout.EventID)}.Sanitize() +
+		` = s.event_id WHERE s.published_at IS NOT NULL AND o.` + pgx.Identifier{q.layout.Column(layout.CreatedAt)}.Sanitize() + ` < $1`
+}
+
+// deletePublished deletes up to batch published rows inserted before
+// cutoff, from the outbox and the state table together. The outbox row is
+// found by the layout's event id column (a Debezium table's is id); the
+// state table's own column is always event_id.
 func (q *queries) deletePublished(ctx context.Context, cutoff time.Time, batch int) (int64, error) {
 	tag, err := q.conn.Exec(ctx, `WITH doomed AS (
-			SELECT seq, event_id FROM `+q.t.state.Quoted()+` WHERE published_at < $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED
+			SELECT s.seq, s.event_id FROM `+q.publishedCreatedBefore()+` ORDER BY s.seq LIMIT $2 FOR UPDATE OF s SKIP LOCKED
 		), outbox AS (
 			DELETE FROM `+q.t.outbox.Quoted()+` o USING doomed d WHERE o.`+pgx.Identifier{q.layout.Column(layout.EventID)}.Sanitize()+` = d.event_id
 		)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
+	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 func pollFlags(fs *flag.FlagSet, o *options) {
@@ -58,6 +60,11 @@ func (o *options) pollConfig() poll.Config {
 func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int {
 	if err := o.reconcile.validatePeriodic(); err != nil {
 		return usageError(stderr, "run", err, "")
+	}
+	if o.relay.Retention.Margin != relay.DefaultRetention().Margin {
+		// Only the WAL source needs it: it infers what was published from
+		// the confirmed position, where poll mode marks each row.
+		return usageError(stderr, "run", fmt.Errorf("--retention-margin %s with --source poll: poll mode deletes only rows marked published, so no margin applies; drop it", o.relay.Retention.Margin), "")
 	}
 	cfg := o.pollConfig()
 	if err := cfg.Validate(); err != nil {

@@ -216,7 +216,7 @@ func TestDebeziumLayoutPollRetention(t *testing.T) {
 	harness.Migrate(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
 	p := harness.StartProcess(t, e.Bin, []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
 		"--admin-addr", "127.0.0.1:0", "--outbox-layout", "debezium", "--header-columns", "tenant",
-		"--retention", "1s", "--retention-interval", "1s", "--retention-margin", "0s"}, []string{harness.LogLevelInfo})
+		"--retention", "1s", "--retention-interval", "1s"}, []string{harness.LogLevelInfo})
 	p.WaitForOutput(t, `"message":"polling"`, time.Minute)
 	admin := p.AdminURL(t)
 	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant)

@@ -252,6 +252,43 @@ func TestPollRetentionNeverDeletesPendingOrQuarantined(t *testing.T) {
 	}
 }
 
+// Issue 40.11: poll mode's --retention counted from the publish time while
+// --column-created-at's help said retention selects by that column, and
+// --retention-margin did nothing there. One rule in every table source:
+// a row goes once it is published and was inserted longer ago than
+// --retention. A row published just now but inserted two hours ago goes
+// under --retention 1h; one inserted just now, published as long ago as
+// you like, stays. The margin, which only the WAL source needs, is refused.
+func TestPollRetentionSelectsByInsertTime(t *testing.T) {
+	e := newEnv(t)
+	conn := e.DB.Connect(t)
+	e.writeEvents(conn, 4, 5, 4)
+	poller := e.startPoller()
+	e.ConsumeAll(time.Minute)
+	poller.Stop(30 * time.Second)
+	e.DB.Exec(t, `UPDATE outbox_events SET created_at = now() - interval '2 hours'
+		WHERE event_id IN (SELECT event_id FROM outbox_events ORDER BY event_id LIMIT 12)`)
+	e.DB.Exec(t, `UPDATE outbox_events_poll SET published_at = now() - interval '1 day'
+		WHERE event_id IN (SELECT event_id FROM outbox_events ORDER BY event_id DESC LIMIT 8)`)
+
+	code, out := harness.RunCommand(t, e.Bin, []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
+		"--admin-addr", "", "--retention", "1h", "--retention-margin", "5m"})
+	if code != 2 || !strings.Contains(out, "--retention-margin 5m0s with --source poll") {
+		t.Errorf("--retention-margin in poll mode: exit %d, want 2 naming it:\n%s", code, out)
+	}
+
+	wet := e.startPoller("--retention", "1h")
+	harness.WaitFor(t, time.Minute, "retention deletes the rows inserted two hours ago", func() bool {
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events") == 8
+	})
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events WHERE created_at < now() - interval '1 hour'"); n != 0 {
+		t.Errorf("%d rows inserted before the retention remain", n)
+	}
+	if n := harness.Metric(t, wet.AdminURL(t), "outbox_relay_retention_rows_deleted_total"); n != 12 {
+		t.Errorf("outbox_relay_retention_rows_deleted_total = %v, want 12", n)
+	}
+}
+
 // Poll mode refuses exactly-once and an unknown source before touching
 // anything: exit 2, naming the flag.
 func TestPollRefusesWhatItCannotDo(t *testing.T) {
