@@ -84,6 +84,28 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 		"; emit one JSON object with event_id (uuid), aggregate_type, aggregate_id, event_type and payload (the writer library's Emit builds it)"
 }
 
+// Oversized fills v for a message whose content (size bytes, with the
+// given SHA-256) was larger than limit, so the connection dropped it
+// unread: no field of it is known, and the quarantine keeps the reference
+// (the WAL position, the size, the digest) under an ID derived from the
+// position, as for any content that is no event. commitTime stands in for
+// occurred_at.
+func (d *Decoder) Oversized(at uint64, size int64, sha256 []byte, limit int, commitTime time.Time, v *Values) (problem string) {
+	*v = Values{}
+	d.buf, d.binary = d.buf[:0], false
+	v[layout.EventID] = d.keep([]byte(derivedID(at)))
+	v[layout.Payload] = d.keep([]byte("null"))
+	v[layout.SchemaVersion] = d.keep(one)
+	var text [40]byte
+	v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
+	for _, f := range []layout.Field{layout.AggregateType, layout.AggregateID, layout.EventType} {
+		v[f] = []byte{}
+	}
+	return fmt.Sprintf("message content is %d bytes, over --max-message-bytes %d, so the relay dropped it unread to bound its memory; kept by reference: WAL position %X/%X, sha256 %x. "+
+		"The content leaves the WAL once the slot passes it: have the writer emit the event again in smaller parts, or raise --max-message-bytes (the relay holds a few copies of each message up to it)",
+		size, limit, at>>32, uint32(at), sha256)
+}
+
 // derivedID names a content that has no valid event ID by its message's
 // WAL position, which is the same on every re-delivery, so the quarantine
 // table keeps it once.

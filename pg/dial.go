@@ -38,14 +38,18 @@ func Dial(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 }
 
 // DialReplication opens a replication=database connection with the same
-// settings and errors as Dial, for the replication protocol's commands.
-func DialReplication(ctx context.Context, cfg Config) (*pgconn.PgConn, error) {
+// settings and errors as Dial, for the replication protocol's commands;
+// frontend, when not nil, builds the protocol reader over the connection.
+func DialReplication(ctx context.Context, cfg Config, frontend pgconn.BuildFrontendFunc) (*pgconn.PgConn, error) {
 	pc, err := pgconn.ParseConfig(cfg.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("parse --pg-dsn: %s", RedactError(err.Error(), cfg.DSN))
 	}
 	pinParams(pc.RuntimeParams, true)
 	defaultConnectTimeout(pc)
+	if frontend != nil {
+		pc.BuildFrontend = frontend
+	}
 	conn, err := pgconn.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, connectError(err, cfg.DSN)

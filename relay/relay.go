@@ -125,9 +125,10 @@ const maxTransactionInterval = 10 * time.Second
 func DefaultConfig() Config {
 	return Config{
 		Replication: replication.Config{
-			Config:      pg.Config{Table: "public.outbox_events"},
-			Publication: "outbox_relay",
-			Slot:        "outbox_relay",
+			Config:          pg.Config{Table: "public.outbox_events"},
+			Publication:     "outbox_relay",
+			Slot:            "outbox_relay",
+			MaxMessageBytes: replication.DefaultMaxMessageBytes,
 		},
 		Publisher:         publisher.DefaultConfig(),
 		MaxInFlightBytes:  64 << 20,
@@ -196,6 +197,11 @@ func (c Config) validateMessages() error {
 	}
 	if c.Retention.After > 0 {
 		return fmt.Errorf("--retention %s with --source messages: there is no outbox table to delete from (the messages leave the WAL once the slot confirms them); drop --retention", c.Retention.After)
+	}
+	if m := c.Replication.MaxMessageBytes; m < c.Publisher.MaxMessageBytes {
+		// A message Kafka would take could then be dropped unread.
+		return fmt.Errorf("--max-message-bytes %d with --source messages: below --kafka-max-message-bytes %d, it would drop messages Kafka accepts; raise it to at least %d",
+			m, c.Publisher.MaxMessageBytes, c.Publisher.MaxMessageBytes)
 	}
 	if l := c.Replication.OutboxLayout(); l.Shape != layout.ShapeRelay || l.Columns != layout.Relay.Columns || len(l.HeaderColumns) > 0 {
 		return errors.New("--outbox-layout and the column flags with --source messages: a message's content has the relay's own fields, whatever --record-format makes of them; drop them")

@@ -23,7 +23,17 @@ type Config struct {
 	// are the transactional logical decoding messages with this prefix,
 	// and Table is not read.
 	MessagePrefix string
+	// MaxMessageBytes bounds a message's content the messages source
+	// reads into memory; a larger one is dropped from the connection as it
+	// streams by and quarantined by reference (its WAL position, size and
+	// SHA-256). Zero reads every message whole.
+	MaxMessageBytes int
 }
+
+// DefaultMaxMessageBytes is MaxMessageBytes' default: far above what a
+// Kafka record holds by default (1 MB), and a few copies of it stay well
+// inside the shipped unit's memory limit (1 GiB).
+const DefaultMaxMessageBytes = 64 << 20
 
 // Validate checks the names before any connection is made.
 func (c Config) Validate() error {

@@ -140,6 +140,9 @@ type decoder struct {
 	// commitTime is the open transaction's, for a message's default
 	// occurred_at.
 	commitTime time.Time
+	// oversized knows the messages whose content the connection dropped
+	// for their size; nil when nothing is dropped.
+	oversized *oversizeFilter
 }
 
 func newDecoder(schema, table string, l *layout.Layout) *decoder {
@@ -360,8 +363,16 @@ func (d *decoder) message(b []byte, m *Message) error {
 	default:
 		m.Kind = KindRow
 		m.Row = Row{}
+		if o, ok := d.oversized.take(at); ok && n == 0 {
+			m.Row.Unmapped = d.messages.Oversized(at, o.Size, o.SHA256[:], d.oversized.limit, d.commitTime, &m.Row.Values)
+			return nil
+		}
 		m.Row.Unmapped = d.messages.Decode(content, at, d.commitTime, &m.Row.Values)
 		m.Row.PayloadBinary = d.messages.PayloadBinary()
+	}
+	if n == 0 {
+		// Dropped for its size but skipped here: forget it.
+		d.oversized.take(at)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"time"
@@ -39,18 +40,24 @@ type Stream struct {
 
 // OpenStream opens a replication=database connection.
 func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
-	conn, err := pg.DialReplication(ctx, cfg.Config)
-	if err != nil {
-		return nil, err
-	}
 	schema, table, err := pg.SplitTable(cfg.Table)
 	if err != nil {
-		conn.Close(ctx)
 		return nil, err
 	}
 	d := newDecoder(schema, table, cfg.OutboxLayout())
+	var frontend pgconn.BuildFrontendFunc
 	if cfg.MessagePrefix != "" {
 		d = newMessageDecoder(cfg.MessagePrefix)
+		if cfg.MaxMessageBytes > 0 {
+			frontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+				d.oversized = newOversizeFilter(r, cfg.MaxMessageBytes)
+				return pgproto3.NewFrontend(d.oversized, w)
+			}
+		}
+	}
+	conn, err := pg.DialReplication(ctx, cfg.Config, frontend)
+	if err != nil {
+		return nil, err
 	}
 	return &Stream{cfg: cfg, conn: conn, decoder: d}, nil
 }

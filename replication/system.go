@@ -40,7 +40,7 @@ type TimelineSwitch struct {
 // server's timeline when it has a history, on a short-lived replication
 // connection.
 func IdentifySystem(ctx context.Context, cfg Config) (System, error) {
-	conn, err := pg.DialReplication(ctx, cfg.Config)
+	conn, err := pg.DialReplication(ctx, cfg.Config, nil)
 	if err != nil {
 		return System{}, err
 	}

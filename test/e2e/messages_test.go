@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,6 +186,7 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 		{e.messagesArgs("run", "--outbox-layout", "debezium"), "--outbox-layout and the column flags with --source messages"},
 		{append([]string{"reconcile", "--source", "messages"}, e.Args("")[1:]...), "reconcile compares the outbox table with Kafka"},
 		{e.Args("run", "--source", "messages", "--message-prefix", ""), "--message-prefix"},
+		{e.messagesArgs("run", "--max-message-bytes", "1000"), "--max-message-bytes 1000 with --source messages: below --kafka-max-message-bytes 1000000"},
 	} {
 		code, out := harness.RunCommand(t, e.Bin, c.args)
 		if code != 2 || !strings.Contains(out, c.want) {
@@ -192,3 +197,57 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 
 // DropSlotAtEnd drops the messages source's slot when the test ends.
 func (e *env) DropSlotAtEnd(t *testing.T) { e.DB.DropSlotAtEnd(t, e.Slot+messagesSlotSuffix) }
+
+// Issue 40.3: a 150 MB message peaked at 613 MB in the relay (the default
+// GOMEMLIMIT is 192 MB), and a 300 MB one was OOM-killed under the shipped
+// unit's 1 GiB. A message over --max-message-bytes (default 64 MiB) is
+// dropped unread as it streams by and quarantined by reference, with its
+// WAL position, size and SHA-256, while the relay's peak stays small; the
+// events around it go on. CI sends 120 MB; OUTBOX_RELAY_DRILL_SIZE=full
+// sends 1,000,000,000 bytes, near PostgreSQL's largest message.
+func TestLargeMessageIsQuarantinedByReferenceWithBoundedMemory(t *testing.T) {
+	e := newEnv(t)
+	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
+	e.DropSlotAtEnd(t)
+	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	conn := e.DB.Connect(t)
+	ctx := context.Background()
+	before, after, big := harness.NewUUID(), harness.NewUUID(), harness.NewUUID()
+	filler := harness.Sized(120<<20, 1_000_000_000)
+	head := `{"event_id": "` + big + `", "aggregate_type": "order", "aggregate_id": "o-1", "event_type": "Big", "payload": {"s": "`
+	tail := `"}}`
+	for _, sql := range []string{
+		`SELECT pg_logical_emit_message(true, 'outbox', '` + validContent(before) + `')`,
+		`SELECT pg_logical_emit_message(true, 'outbox', '` + head + `' || repeat('x', ` + strconv.Itoa(filler) + `) || '` + tail + `')`,
+		`SELECT pg_logical_emit_message(true, 'outbox', '` + validContent(after) + `')`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^msg\.`, []string{before, after}, 5*time.Minute)
+	harness.CheckNoLoss(t, records, []string{before, after})
+
+	digest := sha256.New()
+	digest.Write([]byte(head))
+	digest.Write(bytes.Repeat([]byte("x"), filler))
+	digest.Write([]byte(tail))
+	var reason string
+	harness.WaitFor(t, time.Minute, "the large message in the quarantine table", func() bool {
+		return conn.QueryRow(ctx, "SELECT error_message FROM outbox_quarantine").Scan(&reason) == nil
+	})
+	size := strconv.Itoa(len(head) + filler + len(tail))
+	for _, want := range []string{size + " bytes, over --max-message-bytes 67108864", "sha256 " + hex.EncodeToString(digest.Sum(nil)), "WAL position"} {
+		if !strings.Contains(reason, want) {
+			t.Errorf("quarantine reason %q does not say %q", reason, want)
+		}
+	}
+	peak, err := harness.PeakRSS(relay.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("a %s-byte message quarantined by reference; relay peak RSS %d MiB", size, peak>>20)
+	if peak > 128<<20 {
+		t.Errorf("relay peak RSS %d MiB with a %s-byte message: the message was held in memory", peak>>20, size)
+	}
+}

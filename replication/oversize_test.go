@@ -1,0 +1,140 @@
+package replication
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"io"
+	"testing"
+	"testing/iotest"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// backendMessage frames a body as the server sends it.
+func backendMessage(typ byte, body []byte) []byte {
+	b := []byte{typ}
+	b = binary.BigEndian.AppendUint32(b, uint32(4+len(body)))
+	return append(b, body...)
+}
+
+// xlogMessage is a CopyData body: XLogData carrying a logical decoding
+// message at lsn with prefix and content.
+func xlogMessage(lsn uint64, prefix string, content []byte) []byte {
+	b := []byte{'w'}
+	b = binary.BigEndian.AppendUint64(b, lsn)
+	b = binary.BigEndian.AppendUint64(b, lsn+100)
+	b = binary.BigEndian.AppendUint64(b, 12345)
+	b = append(b, 'M', 1)
+	b = binary.BigEndian.AppendUint64(b, lsn)
+	b = append(append(b, prefix...), 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(content)))
+	return append(b, content...)
+}
+
+// timeoutOnce returns a timeout every other read, as a read deadline does,
+// so the filter must keep its place across errors.
+type timeoutOnce struct {
+	r   io.Reader
+	hit bool
+}
+
+var errTimeout = errors.New("i/o timeout")
+
+func (t *timeoutOnce) Read(p []byte) (int, error) {
+	t.hit = !t.hit
+	if t.hit {
+		return 0, errTimeout
+	}
+	return t.r.Read(p)
+}
+
+// Issue 40.3: a 150 MB message peaked at 613 MB, because the protocol
+// reader holds a whole message and the decoder and record copied it again.
+// The filter drops a large message's content as it streams by, keeps its
+// size and digest, and passes every other message byte for byte, across
+// short reads and read timeouts.
+func TestOversizeFilterDropsLargeMessageContent(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 20000) // 320,000 bytes, over the buffer
+	keepalive := backendMessage('d', append([]byte{'k'}, make([]byte, 17)...))
+	small := backendMessage('d', xlogMessage(0x100, "outbox", []byte(`{"small":true}`)))
+	large := backendMessage('d', xlogMessage(0x200, "outbox", big))
+	largeInsert := backendMessage('d', append([]byte{'w'}, append(make([]byte, 24), append([]byte{'I'}, big...)...)...))
+	errResp := backendMessage('E', []byte("SERROR\x00C42704\x00Mx\x00\x00"))
+	stream := bytes.Join([][]byte{keepalive, small, large, largeInsert, keepalive, errResp}, nil)
+
+	for name, wrap := range map[string]func(io.Reader) io.Reader{
+		"whole":     func(r io.Reader) io.Reader { return r },
+		"one byte":  iotest.OneByteReader,
+		"half":      iotest.HalfReader,
+		"timeouts":  func(r io.Reader) io.Reader { return &timeoutOnce{r: iotest.HalfReader(r)} },
+		"data+eof":  iotest.DataErrReader,
+		"in chunks": func(r io.Reader) io.Reader { return io.MultiReader(io.LimitReader(r, 7), r) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newOversizeFilter(wrap(bytes.NewReader(stream)), 1000)
+			fe := pgproto3.NewFrontend(f, io.Discard)
+			var got [][]byte
+			for len(got) < 6 {
+				msg, err := fe.Receive()
+				if errors.Is(err, errTimeout) {
+					continue
+				}
+				if err != nil {
+					t.Fatalf("message %d: %v", len(got)+1, err)
+				}
+				switch m := msg.(type) {
+				case *pgproto3.CopyData:
+					got = append(got, append([]byte(nil), m.Data...))
+				case *pgproto3.ErrorResponse:
+					got = append(got, []byte("E:"+m.Code))
+				default:
+					t.Fatalf("unexpected %T", msg)
+				}
+			}
+			want := [][]byte{keepalive[5:], small[5:], xlogMessage(0x200, "outbox", nil), largeInsert[5:], keepalive[5:], []byte("E:42704")}
+			for i := range want {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Errorf("message %d: got %d bytes %.60q, want %d bytes %.60q", i+1, len(got[i]), got[i], len(want[i]), want[i])
+				}
+			}
+			o, ok := f.take(0x200)
+			if !ok || o.Size != int64(len(big)) || o.SHA256 != sha256.Sum256(big) {
+				t.Errorf("kept %+v (%v), want size %d and the content's digest", o, ok, len(big))
+			}
+			if _, ok := f.take(0x100); ok {
+				t.Error("a small message was taken for a dropped one")
+			}
+			if _, ok := f.take(0x200); ok {
+				t.Error("take did not forget what it returned")
+			}
+		})
+	}
+}
+
+// The decoder turns a dropped message into a row to quarantine that names
+// the reference, under an ID derived from the WAL position.
+func TestOversizedMessageBecomesAQuarantinedReference(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 5000)
+	stream := backendMessage('d', xlogMessage(0x16B3748, "outbox", big))
+	d := newMessageDecoder("outbox")
+	d.oversized = newOversizeFilter(bytes.NewReader(stream), 1000)
+	msg, err := pgproto3.NewFrontend(d.oversized, io.Discard).Receive()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m Message
+	if err := d.decode(msg.(*pgproto3.CopyData).Data[25:], &m); err != nil {
+		t.Fatal(err)
+	}
+	digest := sha256.Sum256(big)
+	if m.Kind != KindRow || !bytes.Contains([]byte(m.Row.Unmapped), []byte("5000 bytes, over --max-message-bytes 1000")) ||
+		!bytes.Contains([]byte(m.Row.Unmapped), []byte("0/16B3748")) || !bytes.Contains([]byte(m.Row.Unmapped), []byte(hex.EncodeToString(digest[:]))) {
+		t.Fatalf("row %v, problem %q: want one to quarantine naming the size, the limit, the position and the digest", m.Kind, m.Row.Unmapped)
+	}
+	if len(m.Row.Values[0]) != 36 {
+		t.Errorf("event id %q, want one derived from the position", m.Row.Values[0])
+	}
+}
