@@ -7,10 +7,12 @@
 package messages
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +40,11 @@ type Decoder struct {
 	raw []byte
 	// binary says the last content decoded carried payload_base64.
 	binary bool
+	// keys are the member names of the content being decoded, so that a
+	// member given twice is found; keySet takes over from the list for a
+	// content with many members, so no content costs quadratic time.
+	keys   [][]byte
+	keySet map[string]struct{}
 }
 
 // PayloadBinary reports whether the last content decoded carried its
@@ -62,8 +69,17 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 	*v = Values{}
 	d.buf, d.binary = d.buf[:0], false
 	problem = d.decode(content, commitTime, v)
+	// The names alias content, which must not outlive the call here.
+	clear(d.keys)
+	d.keys, d.keySet = d.keys[:0], nil
 	if problem == "" {
 		return ""
+	}
+	if v[layout.OccurredAt] == nil {
+		// As for a valid event: a replay after the operator fixed the row
+		// then carries the time the relay knows, not an empty header.
+		var text [40]byte
+		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
 	}
 	if v[layout.EventID] == nil {
 		v[layout.EventID] = d.keep([]byte(derivedID(at)))
@@ -127,10 +143,19 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 	}
 	var seen uint16
 	var problems []string
+	var repeated []string
 	for {
 		key, value, ok := object.next()
 		if !ok {
 			break
+		}
+		if d.repeated(key) {
+			// Which of the two a writer meant is unknowable, and JSON
+			// parsers disagree (first wins, last wins): refuse both.
+			if !slices.Contains(repeated, string(key)) {
+				repeated = append(repeated, string(key))
+			}
+			continue
 		}
 		if string(key) == memberPayloadBase64 {
 			if seen&(1<<layout.Payload) != 0 {
@@ -156,6 +181,17 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 			problems = append(problems, p)
 		}
 	}
+	if len(repeated) > 0 {
+		quoted := make([]string, len(repeated))
+		for i, k := range repeated {
+			quoted[i] = strconv.Quote(k)
+		}
+		plural := ""
+		if len(repeated) > 1 {
+			plural = "s"
+		}
+		problems = append(problems, "duplicate member"+plural+" "+strings.Join(quoted, ", "))
+	}
 	var missing []string
 	for _, f := range required {
 		if seen&(1<<f) == 0 {
@@ -176,6 +212,31 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
 	}
 	return ""
+}
+
+// repeated reports whether the content being decoded already had a member
+// named key, and remembers key.
+func (d *Decoder) repeated(key []byte) bool {
+	if d.keySet != nil {
+		if _, ok := d.keySet[string(key)]; ok {
+			return true
+		}
+		d.keySet[string(key)] = struct{}{}
+		return false
+	}
+	for _, k := range d.keys {
+		if bytes.Equal(k, key) {
+			return true
+		}
+	}
+	d.keys = append(d.keys, key)
+	if len(d.keys) > 16 {
+		d.keySet = make(map[string]struct{}, 2*len(d.keys))
+		for _, k := range d.keys {
+			d.keySet[string(k)] = struct{}{}
+		}
+	}
+	return false
 }
 
 // payloadBase64 takes a payload_base64 member: its bytes, kept in bytea's
