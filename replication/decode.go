@@ -82,6 +82,12 @@ type Row struct {
 	// decodes it. The table's type when the row was written decides, as
 	// for Unmapped.
 	PayloadBinary bool
+	// Content is the logical decoding message the row was decoded from
+	// (the messages source), as it arrived, and ContentAt its WAL
+	// position; nil for a table's row. The quarantine keeps it when the
+	// values cannot be the event, so no byte a writer emitted is lost.
+	Content   []byte
+	ContentAt lsn.LSN
 }
 
 // Message is one decoded replication message. Receive reuses it.
@@ -362,6 +368,7 @@ func (d *decoder) message(b []byte, m *Message) error {
 		m.Row = Row{}
 		m.Row.Unmapped = d.messages.Decode(content, at, d.commitTime, &m.Row.Values)
 		m.Row.PayloadBinary = d.messages.PayloadBinary()
+		m.Row.Content, m.Row.ContentAt = content, lsn.LSN(at)
 	}
 	return nil
 }
