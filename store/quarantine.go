@@ -465,9 +465,10 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	}
 	// A binary payload comes back in bytea's hex text form, whatever the
 	// session's bytea_output, as event.Stored keeps it.
-	payload := "COALESCE(payload::text, ''), payload IS NULL, false"
+	payload := "COALESCE(payload::text, ''), payload IS NULL, false, false"
 	if q.payloadBytes {
-		payload = `COALESCE(payload::text, '\x' || encode(payload_bytes, 'hex'), ''), payload IS NULL AND payload_bytes IS NULL, payload_bytes IS NOT NULL`
+		payload = `COALESCE(payload::text, '\x' || encode(payload_bytes, 'hex'), ''), payload IS NULL AND payload_bytes IS NULL, payload_bytes IS NOT NULL,
+			payload IS NOT NULL AND payload_bytes IS NOT NULL`
 	}
 	raw := "NULL::bytea, 0::bigint, NULL::bytea, '', ''"
 	if q.rawColumns {
@@ -493,10 +494,16 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	for rows.Next() {
 		var e Quarantined
 		var rawLSN string
-		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull, &e.PayloadBinary,
+		var bothPayloads bool
+		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull, &e.PayloadBinary, &bothPayloads,
 			&e.Headers, &e.OccurredAt, &e.occurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
 			&e.ReplayedAt, &e.ReplayedTopic, &e.Raw, &e.RawSize, &e.RawSHA256, &rawLSN, &e.ContentProblem); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)
+		}
+		if bothPayloads {
+			// A row fixed by hand can hold both; which one is the event's
+			// is the operator's call, so a replay must not guess.
+			e.ContentProblem = strings.TrimPrefix(e.ContentProblem+"; both payload and payload_bytes are set: set the one that is not the event's payload to NULL", "; ")
 		}
 		if rawLSN != "" {
 			if e.RawLSN, err = lsn.Parse(rawLSN); err != nil {
