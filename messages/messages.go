@@ -82,7 +82,7 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
 	}
 	if v[layout.EventID] == nil {
-		v[layout.EventID] = d.keep([]byte(derivedID(at)))
+		v[layout.EventID] = d.keep([]byte(DerivedEventID(at)))
 	}
 	if v[layout.Payload] == nil {
 		quoted, _ := json.Marshal(string(content))
@@ -100,10 +100,11 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 		"; emit one JSON object with event_id (uuid), aggregate_type, aggregate_id, event_type and payload (the writer library's Emit builds it)"
 }
 
-// derivedID names a content that has no valid event ID by its message's
-// WAL position, which is the same on every re-delivery, so the quarantine
-// table keeps it once.
-func derivedID(at uint64) string {
+// DerivedEventID names a content that has no valid event ID by its
+// message's WAL position, which is the same on every re-delivery, so the
+// quarantine table keeps it once. A message quarantined without being read
+// (too large to hold) is named the same way.
+func DerivedEventID(at uint64) string {
 	return uuid.NewSHA1(uuid.NameSpaceOID, []byte("outbox-relay message at "+strconv.FormatUint(at, 16))).String()
 }
 
@@ -288,7 +289,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 		id, err := uuid.ParseBytes(s)
 		if err != nil {
-			return fmt.Sprintf("event_id %q is not a UUID", s)
+			return fmt.Sprintf("event_id %q is not a UUID", clip(s))
 		}
 		// The canonical form, as PostgreSQL prints a uuid column.
 		var text [36]byte
@@ -304,7 +305,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 	case layout.SchemaVersion:
 		n, err := strconv.ParseInt(string(value), 10, 32)
 		if err != nil {
-			return fmt.Sprintf("schema_version %s is not an integer of 32 bits", value)
+			return fmt.Sprintf("schema_version %s is not an integer of 32 bits", clip(value))
 		}
 		var text [11]byte
 		v[f] = d.keep(strconv.AppendInt(text[:0], n, 10))
@@ -318,7 +319,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 		t, err := time.Parse(time.RFC3339Nano, string(s))
 		if err != nil {
-			return fmt.Sprintf("occurred_at %q is not an RFC 3339 time", s)
+			return fmt.Sprintf("occurred_at %q is not an RFC 3339 time", clip(s))
 		}
 		var text [40]byte
 		v[f] = d.keep(pgTimestamp(text[:0], t))
@@ -332,6 +333,16 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 	}
 	return ""
+}
+
+// clip is at most the first 64 bytes of a writer's value, for a problem:
+// the reason goes into error messages and log lines, which must stay
+// short and must not carry a content whole.
+func clip(b []byte) []byte {
+	if len(b) <= 64 {
+		return b
+	}
+	return append(b[:64:64], "..."...)
 }
 
 // canonical is a UUID's lower-case hyphenated form.

@@ -175,3 +175,15 @@ func TestProblemContentKeepsTheCommitTime(t *testing.T) {
 		}
 	}
 }
+
+// A problem quotes a writer's value only in part: it reaches error
+// messages and log lines, which must not carry a content whole.
+func TestProblemQuotesAValueInPart(t *testing.T) {
+	long := strings.Repeat("x", 10_000)
+	var d Decoder
+	var v Values
+	p := d.Decode([]byte(`{"event_id": "`+long+`", "aggregate_type": "a", "aggregate_id": "b", "event_type": "c", "payload": {}, "occurred_at": "`+long+`"}`), 7, commit, &v)
+	if len(p) > 600 || !strings.Contains(p, "is not a UUID") || !strings.Contains(p, "is not an RFC 3339 time") {
+		t.Errorf("problem of %d bytes: %.300s", len(p), p)
+	}
+}
