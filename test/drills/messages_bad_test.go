@@ -29,9 +29,10 @@ type badKafka struct {
 // database while a writer commits good events and every kind of bad
 // message is emitted between them, some inside the good events'
 // transactions: not JSON, not an object, an event_id that is no UUID,
-// U+0000 escaped in the payload, U+0000 in aggregate_type (an invalid
-// topic, and text PostgreSQL refuses), a member given twice, invalid
-// base64, a payload over the topic's max.message.bytes. Checked with the
+// bytes that are no UTF-8 (the bytea form), U+0000 escaped in the payload,
+// U+0000 in aggregate_type (an invalid topic, and text PostgreSQL
+// refuses), a member given twice, invalid base64, a payload over the
+// topic's max.message.bytes. Checked with the
 // independent client (read_committed): every good event delivered by both,
 // in per-aggregate order, once for the exactly-once relay; no bad one
 // published; every bad one in both quarantine tables, with the content as
@@ -228,6 +229,8 @@ type badMessage struct {
 	// content_problem; false for a valid event Kafka refuses (oversize).
 	problem bool
 	id      string // the event_id the row has, when the content names a valid one
+	// binary emits the content as bytea, which may hold any byte.
+	binary bool
 }
 
 // badMessages are the bad messages a drill emitted.
@@ -246,6 +249,7 @@ func (b *badMessages) round(round, oversize int) []badMessage {
 	return []badMessage{
 		{content: fmt.Sprintf(`not json {round %d`, round), problem: true},
 		{content: fmt.Sprintf(`[%d, "not an object"]`, round), problem: true},
+		{content: fmt.Sprintf("\xff\x00 not UTF-8 %d", round), problem: true, binary: true},
 		{content: fmt.Sprintf(`{"event_id":"nope-%d","aggregate_type":"order",%s}`, round, rest), problem: true},
 		{content: fmt.Sprintf(`{"event_id":"nope-nul-%d","aggregate_type":"order","aggregate_id":"bad","event_type":"Bad","payload":{"s":"a\u0000b","round":%d}}`, round, round), problem: true},
 		{content: fmt.Sprintf(`{"event_id":"%s","aggregate_type":"or\u0000der",%s}`, nulAgg, rest), problem: true, id: nulAgg},
@@ -291,7 +295,11 @@ func (b *badMessages) emit(t *testing.T, w *world, conn *pgx.Conn, m badMessage,
 		ids, events = append(ids, gid), append(events, e)
 	}
 	good()
-	if _, err := tx.Exec(ctx, "SELECT pg_logical_emit_message(true, 'outbox', $1::text)", m.content); err != nil {
+	emit, content := "SELECT pg_logical_emit_message(true, 'outbox', $1::text)", any(m.content)
+	if m.binary {
+		emit, content = "SELECT pg_logical_emit_message(true, 'outbox', $1::bytea)", []byte(m.content)
+	}
+	if _, err := tx.Exec(ctx, emit, content); err != nil {
 		t.Fatalf("emit a bad message: %v", err)
 	}
 	good()
