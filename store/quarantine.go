@@ -328,6 +328,11 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	raw := e.Raw
 	if e.ContentProblem != "" && e.Raw != nil {
 		e.RawSize, e.RawSHA256 = digest(e.Raw)
+		if len(e.Raw) > rawMax {
+			// A statement holds at most 1 GB: keep a reference.
+			e.Raw = nil
+			e.ContentProblem += fmt.Sprintf("; the content (%d bytes) was too large to keep: raw_size and raw_sha256 describe it", e.RawSize)
+		}
 	} else if e.RawSize == 0 {
 		// The typed fields are the event: raw would only repeat them.
 		e.Raw = nil
