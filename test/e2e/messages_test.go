@@ -2,6 +2,11 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -236,11 +241,29 @@ func TestMessagesBadContentsAreKeptAndReplayedOnlyOnceFixed(t *testing.T) {
 		t.Errorf("raw %q is not the content as emitted", raw)
 	}
 
+	// list marks the rows replay refuses; --json carries raw and its digest.
+	if code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.Args("list")...)); code != 0 ||
+		strings.Count(out, "[replay refuses: content_problem] [raw: ") != 3 {
+		t.Errorf("quarantine list: exit %d, want each row marked with its raw size and digest:\n%s", code, out)
+	}
+	code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.Args("list", "--json")...))
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(out), &listed); code != 0 || err != nil || len(listed) != 3 {
+		t.Fatalf("quarantine list --json: exit %d, %v:\n%s", code, err, out)
+	}
+	for _, row := range listed {
+		raw, _ := base64.StdEncoding.DecodeString(fmt.Sprint(row["raw"]))
+		sum := sha256.Sum256(raw)
+		if len(raw) == 0 || row["raw_sha256"] != hex.EncodeToString(sum[:]) || row["raw_size"] != float64(len(raw)) || row["content_problem"] == nil || row["raw_lsn"] == nil {
+			t.Errorf("quarantine list --json row: %v", row)
+		}
+	}
+
 	replay := func(args ...string) (int, string) {
 		return harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
 			e.Args("replay", append(args, "--kafka-brokers", e.Kafka.BrokerList(), "--topic", messagesTopicPrefix+"{aggregate_type}")...)...))
 	}
-	code, out := replay("--all")
+	code, out = replay("--all")
 	if code != 1 || strings.Count(out, "REFUSED   ") != 3 || !strings.Contains(out, "(3 of them refused") ||
 		!strings.Contains(out, "payload_base64 is not base64") || !strings.Contains(out, "aggregate_type (Go-quoted)") ||
 		!strings.Contains(out, "unsupported Unicode escape sequence") || strings.Contains(out, "REPLAYED") {
