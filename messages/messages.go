@@ -7,10 +7,12 @@
 package messages
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +40,11 @@ type Decoder struct {
 	raw []byte
 	// binary says the last content decoded carried payload_base64.
 	binary bool
+	// keys are the member names of the content being decoded, so that a
+	// member given twice is found; keySet takes over from the list for a
+	// content with many members, so no content costs quadratic time.
+	keys   [][]byte
+	keySet map[string]struct{}
 }
 
 // PayloadBinary reports whether the last content decoded carried its
@@ -62,11 +69,20 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 	*v = Values{}
 	d.buf, d.binary = d.buf[:0], false
 	problem = d.decode(content, commitTime, v)
+	// The names alias content, which must not outlive the call here.
+	clear(d.keys)
+	d.keys, d.keySet = d.keys[:0], nil
 	if problem == "" {
 		return ""
 	}
+	if v[layout.OccurredAt] == nil {
+		// As for a valid event: a replay after the operator fixed the row
+		// then carries the time the relay knows, not an empty header.
+		var text [40]byte
+		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
+	}
 	if v[layout.EventID] == nil {
-		v[layout.EventID] = d.keep([]byte(derivedID(at)))
+		v[layout.EventID] = d.keep([]byte(DerivedEventID(at)))
 	}
 	if v[layout.Payload] == nil {
 		quoted, _ := json.Marshal(string(content))
@@ -93,8 +109,7 @@ func (d *Decoder) Decode(content []byte, at uint64, commitTime time.Time, v *Val
 func (d *Decoder) Oversized(at uint64, size int64, sha256 []byte, limit int, commitTime time.Time, v *Values) (problem string) {
 	*v = Values{}
 	d.buf, d.binary = d.buf[:0], false
-	v[layout.EventID] = d.keep([]byte(derivedID(at)))
-	v[layout.Payload] = d.keep([]byte("null"))
+	v[layout.EventID] = d.keep([]byte(DerivedEventID(at)))
 	v[layout.SchemaVersion] = d.keep(one)
 	var text [40]byte
 	v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
@@ -106,10 +121,11 @@ func (d *Decoder) Oversized(at uint64, size int64, sha256 []byte, limit int, com
 		size, limit, at>>32, uint32(at), sha256)
 }
 
-// derivedID names a content that has no valid event ID by its message's
-// WAL position, which is the same on every re-delivery, so the quarantine
-// table keeps it once.
-func derivedID(at uint64) string {
+// DerivedEventID names a content that has no valid event ID by its
+// message's WAL position, which is the same on every re-delivery, so the
+// quarantine table keeps it once. A message quarantined without being read
+// (too large to hold) is named the same way.
+func DerivedEventID(at uint64) string {
 	return uuid.NewSHA1(uuid.NameSpaceOID, []byte("outbox-relay message at "+strconv.FormatUint(at, 16))).String()
 }
 
@@ -149,10 +165,19 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 	}
 	var seen uint16
 	var problems []string
+	var repeated []string
 	for {
 		key, value, ok := object.next()
 		if !ok {
 			break
+		}
+		if d.repeated(key) {
+			// Which of the two a writer meant is unknowable, and JSON
+			// parsers disagree (first wins, last wins): refuse both.
+			if !slices.Contains(repeated, string(key)) {
+				repeated = append(repeated, string(key))
+			}
+			continue
 		}
 		if string(key) == memberPayloadBase64 {
 			if seen&(1<<layout.Payload) != 0 {
@@ -178,6 +203,17 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 			problems = append(problems, p)
 		}
 	}
+	if len(repeated) > 0 {
+		quoted := make([]string, len(repeated))
+		for i, k := range repeated {
+			quoted[i] = strconv.Quote(k)
+		}
+		plural := ""
+		if len(repeated) > 1 {
+			plural = "s"
+		}
+		problems = append(problems, "duplicate member"+plural+" "+strings.Join(quoted, ", "))
+	}
 	var missing []string
 	for _, f := range required {
 		if seen&(1<<f) == 0 {
@@ -198,6 +234,31 @@ func (d *Decoder) decode(content []byte, commitTime time.Time, v *Values) string
 		v[layout.OccurredAt] = d.keep(pgTimestamp(text[:0], commitTime))
 	}
 	return ""
+}
+
+// repeated reports whether the content being decoded already had a member
+// named key, and remembers key.
+func (d *Decoder) repeated(key []byte) bool {
+	if d.keySet != nil {
+		if _, ok := d.keySet[string(key)]; ok {
+			return true
+		}
+		d.keySet[string(key)] = struct{}{}
+		return false
+	}
+	for _, k := range d.keys {
+		if bytes.Equal(k, key) {
+			return true
+		}
+	}
+	d.keys = append(d.keys, key)
+	if len(d.keys) > 16 {
+		d.keySet = make(map[string]struct{}, 2*len(d.keys))
+		for _, k := range d.keys {
+			d.keySet[string(k)] = struct{}{}
+		}
+	}
+	return false
 }
 
 // payloadBase64 takes a payload_base64 member: its bytes, kept in bytea's
@@ -249,7 +310,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 		id, err := uuid.ParseBytes(s)
 		if err != nil {
-			return fmt.Sprintf("event_id %q is not a UUID", s)
+			return fmt.Sprintf("event_id %q is not a UUID", clip(s))
 		}
 		// The canonical form, as PostgreSQL prints a uuid column.
 		var text [36]byte
@@ -265,7 +326,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 	case layout.SchemaVersion:
 		n, err := strconv.ParseInt(string(value), 10, 32)
 		if err != nil {
-			return fmt.Sprintf("schema_version %s is not an integer of 32 bits", value)
+			return fmt.Sprintf("schema_version %s is not an integer of 32 bits", clip(value))
 		}
 		var text [11]byte
 		v[f] = d.keep(strconv.AppendInt(text[:0], n, 10))
@@ -279,7 +340,7 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 		t, err := time.Parse(time.RFC3339Nano, string(s))
 		if err != nil {
-			return fmt.Sprintf("occurred_at %q is not an RFC 3339 time", s)
+			return fmt.Sprintf("occurred_at %q is not an RFC 3339 time", clip(s))
 		}
 		var text [40]byte
 		v[f] = d.keep(pgTimestamp(text[:0], t))
@@ -293,6 +354,16 @@ func (d *Decoder) field(f layout.Field, value []byte, v *Values) string {
 		}
 	}
 	return ""
+}
+
+// clip is at most the first 64 bytes of a writer's value, for a problem:
+// the reason goes into error messages and log lines, which must stay
+// short and must not carry a content whole.
+func clip(b []byte) []byte {
+	if len(b) <= 64 {
+		return b
+	}
+	return append(b[:64:64], "..."...)
 }
 
 // canonical is a UUID's lower-case hyphenated form.

@@ -2,6 +2,7 @@ package messages
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -122,5 +123,67 @@ func TestPayloadBase64(t *testing.T) {
 		if p := d.Decode([]byte(event+c.members+"}"), 3, commit, &v); !strings.Contains(p, c.want) || v[layout.Payload] == nil {
 			t.Errorf("%s: problem %q, payload %q; want %q", c.members, p, v[layout.Payload], c.want)
 		}
+	}
+}
+
+// Issue 40.11c: a content with two event_id members took the second
+// silently, and a second payload was reported as "both payload and
+// payload_base64". Any member given twice, ours or not, makes the content
+// no event, and the problem names each such member once.
+func TestDecodeRefusesDuplicateMembers(t *testing.T) {
+	const id = `"event_id": "0b5a1d64-8b0e-4c7a-9c53-1d2e3f405162", `
+	const rest = `"aggregate_type": "a", "aggregate_id": "b", "event_type": "c", "payload": {}`
+	for _, c := range []struct{ content, want, not string }{
+		{`{` + id + `"event_id": "1b5a1d64-8b0e-4c7a-9c53-1d2e3f405162", ` + rest + `}`, `duplicate member "event_id"`, ""},
+		{`{` + id + rest + `, "payload": {"second": true}}`, `duplicate member "payload"`, "payload_base64"},
+		{`{` + id + rest + `, "extra": 1, "extra": 2, "extra": 3}`, `duplicate member "extra"`, `"extra", "extra"`},
+		{`{` + id + rest + `, "aggregate_type": "z", "x\u0041": 1, "xA": 2}`, `duplicate members "aggregate_type", "xA"`, ""},
+	} {
+		var d Decoder
+		var v Values
+		p := d.Decode([]byte(c.content), 7, commit, &v)
+		if !strings.Contains(p, c.want) || c.not != "" && strings.Contains(p, c.not) {
+			t.Errorf("%s: problem %q, want it to say %q (and not %q)", c.content, p, c.want, c.not)
+		}
+	}
+	// Many distinct members are no duplicates.
+	var b strings.Builder
+	b.WriteString(`{` + id + rest)
+	for i := range 100 {
+		fmt.Fprintf(&b, `, "m%d": %d`, i, i)
+	}
+	b.WriteString("}")
+	var d Decoder
+	var v Values
+	if p := d.Decode([]byte(b.String()), 7, commit, &v); p != "" {
+		t.Errorf("100 distinct extra members: %s", p)
+	}
+}
+
+// Issue 40.10: a content that is no event was quarantined without
+// occurred_at, and replay then sent an empty occurred_at header. Like a
+// valid event's, its occurred_at is the commit time when it has none.
+func TestProblemContentKeepsTheCommitTime(t *testing.T) {
+	for _, content := range []string{`not json`, `{"event_id": "x", "payload_base64": "!"}`} {
+		var d Decoder
+		var v Values
+		if p := d.Decode([]byte(content), 7, commit, &v); p == "" {
+			t.Fatalf("%s: no problem", content)
+		}
+		if string(v[layout.OccurredAt]) != "2026-12-02 10:00:00.123456+00" {
+			t.Errorf("%s: occurred_at %q, want the commit time", content, v[layout.OccurredAt])
+		}
+	}
+}
+
+// A problem quotes a writer's value only in part: it reaches error
+// messages and log lines, which must not carry a content whole.
+func TestProblemQuotesAValueInPart(t *testing.T) {
+	long := strings.Repeat("x", 10_000)
+	var d Decoder
+	var v Values
+	p := d.Decode([]byte(`{"event_id": "`+long+`", "aggregate_type": "a", "aggregate_id": "b", "event_type": "c", "payload": {}, "occurred_at": "`+long+`"}`), 7, commit, &v)
+	if len(p) > 600 || !strings.Contains(p, "is not a UUID") || !strings.Contains(p, "is not an RFC 3339 time") {
+		t.Errorf("problem of %d bytes: %.300s", len(p), p)
 	}
 }

@@ -227,8 +227,12 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		{"column payload_bytes of " + quarantine.String(),
 			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'payload_bytes' AND NOT attisdropped)",
 			quarantine.Quoted()},
+		// And one from before contents it cannot type gets these.
+		{"columns raw, raw_size, raw_sha256, raw_lsn, content_problem of " + quarantine.String(),
+			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'content_problem' AND NOT attisdropped)",
+			quarantine.Quoted()},
 	}
-	const quarantineTable, replayColumns, payloadBytesColumn, pollStateTable = 2, 3, 4, 5 // in objects
+	const quarantineTable, replayColumns, payloadBytesColumn, rawColumns, pollStateTable = 2, 3, 4, 5, 6 // in objects
 	if n.Poll {
 		poll, err := store.PollStateTable(outbox)
 		if err != nil {
@@ -256,7 +260,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	if !existed[quarantineTable] {
 		// A new table comes with them: not worth a line of their own.
-		existed[replayColumns], existed[payloadBytesColumn] = true, true
+		existed[replayColumns], existed[payloadBytesColumn], existed[rawColumns] = true, true, true
 	}
 	if n.Poll && !existed[pollStateTable] {
 		existed[pollStateTable+2] = true // the lease columns come with a new state table too

@@ -124,6 +124,18 @@ func TestSQLAppliesWithOddNames(t *testing.T) {
 	if n := db.QueryInt64(t, `SELECT count(*) FROM "my schema"."refused ""events""" WHERE payload = '{"a": 1}' AND payload_bytes IS NULL`); n != 1 {
 		t.Errorf("%d JSON events kept after migrate, want 1", n)
 	}
+	// Issue 40.2: one from before raw and content_problem gets them.
+	if _, err := conn.Exec(ctx, `ALTER TABLE "my schema"."refused ""events""" DROP COLUMN raw, DROP COLUMN raw_size, DROP COLUMN raw_sha256, DROP COLUMN raw_lsn, DROP COLUMN content_problem`); err != nil {
+		t.Fatal(err)
+	}
+	created, err = Apply(ctx, conn, names)
+	if err != nil || len(created) != 1 || !strings.Contains(created[0], "raw, raw_size, raw_sha256, raw_lsn, content_problem") {
+		t.Errorf("apply to a quarantine table without raw: created %q, %v; want the columns named", created, err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = '"my schema"."refused ""events"""'::regclass
+		AND attname IN ('raw', 'raw_size', 'raw_sha256', 'raw_lsn', 'content_problem') AND NOT attisdropped`); n != 5 {
+		t.Errorf("%d raw columns after migrate, want 5", n)
+	}
 	// The check constraint works under its quoted name.
 	_, err = conn.Exec(ctx, `INSERT INTO "my schema"."out""box events" (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
 		VALUES (gen_random_uuid(), 'a', '1', 'e', '{}', '{"event_id": "x"}')`)

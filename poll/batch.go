@@ -245,7 +245,7 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.
 	// The attempts the log line below names: one per claim that sent it.
 	q.Attempts = r.attempts
 	if err := w.quarantine.Put(ctx, q); err != nil {
-		return fmt.Errorf("%w: %w", pipeline.ErrQuarantineWrite, err)
+		return fmt.Errorf("%w: %w; %s", pipeline.ErrQuarantineWrite, err, store.WriteAdvice(err))
 	}
 	if err := w.marks.markQuarantined(ctx, r.seq, string(perr.Class), perr.Error()); err != nil {
 		return err

@@ -79,6 +79,9 @@ func (e *Error) Advice() string {
 	case errors.Is(e.Err, ErrUnmappedRow):
 		return "PostgreSQL decodes this row with the columns of its time, so no ALTER TABLE lets the stream pass it: it goes to the quarantine table (under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
 			"The row is still in the outbox table: fill the missing values in the quarantine table from it (UPDATE ... FROM the outbox table, by event_id), then run `outbox-relay quarantine replay`"
+	case errors.Is(e.Err, ErrBadContent):
+		return "a message exists only in the WAL, so the quarantine table's row is its only copy (raw holds the content as it was emitted; under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
+			"Fix the writer that emitted it; to deliver this event, set the row's columns from raw and clear content_problem (UPDATE on the quarantine table, by event_id), then run `outbox-relay quarantine replay`"
 	case e.Class == ClassPermanent:
 		return "fix the row or the topic, then `outbox-relay quarantine replay` it; the event is kept in the quarantine table (or, under --on-permanent-error halt, the relay stops on it), never dropped"
 	}

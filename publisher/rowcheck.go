@@ -20,6 +20,18 @@ func UnmappedRow(ev *event.Event, reason string, at fmt.Stringer) *Error {
 		Err: fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at)}
 }
 
+// ErrBadContent marks a logical decoding message whose content is no
+// outbox event (the messages source). The caller quarantines or halts on it
+// like any row CheckRow refuses.
+var ErrBadContent = errors.New("message cannot be published")
+
+// BadContent is the error of such a message, with the reason the decoder
+// gave and the message's WAL position.
+func BadContent(ev *event.Event, reason string, at fmt.Stringer) *Error {
+	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+		Err: fmt.Errorf("%w: %s; the message is at WAL position %s", ErrBadContent, reason, at)}
+}
+
 // CheckRow refuses an event that lacks a value every record needs: the
 // key (aggregate_id), the values topics and headers are made of
 // (aggregate_type, event_type), or the payload. The read loop and

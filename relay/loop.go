@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -464,9 +465,12 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 	ev.Position = uint64(at)
 	var rec *publisher.Record
 	var err error
-	if row.Unmapped != "" {
+	switch {
+	case row.Unmapped != "" && (row.Content != nil || row.Dropped != nil):
+		err = publisher.BadContent(ev, row.Unmapped, row.ContentAt)
+	case row.Unmapped != "":
 		err = publisher.UnmappedRow(ev, row.Unmapped, at)
-	} else {
+	default:
 		rec, err = s.build(ev)
 	}
 	var pending *publisher.TopicPendingError
@@ -486,7 +490,20 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		// so neither it nor anything after it is confirmed before that.
 		s.tracker.Add(s.txn, 0)
 		s.quarantining++
-		s.quarantine.put(store.QuarantinedEvent(ev, failure(perr)), perr, s.txn, 0)
+		q := store.QuarantinedEvent(ev, failure(perr))
+		if row.Content != nil {
+			// A message exists nowhere else: keep what the writer emitted,
+			// for the operator and in case its values cannot be stored as
+			// text. A copy: the content aliases the read buffer.
+			q.Raw, q.RawLSN = bytes.Clone(row.Content), row.ContentAt
+			q.ContentProblem = row.Unmapped
+		}
+		if d := row.Dropped; d != nil {
+			// Dropped unread for its size: kept by reference only.
+			q.RawSize, q.RawSHA256, q.RawLSN = d.Size, d.SHA256[:], row.ContentAt
+			q.ContentProblem = row.Unmapped
+		}
+		s.quarantine.put(q, perr, s.txn, 0)
 		return nil
 	}
 	s.tracker.Add(s.txn, rec.Size())

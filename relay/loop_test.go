@@ -9,6 +9,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/eapache/go-resiliency/breaker"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
@@ -326,18 +327,39 @@ func TestLoopQuarantineNeverReordersAcks(t *testing.T) {
 
 // A quarantine write that fails stops the relay with an error that names
 // the table and the fix, instead of retrying the same event for ever.
+// Issue 40.2: the fix named grants whatever the cause; it follows the
+// SQLSTATE now, and only a missing privilege is about grants.
 func TestLoopQuarantineWriteFailureIsFatal(t *testing.T) {
-	q := &fakeQuarantine{err: errors.New(`permission denied for table outbox_quarantine`)}
-	rig := startLoop(t, rigOptions{quarantine: q})
-	r := rig.txn(t, 2000, "e1")[0]
-	rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
-	err := rig.untilEnd(t)
-	if !errors.Is(err, pipeline.ErrQuarantineWrite) || !IsFatal(err) {
-		t.Fatalf("ended with %v (fatal %t), want a fatal quarantine write error", err, IsFatal(err))
-	}
-	for _, want := range []string{`"public"."outbox_quarantine"`, "GRANT", "migrate --print-sql", "permission denied", "e1"} {
-		if !strings.Contains(strings.ToUpper(err.Error()), strings.ToUpper(want)) {
-			t.Errorf("error %q does not mention %q", err, want)
+	for _, c := range []struct {
+		err       error
+		want, not []string
+	}{
+		{&pgconn.PgError{Code: "42501", Message: "permission denied for table outbox_quarantine"},
+			[]string{"GRANT", "SELECT, INSERT and UPDATE", "permission denied"}, []string{"migrate"}},
+		{&pgconn.PgError{Code: "42703", Message: `column "raw" does not exist`},
+			[]string{"migrate --print-sql", `column "raw"`}, []string{"grant"}},
+		{&pgconn.PgError{Code: "22P05", Message: "unsupported Unicode escape sequence"},
+			[]string{"bug of the relay"}, []string{"grant"}},
+		{errors.New("conn closed"), []string{"reachable"}, []string{"grant"}},
+	} {
+		q := &fakeQuarantine{err: fmt.Errorf("quarantine event e1: %w", c.err)}
+		rig := startLoop(t, rigOptions{quarantine: q})
+		r := rig.txn(t, 2000, "e1")[0]
+		rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
+		err := rig.untilEnd(t)
+		if !errors.Is(err, pipeline.ErrQuarantineWrite) || !IsFatal(err) {
+			t.Fatalf("ended with %v (fatal %t), want a fatal quarantine write error", err, IsFatal(err))
+		}
+		upper := strings.ToUpper(err.Error())
+		for _, want := range append([]string{`"public"."outbox_quarantine"`, "e1"}, c.want...) {
+			if !strings.Contains(upper, strings.ToUpper(want)) {
+				t.Errorf("error %q does not mention %q", err, want)
+			}
+		}
+		for _, not := range c.not {
+			if strings.Contains(upper, strings.ToUpper(not)) {
+				t.Errorf("error %q mentions %q", err, not)
+			}
 		}
 	}
 }

@@ -93,8 +93,8 @@ func (s *readLoop) stored(res quarantineResult) {
 	s.quarantining--
 	if res.err != nil {
 		if s.failure == nil {
-			s.failure = fmt.Errorf("%w %s: %w; grant the relay's role SELECT, INSERT and UPDATE on it, and check that its columns match `outbox-relay migrate --print-sql`; event %s (%v) stays unpublished until then",
-				pipeline.ErrQuarantineWrite, s.quarantine.table, res.err, res.job.event.EventID, perr.Err)
+			s.failure = fmt.Errorf("%w %s: %w; %s; event %s (%v) stays unpublished until then",
+				pipeline.ErrQuarantineWrite, s.quarantine.table, res.err, store.WriteAdvice(res.err), res.job.event.EventID, perr.Err)
 		}
 		return
 	}

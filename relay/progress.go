@@ -120,10 +120,20 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 	if d.GapTo != 0 {
 		p.metrics.SlotGaps.Inc()
 		ev := log.Error().Str("gap_from_lsn", d.GapFrom.String()).Str("gap_to_lsn", d.GapTo.String())
-		if !rec.CommitTime.IsZero() {
-			ev = ev.Time("gap_from_commit_time", rec.CommitTime).Str("reconcile_command", reconcileCommand(rec.CommitTime, time.Now()))
+		const gap = "the slot was created now, after the position Kafka holds for it: events committed between the two were never streamed and may be missing from Kafka (the slot was dropped, or this is a server it was not synced to). "
+		if p.cfg.Replication.Messages() {
+			since := "the position Kafka holds"
+			if !rec.CommitTime.IsZero() {
+				ev = ev.Time("gap_from_commit_time", rec.CommitTime)
+				since = rec.CommitTime.UTC().Format(time.RFC3339)
+			}
+			ev.Msg(gap + replication.MessagesGapAdvice(since))
+		} else {
+			if !rec.CommitTime.IsZero() {
+				ev = ev.Time("gap_from_commit_time", rec.CommitTime).Str("reconcile_command", reconcileCommand(rec.CommitTime, time.Now()))
+			}
+			ev.Msg(gap + "Run the reconcile_command to find and republish them")
 		}
-		ev.Msg("the slot was created now, after the position Kafka holds for it: events committed between the two were never streamed and may be missing from Kafka (the slot was dropped, or this is a server it was not synced to). Run the reconcile_command to find and republish them")
 	}
 	if reset {
 		// Overwrite the record now: otherwise every later session of this

@@ -64,10 +64,15 @@ func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
 	}
 }
 
+// ErrReplayRefused marks an event replay did not send because its row is
+// no event as it stands (content_problem is set); the others go on.
+var ErrReplayRefused = errors.New("refused")
+
 // Replay publishes quarantined events again, with their original event_id,
 // key and headers, and marks each replayed, with its topic, only after
 // Kafka acknowledged it. An event that fails again, or fails the read loop's row
-// checks, stays quarantined. A replayed event lands after any later events
+// checks, stays quarantined; a row whose content_problem is set is refused
+// (ErrReplayRefused), naming it. A replayed event lands after any later events
 // of its aggregate. The layout gives the records their shape, as `run`
 // would have.
 func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
@@ -86,6 +91,14 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 	sent := make([]*publisher.Record, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
+		if problem := events[i].ContentProblem; problem != "" {
+			// Its columns are not an event as they stand (a content that
+			// was no event, values stored escaped or left out): sending
+			// them would publish the problem itself.
+			results[i].Err = fmt.Errorf("%w: %s; fix the row's columns in the quarantine table (raw holds the content as it arrived) and set content_problem to NULL, then replay it",
+				ErrReplayRefused, problem)
+			continue
+		}
 		// The quarantine table cannot hold a NULL (but for the payload of
 		// Debezium's layout), so a value the row lacked comes back empty;
 		// the row check refuses it like the read loop's.

@@ -231,11 +231,23 @@ func (r *Relay) slotPolicy() replication.SlotPolicy {
 // logSlotCreated says what creating or recreating the slot means for the
 // rows already in the table.
 func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, slot replication.SlotStart) {
+	messages := r.cfg.Replication.Messages()
 	if slot.RecreatedLost {
-		r.log.Error().Str("lsn", slot.LSN.String()).
-			Msg("slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (the reconcile_command of the next line finds them)")
+		msg := "slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (the reconcile_command of the next line finds them)"
+		if messages {
+			msg = "slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered: " +
+				replication.MessagesGapAdvice("the last event Kafka holds")
+		}
+		r.log.Error().Str("lsn", slot.LSN.String()).Msg(msg)
 	}
 	if !slot.Created {
+		return
+	}
+	if messages {
+		// No table to count: what committed before the slot is gone from
+		// reach, and only the writers can say whether any of it mattered.
+		r.log.Info().Str("lsn", slot.LSN.String()).
+			Msg("created the replication slot; messages committed before it existed are in no slot and are not published (run `outbox-relay migrate --source messages` at deploy time so the slot exists before services emit)")
 		return
 	}
 	ev := r.log.Info()

@@ -82,6 +82,16 @@ type Row struct {
 	// decodes it. The table's type when the row was written decides, as
 	// for Unmapped.
 	PayloadBinary bool
+	// Content is the logical decoding message the row was decoded from
+	// (the messages source), as it arrived, and ContentAt its WAL
+	// position; nil for a table's row. The quarantine keeps it when the
+	// values cannot be the event, so no byte a writer emitted is lost.
+	Content   []byte
+	ContentAt lsn.LSN
+	// Dropped, for a message whose content the connection dropped unread
+	// for its size (--max-message-bytes), is what is known of it; nil
+	// otherwise. Content is then nil and ContentAt its position.
+	Dropped *Oversized
 }
 
 // Message is one decoded replication message. Receive reuses it.
@@ -365,10 +375,12 @@ func (d *decoder) message(b []byte, m *Message) error {
 		m.Row = Row{}
 		if o, ok := d.oversized.take(at); ok && n == 0 {
 			m.Row.Unmapped = d.messages.Oversized(at, o.Size, o.SHA256[:], d.oversized.limit, d.commitTime, &m.Row.Values)
+			m.Row.Dropped, m.Row.ContentAt = &o, lsn.LSN(at)
 			return nil
 		}
 		m.Row.Unmapped = d.messages.Decode(content, at, d.commitTime, &m.Row.Values)
 		m.Row.PayloadBinary = d.messages.PayloadBinary()
+		m.Row.Content, m.Row.ContentAt = content, lsn.LSN(at)
 	}
 	if n == 0 {
 		// Dropped for its size but skipped here: forget it.

@@ -112,10 +112,13 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 	if !lastConfirmedCommit.IsZero() {
 		since = lastConfirmedCommit.UTC().Format(time.RFC3339)
 	}
+	advice := fmt.Sprintf("Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them", since)
+	if a.cfg.Messages() {
+		advice = "Run `outbox-relay migrate --source messages` to create the slot again; " + MessagesGapAdvice(since)
+	}
 	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
-		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. "+
-		"Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them",
-		ErrSlotMissing, a.cfg.Slot, pg.Describe(a.cfg.DSN), since)
+		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. %s",
+		ErrSlotMissing, a.cfg.Slot, pg.Describe(a.cfg.DSN), advice)
 }
 
 // TableRows describes what the outbox table holds when a slot is created:
@@ -277,9 +280,8 @@ func (a *Admin) CreateSlot(ctx context.Context) (lsn.LSN, error) {
 // CheckSlot verifies an existing slot can serve the relay.
 func (a *Admin) CheckSlot(ctx context.Context, info *SlotInfo) error {
 	if info.Lost() {
-		return fmt.Errorf("%w: slot %q is invalidated (%s), so events committed while the relay was behind or down may never reach Kafka. "+
-			"Reconcile the outbox table against Kafka for that period, then drop the slot (SELECT pg_drop_replication_slot('%s')) and start the relay with --recreate-lost-slot, or run migrate",
-			ErrSlotLost, info.Name, info.Invalidation(), info.Name)
+		return fmt.Errorf("%w: slot %q is invalidated (%s), so events committed while the relay was behind or down may never reach Kafka. %s",
+			ErrSlotLost, info.Name, info.Invalidation(), a.cfg.lostSlotAdvice(info.Name))
 	}
 	if info.Plugin != "pgoutput" {
 		return pg.Preconditionf("slot %q uses plugin %q, the relay needs pgoutput: choose another --slot, or drop this one", info.Name, info.Plugin)

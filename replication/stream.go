@@ -82,8 +82,8 @@ func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
 		case pgErr.Code == "55006":
 			return fmt.Errorf("%w: %s", ErrSlotBusy, pgErr.Message)
 		case strings.Contains(pgErr.Message, "invalidated") || strings.Contains(pgErr.Message, "can no longer get changes"):
-			return fmt.Errorf("%w: slot %q: %s %s: events committed while the relay was behind may never reach Kafka; reconcile the outbox table against Kafka, then recreate the slot (--recreate-lost-slot)",
-				ErrSlotLost, s.cfg.Slot, pgErr.Message, pgErr.Detail)
+			return fmt.Errorf("%w: slot %q: %s %s: events committed while the relay was behind may never reach Kafka; %s",
+				ErrSlotLost, s.cfg.Slot, pgErr.Message, pgErr.Detail, s.cfg.lostSlotAdvice(s.cfg.Slot))
 		case pgErr.Code == "42704":
 			return pg.Preconditionf("start replication: %s: run `outbox-relay migrate`, or fix --slot", pgErr.Message)
 		}

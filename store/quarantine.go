@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
 )
 
@@ -30,6 +32,38 @@ type Quarantined struct {
 	// ReplayedTopic; nil while it waits for one.
 	ReplayedAt    *time.Time `json:"replayed_at,omitempty"`
 	ReplayedTopic string     `json:"replayed_topic,omitempty"`
+
+	// ContentProblem says why the row's typed fields are not the event as
+	// it arrived: a logical decoding message's content that is no event
+	// (the decoder's reason), or values PostgreSQL refused as text or
+	// jsonb, which Put stores escaped or as placeholders (it says which).
+	// `quarantine replay` refuses a row while it is set; the operator
+	// fixes the typed columns and clears it. Empty for an event whose
+	// typed fields are what it was.
+	ContentProblem string `json:"content_problem,omitempty"`
+	// Raw is the content exactly as it arrived: a message's content, as
+	// the relay read it from the WAL. Put stores it when ContentProblem is
+	// set or the typed fields cannot be stored as they are (when Raw is
+	// then nil, Put keeps the event's fields as JSON instead). JSON shows
+	// it base64.
+	Raw []byte `json:"raw,omitempty"`
+	// RawSize and RawSHA256 describe the content: its length in bytes and
+	// its SHA-256. Put fills them whenever it stores Raw.
+	//
+	// A content too large to keep, never held in memory, is quarantined
+	// by reference: Raw nil, RawSize its length (> 0), RawSHA256 its
+	// digest (32 bytes), RawLSN the WAL position of its message, EventID
+	// an ID derived from that position (messages.DerivedEventID), the
+	// other typed fields empty, Payload empty (stored as NULL), and
+	// ErrorClass and ErrorMessage saying why, as for any quarantined
+	// event. ContentProblem may be left empty: Put then says the content
+	// was kept by reference. Such a row is never replayed; the writer
+	// emits the event again.
+	RawSize   int64  `json:"raw_size,omitempty"`
+	RawSHA256 []byte `json:"-"`
+	// RawLSN is the WAL position of the message the content came in; 0
+	// when it came from a table's row.
+	RawLSN lsn.LSN `json:"-"`
 
 	// occurredAt is OccurredAt as a time, for JSON; OccurredAt keeps
 	// PostgreSQL's text, which a replay sends in the header as run does.
@@ -49,7 +83,20 @@ func (e Quarantined) MarshalJSON() ([]byte, error) {
 	if e.occurredAt != nil {
 		p.OccurredAt = e.occurredAt.UTC().Format(time.RFC3339Nano)
 	}
-	return json.Marshal(p)
+	// A digest and a WAL position read as they do everywhere else.
+	var extra struct {
+		plain
+		RawSHA256 string `json:"raw_sha256,omitempty"`
+		RawLSN    string `json:"raw_lsn,omitempty"`
+	}
+	extra.plain = p
+	if e.RawSHA256 != nil {
+		extra.RawSHA256 = hex.EncodeToString(e.RawSHA256)
+	}
+	if e.RawLSN != 0 {
+		extra.RawLSN = e.RawLSN.String()
+	}
+	return json.Marshal(extra)
 }
 
 // Access is what a caller does with the quarantine table; Open checks the
@@ -88,9 +135,13 @@ type Quarantine struct {
 	payloadCast string
 	// replayedColumns is whether the table has replayed_at and
 	// replayed_topic; a table from before them holds no replayed event.
-	replayedColumns bool // payloadBytes is whether the table has payload_bytes, where a binary
+	replayedColumns bool
+	// payloadBytes is whether the table has payload_bytes, where a binary
 	// payload is kept; a table from before it holds none.
 	payloadBytes bool
+	// rawColumns is whether the table has raw and content_problem
+	// (migration 006); a table from before them holds no such row.
+	rawColumns bool
 }
 
 // OpenQuarantine connects to the database and checks the quarantine table
@@ -151,12 +202,24 @@ func (q *Quarantine) check(ctx context.Context, cfg pg.Config, access Access) er
 		return err
 	}
 	q.payloadBytes = payloadBytes == "bytea"
+	problem, err := q.columnType(ctx, quoted, "content_problem")
+	if err != nil {
+		return err
+	}
+	q.rawColumns = problem != ""
 	if access == ForReplay && !q.replayedColumns {
 		return fmt.Errorf("%w: the quarantine table %s has no column replayed_at, where replay records what it delivered: run `outbox-relay migrate` to add it",
 			pg.ErrPrecondition, quoted)
 	}
 	if access != ForRelay {
 		return nil
+	}
+	if !q.rawColumns {
+		// Refused, not degraded: without them an event whose content
+		// PostgreSQL cannot store as text would stop the relay at every
+		// start, and a writer could emit one at any time.
+		return fmt.Errorf("%w: the quarantine table %s has no columns raw and content_problem, where the relay keeps a content PostgreSQL cannot store as text: run `outbox-relay migrate` to add them",
+			pg.ErrPrecondition, quoted)
 	}
 	outbox, err := ParseTable("--table", cfg.Table)
 	if err != nil {
@@ -245,9 +308,57 @@ func (q *Quarantine) Close() error { return q.conn.Close(context.Background()) }
 // log said; zero counts this one attempt. It returns once the row is committed, so the caller may then let
 // the slot pass the event. An event already replayed stays replayed: Kafka
 // holds it, and this is the original row sent again (a re-stream).
+//
+// Whatever the event holds, Put stores it: when PostgreSQL refuses a value
+// as text or jsonb (a data exception, or a value over a limit), Put stores
+// the row again with those values escaped or left out, the original in
+// raw, and says which in content_problem and error_message (see
+// storable). An error from Put is therefore never the event's content.
 func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if e.Raw == nil && e.RawSize > 0 && e.ContentProblem == "" {
+		e.ContentProblem = fmt.Sprintf("the content (%d bytes, sha256 %x) was too large to keep; it is not in this table", e.RawSize, e.RawSHA256)
+		if e.RawLSN != 0 {
+			e.ContentProblem += "; its message is at WAL position " + e.RawLSN.String()
+		}
+	}
+	e.ErrorMessage = textSafe(e.ErrorMessage)
+	e.ContentProblem = textSafe(e.ContentProblem)
+	raw := e.Raw
+	if e.ContentProblem != "" && e.Raw != nil {
+		e.RawSize, e.RawSHA256 = digest(e.Raw)
+		if len(e.Raw) > rawMax {
+			// A statement holds at most 1 GB: keep a reference.
+			e.Raw = nil
+			e.ContentProblem += fmt.Sprintf("; the content (%d bytes) was too large to keep: raw_size and raw_sha256 describe it", e.RawSize)
+		}
+	} else if e.RawSize == 0 {
+		// The typed fields are the event: raw would only repeat them.
+		e.Raw = nil
+	}
+	err := q.insert(ctx, &e)
+	if err == nil || !dataException(err) {
+		return err
+	}
+	refused := err
+	for _, whole := range []bool{false, true} {
+		fallback, ok := q.storable(e, raw, refused, whole)
+		if !ok {
+			continue
+		}
+		if err = q.insert(ctx, &fallback); err == nil || !dataException(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// insert writes one row, or counts an attempt of the row already there.
+// What the first write stored of the content (raw, content_problem) stays:
+// a re-stream sends the same content, and an operator may have fixed the
+// row since.
+func (q *Quarantine) insert(ctx context.Context, e *Quarantined) error {
 	headers := &e.Headers
 	if e.Headers == "" {
 		headers = nil
@@ -274,6 +385,8 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 		// Not nil: an empty bytea is a payload, NULL none.
 		payloadBytes = append([]byte{}, b...)
 	case e.PayloadNull:
+	case e.Payload == "" && e.RawSize > 0 && e.Raw == nil:
+		// Kept by reference: there is no payload here, not a null one.
 	case e.Payload == "" && q.payloadCast != "":
 		null := "null"
 		payload = &null
@@ -282,17 +395,35 @@ func (q *Quarantine) Put(ctx context.Context, e Quarantined) error {
 	}
 	args := []any{e.EventID, e.AggregateType, e.AggregateID, e.EventType, version, payload, headers, occurred,
 		e.Topic, e.ErrorClass, e.ErrorMessage, e.Attempts}
-	bytesColumn, bytesValue := "", ""
+	columns, values := "", ""
 	if q.payloadBytes {
 		// Only a table that has the column names it, so one from before
 		// binary payloads takes JSON events as it always did.
-		bytesColumn, bytesValue = ", payload_bytes", ", $13::bytea"
+		columns, values = ", payload_bytes", ", $13::bytea"
 		args = append(args, payloadBytes)
+	}
+	if q.rawColumns {
+		var problem, rawLSN *string
+		if e.ContentProblem != "" {
+			problem = &e.ContentProblem
+		}
+		if e.RawLSN != 0 {
+			s := e.RawLSN.String()
+			rawLSN = &s
+		}
+		var size *int64
+		if e.RawSize > 0 {
+			size = &e.RawSize
+		}
+		n := len(args)
+		columns += ", raw, raw_size, raw_sha256, raw_lsn, content_problem"
+		values += fmt.Sprintf(", $%d::bytea, $%d::bigint, $%d::bytea, $%d::pg_lsn, $%d", n+1, n+2, n+3, n+4, n+5)
+		args = append(args, e.Raw, size, e.RawSHA256, rawLSN, problem)
 	}
 	_, err := q.conn.Exec(ctx, `
 		INSERT INTO `+q.table.Quoted()+` AS q (event_id, aggregate_type, aggregate_id, event_type, schema_version, payload, headers,
-			occurred_at, topic, error_class, error_message, attempts`+bytesColumn+`)
-		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11, greatest($12::int, 1)`+bytesValue+`)
+			occurred_at, topic, error_class, error_message, attempts`+columns+`)
+		VALUES ($1, $2, $3, $4, $5::int, $6`+q.payloadCast+`, $7::jsonb, $8::timestamptz, $9, $10, $11, greatest($12::int, 1)`+values+`)
 		ON CONFLICT (event_id) DO UPDATE SET attempts = greatest(q.attempts + 1, excluded.attempts), last_failed_at = now(),
 			topic = excluded.topic, error_class = excluded.error_class, error_message = excluded.error_message`,
 		args...)
@@ -339,13 +470,18 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	}
 	// A binary payload comes back in bytea's hex text form, whatever the
 	// session's bytea_output, as event.Stored keeps it.
-	payload := "COALESCE(payload::text, ''), payload IS NULL, false"
+	payload := "COALESCE(payload::text, ''), payload IS NULL, false, false"
 	if q.payloadBytes {
-		payload = `COALESCE(payload::text, '\x' || encode(payload_bytes, 'hex'), ''), payload IS NULL AND payload_bytes IS NULL, payload_bytes IS NOT NULL`
+		payload = `COALESCE(payload::text, '\x' || encode(payload_bytes, 'hex'), ''), payload IS NULL AND payload_bytes IS NULL, payload_bytes IS NOT NULL,
+			payload IS NOT NULL AND payload_bytes IS NOT NULL`
+	}
+	raw := "NULL::bytea, 0::bigint, NULL::bytea, '', ''"
+	if q.rawColumns {
+		raw = "raw, COALESCE(raw_size, 0), raw_sha256, COALESCE(raw_lsn::text, ''), COALESCE(content_problem, '')"
 	}
 	query := `SELECT event_id::text, aggregate_type, aggregate_id, event_type, schema_version::text, ` + payload + `,
 		COALESCE(headers::text, ''), COALESCE(occurred_at::text, ''), occurred_at, topic, error_class, error_message, attempts,
-		first_failed_at, last_failed_at, ` + replayed + ` FROM ` + q.table.Quoted()
+		first_failed_at, last_failed_at, ` + replayed + `, ` + raw + ` FROM ` + q.table.Quoted()
 	var args []any
 	switch {
 	case sel.EventID != "":
@@ -362,10 +498,22 @@ func (q *Quarantine) List(ctx context.Context, sel Selection) ([]Quarantined, er
 	var out []Quarantined
 	for rows.Next() {
 		var e Quarantined
-		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull, &e.PayloadBinary,
+		var rawLSN string
+		var bothPayloads bool
+		if err := rows.Scan(&e.EventID, &e.AggregateType, &e.AggregateID, &e.EventType, &e.SchemaVersion, &e.Payload, &e.PayloadNull, &e.PayloadBinary, &bothPayloads,
 			&e.Headers, &e.OccurredAt, &e.occurredAt, &e.Topic, &e.ErrorClass, &e.ErrorMessage, &e.Attempts, &e.FirstFailedAt, &e.LastFailedAt,
-			&e.ReplayedAt, &e.ReplayedTopic); err != nil {
+			&e.ReplayedAt, &e.ReplayedTopic, &e.Raw, &e.RawSize, &e.RawSHA256, &rawLSN, &e.ContentProblem); err != nil {
 			return nil, fmt.Errorf("read quarantined event: %w", err)
+		}
+		if bothPayloads {
+			// A row fixed by hand can hold both; which one is the event's
+			// is the operator's call, so a replay must not guess.
+			e.ContentProblem = strings.TrimPrefix(e.ContentProblem+"; both payload and payload_bytes are set: set the one that is not the event's payload to NULL", "; ")
+		}
+		if rawLSN != "" {
+			if e.RawLSN, err = lsn.Parse(rawLSN); err != nil {
+				return nil, fmt.Errorf("read quarantined event %s: %w", e.EventID, err)
+			}
 		}
 		out = append(out, e)
 	}

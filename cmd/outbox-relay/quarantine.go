@@ -86,6 +86,15 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 			if len(msg) > 120 {
 				msg = msg[:117] + "..."
 			}
+			switch {
+			case e.Raw != nil:
+				msg = fmt.Sprintf("[raw: %d bytes, sha256 %x] %s", e.RawSize, e.RawSHA256, msg)
+			case e.RawSize > 0:
+				msg = fmt.Sprintf("[not kept: %d bytes, sha256 %x] %s", e.RawSize, e.RawSHA256, msg)
+			}
+			if e.ContentProblem != "" {
+				msg = "[replay refuses: content_problem] " + msg
+			}
 			if o.listReplayed {
 				state := "-"
 				if e.ReplayedAt != nil {
@@ -133,16 +142,22 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
 	}
-	failed := 0
+	failed, refused := 0, 0
 	for _, r := range results {
-		if r.Err != nil {
-			failed++
+		switch {
+		case errors.Is(r.Err, relay.ErrReplayRefused):
+			refused++
+			fmt.Fprintf(stdout, "REFUSED   %s: %s\n", r.EventID, operatorMessage(r.Err, dsn))
+		case r.Err != nil:
 			fmt.Fprintf(stdout, "FAILED    %s: %s\n", r.EventID, operatorMessage(r.Err, dsn))
-		} else {
+		default:
 			fmt.Fprintf(stdout, "REPLAYED  %s to %s%s\n", r.EventID, r.Topic, otherTopic(r.Topic, quarantinedFrom[r.EventID]))
 		}
+		if r.Err != nil {
+			failed++
+		}
 	}
-	fmt.Fprintf(stdout, "%d replayed, %d still waiting for a replay\n", len(results)-failed, failed)
+	fmt.Fprintf(stdout, "%d replayed, %d still waiting for a replay (%d of them refused: fix their rows first)\n", len(results)-failed, failed, refused)
 	if failed > 0 {
 		return exitFailure
 	}

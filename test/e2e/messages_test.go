@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,5 +252,97 @@ func TestLargeMessageIsQuarantinedByReferenceWithBoundedMemory(t *testing.T) {
 	t.Logf("a %s-byte message quarantined by reference; relay peak RSS %d MiB", size, peak>>20)
 	if peak > 128<<20 {
 		t.Errorf("relay peak RSS %d MiB with a %s-byte message: the message was held in memory", peak>>20, size)
+	}
+}
+
+// Issue 40.2 and 40.10: a message whose content PostgreSQL cannot store as
+// text (U+0000 escaped in the payload, U+0000 in aggregate_type, which
+// also makes an invalid topic) failed the quarantine write and stopped the
+// relay at every start, blaming the role's grants; a content with invalid
+// base64 was replayed as the whole content in a JSON string. Now each is
+// quarantined with its raw content and the stream goes on; replay refuses
+// each such row, naming its problem, and sends the others; once the
+// operator fixed a row and cleared content_problem, replay publishes a
+// valid event, with the commit time as occurred_at.
+func TestMessagesBadContentsAreKeptAndReplayedOnlyOnceFixed(t *testing.T) {
+	e := newEnv(t)
+	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
+	e.DropSlotAtEnd(t)
+	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	conn := e.DB.Connect(t)
+	ctx := context.Background()
+	emit := func(content string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outbox', $1::text)`, content); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nulAgg, badBase64 := harness.NewUUID(), harness.NewUUID()
+	emit(`{"event_id":"nope","aggregate_type":"order","aggregate_id":"o-1","event_type":"Placed","payload":{"s":"a\u0000b"}}`)
+	emit(`{"event_id":"` + nulAgg + `","aggregate_type":"or\u0000der","aggregate_id":"o-1","event_type":"Placed","payload":{}}`)
+	emit(`{"event_id":"` + badBase64 + `","aggregate_type":"order","aggregate_id":"o-1","event_type":"Placed","payload_base64":"not base64!"}`)
+	good := harness.NewUUID()
+	emit(validContent(good))
+
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^msg\.`, []string{good}, time.Minute)
+	if relay.Exited() {
+		t.Fatalf("the relay exited:\n%s", relay.Output())
+	}
+	harness.WaitFor(t, 30*time.Second, "three rows in the quarantine table", func() bool {
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine") == 3
+	})
+	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE content_problem IS NOT NULL AND raw IS NOT NULL AND raw_sha256 IS NOT NULL AND occurred_at IS NOT NULL"); n != 3 {
+		t.Fatalf("%d rows with content_problem, raw, its digest and occurred_at, want 3", n)
+	}
+	if raw := e.DB.QueryString(t, "SELECT convert_from(raw, 'UTF8') FROM outbox_quarantine WHERE event_id = $1", nulAgg); !strings.Contains(raw, `"or\u0000der"`) {
+		t.Errorf("raw %q is not the content as emitted", raw)
+	}
+
+	// list marks the rows replay refuses; --json carries raw and its digest.
+	if code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.Args("list")...)); code != 0 ||
+		strings.Count(out, "[replay refuses: content_problem] [raw: ") != 3 {
+		t.Errorf("quarantine list: exit %d, want each row marked with its raw size and digest:\n%s", code, out)
+	}
+	code, out := harness.RunCommand(t, e.Bin, append([]string{"quarantine"}, e.Args("list", "--json")...))
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(out), &listed); code != 0 || err != nil || len(listed) != 3 {
+		t.Fatalf("quarantine list --json: exit %d, %v:\n%s", code, err, out)
+	}
+	for _, row := range listed {
+		raw, _ := base64.StdEncoding.DecodeString(fmt.Sprint(row["raw"]))
+		sum := sha256.Sum256(raw)
+		if len(raw) == 0 || row["raw_sha256"] != hex.EncodeToString(sum[:]) || row["raw_size"] != float64(len(raw)) || row["content_problem"] == nil || row["raw_lsn"] == nil {
+			t.Errorf("quarantine list --json row: %v", row)
+		}
+	}
+
+	replay := func(args ...string) (int, string) {
+		return harness.RunCommand(t, e.Bin, append([]string{"quarantine"},
+			e.Args("replay", append(args, "--kafka-brokers", e.Kafka.BrokerList(), "--topic", messagesTopicPrefix+"{aggregate_type}")...)...))
+	}
+	code, out = replay("--all")
+	if code != 1 || strings.Count(out, "REFUSED   ") != 3 || !strings.Contains(out, "(3 of them refused") ||
+		!strings.Contains(out, "payload_base64 is not base64") || !strings.Contains(out, "aggregate_type (Go-quoted)") ||
+		!strings.Contains(out, "unsupported Unicode escape sequence") || strings.Contains(out, "REPLAYED") {
+		t.Fatalf("replay --all of three bad rows: exit %d, want 1 and each refused, naming its problem:\n%s", code, out)
+	}
+	if _, found := harness.TopicRecords(t, e.Kafka.Brokers(), "msg.order"); found != 1 {
+		t.Fatalf("msg.order holds %d records after refused replays, want 1 (the good event)", found)
+	}
+
+	// The fix the docs give, then a replay of that row alone.
+	e.DB.Exec(t, `UPDATE outbox_quarantine SET payload = '{"fixed": true}', payload_bytes = NULL, content_problem = NULL WHERE event_id = $1`, badBase64)
+	e.DB.Exec(t, `UPDATE outbox_quarantine SET aggregate_type = 'order', content_problem = NULL WHERE event_id = $1`, nulAgg)
+	if code, out := replay(badBase64, nulAgg); code != 0 || strings.Count(out, "REPLAYED  ") != 2 {
+		t.Fatalf("replay of the fixed rows: exit %d:\n%s", code, out)
+	}
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^msg\.`, []string{good, badBase64, nulAgg}, time.Minute)
+	for _, r := range records {
+		if r.EventID() == badBase64 && (string(r.Value) != `{"fixed": true}` || r.Headers["occurred_at"] == "") {
+			t.Errorf("replayed event: value %q, occurred_at %q; want the fixed payload and the commit time", r.Value, r.Headers["occurred_at"])
+		}
+	}
+	if relay.Exited() {
+		t.Fatalf("the relay exited:\n%s", relay.Output())
 	}
 }
