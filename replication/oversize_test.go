@@ -134,6 +134,9 @@ func TestOversizedMessageBecomesAQuarantinedReference(t *testing.T) {
 		!bytes.Contains([]byte(m.Row.Unmapped), []byte("0/16B3748")) || !bytes.Contains([]byte(m.Row.Unmapped), []byte(hex.EncodeToString(digest[:]))) {
 		t.Fatalf("row %v, problem %q: want one to quarantine naming the size, the limit, the position and the digest", m.Kind, m.Row.Unmapped)
 	}
+	if m.Row.Dropped == nil || m.Row.Dropped.Size != 5000 || m.Row.Dropped.SHA256 != digest || m.Row.ContentAt != 0x16B3748 || m.Row.Content != nil {
+		t.Errorf("row keeps %+v at %s with %d content bytes, want the reference alone", m.Row.Dropped, m.Row.ContentAt, len(m.Row.Content))
+	}
 	if len(m.Row.Values[0]) != 36 {
 		t.Errorf("event id %q, want one derived from the position", m.Row.Values[0])
 	}

@@ -245,6 +245,15 @@ func TestLargeMessageIsQuarantinedByReferenceWithBoundedMemory(t *testing.T) {
 			t.Errorf("quarantine reason %q does not say %q", reason, want)
 		}
 	}
+	var rawSize int64
+	var rawDigest string
+	var rawKept bool
+	if err := conn.QueryRow(ctx, "SELECT raw_size, encode(raw_sha256, 'hex'), raw IS NOT NULL FROM outbox_quarantine").Scan(&rawSize, &rawDigest, &rawKept); err != nil {
+		t.Fatal(err)
+	}
+	if strconv.FormatInt(rawSize, 10) != size || rawDigest != hex.EncodeToString(digest.Sum(nil)) || rawKept {
+		t.Errorf("quarantine row: raw_size %d, raw_sha256 %s, raw kept %v; want the reference alone", rawSize, rawDigest, rawKept)
+	}
 	peak, err := harness.PeakRSS(relay.Pid())
 	if err != nil {
 		t.Fatal(err)
