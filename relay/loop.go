@@ -466,7 +466,7 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 	var rec *publisher.Record
 	var err error
 	switch {
-	case row.Unmapped != "" && (row.Content != nil || row.Dropped != nil):
+	case row.Unmapped != "" && row.ContentAt != 0: // a message's
 		err = publisher.BadContent(ev, row.Unmapped, row.ContentAt)
 	case row.Unmapped != "":
 		err = publisher.UnmappedRow(ev, row.Unmapped, at)
@@ -499,8 +499,9 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 			q.ContentProblem = row.Unmapped
 		}
 		if d := row.Dropped; d != nil {
-			// Dropped unread for its size: kept by reference only.
-			q.RawSize, q.RawSHA256, q.RawLSN = d.Size, d.SHA256[:], row.ContentAt
+			// Dropped unread for its size: kept by reference only (a
+			// table's row also stays in the table).
+			q.RawSize, q.RawSHA256, q.RawLSN = d.Size, d.SHA256[:], at
 			q.ContentProblem = row.Unmapped
 		}
 		s.quarantine.put(q, perr, s.txn, 0)

@@ -162,6 +162,11 @@ func (c Config) Validate() error {
 	if err := c.validateMessages(); err != nil {
 		return err
 	}
+	if m := c.Replication.MaxMessageBytes; m < c.Publisher.MaxMessageBytes {
+		// A change Kafka would take could then be dropped unread.
+		return fmt.Errorf("--max-message-bytes %d: below --kafka-max-message-bytes %d, it would drop events Kafka accepts; raise it to at least %d",
+			m, c.Publisher.MaxMessageBytes, c.Publisher.MaxMessageBytes)
+	}
 	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
 		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
 	}
@@ -197,11 +202,6 @@ func (c Config) validateMessages() error {
 	}
 	if c.Retention.After > 0 {
 		return fmt.Errorf("--retention %s with --source messages: there is no outbox table to delete from (the messages leave the WAL once the slot confirms them); drop --retention", c.Retention.After)
-	}
-	if m := c.Replication.MaxMessageBytes; m < c.Publisher.MaxMessageBytes {
-		// A message Kafka would take could then be dropped unread.
-		return fmt.Errorf("--max-message-bytes %d with --source messages: below --kafka-max-message-bytes %d, it would drop messages Kafka accepts; raise it to at least %d",
-			m, c.Publisher.MaxMessageBytes, c.Publisher.MaxMessageBytes)
 	}
 	if l := c.Replication.OutboxLayout(); l.Shape != layout.ShapeRelay || l.Columns != layout.Relay.Columns || len(l.HeaderColumns) > 0 {
 		return errors.New("--outbox-layout and the column flags with --source messages: a message's content has the relay's own fields, whatever --record-format makes of them; drop them")

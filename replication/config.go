@@ -23,10 +23,11 @@ type Config struct {
 	// are the transactional logical decoding messages with this prefix,
 	// and Table is not read.
 	MessagePrefix string
-	// MaxMessageBytes bounds a message's content the messages source
-	// reads into memory; a larger one is dropped from the connection as it
-	// streams by and quarantined by reference (its WAL position, size and
-	// SHA-256). Zero reads every message whole.
+	// MaxMessageBytes bounds the change (a message's content, an outbox
+	// row) the relay reads into memory; a larger message's content, or a
+	// larger row's large values, are dropped from the connection as they
+	// stream by and the event quarantined by reference (its WAL position,
+	// size and SHA-256). Zero reads every change whole.
 	MaxMessageBytes int
 }
 

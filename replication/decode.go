@@ -124,6 +124,9 @@ type relation struct {
 	// unmapped is set for an outbox relation that lacks a required
 	// column; its rows carry it as Row.Unmapped.
 	unmapped string
+	// names are the columns, by position, for what the relay says of a
+	// row.
+	names []string
 	// payloadBinary says the payload column is a bytea; its rows carry
 	// it as Row.PayloadBinary.
 	payloadBinary bool
@@ -150,9 +153,11 @@ type decoder struct {
 	// commitTime is the open transaction's, for a message's default
 	// occurred_at.
 	commitTime time.Time
-	// oversized knows the messages whose content the connection dropped
-	// for their size; nil when nothing is dropped.
+	// oversized knows the messages whose content, and the rows whose
+	// values, the connection dropped for their size; nil when nothing is
+	// dropped. dropped names a row's dropped values while it is decoded.
 	oversized *oversizeFilter
+	dropped   []string
 }
 
 func newDecoder(schema, table string, l *layout.Layout) *decoder {
@@ -278,6 +283,7 @@ func (d *decoder) relation(b []byte) error {
 				namespace, name, strings.Join(missing, ", "), strings.Join(names, ", "), strings.Join(required, ", "))
 		}
 	}
+	rel.names = names
 	d.relations[oid] = rel
 	return nil
 }
@@ -316,7 +322,13 @@ func (d *decoder) insert(b []byte, m *Message) error {
 		b = b[1:]
 		var value []byte
 		switch kind {
-		case 'n', 'u':
+		case 'n':
+		case 'u':
+			// An insert carries every value; 'u' is a value the
+			// connection dropped for its size (oversizeFilter).
+			if o, ok := d.oversized.takeColumn(uint64(m.WALStart), i); ok {
+				d.dropColumn(rel, i, o, m)
+			}
 		case 't', 'b':
 			if len(b) < 4 {
 				return fmt.Errorf("insert column %d: %w", i, errShort)
@@ -339,7 +351,36 @@ func (d *decoder) insert(b []byte, m *Message) error {
 			}
 		}
 	}
+	if len(d.dropped) > 0 {
+		d.droppedProblem(m)
+	}
 	return nil
+}
+
+// dropColumn notes that the connection dropped column i of a row for its
+// size (see dropped).
+func (d *decoder) dropColumn(rel *relation, i int, o Oversized, m *Message) {
+	name := strconv.Itoa(i)
+	if i < len(rel.names) {
+		name = rel.names[i]
+	}
+	d.dropped = append(d.dropped, fmt.Sprintf("column %s (%d bytes, sha256 %x)", name, o.Size, o.SHA256))
+	if m.Row.Dropped == nil || o.Size > m.Row.Dropped.Size {
+		m.Row.Dropped = &o
+	}
+}
+
+// droppedProblem makes a row whose large values the connection dropped one
+// to quarantine, naming each; the row itself stays in the outbox table.
+func (d *decoder) droppedProblem(m *Message) {
+	problem := fmt.Sprintf("%s over --max-message-bytes %d: the relay dropped it unread to bound its memory; the row stays in the outbox table. "+
+		"To publish it, raise the topic's max.message.bytes, --kafka-max-message-bytes and --max-message-bytes (the relay holds a few copies of each row up to it), then republish it with `outbox-relay reconcile --republish` over its insert time",
+		strings.Join(d.dropped, " and "), d.oversized.limit)
+	if m.Row.Unmapped != "" {
+		problem = m.Row.Unmapped + "; " + problem
+	}
+	m.Row.Unmapped = problem
+	d.dropped = d.dropped[:0]
 }
 
 // message reads a logical decoding message: flags (1 = transactional), its

@@ -3,6 +3,7 @@ package replication
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"hash"
 	"io"
 	"sync"
@@ -17,18 +18,23 @@ type Oversized struct {
 }
 
 // oversizeFilter reads the replication connection beneath pgproto3. A
-// CopyData message that carries a logical decoding message (XLogData 'w',
-// pgoutput 'M') with a body larger than limit is rewritten as it streams
-// by: its content is hashed and dropped, the message goes on with no
-// content, and the size and digest are kept by the message's LSN for the
-// decoder. pgproto3 reads a whole message into one buffer, and the
-// decoder, the record and the quarantine each copied it again: a 150 MB
-// message peaked at 613 MB, and PostgreSQL allows 1 GB. Every other
-// message passes unchanged, through the same reads as without the filter.
+// CopyData message larger than limit is rewritten as it streams by when it
+// carries one of these (XLogData 'w'):
+//   - a logical decoding message (pgoutput 'M'): its content is hashed and
+//     dropped, the message goes on with no content, and the size and
+//     digest are kept by the message's LSN;
+//   - an insert (pgoutput 'I'): each column value over keepColumnBytes is
+//     hashed and dropped, and goes on as an unchanged-TOAST value ('u'),
+//     which an insert never carries otherwise; size and digest are kept by
+//     the change's WAL position and the column's number.
 //
-// Every slot receives every message, whatever its prefix, so a large
-// message of another application is dropped the same way (the decoder
-// skips it by its prefix anyway).
+// pgproto3 reads a whole message into one buffer, and the decoder, the
+// record and the quarantine each copied it again: a 150 MB message peaked
+// at 613 MB and a 200 MB jsonb row at 788 MB, and PostgreSQL allows 1 GB.
+// Every other message passes unchanged, through the same reads as without
+// the filter. Every slot receives every message, whatever its prefix, so a
+// large message of another application is dropped the same way (the
+// decoder skips it by its prefix anyway).
 type oversizeFilter struct {
 	r     io.Reader
 	limit int
@@ -45,12 +51,30 @@ type oversizeFilter struct {
 	skip        int
 	hash        hash.Hash
 	replacement []byte
-	at          uint64
+	at          dropKey
 	size        int64
+	// inserting says a large insert is being rewritten: column is the
+	// next column to read of columns, and bodyLeft its body's bytes not
+	// read yet.
+	inserting       bool
+	column, columns int
+	bodyLeft        int
 
 	mu       sync.Mutex
-	replaced map[uint64]Oversized
+	replaced map[dropKey]Oversized
 }
+
+// dropKey names what was dropped: a message by its LSN (column -1), or an
+// insert's column by the change's WAL position and the column's number.
+type dropKey struct {
+	at     uint64
+	column int
+}
+
+// keepColumnBytes is the largest column value of an oversized insert that
+// goes on: identifiers and types are far smaller, and what is larger is
+// what made the row too large.
+const keepColumnBytes = 16 * 1024
 
 // filterBufSize is the filter's read buffer: as large as pgproto3's own
 // chunks, and room enough for a large message's start up to its content.
@@ -62,18 +86,28 @@ const filterBufSize = 64 * 1024
 const messageContentStart = 1 + 24 + 1 + 1 + 8
 
 func newOversizeFilter(r io.Reader, limit int) *oversizeFilter {
-	return &oversizeFilter{r: r, limit: limit, buf: make([]byte, filterBufSize), replaced: map[uint64]Oversized{}}
+	return &oversizeFilter{r: r, limit: limit, buf: make([]byte, filterBufSize), replaced: map[dropKey]Oversized{}}
 }
 
 // take returns, and forgets, what the filter kept of the message at LSN at.
 func (f *oversizeFilter) take(at uint64) (Oversized, bool) {
+	return f.takeKey(dropKey{at: at, column: -1})
+}
+
+// takeColumn returns, and forgets, what the filter kept of column i of the
+// insert whose XLogData started at walStart.
+func (f *oversizeFilter) takeColumn(walStart uint64, i int) (Oversized, bool) {
+	return f.takeKey(dropKey{at: walStart, column: i})
+}
+
+func (f *oversizeFilter) takeKey(k dropKey) (Oversized, bool) {
 	if f == nil {
 		return Oversized{}, false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	o, ok := f.replaced[at]
-	delete(f.replaced, at)
+	o, ok := f.replaced[k]
+	delete(f.replaced, k)
 	return o, ok
 }
 
@@ -108,7 +142,14 @@ func (f *oversizeFilter) Read(p []byte) (int, error) {
 			f.start += n
 			f.skip -= n
 			if f.skip == 0 {
-				f.finish()
+				f.keep()
+				if !f.inserting {
+					f.finish()
+				}
+			}
+		case f.inserting:
+			if err := f.insertColumn(); err != nil {
+				return 0, err
 			}
 		default:
 			if err := f.next(); err != nil {
@@ -157,6 +198,10 @@ func (f *oversizeFilter) next() error {
 		}
 	}
 	body := f.buf[f.start+5 : f.start+want]
+	if len(body) >= insertColumnsStart && body[0] == 'w' && body[25] == 'I' && body[30] == 'N' {
+		f.beginInsert(body, bodyLen)
+		return nil
+	}
 	contentAt, ok := messageContent(body, bodyLen)
 	if !ok {
 		// Not a message, or a prefix longer than the buffer: it goes on
@@ -164,7 +209,7 @@ func (f *oversizeFilter) next() error {
 		f.pass = 5 + bodyLen
 		return nil
 	}
-	f.at = binary.BigEndian.Uint64(body[1+24+1+1:])
+	f.at = dropKey{at: binary.BigEndian.Uint64(body[1+24+1+1:]), column: -1}
 	f.size = int64(bodyLen - contentAt)
 	// The replacement: the same XLogData and message header, with a
 	// content length of zero and no content.
@@ -182,16 +227,98 @@ func (f *oversizeFilter) next() error {
 	return nil
 }
 
-// finish keeps what is known of the dropped content and hands on the
-// replacement.
-func (f *oversizeFilter) finish() {
+// keep records what is known of the content just dropped.
+func (f *oversizeFilter) keep() {
 	var o Oversized
 	o.Size = f.size
 	f.hash.Sum(o.SHA256[:0])
 	f.mu.Lock()
 	f.replaced[f.at] = o
 	f.mu.Unlock()
-	f.out, f.replacement, f.hash = f.replacement, nil, nil
+	f.hash = nil
+}
+
+// finish hands on the replacement.
+func (f *oversizeFilter) finish() {
+	if f.hash != nil {
+		f.keep()
+	}
+	f.out, f.replacement = f.replacement, nil
+}
+
+// insertColumnsStart is the offset, in a CopyData body, of an insert's
+// first column: 'w' and its three int64, 'I', the relation's OID, 'N' and
+// the column count.
+const insertColumnsStart = 1 + 24 + 1 + 4 + 1 + 2
+
+// beginInsert starts rewriting a large insert: its header goes into the
+// replacement, and its columns are read one by one (insertColumn).
+func (f *oversizeFilter) beginInsert(body []byte, bodyLen int) {
+	f.at = dropKey{at: binary.BigEndian.Uint64(body[1:])}
+	f.inserting, f.column = true, 0
+	f.columns = int(binary.BigEndian.Uint16(body[insertColumnsStart-2:]))
+	f.bodyLeft = bodyLen - insertColumnsStart
+	r := make([]byte, 0, 5+insertColumnsStart+keepColumnBytes)
+	r = append(r, 'd', 0, 0, 0, 0) // the length, once known
+	f.replacement = append(r, body[:insertColumnsStart]...)
+	f.start += 5 + insertColumnsStart
+}
+
+// insertColumn reads the next column of a large insert: a small value is
+// copied into the replacement, a large one starts being dropped. After the
+// last column the replacement goes out.
+func (f *oversizeFilter) insertColumn() error {
+	if f.column == f.columns {
+		if f.bodyLeft != 0 {
+			return fmt.Errorf("replication stream: an insert's columns end %d bytes before its message", f.bodyLeft)
+		}
+		f.inserting = false
+		binary.BigEndian.PutUint32(f.replacement[1:], uint32(len(f.replacement)-1))
+		f.finish()
+		return nil
+	}
+	if err := f.need(1); err != nil {
+		return err
+	}
+	switch kind := f.buf[f.start]; kind {
+	case 't', 'b':
+		if err := f.need(5); err != nil {
+			return err
+		}
+		n := int(binary.BigEndian.Uint32(f.buf[f.start+1:]))
+		if n < 0 || 5+n > f.bodyLeft {
+			return fmt.Errorf("replication stream: insert column %d: length %d past its message", f.column, n)
+		}
+		if n <= keepColumnBytes {
+			if err := f.need(5 + n); err != nil {
+				return err
+			}
+			f.replacement = append(f.replacement, f.buf[f.start:f.start+5+n]...)
+			f.start += 5 + n
+			f.bodyLeft -= 5 + n
+			break
+		}
+		f.bodyLeft -= 5 + n
+		f.replacement = append(f.replacement, 'u')
+		f.start += 5
+		f.at.column, f.size, f.skip, f.hash = f.column, int64(n), n, sha256.New()
+	default:
+		f.replacement = append(f.replacement, kind)
+		f.start++
+		f.bodyLeft--
+	}
+	f.column++
+	return nil
+}
+
+// need reads until n bytes are buffered; n fits the buffer.
+func (f *oversizeFilter) need(n int) error {
+	for f.end-f.start < n {
+		if err := f.fill(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // messageContent returns where a logical decoding message's content starts

@@ -6,11 +6,16 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"testing/iotest"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
 // backendMessage frames a body as the server sends it.
@@ -139,5 +144,82 @@ func TestOversizedMessageBecomesAQuarantinedReference(t *testing.T) {
 	}
 	if len(m.Row.Values[0]) != 36 {
 		t.Errorf("event id %q, want one derived from the position", m.Row.Values[0])
+	}
+}
+
+// xlog wraps a pgoutput message in XLogData starting at walStart.
+func xlog(walStart uint64, pgoutput []byte) []byte {
+	b := []byte{'w'}
+	b = binary.BigEndian.AppendUint64(b, walStart)
+	b = binary.BigEndian.AppendUint64(b, walStart+100)
+	b = binary.BigEndian.AppendUint64(b, 12345)
+	return append(b, pgoutput...)
+}
+
+// A 200 MB jsonb row peaked at 788 MB in the relay. An insert over the
+// bound goes on with its large values dropped ('u', which an insert never
+// carries), each one's size and digest kept by the change's position and
+// column; the decoder makes the row one to quarantine, naming the column,
+// with every small value read as it was.
+func TestOversizeFilterDropsLargeInsertValues(t *testing.T) {
+	id := "0192f0c1-7a3b-7c4d-8e5f-000000000001"
+	payload := `{"s": "` + string(bytes.Repeat([]byte("p"), 40000)) + `"}`
+	headers := `{"h": "` + string(bytes.Repeat([]byte("h"), 30000)) + `"}`
+	values := []string{id, "order", "o-1", "Placed", "1", payload, headers, "2026-12-03 00:00:00+00", "2026-12-03 00:00:00+00"}
+	relation := backendMessage('d', xlog(0x500, relationMsg(16384, "public", "outbox_events", outboxCols...)))
+	insert := backendMessage('d', xlog(0x600, insertMsg(16384, values...)))
+	small := backendMessage('d', xlog(0x700, insertMsg(16384, id, "order", "o-2", "Placed", "1", `{}`, "\x00null", "\x00null", "\x00null")))
+	stream := bytes.Join([][]byte{relation, insert, small}, nil)
+
+	for name, wrap := range map[string]func(io.Reader) io.Reader{
+		"whole":    func(r io.Reader) io.Reader { return r },
+		"one byte": iotest.OneByteReader,
+		"timeouts": func(r io.Reader) io.Reader { return &timeoutOnce{r: iotest.HalfReader(r)} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := newDecoder("public", "outbox_events", layout.Relay)
+			d.oversized = newOversizeFilter(wrap(bytes.NewReader(stream)), 20000)
+			fe := pgproto3.NewFrontend(d.oversized, io.Discard)
+			// A row's values alias the read buffer: each is checked
+			// before the next message is read.
+			var rows []Row
+			check := []func(Row){
+				func(big Row) {
+					if string(big.Values[FieldEventID]) != id || string(big.Values[layout.AggregateID]) != "o-1" || big.Values[layout.Payload] != nil || big.Values[layout.Headers] != nil {
+						t.Errorf("row values %q: want the small ones as written and the dropped ones absent", big.Values)
+					}
+					if !strings.Contains(big.Unmapped, fmt.Sprintf("column payload (%d bytes, sha256 %x)", len(payload), sha256.Sum256([]byte(payload)))) ||
+						!strings.Contains(big.Unmapped, fmt.Sprintf("column headers (%d bytes", len(headers))) || !strings.Contains(big.Unmapped, "stays in the outbox table") {
+						t.Errorf("problem %q does not name both dropped columns", big.Unmapped)
+					}
+					if big.Dropped == nil || big.Dropped.Size != int64(len(payload)) || big.Dropped.SHA256 != sha256.Sum256([]byte(payload)) {
+						t.Errorf("dropped %+v, want the larger column's size and digest", big.Dropped)
+					}
+				},
+				func(small Row) {
+					if small.Unmapped != "" || small.Dropped != nil || string(small.Values[layout.Payload]) != "{}" {
+						t.Errorf("the small row after it: %+v", small)
+					}
+				},
+			}
+			for len(rows) < 2 {
+				msg, err := fe.Receive()
+				if errors.Is(err, errTimeout) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				data := msg.(*pgproto3.CopyData).Data
+				m := Message{WALStart: lsn.LSN(binary.BigEndian.Uint64(data[1:]))}
+				if err := d.decode(data[25:], &m); err != nil {
+					t.Fatal(err)
+				}
+				if m.Kind == KindRow {
+					check[len(rows)](m.Row)
+					rows = append(rows, m.Row)
+				}
+			}
+		})
 	}
 }

@@ -45,14 +45,14 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 		return nil, err
 	}
 	d := newDecoder(schema, table, cfg.OutboxLayout())
-	var frontend pgconn.BuildFrontendFunc
 	if cfg.MessagePrefix != "" {
 		d = newMessageDecoder(cfg.MessagePrefix)
-		if cfg.MaxMessageBytes > 0 {
-			frontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-				d.oversized = newOversizeFilter(r, cfg.MaxMessageBytes)
-				return pgproto3.NewFrontend(d.oversized, w)
-			}
+	}
+	var frontend pgconn.BuildFrontendFunc
+	if cfg.MaxMessageBytes > 0 {
+		frontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+			d.oversized = newOversizeFilter(r, cfg.MaxMessageBytes)
+			return pgproto3.NewFrontend(d.oversized, w)
 		}
 	}
 	conn, err := pg.DialReplication(ctx, cfg.Config, frontend)

@@ -189,7 +189,7 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 		{e.messagesArgs("run", "--outbox-layout", "debezium"), "--outbox-layout and the column flags with --source messages"},
 		{append([]string{"reconcile", "--source", "messages"}, e.Args("")[1:]...), "reconcile compares the outbox table with Kafka"},
 		{e.Args("run", "--source", "messages", "--message-prefix", ""), "--message-prefix"},
-		{e.messagesArgs("run", "--max-message-bytes", "1000"), "--max-message-bytes 1000 with --source messages: below --kafka-max-message-bytes 1000000"},
+		{e.messagesArgs("run", "--max-message-bytes", "1000"), "--max-message-bytes 1000: below --kafka-max-message-bytes 1000000"},
 	} {
 		code, out := harness.RunCommand(t, e.Bin, c.args)
 		if code != 2 || !strings.Contains(out, c.want) {
