@@ -2,9 +2,11 @@ package drills
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +66,8 @@ func TestDrillMessagesBadContent(t *testing.T) {
 func badContentDrill(t *testing.T, prefix string, kafka badKafka) {
 	rounds := harness.Sized(3, 15)
 	oversize := harness.Sized(2<<20, 16<<20)
+	// Over --max-message-bytes (set below), so the relays drop it unread.
+	huge := harness.Sized(40<<20, 200<<20)
 	rng := newRand(t)
 	w := newWorld(t, shared, kafka.brokers)
 	w.Source = "messages"
@@ -83,7 +87,7 @@ func badContentDrill(t *testing.T, prefix string, kafka badKafka) {
 
 	flags := func(slot, topics string, extra ...string) []string {
 		return harness.RelayFlags{DSN: w.DB.DSN(), Slot: slot, Brokers: kafka.brokers, Topic: topics + "{aggregate_type}"}.
-			Args("run", append([]string{"--source", "messages"}, extra...)...)
+			Args("run", append([]string{"--source", "messages", "--max-message-bytes", strconv.Itoa(maxMessageBytes)}, extra...)...)
 	}
 	relays := map[string]*harness.Process{
 		"at-least-once": harness.StartStreaming(t, w.Bin, flags(w.Slot, alo), harness.LogLevelInfo),
@@ -96,7 +100,7 @@ func badContentDrill(t *testing.T, prefix string, kafka badKafka) {
 	var bad badMessages
 	conn := w.connect()
 	for round := range rounds {
-		for _, c := range bad.round(round, oversize) {
+		for _, c := range bad.round(round, oversize, huge) {
 			bad.emit(t, w, conn, c, round%2 == 1)
 		}
 		harness.WaitFor(t, time.Minute, "the writer commits more events", func() bool {
@@ -177,6 +181,10 @@ func badContentDrill(t *testing.T, prefix string, kafka badKafka) {
 		if n := w.DB.QueryInt64(t, "SELECT count(*) FROM "+table+" WHERE event_id = ANY($1::uuid[]) AND content_problem IS NULL AND payload IS NOT NULL", bad.oversizeIDs); n != int64(len(bad.oversizeIDs)) {
 			t.Errorf("%s holds %d of the %d oversize events as typed rows", table, n, len(bad.oversizeIDs))
 		}
+		if n := w.DB.QueryInt64(t, "SELECT count(*) FROM "+table+` WHERE raw IS NULL AND raw_lsn IS NOT NULL AND content_problem LIKE '%over --max-message-bytes%'
+			AND encode(raw_sha256, 'hex') || ':' || raw_size = ANY($1::text[])`, bad.dropped()); n != int64(len(bad.dropped())) {
+			t.Errorf("%s keeps %d of the %d messages over --max-message-bytes by reference", table, n, len(bad.dropped()))
+		}
 	}
 	// Both relays kept the same rows of the same messages.
 	if n := w.DB.QueryInt64(t, `SELECT count(*) FROM (
@@ -231,6 +239,8 @@ type badMessage struct {
 	id      string // the event_id the row has, when the content names a valid one
 	// binary emits the content as bytea, which may hold any byte.
 	binary bool
+	// dropped: over --max-message-bytes, kept by reference alone.
+	dropped bool
 }
 
 // badMessages are the bad messages a drill emitted.
@@ -240,7 +250,7 @@ type badMessages struct {
 }
 
 // round is one of each kind of bad message, unique to the round.
-func (b *badMessages) round(round, oversize int) []badMessage {
+func (b *badMessages) round(round, oversize, huge int) []badMessage {
 	id := func() string { return harness.NewUUID() }
 	rest := fmt.Sprintf(`"aggregate_id":"bad-%d","event_type":"Bad","payload":{"round":%d}`, round, round)
 	dup, nulAgg, base64 := id(), id(), id()
@@ -258,7 +268,25 @@ func (b *badMessages) round(round, oversize int) []badMessage {
 			problem: true, id: base64},
 		{content: fmt.Sprintf(`{"event_id":"%s","aggregate_type":"big","aggregate_id":"bad-%d","event_type":"Big","payload":{"pad":"%s"}}`,
 			big, round, strings.Repeat("x", oversize)), id: big},
+		{content: fmt.Sprintf(`{"event_id":"%s","aggregate_type":"huge","aggregate_id":"bad-%d","event_type":"Huge","payload":{"pad":"%s"}}`,
+			id(), round, strings.Repeat("y", huge)), dropped: true},
 	}
+}
+
+// maxMessageBytes is the relays' --max-message-bytes: above the oversize
+// kind (quarantined whole), below the huge one (dropped unread).
+const maxMessageBytes = 32 << 20
+
+// dropped are the messages over --max-message-bytes as the quarantine
+// keeps their reference: the SHA-256 in hex, ':', the size.
+func (b *badMessages) dropped() []string {
+	var out []string
+	for _, m := range b.all {
+		if m.dropped {
+			out = append(out, fmt.Sprintf("%x:%d", sha256.Sum256([]byte(m.content)), len(m.content)))
+		}
+	}
+	return out
 }
 
 // emit commits a bad message in a transaction of its own, or between two
