@@ -61,8 +61,9 @@ type Quarantined struct {
 	// emits the event again.
 	RawSize   int64  `json:"raw_size,omitempty"`
 	RawSHA256 []byte `json:"-"`
-	// RawLSN is the WAL position of the message the content came in; 0
-	// when it came from a table's row.
+	// RawLSN is the WAL position of the message the content came in, or
+	// of the table's row whose values the relay dropped for their size;
+	// 0 for any other row.
 	RawLSN lsn.LSN `json:"-"`
 
 	// occurredAt is OccurredAt as a time, for JSON; OccurredAt keeps
