@@ -21,7 +21,6 @@ import (
 )
 
 const (
-	topic      = "pattern.account"
 	partitions = 6
 	group      = "ledger"
 )
@@ -60,16 +59,51 @@ func TestDrillWriterRelayInbox(t *testing.T) {
 				events: harness.Sized(3_000, 30_000), aggregates: harness.Sized(100, 1_000),
 				relayKills: harness.Sized(3, 8), consumerKills: harness.Sized(2, 5),
 				relayArgs: mode.relayArgs, readCommitted: mode.readCommitted,
+				restartPostgres: true, settleWithin: 5 * time.Minute,
 			}
 			d.run(t)
 		})
 	}
 }
 
+// TestDrillGroupRejoinsOnApacheKafka is the drill on Apache Kafka, whose
+// group coordinator holds a JoinGroup answer until the rebalance ends: a
+// rebalance that waits for a SIGKILLed member can outlast a client's read
+// timeout, and members that retry can keep the group rebalancing for good.
+// The consumers use exactly the settings docs/inbox.md gives
+// (inboxsarama.NewConfig, inboxsarama.NewConsumerGroup); every committed
+// event must be applied exactly once within two minutes of the writer's
+// last commit.
+//
+// Every other time a consumer is killed, the other one is killed with it.
+//
+// Reduced: 2,000 events over 100 aggregates, 2 relay kills, 4 consumer
+// rounds (6 consumer kills); OUTBOX_RELAY_DRILL_SIZE=full: 10,000 events
+// over 500 aggregates, 5 relay kills, 8 consumer rounds (12 kills).
+func TestDrillGroupRejoinsOnApacheKafka(t *testing.T) {
+	d := drill{
+		events: harness.Sized(2_000, 10_000), aggregates: harness.Sized(100, 500),
+		relayKills: harness.Sized(2, 5), consumerKills: harness.Sized(2, 4),
+		apacheKafka: true, killTogether: true, settleWithin: 2 * time.Minute,
+	}
+	d.run(t)
+}
+
 type drill struct {
 	events, aggregates, relayKills, consumerKills int
 	relayArgs                                     []string
 	readCommitted                                 bool
+	// apacheKafka runs the drill on Apache Kafka instead of kfake.
+	apacheKafka bool
+	// restartPostgres shuts PostgreSQL down immediately and starts it
+	// again after every other relay kill.
+	restartPostgres bool
+	// killTogether kills both consumers at once in every other consumer
+	// round.
+	killTogether bool
+	// settleWithin bounds the wait, after the writer's last commit, for
+	// every committed event to be applied.
+	settleWithin time.Duration
 }
 
 // ledger is what the writer committed, in commit order, which per
@@ -117,9 +151,22 @@ func (d drill) run(t *testing.T) {
 	db.Exec(t, `CREATE TABLE effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, event_id text NOT NULL,
 		aggregate_id text NOT NULL, version bigint NOT NULL, pid int NOT NULL)`)
 
-	k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
-	k.CreateTopic(t, topic, partitions, nil)
-	brokers := k.Brokers()
+	// The database's name is the test's, so a topic on a shared Apache
+	// Kafka cluster is the test's own.
+	topicPrefix := "pattern." + db.Name() + "."
+	topic := topicPrefix + "account"
+	var brokers []string
+	if d.apacheKafka {
+		k := harness.RequireApacheKafka(t, harness.ApacheKafkaOptions{})
+		if err := k.CreateTopic(topic, partitions, 1, nil); err != nil {
+			t.Fatalf("%v%s", err, k.LogTail(0, 30))
+		}
+		brokers = k.Brokers()
+	} else {
+		k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
+		k.CreateTopic(t, topic, partitions, nil)
+		brokers = k.Brokers()
+	}
 
 	// The writer commits one chunk per round, so writing spans the kills.
 	l := &ledger{Ledger: harness.NewLedger()}
@@ -136,7 +183,7 @@ func (d drill) run(t *testing.T) {
 		waitWriter()
 	}()
 
-	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: "pattern.{aggregate_type}"}.
+	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: topicPrefix + "{aggregate_type}"}.
 		Args("run", d.relayArgs...)
 	startRelay := func() *harness.Process {
 		return harness.StartProcess(t, relayBin, relayArgs, []string{harness.LogLevelInfo})
@@ -175,7 +222,7 @@ func (d drill) run(t *testing.T) {
 				t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
 			}
 			relay.Kill()
-			if round%2 == 0 {
+			if d.restartPostgres && round%2 == 0 {
 				pg.StopImmediate(t)
 				pg.Start(t)
 				pgRestarts++
@@ -195,6 +242,13 @@ func (d drill) run(t *testing.T) {
 			}
 			consumers[victim].Kill()
 			consumerKillsDone++
+			if d.killTogether && round%2 == 1 {
+				// Both at once, as a host or a deployment takes them:
+				// the group has only dead members until the new ones join.
+				consumers[1-victim].Kill()
+				consumerKillsDone++
+				consumers[1-victim] = startConsumer()
+			}
 			consumers[victim] = startConsumer()
 		}
 		t.Logf("round %d: %d events committed, %d records in Kafka, %d effects", round+1, l.CommittedCount(), kafkaRecords(), applied())
@@ -206,12 +260,21 @@ func (d drill) run(t *testing.T) {
 	}
 
 	committed, order := l.Committed()
-	harness.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d committed events are applied", len(committed)), func() bool {
+	settling := time.Now()
+	appliedOfCommitted := func() int64 {
+		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects WHERE event_id = ANY($1)`, committed)
+	}
+	if !harness.Poll(d.settleWithin, func() bool {
 		if relay.Exited() {
 			t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
 		}
-		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects WHERE event_id = ANY($1)`, committed) == int64(len(committed))
-	})
+		return appliedOfCommitted() == int64(len(committed))
+	}) {
+		t.Fatalf("%v after the writer's last commit, %d of %d committed events applied (%d records in Kafka); consumers' last lines:\n%s\n--\n%s",
+			d.settleWithin, appliedOfCommitted(), len(committed), kafkaRecords(),
+			harness.LastLines(consumers[0].Output(), 10), harness.LastLines(consumers[1].Output(), 10))
+	}
+	t.Logf("every committed event applied %v after the writer's last commit", time.Since(settling).Round(100*time.Millisecond))
 	for _, c := range consumers {
 		if err := c.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -260,8 +323,9 @@ func (d drill) run(t *testing.T) {
 
 	// What the consumers counted, each life up to its last line.
 	var sum inbox.Counts
-	var injected int64
+	var injected, rejoins int64
 	for _, p := range lives {
+		rejoins += int64(strings.Count(p.Output(), "joining the group again"))
 		c := lastCounts(p.Output())
 		injected += c.InjectedFailures
 		sum.Applied += c.Applied
@@ -282,9 +346,9 @@ func (d drill) run(t *testing.T) {
 	records := kafkaRecords()
 	t.Logf("%d events committed over %d aggregates (%d events in %d rolled-back transactions), %d Kafka offsets used; "+
 		"%d relay kills, %d PostgreSQL immediate restarts, %d consumer kills; consumers counted %d applied, %d duplicates skipped "+
-		"(%d by version), %d version gaps, %d handler errors (%d failures injected); 0 effects applied twice; %v",
+		"(%d by version), %d version gaps, %d handler errors (%d failures injected), %d sessions ended in an error; 0 effects applied twice; %v",
 		len(committed), d.aggregates, len(l.aborted), l.abortedTx, records, d.relayKills, pgRestarts, consumerKillsDone,
-		sum.Applied, sum.Duplicates, sum.StaleVersions, sum.VersionGaps, sum.HandlerErrors, injected, time.Since(began).Round(time.Second))
+		sum.Applied, sum.Duplicates, sum.StaleVersions, sum.VersionGaps, sum.HandlerErrors, injected, rejoins, time.Since(began).Round(time.Second))
 }
 
 // consumerCounts is a consumer's counter line.
