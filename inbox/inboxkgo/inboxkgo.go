@@ -171,7 +171,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		var fatal, retriable error
 		fetches.EachError(func(topic string, partition int32, err error) {
 			switch {
-			case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+			case pollCtx.Err() != nil && errors.Is(err, context.Canceled):
 				// The poll was cut short to resume a partition.
 			case isRetriable(err):
 				retriable = err

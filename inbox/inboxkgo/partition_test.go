@@ -13,8 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outbox-relay/outbox-relay/inbox"
 	"github.com/outbox-relay/outbox-relay/inbox/inboxkgo"
@@ -254,4 +256,36 @@ func TestRunRidesOutABrokerOutage(t *testing.T) {
 	}
 	t.Logf("%d client errors reported during the outage, e.g. %s", len(reported), strings.Join(sample, "; "))
 	mu.Unlock()
+}
+
+// A refusal that retrying cannot fix ends Run with the error: here the
+// coordinator refuses the group (GROUP_AUTHORIZATION_FAILED to every
+// JoinGroup).
+func TestRunReturnsARefusal(t *testing.T) {
+	_, pool := consumerDB(t)
+	k := harness.StartKfake(t)
+	k.CreateTopic(t, topic, 1, nil)
+	cluster := k.Cluster()
+	cluster.ControlKey(kmsg.JoinGroup.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
+		resp.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		return resp, nil, true
+	})
+	cl := harness.NewKgoClient(t, k.Brokers(), kgo.ConsumerGroup("billing"), kgo.ConsumeTopics(topic),
+		kgo.AutoCommitMarks(), kgo.BlockRebalanceOnPoll())
+	ib, err := inbox.New(inbox.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &inboxkgo.Consumer{Client: cl, Inbox: ib, DB: pool, Handler: recordEffect}
+	stop, ended := running(t, c)
+	select {
+	case <-ended:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of its group being refused")
+	}
+	if err := stop(); !errors.Is(err, kerr.GroupAuthorizationFailed) {
+		t.Errorf("Run returned %v, want the group authorization failure", err)
+	}
 }
