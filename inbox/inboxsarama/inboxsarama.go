@@ -59,7 +59,9 @@ func NewConfig() *sarama.Config {
 // Consumer.Group.Rebalance.Timeout (60 s by default). With sarama's
 // defaults, a rebalance that waits for a member that was killed reads as
 // an i/o timeout; the member joins again, which starts the rebalance
-// again, and the group can keep rebalancing without ever consuming.
+// again, and the group can keep rebalancing without ever consuming. The
+// coordinator waits for the longest rebalance timeout among the group's
+// members, so every member needs a config that passes.
 func CheckConfig(cfg *sarama.Config) error {
 	if cfg == nil {
 		return fmt.Errorf("inboxsarama: nil config (use inboxsarama.NewConfig)")
