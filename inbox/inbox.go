@@ -16,7 +16,9 @@
 // aggregate_version header the writer in package outbox sets): a version
 // already applied is skipped, one that skips a version is held back until
 // its predecessor arrives (or refused), and a predecessor missing for
-// longer than a limit is reported.
+// longer than a limit is reported. A held event is kept as it arrived, its
+// payload and headers byte for byte (SQL upgrades tables an older version
+// created).
 //
 // A record whose headers carry a W3C traceparent (the relay writes its
 // own span's there when tracing is on) is handled under a consumer span,
