@@ -137,8 +137,15 @@ func TestFailingPartitionHoldsOnlyItself(t *testing.T) {
 	harness.WaitFor(t, 30*time.Second, "partitions 0, 1 and 3 are applied while partition 2 fails", func() bool {
 		return db.QueryInt64(t, `SELECT count(*) FROM effects WHERE partition <> 2`) == int64(len(others))
 	})
+	harness.WaitFor(t, 30*time.Second, "the offsets of partitions 0, 1 and 3 are committed while partition 2 fails", func() bool {
+		offsets := harness.CommittedOffsets(t, k.Brokers(), "billing", topic)
+		return offsets[0] == 3 && offsets[1] == 3 && offsets[3] == 3
+	})
 	before := failures.Load()
 	harness.WaitFor(t, 30*time.Second, "the stuck record is still being retried", func() bool { return failures.Load() > before })
+	if o, ok := harness.CommittedOffsets(t, k.Brokers(), "billing", topic)[2]; ok && o > 0 {
+		t.Fatalf("partition 2's offset committed at %d while its first record fails", o)
+	}
 	if n := db.QueryInt64(t, `SELECT count(*) FROM effects WHERE partition = 2`); n != 0 {
 		t.Fatalf("%d records of partition 2 applied while its first record fails", n)
 	}
