@@ -218,6 +218,7 @@ func TestRunRidesOutABrokerOutage(t *testing.T) {
 	})
 
 	cluster.Close()
+	outage := time.Now()
 	refused := func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -228,7 +229,7 @@ func TestRunRidesOutABrokerOutage(t *testing.T) {
 		}
 		return false
 	}
-	harness.WaitFor(t, time.Minute, "a refused connection is reported, and Run polls on", func() bool {
+	harness.WaitFor(t, time.Minute, "a refused connection is reported, and Run polls on through more errors", func() bool {
 		select {
 		case <-ended:
 			t.Fatalf("Run returned during the outage: %v", stop())
@@ -237,10 +238,11 @@ func TestRunRidesOutABrokerOutage(t *testing.T) {
 		mu.Lock()
 		n := len(reported)
 		mu.Unlock()
-		return refused() && n >= 2
+		return refused() && n >= 3
 	})
 
 	cluster = start()
+	t.Logf("the broker was down %v", time.Since(outage).Round(100*time.Millisecond))
 	produce(t, harness.NewKgoClient(t, brokers), record("after", "p0-a", 0))
 	harness.WaitFor(t, time.Minute, "the record produced after the outage is applied", func() bool {
 		select {
