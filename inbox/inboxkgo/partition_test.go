@@ -298,3 +298,86 @@ func TestRunReturnsARefusal(t *testing.T) {
 		t.Errorf("Run returned %v, want the group authorization failure", err)
 	}
 }
+
+// A rebalance while a partition's batch is being retried: a second member
+// joins while the first retries a record on partition 2, and the group
+// rebalances with that batch in flight (partition 2 stays or moves, as the
+// balancer chooses). Once the record succeeds, every event is applied
+// exactly once, partition 2 in order, and every offset reaches the end.
+func TestRebalanceDuringARetryAppliesEachEventOnce(t *testing.T) {
+	db, pool := consumerDB(t)
+	k := harness.StartKfake(t)
+	k.CreateTopic(t, topic, 4, nil)
+	producer := k.Client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	var recs []*kgo.Record
+	batch := func(round int) []*kgo.Record {
+		var rs []*kgo.Record
+		for p := range int32(4) {
+			for i := range 5 {
+				rs = append(rs, record(fmt.Sprintf("r%d-p%d-e%d", round, p, i), fmt.Sprintf("p%d-a%d", p, i), p))
+			}
+		}
+		return rs
+	}
+	first := append([]*kgo.Record{record("stuck", "p2-stuck", 2)}, batch(0)...)
+	produce(t, producer, first...)
+	recs = append(recs, first...)
+
+	ib, err := inbox.New(inbox.Config{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failing atomic.Bool
+	var failures atomic.Int64
+	failing.Store(true)
+	member := func() *inboxkgo.Consumer {
+		cl := harness.NewKgoClient(t, k.Brokers(), kgo.ConsumerGroup("billing"), kgo.ConsumeTopics(topic),
+			kgo.AutoCommitMarks(), kgo.BlockRebalanceOnPoll(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		return &inboxkgo.Consumer{Client: cl, Inbox: ib, DB: pool, CommitEach: true, RetryMax: 50 * time.Millisecond,
+			Handler: func(ctx context.Context, tx pgx.Tx, ev inbox.Event) error {
+				if ev.ID == "stuck" && failing.Load() {
+					return errors.New("downstream refuses this aggregate")
+				}
+				return recordEffect(ctx, tx, ev)
+			},
+			OnError: func(*kgo.Record, error) { failures.Add(1) },
+		}
+	}
+	stopA, endedA := running(t, member())
+	harness.WaitFor(t, 30*time.Second, "the stuck record fails", func() bool { return failures.Load() > 0 })
+	stopB, endedB := running(t, member())
+	harness.WaitFor(t, 30*time.Second, "the group has two members with partitions each", func() bool {
+		gi := k.Cluster().GroupInfo("billing")
+		return gi != nil && gi.State == "Stable" && len(gi.Members) == 2 &&
+			gi.Members[0].NumAssigned() > 0 && gi.Members[1].NumAssigned() > 0
+	})
+	second := batch(1)
+	produce(t, producer, second...)
+	recs = append(recs, second...)
+	failing.Store(false)
+
+	harness.WaitFor(t, time.Minute, "every record is applied and its offset committed", func() bool {
+		offsets := harness.CommittedOffsets(t, k.Brokers(), "billing", topic)
+		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects`) == int64(len(recs)) &&
+			offsets[0] == 10 && offsets[1] == 10 && offsets[2] == 11 && offsets[3] == 10
+	})
+	for _, ended := range []<-chan struct{}{endedA, endedB} {
+		select {
+		case <-ended:
+			t.Fatalf("a member's Run returned: %v, %v", stopA(), stopB())
+		default:
+		}
+	}
+	if err := stopA(); err != nil {
+		t.Errorf("run A: %v", err)
+	}
+	if err := stopB(); err != nil {
+		t.Errorf("run B: %v", err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM effects`); n != int64(len(recs)) {
+		t.Errorf("%d effects for %d records: some applied twice", n, len(recs))
+	}
+	if got := db.QueryString(t, `SELECT string_agg(event_id, ',' ORDER BY seq) FROM effects WHERE event_id LIKE '%p2-e0' OR event_id = 'stuck'`); got != "stuck,r0-p2-e0,r1-p2-e0" {
+		t.Errorf("partition 2's first records applied as %q, want stuck,r0-p2-e0,r1-p2-e0", got)
+	}
+}
