@@ -16,7 +16,9 @@
 // aggregate_version header the writer in package outbox sets): a version
 // already applied is skipped, one that skips a version is held back until
 // its predecessor arrives (or refused), and a predecessor missing for
-// longer than a limit is reported.
+// longer than a limit is reported. A held event is kept as it arrived, its
+// payload and headers byte for byte (SQL upgrades tables an older version
+// created).
 //
 // A record whose headers carry a W3C traceparent (the relay writes its
 // own span's there when tracing is on) is handled under a consumer span,
@@ -35,7 +37,6 @@ package inbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -235,15 +236,18 @@ func (e *handlerError) Unwrap() error { return e.err }
 // writer broke its contract, and the later event is as stale as one whose
 // version was applied already.
 func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (bool, *Missing, error) {
-	headers, err := json.Marshal(ev.Headers)
-	if err != nil {
-		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
+	// bytea keeps every byte of a header (a Go string may hold any), and
+	// a nil payload stays NULL, so the event comes back as it arrived.
+	keys := make([][]byte, 0, len(ev.Headers))
+	values := make([][]byte, 0, len(ev.Headers))
+	for k, v := range ev.Headers {
+		keys, values = append(keys, []byte(k)), append(values, []byte(v))
 	}
 	now := ib.cfg.Now()
 	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.parked()+`
-		(consumer, aggregate_type, aggregate_id, version, event_id, event_type, payload, headers, parked_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, headers, now)
+		(consumer, aggregate_type, aggregate_id, version, event_id, event_type, payload, header_keys, header_values, parked_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
+		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, keys, values, now)
 	if err != nil {
 		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
 	}
@@ -269,19 +273,23 @@ func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (i
 	released := 0
 	for {
 		next := Event{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Version: last + 1}
-		var headers []byte
+		var keys, values [][]byte
 		err := tx.QueryRow(ctx, `DELETE FROM `+ib.tables.parked()+`
 			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version = $4
-			RETURNING event_id, event_type, payload, headers`,
-			ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, next.Version).Scan(&next.ID, &next.EventType, &next.Payload, &headers)
+			RETURNING event_id, event_type, payload, header_keys, header_values`,
+			ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, next.Version).Scan(&next.ID, &next.EventType, &next.Payload, &keys, &values)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return released, last, nil
 		}
 		if err != nil {
 			return 0, 0, fmt.Errorf("event %s: release version %d: %w", ev.ID, next.Version, err)
 		}
-		if err := json.Unmarshal(headers, &next.Headers); err != nil {
-			return 0, 0, fmt.Errorf("event %s: release version %d: %w", ev.ID, next.Version, err)
+		if len(keys) != len(values) {
+			return 0, 0, fmt.Errorf("event %s: release version %d: %d header keys, %d values", ev.ID, next.Version, len(keys), len(values))
+		}
+		next.Headers = make(map[string]string, len(keys))
+		for i := range keys {
+			next.Headers[string(keys[i])] = string(values[i])
 		}
 		if err := ib.run(ctx, tx, next, h); err != nil {
 			return 0, 0, err

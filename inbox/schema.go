@@ -29,9 +29,16 @@ func (t Tables) validate() error {
 		if len(p) > 63 || strings.ContainsRune(p, 0) {
 			return fmt.Errorf("inbox tables %s.%s_*: names must be at most 63 bytes with no NUL byte", t.Schema, t.Prefix)
 		}
+		// The upgrade step quotes the names inside a DO block's body.
+		if strings.Contains(p, upgradeQuote) {
+			return fmt.Errorf("inbox tables %s.%s_*: names must not contain %s", t.Schema, t.Prefix, upgradeQuote)
+		}
 	}
 	return nil
 }
+
+// upgradeQuote is the dollar quote around the DDL's upgrade step.
+const upgradeQuote = "$inbox_upgrade$"
 
 func (t Tables) name(suffix string) string {
 	return pgx.Identifier{t.Schema, t.Prefix + "_" + suffix}.Sanitize()
@@ -45,6 +52,11 @@ func (t Tables) parked() string    { return t.name("parked") }
 // Apply it with your own migration tool, in the database that holds the
 // consumer's side effects: the record of an event and its effect must
 // commit in one local transaction.
+//
+// It also upgrades tables an older version created: the parked table kept
+// headers as jsonb, which cannot hold a NUL byte or bytes that are not
+// UTF-8, and refused a nil payload; applying SQL again moves the parked
+// events' headers to bytea arrays and lets the payload be NULL, in place.
 func SQL(t Tables) (string, error) {
 	t = t.withDefaults()
 	if err := t.validate(); err != nil {
@@ -54,7 +66,9 @@ func SQL(t Tables) (string, error) {
 		"{{processed}}", t.processed(),
 		"{{versions}}", t.versions(),
 		"{{parked}}", t.parked(),
+		"{{parked_literal}}", "'"+strings.ReplaceAll(t.parked(), "'", "''")+"'",
 		"{{processed_at_idx}}", pgx.Identifier{t.Prefix + "_processed_at_idx"}.Sanitize(),
+		"{{upgrade}}", upgradeQuote,
 	).Replace(ddl), nil
 }
 
@@ -78,7 +92,10 @@ CREATE TABLE IF NOT EXISTS {{versions}} (
     PRIMARY KEY (consumer, aggregate_type, aggregate_id)
 );
 
--- Events that arrived before their predecessor, held until it comes.
+-- Events that arrived before their predecessor, held until it comes, byte
+-- for byte: a NULL payload is a record without a value, and header i is
+-- header_keys[i] with header_values[i] (a header may hold any bytes, which
+-- text and jsonb cannot).
 CREATE TABLE IF NOT EXISTS {{parked}} (
     consumer       text        NOT NULL,
     aggregate_type text        NOT NULL,
@@ -86,9 +103,30 @@ CREATE TABLE IF NOT EXISTS {{parked}} (
     version        bigint      NOT NULL,
     event_id       text        NOT NULL,
     event_type     text        NOT NULL,
-    payload        bytea       NOT NULL,
-    headers        jsonb       NOT NULL,
+    payload        bytea,
+    header_keys    bytea[]     NOT NULL,
+    header_values  bytea[]     NOT NULL,
     parked_at      timestamptz NOT NULL,
     PRIMARY KEY (consumer, aggregate_type, aggregate_id, version)
 );
+
+-- Upgrade a parked table that kept headers as jsonb: its rows' headers
+-- move to the bytea arrays (jsonb held them as UTF-8 text already), and
+-- the payload may be NULL. A table without the jsonb column is left as is.
+DO {{upgrade}}
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{parked_literal}}::regclass
+               AND attname = 'headers' AND NOT attisdropped) THEN
+        ALTER TABLE {{parked}} ADD COLUMN IF NOT EXISTS header_keys bytea[],
+            ADD COLUMN IF NOT EXISTS header_values bytea[];
+        UPDATE {{parked}} SET
+            header_keys = ARRAY(SELECT convert_to(key, 'UTF8') FROM jsonb_each_text(headers) ORDER BY key),
+            header_values = ARRAY(SELECT convert_to(value, 'UTF8') FROM jsonb_each_text(headers) ORDER BY key);
+        ALTER TABLE {{parked}} ALTER COLUMN header_keys SET NOT NULL,
+            ALTER COLUMN header_values SET NOT NULL,
+            ALTER COLUMN payload DROP NOT NULL,
+            DROP COLUMN headers;
+    END IF;
+END
+{{upgrade}};
 `

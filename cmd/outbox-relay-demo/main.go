@@ -305,11 +305,10 @@ func startConsumer(ctx context.Context, brokers []string, dsn string) (*consumer
 		fmt.Printf("%-10s %-8d %-14s %s\n", ev.AggregateID, ev.Version, ev.EventType, ev.ID)
 		return nil
 	}}
-	cfg := sarama.NewConfig()
+	cfg := inboxsarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	cfg.Metadata.RefreshFrequency = time.Second // pick up the topic once the relay creates it
-	group, err := sarama.NewConsumerGroup(brokers, "shipping", cfg)
+	group, err := inboxsarama.NewConsumerGroup(brokers, "shipping", cfg)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("consumer group: %w", err)

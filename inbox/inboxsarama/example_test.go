@@ -2,8 +2,10 @@ package inboxsarama_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"os"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
@@ -40,17 +42,29 @@ func ExampleHandler() {
 			log.Printf("partition %d offset %d: %v (retrying)", msg.Partition, msg.Offset, err)
 		},
 	}
-	cfg := sarama.NewConfig()
+	// NewConfig keeps the rebalance timeout inside the read timeout, so a
+	// member rejoins after another dies; NewConsumerGroup refuses a config
+	// that does not.
+	cfg := inboxsarama.NewConfig()
 	cfg.Version = sarama.V3_6_0_0
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-	group, err := sarama.NewConsumerGroup([]string{"localhost:9092"}, "billing", cfg)
+	group, err := inboxsarama.NewConsumerGroup([]string{"localhost:9092"}, "billing", cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer group.Close()
+	// A session that ends in an error (a broker restarting, a JoinGroup
+	// that timed out) is started again: the committed offsets resume it.
 	for ctx.Err() == nil {
-		if err := group.Consume(ctx, []string{"outbox.event.account"}, handler); err != nil {
-			log.Fatal(err)
+		err := group.Consume(ctx, []string{"outbox.event.account"}, handler)
+		if errors.Is(err, sarama.ErrClosedConsumerGroup) {
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			log.Printf("consume: %v (joining the group again)", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }

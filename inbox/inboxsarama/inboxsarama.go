@@ -2,10 +2,15 @@
 // handler. It marks a record's offset only after the record's transaction
 // committed (or after the inbox skipped it as a duplicate), so a crash at
 // any moment re-delivers, and the inbox turns the re-delivery into a no-op.
+//
+// NewConfig and NewConsumerGroup give the group settings a member needs to
+// rejoin its group after another member dies (CheckConfig says why sarama's
+// own defaults do not).
 package inboxsarama
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -13,9 +18,81 @@ import (
 	"github.com/outbox-relay/outbox-relay/inbox"
 )
 
+// DefaultRebalanceTimeout is the Consumer.Group.Rebalance.Timeout NewConfig
+// sets: well inside sarama's default Net.ReadTimeout (30 s) less
+// JoinGroupMargin.
+const DefaultRebalanceTimeout = 20 * time.Second
+
+// JoinGroupMargin is how much longer than Consumer.Group.Rebalance.Timeout
+// CheckConfig wants Net.ReadTimeout to be: the JoinGroup answer comes up to
+// the rebalance timeout after the coordinator got the request, and the
+// request and answer still have to cross the network.
+const JoinGroupMargin = 5 * time.Second
+
+// NewConfig returns sarama's defaults with the group settings a member
+// applying records through a Handler needs: Consumer.Group.Rebalance.Timeout
+// lowered to DefaultRebalanceTimeout, so it passes CheckConfig, and
+// Consumer.Offsets.Initial at the oldest offset, so a new group starts at
+// the first event the topic still holds instead of skipping what was
+// published before it joined (the inbox skips what it applied already).
+// Set Version for your cluster.
+//
+// The rebalance timeout is lowered rather than the read timeout raised:
+// the read timeout bounds every request on the connection (fetches, offset
+// commits, metadata), and raising it past a minute would make a broker that
+// stopped answering take that long to notice. The rebalance timeout only
+// bounds how long the group waits for a member to leave its claims after a
+// rebalance starts, and a Handler returns from ConsumeClaim as soon as its
+// session ends: an in-flight batch is rolled back with its context and
+// comes again to the partition's next owner.
+func NewConfig() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Consumer.Group.Rebalance.Timeout = DefaultRebalanceTimeout
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return cfg
+}
+
+// CheckConfig returns an error if cfg's group settings let a live member
+// fail to rejoin its group, naming the setting to change. sarama reads the
+// JoinGroup answer under Net.ReadTimeout (30 s by default), while the
+// coordinator may hold that answer until the rebalance ends, up to
+// Consumer.Group.Rebalance.Timeout (60 s by default). With sarama's
+// defaults, a rebalance that waits for a member that was killed reads as
+// an i/o timeout; the member joins again, which starts the rebalance
+// again, and the group can keep rebalancing without ever consuming. The
+// coordinator waits for the longest rebalance timeout among the group's
+// members, so every member needs a config that passes.
+func CheckConfig(cfg *sarama.Config) error {
+	if cfg == nil {
+		return fmt.Errorf("inboxsarama: nil config (use inboxsarama.NewConfig)")
+	}
+	read, rebalance := cfg.Net.ReadTimeout, cfg.Consumer.Group.Rebalance.Timeout
+	if read < rebalance+JoinGroupMargin {
+		return fmt.Errorf("inboxsarama: Net.ReadTimeout (%v) must be at least Consumer.Group.Rebalance.Timeout (%v) plus %v, "+
+			"or a JoinGroup that waits for a rebalance reads as an i/o timeout and the group can keep rebalancing: "+
+			"set Consumer.Group.Rebalance.Timeout to at most %v (inboxsarama.NewConfig sets %v) or Net.ReadTimeout to at least %v",
+			read, rebalance, JoinGroupMargin, max(read-JoinGroupMargin, 0), DefaultRebalanceTimeout, rebalance+JoinGroupMargin)
+	}
+	return nil
+}
+
+// NewConsumerGroup is sarama.NewConsumerGroup for a group whose members
+// apply records through a Handler: it refuses a cfg that fails CheckConfig.
+// A nil cfg means NewConfig().
+func NewConsumerGroup(addrs []string, groupID string, cfg *sarama.Config) (sarama.ConsumerGroup, error) {
+	if cfg == nil {
+		cfg = NewConfig()
+	}
+	if err := CheckConfig(cfg); err != nil {
+		return nil, err
+	}
+	return sarama.NewConsumerGroup(addrs, groupID, cfg)
+}
+
 // Handler is a sarama.ConsumerGroupHandler that applies records through
 // an Inbox, in batches: the records of a partition that have arrived, up to
-// MaxBatch, go in one transaction (inbox.HandleBatch).
+// MaxBatch, go in one transaction (inbox.HandleBatch). Run it in a group
+// NewConsumerGroup made, or one whose config passes CheckConfig.
 type Handler struct {
 	Inbox *inbox.Inbox
 	// DB begins each batch's transaction (a *pgxpool.Pool, typically).

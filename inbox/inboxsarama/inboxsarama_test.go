@@ -29,10 +29,9 @@ func TestOffsetCommittedOnlyAfterTheDatabaseCommit(t *testing.T) {
 					ib *inbox.Inbox, db inbox.Beginner, h inbox.Handler, onError func()) {
 					handler := &inboxsarama.Handler{Inbox: ib, DB: db, Handler: h, CommitEach: true, MaxBatch: maxBatch,
 						OnError: func(*sarama.ConsumerMessage, error) { onError() }}
-					cfg := sarama.NewConfig()
+					cfg := inboxsarama.NewConfig()
 					cfg.Version = sarama.V3_6_0_0
-					cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
-					cg, err := sarama.NewConsumerGroup(brokers, group, cfg)
+					cg, err := inboxsarama.NewConsumerGroup(brokers, group, cfg)
 					if err != nil {
 						t.Error(err)
 						return

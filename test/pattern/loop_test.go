@@ -21,7 +21,6 @@ import (
 )
 
 const (
-	topic      = "pattern.account"
 	partitions = 6
 	group      = "ledger"
 )
@@ -60,16 +59,50 @@ func TestDrillWriterRelayInbox(t *testing.T) {
 				events: harness.Sized(3_000, 30_000), aggregates: harness.Sized(100, 1_000),
 				relayKills: harness.Sized(3, 8), consumerKills: harness.Sized(2, 5),
 				relayArgs: mode.relayArgs, readCommitted: mode.readCommitted,
+				restartPostgres: true, settleWithin: 5 * time.Minute,
 			}
 			d.run(t)
 		})
 	}
 }
 
+// TestDrillGroupRejoins is the drill on Apache Kafka with the consumers'
+// group under churn. A group coordinator holds a JoinGroup answer until the
+// rebalance ends: a rebalance that waits for a SIGKILLed member can outlast
+// a client's read timeout, and members that retry can keep the group
+// rebalancing for good. The consumers use exactly the settings
+// docs/inbox.md gives (inboxsarama.NewConfig,
+// inboxsarama.NewConsumerGroup); every committed event must be applied
+// exactly once within two minutes of the writer's last commit. Every other
+// time a consumer is killed, the other one is killed with it.
+//
+// Reduced: 2,000 events over 100 aggregates, 2 relay kills, 4 consumer
+// rounds (6 consumer kills); OUTBOX_RELAY_DRILL_SIZE=full: 10,000 events
+// over 500 aggregates, 5 relay kills, 8 consumer rounds (12 kills).
+func TestDrillGroupRejoins(t *testing.T) {
+	d := drill{
+		events: harness.Sized(2_000, 10_000), aggregates: harness.Sized(100, 500),
+		relayKills: harness.Sized(2, 5), consumerKills: harness.Sized(2, 4),
+		apacheKafka: true, killTogether: true, settleWithin: 2 * time.Minute,
+	}
+	d.run(t)
+}
+
 type drill struct {
 	events, aggregates, relayKills, consumerKills int
 	relayArgs                                     []string
 	readCommitted                                 bool
+	// apacheKafka runs the drill on Apache Kafka instead of kfake.
+	apacheKafka bool
+	// restartPostgres shuts PostgreSQL down immediately and starts it
+	// again after every other relay kill.
+	restartPostgres bool
+	// killTogether kills both consumers at once in every other consumer
+	// round.
+	killTogether bool
+	// settleWithin bounds the wait, after the writer's last commit, for
+	// every committed event to be applied.
+	settleWithin time.Duration
 }
 
 // ledger is what the writer committed, in commit order, which per
@@ -117,9 +150,22 @@ func (d drill) run(t *testing.T) {
 	db.Exec(t, `CREATE TABLE effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, event_id text NOT NULL,
 		aggregate_id text NOT NULL, version bigint NOT NULL, pid int NOT NULL)`)
 
-	k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
-	k.CreateTopic(t, topic, partitions, nil)
-	brokers := k.Brokers()
+	// The database's name is the test's, so a topic on a shared Apache
+	// Kafka cluster is the test's own.
+	topicPrefix := "pattern." + db.Name() + "."
+	topic := topicPrefix + "account"
+	var brokers []string
+	if d.apacheKafka {
+		k := harness.RequireApacheKafka(t, harness.ApacheKafkaOptions{})
+		if err := k.CreateTopic(topic, partitions, 1, nil); err != nil {
+			t.Fatalf("%v%s", err, k.LogTail(0, 30))
+		}
+		brokers = k.Brokers()
+	} else {
+		k := harness.StartKfakeWith(t, harness.KfakeOptions{Partitions: partitions})
+		k.CreateTopic(t, topic, partitions, nil)
+		brokers = k.Brokers()
+	}
 
 	// The writer commits one chunk per round, so writing spans the kills.
 	l := &ledger{Ledger: harness.NewLedger()}
@@ -136,7 +182,7 @@ func (d drill) run(t *testing.T) {
 		waitWriter()
 	}()
 
-	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: "pattern.{aggregate_type}"}.
+	relayArgs := harness.RelayFlags{DSN: db.DSN(), Slot: slot, Brokers: brokers, Topic: topicPrefix + "{aggregate_type}"}.
 		Args("run", d.relayArgs...)
 	startRelay := func() *harness.Process {
 		return harness.StartProcess(t, relayBin, relayArgs, []string{harness.LogLevelInfo})
@@ -175,7 +221,7 @@ func (d drill) run(t *testing.T) {
 				t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
 			}
 			relay.Kill()
-			if round%2 == 0 {
+			if d.restartPostgres && round%2 == 0 {
 				pg.StopImmediate(t)
 				pg.Start(t)
 				pgRestarts++
@@ -187,14 +233,23 @@ func (d drill) run(t *testing.T) {
 			// committed to the database has no offset committed yet.
 			victim := round % 2
 			from, target := applied(), int64(1+rng.IntN(max(chunk/3, 1)))
-			harness.WaitFor(t, 2*time.Minute, fmt.Sprintf("consumers apply %d more events", target), func() bool {
-				return consumers[victim].Exited() || applied()-from >= target
-			})
+			if !harness.Poll(2*time.Minute, func() bool { return consumers[victim].Exited() || applied()-from >= target }) {
+				t.Fatalf("the consumers applied %d of %d more events in 2m0s (%d events committed, %d applied); %s; "+
+					"end offsets %v, the group's committed offsets %v", applied()-from, target, l.CommittedCount(), applied(),
+					sessionErrors(lives), harness.EndOffsets(t, brokers, topic), harness.CommittedOffsets(t, brokers, group, topic))
+			}
 			if consumers[victim].Exited() {
 				t.Fatalf("consumer exited on its own:\n%s", harness.LastLines(consumers[victim].Output(), 30))
 			}
 			consumers[victim].Kill()
 			consumerKillsDone++
+			if d.killTogether && round%2 == 1 {
+				// Both at once, as a host or a deployment takes them:
+				// the group has only dead members until the new ones join.
+				consumers[1-victim].Kill()
+				consumerKillsDone++
+				consumers[1-victim] = startConsumer()
+			}
 			consumers[victim] = startConsumer()
 		}
 		t.Logf("round %d: %d events committed, %d records in Kafka, %d effects", round+1, l.CommittedCount(), kafkaRecords(), applied())
@@ -206,12 +261,22 @@ func (d drill) run(t *testing.T) {
 	}
 
 	committed, order := l.Committed()
-	harness.WaitFor(t, 5*time.Minute, fmt.Sprintf("all %d committed events are applied", len(committed)), func() bool {
+	settling := time.Now()
+	appliedOfCommitted := func() int64 {
+		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects WHERE event_id = ANY($1)`, committed)
+	}
+	if !harness.Poll(d.settleWithin, func() bool {
 		if relay.Exited() {
 			t.Fatalf("relay exited on its own:\n%s", harness.LastLines(relay.Output(), 30))
 		}
-		return db.QueryInt64(t, `SELECT count(DISTINCT event_id) FROM effects WHERE event_id = ANY($1)`, committed) == int64(len(committed))
-	})
+		return appliedOfCommitted() == int64(len(committed))
+	}) {
+		t.Fatalf("%v after the writer's last commit, %d of %d committed events applied (%d records in Kafka); %s; "+
+			"end offsets %v, the group's committed offsets %v",
+			d.settleWithin, appliedOfCommitted(), len(committed), kafkaRecords(), sessionErrors(lives),
+			harness.EndOffsets(t, brokers, topic), harness.CommittedOffsets(t, brokers, group, topic))
+	}
+	t.Logf("every committed event applied %v after the writer's last commit", time.Since(settling).Round(100*time.Millisecond))
 	for _, c := range consumers {
 		if err := c.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -282,9 +347,27 @@ func (d drill) run(t *testing.T) {
 	records := kafkaRecords()
 	t.Logf("%d events committed over %d aggregates (%d events in %d rolled-back transactions), %d Kafka offsets used; "+
 		"%d relay kills, %d PostgreSQL immediate restarts, %d consumer kills; consumers counted %d applied, %d duplicates skipped "+
-		"(%d by version), %d version gaps, %d handler errors (%d failures injected); 0 effects applied twice; %v",
+		"(%d by version), %d version gaps, %d handler errors (%d failures injected); %s; 0 effects applied twice; %v",
 		len(committed), d.aggregates, len(l.aborted), l.abortedTx, records, d.relayKills, pgRestarts, consumerKillsDone,
-		sum.Applied, sum.Duplicates, sum.StaleVersions, sum.VersionGaps, sum.HandlerErrors, injected, time.Since(began).Round(time.Second))
+		sum.Applied, sum.Duplicates, sum.StaleVersions, sum.VersionGaps, sum.HandlerErrors, injected, sessionErrors(lives), time.Since(began).Round(time.Second))
+}
+
+// sessionErrors counts the group sessions the consumers' lives saw end in
+// an error (the consumer joins its group again after each), with the last
+// one's message.
+func sessionErrors(lives []*harness.Process) string {
+	n, last := 0, ""
+	for _, p := range lives {
+		for _, line := range strings.Split(p.Output(), "\n") {
+			if strings.Contains(line, "joining the group again") {
+				n, last = n+1, line
+			}
+		}
+	}
+	if n == 0 {
+		return "no group session ended in an error"
+	}
+	return fmt.Sprintf("%d group sessions ended in an error, the last: %s", n, last)
 }
 
 // consumerCounts is a consumer's counter line.
