@@ -111,6 +111,15 @@ func (f *oversizeFilter) takeKey(k dropKey) (Oversized, bool) {
 	return o, ok
 }
 
+// buffered is how many bytes the filter read and has not handed on: the
+// connection has them, whatever pgproto3's own buffer holds.
+func (f *oversizeFilter) buffered() int {
+	if f == nil {
+		return 0
+	}
+	return f.end - f.start + len(f.out)
+}
+
 // Read implements io.Reader for pgproto3.
 func (f *oversizeFilter) Read(p []byte) (int, error) {
 	for {

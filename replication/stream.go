@@ -133,7 +133,7 @@ func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 // Buffered reports whether bytes of the next message were already read
 // from the socket, so that Receive would return without waiting.
 func (s *Stream) Buffered() bool {
-	return s.conn.Frontend().ReadBufferLen() > 0
+	return s.conn.Frontend().ReadBufferLen() > 0 || s.decoder.oversized.buffered() > 0
 }
 
 func (s *Stream) decodeCopyData(data []byte) (*Message, error) {
