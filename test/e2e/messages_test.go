@@ -117,9 +117,7 @@ func TestMessagesRecordsAreTheTableSourcesByteForByte(t *testing.T) {
 // and are counted.
 func TestMessagesThatAreNoEventsAreQuarantinedOrSkipped(t *testing.T) {
 	e := newEnv(t)
-	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
-	e.DropSlotAtEnd(t)
-	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	relay := e.startMessagesRelay(t)
 	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
@@ -201,6 +199,14 @@ func TestMessagesSourceRefusesWhatNeedsATable(t *testing.T) {
 // DropSlotAtEnd drops the messages source's slot when the test ends.
 func (e *env) DropSlotAtEnd(t *testing.T) { e.DB.DropSlotAtEnd(t, e.Slot+messagesSlotSuffix) }
 
+// startMessagesRelay migrates for the messages source and starts its relay
+// alone, streaming, its slot dropped when the test ends.
+func (e *env) startMessagesRelay(t *testing.T) *harness.Process {
+	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
+	e.DropSlotAtEnd(t)
+	return harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+}
+
 // Issue 40.3: a 150 MB message peaked at 613 MB in the relay (the default
 // GOMEMLIMIT is 192 MB), and a 300 MB one was OOM-killed under the shipped
 // unit's 1 GiB. A message over --max-message-bytes (default 64 MiB) is
@@ -210,9 +216,7 @@ func (e *env) DropSlotAtEnd(t *testing.T) { e.DB.DropSlotAtEnd(t, e.Slot+message
 // sends 1,000,000,000 bytes, near PostgreSQL's largest message.
 func TestLargeMessageIsQuarantinedByReferenceWithBoundedMemory(t *testing.T) {
 	e := newEnv(t)
-	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
-	e.DropSlotAtEnd(t)
-	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	relay := e.startMessagesRelay(t)
 	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	before, after, big := harness.NewUUID(), harness.NewUUID(), harness.NewUUID()
@@ -275,9 +279,7 @@ func TestLargeMessageIsQuarantinedByReferenceWithBoundedMemory(t *testing.T) {
 // valid event, with the commit time as occurred_at.
 func TestMessagesBadContentsAreKeptAndReplayedOnlyOnceFixed(t *testing.T) {
 	e := newEnv(t)
-	harness.Migrate(t, e.Bin, e.messagesArgs("migrate"))
-	e.DropSlotAtEnd(t)
-	relay := harness.StartStreaming(t, e.Bin, e.messagesArgs("run"), harness.LogLevelInfo)
+	relay := e.startMessagesRelay(t)
 	conn := e.DB.Connect(t)
 	ctx := context.Background()
 	emit := func(content string) {
