@@ -25,7 +25,12 @@
 //     dropped. pkg is a package name of this module, Type a type this
 //     module declares (interfaces' methods and structs' fields count).
 //     After a package name only an exported name is Go, so `relay.state`
-//     (a JSON key) is not checked. A qualifier that is neither (`pgx.Tx`, `cleanup.policy`, a config key)
+//     (a JSON key) is not checked. A longer chain is followed through
+//     fields to its end (`pkg.Type.field.Member`, `Type.field.member`,
+//     promoted members included), until a method or a field of a type
+//     this module does not declare; unqualified, only once its first
+//     member is the type's (`table.field.event.id` is a Debezium
+//     setting). A qualifier that is neither (`pgx.Tx`, `cleanup.policy`, a config key)
 //     leaves the span unchecked, except in the `(*Type).Method` form, which
 //     is Go by its shape and must resolve.
 //   - An unqualified call, `Name()` or `Name(args)`: a function or method
@@ -413,8 +418,25 @@ func (c *checker) resolveName(t string) (resolution, bool) {
 	return c.resolveParts(parts), true
 }
 
-// resolveParts resolves pkg.Name, pkg.Type.Member and Type.Member.
+// resolveParts resolves pkg.Name, pkg.Type.Member and Type.Member, and
+// the longer chains through fields, pkg.Type.field.Member and
+// Type.field.member.
 func (c *checker) resolveParts(parts []string) resolution {
+	if dirs, ok := c.ix.pkgs[parts[0]]; ok && len(parts) > 3 && exported(parts[1]) {
+		if types := c.ix.lookup(parts[1], "", dirs); len(types) > 0 && types[0].Kind == "type" {
+			return c.resolveChain(parts[0]+"."+parts[1], parts[1], dirs, parts[2:])
+		}
+	}
+	if dirs, ok := c.ix.types[parts[0]]; ok && len(parts) > 2 {
+		// Unqualified, the first name may be something else's
+		// (`table.field.event.id` is a Debezium setting, and
+		// `Consumer.Group.Rebalance.Timeout` sarama's): the chain is Go
+		// once its first member is the type's.
+		if len(c.members(parts[0], dirs, parts[1], map[string]bool{})) == 0 {
+			return resolution{}
+		}
+		return c.resolveChain(parts[0], parts[0], dirs, parts[1:])
+	}
 	var r resolution
 	if dirs, ok := c.ix.pkgs[parts[0]]; ok && len(parts) <= 3 && exported(parts[1]) {
 		r.checked = true
@@ -427,7 +449,7 @@ func (c *checker) resolveParts(parts []string) resolution {
 				r.missing = fmt.Sprintf("%s, which package %s does not declare", parts[1], parts[0])
 				break
 			}
-			r.decls = c.ix.lookup(parts[2], parts[1], dirs)
+			r.decls = c.members(parts[1], dirs, parts[2], map[string]bool{})
 			r.missing = fmt.Sprintf("%s.%s: %s has no method or field %s", parts[0], parts[1], parts[1], parts[2])
 		}
 		if len(r.decls) > 0 {
@@ -435,12 +457,60 @@ func (c *checker) resolveParts(parts []string) resolution {
 		}
 	}
 	if dirs, ok := c.ix.types[parts[0]]; ok && len(parts) == 2 {
-		ds := c.ix.lookup(parts[1], parts[0], dirs)
+		ds := c.members(parts[0], dirs, parts[1], map[string]bool{})
 		if len(ds) > 0 || !r.checked {
 			return resolution{checked: true, decls: ds, missing: fmt.Sprintf("%s.%s: %s has no method or field %s", parts[0], parts[1], parts[0], parts[1])}
 		}
 	}
 	return r
+}
+
+// resolveChain follows members from typ (declared in dirs, named path in
+// the page): each but the
+// last must be a field, whose type the next is looked up in, a promoted
+// member included. A field of a type this module does not declare, or a
+// method, ends what can be checked: the rest resolves.
+func (c *checker) resolveChain(path, typ string, dirs []string, members []string) resolution {
+	for i, name := range members {
+		ds := c.members(typ, dirs, name, map[string]bool{})
+		if len(ds) == 0 {
+			return resolution{checked: true, missing: fmt.Sprintf("%s.%s: %s has no method or field %s", path, name, typ, name)}
+		}
+		next := ds[0]
+		for _, d := range ds {
+			if d.Kind == "field" && c.ix.types[d.Type] != nil {
+				next = d
+				break
+			}
+		}
+		if i == len(members)-1 || next.Kind != "field" || c.ix.types[next.Type] == nil {
+			return resolution{checked: true, decls: ds}
+		}
+		path += "." + name
+		typ, dirs = next.Type, c.ix.types[next.Type]
+	}
+	return resolution{}
+}
+
+// members are typ's members named name, declared on it or promoted from
+// a field it embeds (seen guards against embedding cycles).
+func (c *checker) members(typ string, dirs []string, name string, seen map[string]bool) []decl {
+	if seen[typ] {
+		return nil
+	}
+	seen[typ] = true
+	if ds := c.ix.lookup(name, typ, dirs); len(ds) > 0 {
+		return ds
+	}
+	for _, embedded := range c.ix.byRecv[typ] {
+		if !contains(dirs, embedded.Dir) || embedded.Kind != "field" || embedded.Name != embedded.Type || c.ix.types[embedded.Type] == nil {
+			continue
+		}
+		if ds := c.members(embedded.Type, c.ix.types[embedded.Type], name, seen); len(ds) > 0 {
+			return ds
+		}
+	}
+	return nil
 }
 
 // exported says whether a Go name is exported: only those can follow a

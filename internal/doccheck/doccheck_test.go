@@ -34,6 +34,14 @@ type clock interface{ Now() }
 
 // Config configures.
 type Config struct{ DeliveryMode string }
+
+// Session embeds its Config.
+type Session struct {
+	Config
+	env *loopEnv
+}
+
+type table struct{ name string }
 `,
 		"relay/resume.go": `package relay
 
@@ -125,6 +133,34 @@ func TestMissingQualifiedNamesFail(t *testing.T) {
 	for i, want := range []string{"Nack", "stream", "Gone"} {
 		if !strings.Contains(problems[i].Msg, want) {
 			t.Errorf("problem %d is %q, want it to name %s", i, problems[i].Msg, want)
+		}
+	}
+}
+
+// A chain through fields is followed to its end: `readLoop.keeper.writtenn`
+// passed when only two names were read.
+func TestChainsThroughFieldsAreFollowed(t *testing.T) {
+	page := "`Relay.cfg.DeliveryMode`, `loopEnv.clock.Now()`, `relay.Session.env.clock.Now`,\n" +
+		"`relay.Session.DeliveryMode` (promoted), `Session.env.clock` and `Relay.cfg.DeliveryMode.Len` exist.\n" +
+		"`table.field.event.id` and `Config.Group.Rebalance.Timeout` are other settings.\n" +
+		"\n" +
+		"`Relay.cfg.DeliveryModes` does not exist,\n" +
+		"\n" +
+		"`loopEnv.clock.Later()` neither,\n" +
+		"\n" +
+		"`relay.Session.envs.clock` nor `relay.Session.env.clok.Now`.\n"
+	problems := check(t, page)
+	want := []struct {
+		line int
+		name string
+	}{{5, "Config has no method or field DeliveryModes"}, {7, "clock has no method or field Later"},
+		{9, "Session has no method or field envs"}, {9, "loopEnv has no method or field clok"}}
+	if len(problems) != len(want) {
+		t.Fatalf("got %d problems, want %d: %v", len(problems), len(want), problems)
+	}
+	for i, w := range want {
+		if problems[i].Line != w.line || !strings.Contains(problems[i].Msg, w.name) {
+			t.Errorf("problem %d is %v, want line %d naming %q", i, problems[i], w.line, w.name)
 		}
 	}
 }

@@ -17,6 +17,9 @@ type decl struct {
 	Name string
 	Recv string // the type a method or field belongs to; "" at package level
 	Kind string // "type", "func", "method", "field", "const", "var"
+	// Type is a field's type name (T of T, *T, pkg.T; "" for a map, a
+	// slice or a func), so a page's `Type.field.member` can be followed.
+	Type string
 	Dir  string // slash-separated, relative to the module root
 	File string // slash-separated, relative to the module root
 }
@@ -30,6 +33,8 @@ type Index struct {
 	// byName maps a name to its declarations, at package level and as a
 	// method or field.
 	byName map[string][]decl
+	// byRecv maps a type name to its methods and fields.
+	byRecv map[string][]decl
 	// types maps a type name to the directories declaring it.
 	types map[string][]string
 	// goFiles maps a file's base name to its paths, for a bare `main.go`.
@@ -43,7 +48,7 @@ type Index struct {
 // LoadIndex parses every Go file under root (tests included, testdata and
 // hidden directories not) and notes the root .gitignore's patterns.
 func LoadIndex(root string) (*Index, error) {
-	ix := &Index{Root: root, pkgs: map[string][]string{}, byName: map[string][]decl{},
+	ix := &Index{Root: root, pkgs: map[string][]string{}, byName: map[string][]decl{}, byRecv: map[string][]decl{},
 		types: map[string][]string{}, goFiles: map[string][]string{}}
 	fset := token.NewFileSet()
 	seenPkg := map[string]bool{}
@@ -101,6 +106,9 @@ func mustRel(root, path string) string {
 
 func (ix *Index) add(d decl) {
 	ix.byName[d.Name] = append(ix.byName[d.Name], d)
+	if d.Recv != "" {
+		ix.byRecv[d.Recv] = append(ix.byRecv[d.Recv], d)
+	}
 	if d.Kind == "type" {
 		ix.types[d.Name] = append(ix.types[d.Name], d.Dir)
 	}
@@ -155,8 +163,12 @@ func (ix *Index) addMembers(typ string, t ast.Expr, dir, file string) {
 				names = []*ast.Ident{{Name: n}}
 			}
 		}
+		var fieldType string
+		if kind == "field" {
+			fieldType = recvName(f.Type)
+		}
 		for _, n := range names {
-			ix.add(decl{Name: n.Name, Recv: typ, Kind: kind, Dir: dir, File: file})
+			ix.add(decl{Name: n.Name, Recv: typ, Kind: kind, Dir: dir, File: file, Type: fieldType})
 		}
 	}
 }
