@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Metrics are the series every source exports. Each name means the same
@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.SetState(StateStarting)
 	// Every error class exists from the start, at 0, so rate() and
 	// dashboards see a series before the first error.
-	for _, class := range []publisher.Class{publisher.ClassRetriable, publisher.ClassProducer, publisher.ClassPermanent} {
+	for _, class := range sink.Classes {
 		m.PublishErrors.WithLabelValues(string(class))
 	}
 	return m
@@ -80,22 +80,23 @@ func (m *Metrics) SetState(state State) {
 	}
 }
 
-// Acked counts a record Kafka acknowledged. The per-topic counters are
-// kept, so an ack does not look up its label values again.
-func (m *Metrics) Acked(d publisher.Delivery) {
+// Acked counts a record of bytes the sink acknowledged on topic. The
+// per-topic counters are kept, so an ack does not look up its label
+// values again.
+func (m *Metrics) Acked(topic string, bytes int) {
 	m.mu.Lock()
-	c, ok := m.perTopic[d.Topic]
+	c, ok := m.perTopic[topic]
 	if !ok {
-		c = topicCounters{m.EventsPublished.WithLabelValues(d.Topic), m.BytesPublished.WithLabelValues(d.Topic)}
-		m.perTopic[d.Topic] = c
+		c = topicCounters{m.EventsPublished.WithLabelValues(topic), m.BytesPublished.WithLabelValues(topic)}
+		m.perTopic[topic] = c
 	}
 	m.mu.Unlock()
 	c.events.Inc()
-	c.bytes.Add(float64(d.Bytes))
+	c.bytes.Add(float64(bytes))
 }
 
-// Failed counts a record Kafka failed.
-func (m *Metrics) Failed(class publisher.Class) {
+// Failed counts a record the sink failed, by what it needs.
+func (m *Metrics) Failed(class sink.Class) {
 	m.PublishErrors.WithLabelValues(string(class)).Inc()
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/pg"
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Source is a source's side of the restart loop.
@@ -35,7 +35,7 @@ type Source interface {
 // IsFatal reports whether err needs the operator whatever the source:
 // retrying cannot fix it.
 func IsFatal(err error) bool {
-	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, publisher.ErrAuth) || errors.Is(err, ErrQuarantineWrite)
+	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, sink.ErrAuth) || errors.Is(err, ErrQuarantineWrite)
 }
 
 // maxWaitPoll caps the delay while waiting as a standby: often enough to
@@ -80,7 +80,7 @@ func (l *Restarts) Run(ctx context.Context) error {
 			l.Source.SetState(StateFailed, err)
 			return err
 		}
-		var limit *publisher.BatchLimitError
+		var limit *sink.BatchLimitError
 		if errors.As(err, &limit) {
 			// Not a failure: a topic takes smaller batches than the
 			// producer builds. Every later producer builds smaller ones.
@@ -111,7 +111,7 @@ func (l *Restarts) Run(ctx context.Context) error {
 			waiting = ""
 			l.Source.SetState(StateBackingOff, err)
 			l.Metrics.Restarts.Inc()
-			l.Log.Warn().Str("error", publisher.Explain(err)).Str("retry_in", wait.String()).Int("attempt", attempt).
+			l.Log.Warn().Str("error", sink.Explain(err)).Str("retry_in", wait.String()).Int("attempt", attempt).
 				Msg(l.Source.FailureMessage(ran))
 		}
 		if !l.sleep(ctx, wait) {

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/rs/zerolog"
-
-	"github.com/outbox-relay/outbox-relay/publisher"
 )
 
 // scripted is a source whose sessions end as its script says; the last
@@ -69,7 +68,7 @@ func TestRestartsShrinksTheBatchLimitWaitsAndCountsFailures(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	src := &scripted{cancel: cancel, waiting: StateWaitingForSlot,
-		script: []error{&publisher.BatchLimitError{Topic: "t", MaxMessageBytes: 1000}, errHeld, errors.New("kafka down"), nil},
+		script: []error{&sink.BatchLimitError{Topic: "t", MaxMessageBytes: 1000}, errHeld, errors.New("kafka down"), nil},
 		ran:    []bool{false, false, false, false}}
 	var delays []time.Duration
 	m := NewMetrics(nil)

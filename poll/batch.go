@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -194,12 +195,12 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 		class := res.err.Class
 		w.p.metrics.Failed(class)
 		switch {
-		case class == publisher.ClassPermanent && cfg.OnPermanentError == OnPermanentHalt:
+		case class == sink.ClassPermanent && cfg.OnPermanentError == OnPermanentHalt:
 			failures = append(failures, failure{seq: r.seq, delay: cfg.BackoffMin, class: string(class), msg: res.err.Error()})
 			if halt == nil {
 				halt = fmt.Errorf("%w: %s (--on-permanent-error halt); %s", errHalted, res.err.Error(), res.err.Advice())
 			}
-		case class == publisher.ClassPermanent || r.attempts >= cfg.MaxAttempts:
+		case class == sink.ClassPermanent || r.attempts >= cfg.MaxAttempts:
 			if err := w.quarantineRow(ctx, r, res.err); err != nil {
 				return err
 			}
@@ -228,7 +229,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 	if halt != nil {
 		return halt
 	}
-	if firstFailure != nil && firstFailure.Class == publisher.ClassProducer {
+	if firstFailure != nil && firstFailure.Class == sink.ClassProducer {
 		return fmt.Errorf("kafka producer needs a restart: %w", firstFailure)
 	}
 	return nil
@@ -237,7 +238,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 // quarantineRow keeps a refused event in the quarantine table, then marks
 // its row, which holds back its aggregate until `quarantine replay`.
 func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.Error) error {
-	f := store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: publisher.Explain(perr)}
+	f := store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 	q := store.QuarantinedEvent(&r.ev, f)
 	if perr.Record != nil {
 		q = store.QuarantinedRecord(perr.Record.Shaped(), f)

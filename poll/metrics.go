@@ -63,7 +63,7 @@ func (m *Metrics) observeClaim(rows int) {
 }
 
 func (m *Metrics) observeAck(d publisher.Delivery, insertedAt time.Time) {
-	m.Acked(d)
+	m.Acked(d.Topic, d.Bytes)
 	if !insertedAt.IsZero() {
 		m.InsertToAck.Observe(d.At.Sub(insertedAt).Seconds())
 	}

@@ -13,17 +13,18 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ConnectError explains a failure to connect to the brokers. An
-// authentication or certificate failure wraps ErrAuth: retrying in the same
+// authentication or certificate failure wraps sink.ErrAuth: retrying in the same
 // process cannot fix it. Under --kafka-tls it asks each broker, in
 // plaintext, whether it speaks Kafka that way: a plaintext listener fails
 // the TLS handshake only with a timeout or a closed connection, which names
 // nothing.
 func ConnectError(cfg Config, err error) error {
 	if authFailure(err) {
-		return fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", ErrAuth, cfg.Brokers, err)
+		return fmt.Errorf("%w: kafka brokers %v refused the relay's credentials or certificate: %v (check the SASL user and password, --kafka-tls-ca and --kafka-tls-server-name)", sink.ErrAuth, cfg.Brokers, err)
 	}
 	if cfg.Security.TLS {
 		for _, broker := range cfg.Brokers {

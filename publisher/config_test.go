@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 func TestConfigValidateNamesTheFlag(t *testing.T) {
@@ -112,7 +114,7 @@ func TestValidBroker(t *testing.T) {
 // Issue 24.15: the quarantine log said "the relay will not skip the event"
 // while the stream went on past it.
 func TestPermanentAdviceSaysWhereTheEventIs(t *testing.T) {
-	advice := (&Error{Class: ClassPermanent, Err: errors.New("refused")}).Advice()
+	advice := (&Error{Class: sink.ClassPermanent, Err: errors.New("refused")}).Advice()
 	if strings.Contains(advice, "will not skip") || !strings.Contains(advice, "quarantine replay") {
 		t.Errorf("advice %q", advice)
 	}

@@ -11,10 +11,11 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// sink is what both sinks offer the read loop.
-type sink interface {
+// recordSink is what both sinks offer the read loop.
+type recordSink interface {
 	Build(ev *event.Event) (*Record, error)
 	Input() chan<- Item
 	Outcomes() <-chan Outcome
@@ -26,7 +27,7 @@ type sink interface {
 // wait for them.
 type driver struct {
 	t testing.TB
-	s sink
+	s recordSink
 
 	mu        sync.Mutex
 	sent      int
@@ -37,7 +38,7 @@ type driver struct {
 	collected chan struct{} // closed once Outcomes is
 }
 
-func drive(t testing.TB, s sink) *driver {
+func drive(t testing.TB, s recordSink) *driver {
 	d := &driver{t: t, s: s, changed: make(chan struct{}, 1), collected: make(chan struct{})}
 	go d.collect()
 	t.Cleanup(func() { d.close(10 * time.Second) })
@@ -95,7 +96,7 @@ func (d *driver) stream(ctx context.Context, txns []sourceTxn, progress func(lsn
 			r, err := d.build(ctx, ev)
 			if err != nil {
 				var perr *Error
-				if errors.As(err, &perr) && perr.Class == ClassPermanent {
+				if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
 					quarantined = append(quarantined, string(ev.EventID))
 					continue
 				}

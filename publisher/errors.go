@@ -6,27 +6,14 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/eapache/go-resiliency/breaker"
-)
-
-// Class says what a failed record needs.
-type Class string
-
-const (
-	// ClassRetriable: the broker may accept the record later. The caller
-	// re-streams from its confirmed position; the slot holds the events.
-	ClassRetriable Class = "retriable"
-	// ClassProducer: the producer's idempotence state is broken (sequence
-	// or epoch errors). The caller makes a new producer and re-streams.
-	ClassProducer Class = "producer"
-	// ClassPermanent: Kafka will never accept this record as it is.
-	ClassPermanent Class = "permanent"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Error is the failure of one record, naming the event and where it went.
 // Its message says what failed; Advice says what to do about it, and
-// Explain puts the two together where an error reaches the operator.
+// sink.Explain puts the two together where an error reaches the operator.
 type Error struct {
-	Class     Class
+	Class     sink.Class
 	EventID   string
 	Topic     string
 	Partition int32 // -1 when the record never reached a partition
@@ -41,23 +28,6 @@ func (e *Error) Error() string {
 		where = fmt.Sprintf("topic %s partition %d", e.Topic, e.Partition)
 	}
 	return fmt.Sprintf("kafka %s error for event %s, %s: %v", e.Class, e.EventID, where, e.Err)
-}
-
-// Explain is err as the operator reads it: its message, then the advice of
-// the *Error it wraps, if any, once. The advice is not part of Error(), so
-// an error wrapped on its way up (fmt.Errorf("...: %w", err), or an *Error
-// inside another) does not repeat it; what shows an error to the operator
-// (an exit message, a command's output) calls Explain, and a log line can
-// carry Advice in a field of its own instead.
-func Explain(err error) string {
-	if err == nil {
-		return ""
-	}
-	var perr *Error
-	if !errors.As(err, &perr) {
-		return err.Error()
-	}
-	return err.Error() + "; " + perr.Advice()
 }
 
 func (e *Error) Unwrap() error { return e.Err }
@@ -82,7 +52,7 @@ func (e *Error) Advice() string {
 	case errors.Is(e.Err, ErrBadContent):
 		return "a message exists only in the WAL, so the quarantine table's row is its only copy (raw holds the content as it was emitted; under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
 			"Fix the writer that emitted it; to deliver this event, set the row's columns from raw and clear content_problem (UPDATE on the quarantine table, by event_id), then run `outbox-relay quarantine replay`"
-	case e.Class == ClassPermanent:
+	case e.Class == sink.ClassPermanent:
 		return "fix the row or the topic, then `outbox-relay quarantine replay` it; the event is kept in the quarantine table (or, under --on-permanent-error halt, the relay stops on it), never dropped"
 	}
 	return "the relay re-streams from its confirmed position"
@@ -97,29 +67,29 @@ func isLocalSize(err error) bool {
 var errInvalidTopicName = errors.New("invalid topic name")
 
 // Classify sorts a producer error into the action it needs.
-func Classify(err error) Class {
+func Classify(err error) sink.Class {
 	var kerr sarama.KError
 	if errors.As(err, &kerr) {
 		switch kerr {
 		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed,
 			sarama.ErrClusterAuthorizationFailed, sarama.ErrInvalidRecord,
 			sarama.ErrUnknownTopicOrPartition, sarama.ErrPolicyViolation:
-			return ClassPermanent
+			return sink.ClassPermanent
 		case sarama.ErrOutOfOrderSequenceNumber, sarama.ErrInvalidProducerEpoch, sarama.ErrUnknownProducerID,
 			sarama.ErrDuplicateSequenceNumber, sarama.ErrProducerFenced, sarama.ErrInvalidProducerIDMapping:
-			return ClassProducer
+			return sink.ClassProducer
 		}
-		return ClassRetriable
+		return sink.ClassRetriable
 	}
 	var cerr sarama.ConfigurationError
 	if errors.As(err, &cerr) {
 		// sarama's own Producer.MaxMessageBytes check, made before sending.
-		return ClassPermanent
+		return sink.ClassPermanent
 	}
 	if errors.Is(err, errInvalidTopicName) || isLocalSize(err) {
-		return ClassPermanent
+		return sink.ClassPermanent
 	}
-	return ClassRetriable
+	return sink.ClassRetriable
 }
 
 // LocalSizeError is a record the publisher refused before sending it: it is

@@ -39,7 +39,7 @@ type Config struct {
 	// smallest max.message.bytes of the target topics.
 	MaxMessageBytes int
 	// BatchLimit, when set below MaxMessageBytes, is what the producer uses
-	// instead: a topic takes smaller batches (see BatchLimitError). Errors
+	// instead: a topic takes smaller batches (see sink.BatchLimitError). Errors
 	// still quote MaxMessageBytes, the value the operator gave.
 	BatchLimit int
 
@@ -175,11 +175,6 @@ type TxnReport struct {
 	Split bool
 }
 
-// ErrAuth marks a Kafka authentication or certificate failure. Retrying in
-// the same process cannot fix it (credentials are read at start), so the
-// relay exits and its supervisor restarts it with what the operator fixed.
-var ErrAuth = errors.New("kafka authentication failed")
-
 func authFailure(err error) bool {
 	var certErr *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
@@ -298,7 +293,7 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 
 // Build turns an event into a record. It fails with a permanent *Error when
 // Kafka could never accept the record (bad topic name, missing topic, too
-// large, malformed headers), with a *BatchLimitError when the topic needs a
+// large, malformed headers), with a *sink.BatchLimitError when the topic needs a
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
@@ -396,18 +391,6 @@ func (c Config) batchBytes() int {
 		return c.BatchLimit
 	}
 	return c.MaxMessageBytes
-}
-
-// BatchLimitError says a topic accepts smaller batches than the producer
-// builds. The caller restarts with BatchLimit lowered to the limit;
-// otherwise a batch of small records could exceed the topic's limit.
-type BatchLimitError struct {
-	Topic           string
-	MaxMessageBytes int
-}
-
-func (e *BatchLimitError) Error() string {
-	return fmt.Sprintf("topic %s accepts batches of at most %d bytes; restarting the producer with that limit", e.Topic, e.MaxMessageBytes)
 }
 
 // drainOutcomes passes each ack and failure to Outcomes until the producer

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Golden vectors from Kafka's UtilsTest.testMurmur2: placement must match the
@@ -212,19 +213,19 @@ func TestValidTopicName(t *testing.T) {
 }
 
 func TestClassify(t *testing.T) {
-	for err, want := range map[error]Class{
-		sarama.ErrMessageSizeTooLarge:                     ClassPermanent,
-		sarama.ErrInvalidTopic:                            ClassPermanent,
-		sarama.ErrTopicAuthorizationFailed:                ClassPermanent,
-		sarama.ErrUnknownTopicOrPartition:                 ClassPermanent,
-		sarama.ConfigurationError("too large"):            ClassPermanent,
-		sarama.ErrOutOfOrderSequenceNumber:                ClassProducer,
-		sarama.ErrInvalidProducerEpoch:                    ClassProducer,
-		sarama.ErrNotLeaderForPartition:                   ClassRetriable,
-		sarama.ErrNotEnoughReplicas:                       ClassRetriable,
-		sarama.ErrRequestTimedOut:                         ClassRetriable,
-		errors.New("dial tcp: connection refused"):        ClassRetriable,
-		fmt.Errorf("wrapped: %w", sarama.ErrInvalidTopic): ClassPermanent,
+	for err, want := range map[error]sink.Class{
+		sarama.ErrMessageSizeTooLarge:                     sink.ClassPermanent,
+		sarama.ErrInvalidTopic:                            sink.ClassPermanent,
+		sarama.ErrTopicAuthorizationFailed:                sink.ClassPermanent,
+		sarama.ErrUnknownTopicOrPartition:                 sink.ClassPermanent,
+		sarama.ConfigurationError("too large"):            sink.ClassPermanent,
+		sarama.ErrOutOfOrderSequenceNumber:                sink.ClassProducer,
+		sarama.ErrInvalidProducerEpoch:                    sink.ClassProducer,
+		sarama.ErrNotLeaderForPartition:                   sink.ClassRetriable,
+		sarama.ErrNotEnoughReplicas:                       sink.ClassRetriable,
+		sarama.ErrRequestTimedOut:                         sink.ClassRetriable,
+		errors.New("dial tcp: connection refused"):        sink.ClassRetriable,
+		fmt.Errorf("wrapped: %w", sarama.ErrInvalidTopic): sink.ClassPermanent,
 	} {
 		if got := Classify(err); got != want {
 			t.Errorf("Classify(%v) = %s, want %s", err, got, want)
@@ -233,8 +234,8 @@ func TestClassify(t *testing.T) {
 }
 
 func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
-	e := &Error{Class: ClassPermanent, EventID: "abc", Topic: "t", Partition: 3, Err: sarama.ErrMessageSizeTooLarge}
-	msg := Explain(e)
+	e := &Error{Class: sink.ClassPermanent, EventID: "abc", Topic: "t", Partition: 3, Err: sarama.ErrMessageSizeTooLarge}
+	msg := sink.Explain(e)
 	for _, want := range []string{"abc", "topic t partition 3", "max.message.bytes"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("%q lacks %q", msg, want)
@@ -245,14 +246,14 @@ func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
 // Error() carried its advice, so the advice went wherever the message
 // went: into every wrap, beside log lines that said the same, and twice
 // into the message of an *Error wrapped inside another. The message now
-// leaves the advice out, and Explain, which the places an operator reads
+// leaves the advice out, and sink.Explain, which the places an operator reads
 // call, gives it once: as is, wrapped with %w, or inside another *Error.
 func TestExplainGivesTheAdviceOnce(t *testing.T) {
 	ev := sampleEvent()
 	unmapped := UnmappedRow(ev, `no column "aggregate_id"`, stringer("0/16B3748"))
-	size := &Error{Class: ClassPermanent, EventID: "abc", Topic: "t", Partition: -1,
+	size := &Error{Class: sink.ClassPermanent, EventID: "abc", Topic: "t", Partition: -1,
 		Err: &LocalSizeError{Size: 5000, Limit: 3900, TopicMax: 4000, ProducerMax: 1000000}}
-	retriable := &Error{Class: ClassRetriable, EventID: "abc", Topic: "t", Partition: 2, Err: sarama.ErrNotLeaderForPartition}
+	retriable := &Error{Class: sink.ClassRetriable, EventID: "abc", Topic: "t", Partition: 2, Err: sarama.ErrNotLeaderForPartition}
 	for name, perr := range map[string]*Error{"unmapped row": unmapped, "local size": size, "retriable": retriable} {
 		advice := perr.Advice()
 		for how, err := range map[string]error{
@@ -263,13 +264,13 @@ func TestExplainGivesTheAdviceOnce(t *testing.T) {
 			if strings.Contains(err.Error(), advice) {
 				t.Errorf("%s, %s: the message carries the advice: %s", name, how, err)
 			}
-			if got := strings.Count(Explain(err), advice); got != 1 {
-				t.Errorf("%s, %s: the advice appears %d times in %q", name, how, got, Explain(err))
+			if got := strings.Count(sink.Explain(err), advice); got != 1 {
+				t.Errorf("%s, %s: the advice appears %d times in %q", name, how, got, sink.Explain(err))
 			}
 		}
 	}
-	if Explain(errors.New("plain")) != "plain" || Explain(nil) != "" {
-		t.Error("Explain changes an error that is not a publisher error")
+	if sink.Explain(errors.New("plain")) != "plain" || sink.Explain(nil) != "" {
+		t.Error("sink.Explain changes an error that is not a publisher error")
 	}
 }
 
@@ -373,14 +374,14 @@ func TestLocalSizeCheckIsNotABrokerError(t *testing.T) {
 	ev.Payload = []byte(`"` + strings.Repeat("x", 400) + `"`)
 	_, err = r.build(ev)
 	var perr *Error
-	if !errors.As(err, &perr) || perr.Class != ClassPermanent || perr.Partition != -1 {
+	if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent || perr.Partition != -1 {
 		t.Fatalf("Build: %v, want a permanent error before any partition", err)
 	}
 	msg := perr.Error()
 	if strings.Contains(msg, "kafka server") || !strings.Contains(msg, "before sending") {
 		t.Fatalf("error %q reads as a broker's answer", msg)
 	}
-	if !strings.Contains(perr.Advice(), "max.message.bytes") || Classify(perr.Err) != ClassPermanent {
+	if !strings.Contains(perr.Advice(), "max.message.bytes") || Classify(perr.Err) != sink.ClassPermanent {
 		t.Fatalf("advice %q / class %s", perr.Advice(), Classify(perr.Err))
 	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ErrUnmappedRow marks a row written while the outbox table lacked a
@@ -16,7 +17,7 @@ var ErrUnmappedRow = errors.New("row cannot be published")
 // UnmappedRow is the error of such a row, with the reason the decoder gave
 // and the row's WAL position.
 func UnmappedRow(ev *event.Event, reason string, at fmt.Stringer) *Error {
-	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+	return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
 		Err: fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at)}
 }
 
@@ -28,7 +29,7 @@ var ErrBadContent = errors.New("message cannot be published")
 // BadContent is the error of such a message, with the reason the decoder
 // gave and the message's WAL position.
 func BadContent(ev *event.Event, reason string, at fmt.Stringer) *Error {
-	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+	return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
 		Err: fmt.Errorf("%w: %s; the message is at WAL position %s", ErrBadContent, reason, at)}
 }
 
@@ -62,7 +63,7 @@ func CheckRow(ev *event.Event) *Error {
 			continue
 		}
 		if col.value == nil || col.nonEmpty && len(col.value) == 0 {
-			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+			return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
 				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", l.Column(col.field))}
 		}
 	}

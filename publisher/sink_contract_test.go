@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/twmb/franz-go/pkg/kerr"
 
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -22,16 +23,16 @@ func TestSinkContract(t *testing.T) {
 	for _, kind := range []struct {
 		name          string
 		transactional bool
-		start         func(t *testing.T, cfg Config) sink
+		start         func(t *testing.T, cfg Config) recordSink
 	}{
-		{"at-least-once", false, func(t *testing.T, cfg Config) sink {
+		{"at-least-once", false, func(t *testing.T, cfg Config) recordSink {
 			p, err := New(cfg, zerolog.Nop())
 			if err != nil {
 				t.Fatal(err)
 			}
 			return p
 		}},
-		{"exactly-once", true, func(t *testing.T, cfg Config) sink {
+		{"exactly-once", true, func(t *testing.T, cfg Config) recordSink {
 			tcfg := DefaultTxnConfig()
 			tcfg.TransactionalID = "contract-" + t.Name()
 			tcfg.Interval = time.Hour // only ends past the batch size and flushes commit
@@ -154,7 +155,7 @@ func TestSinkContract(t *testing.T) {
 					// of it fails, retriable, to be re-streamed, and the
 					// sink is spent.
 					acked, failed := d.counts()
-					if acked != 0 || failed != 3 || perr.Class != ClassRetriable || !errors.Is(perr, ErrTxnAborted) || perr.Partition != -1 {
+					if acked != 0 || failed != 3 || perr.Class != sink.ClassRetriable || !errors.Is(perr, ErrTxnAborted) || perr.Partition != -1 {
 						t.Fatalf("%d acked, %d failed, first %v (class %s); want all 3 failed as an aborted transaction", acked, failed, perr, perr.Class)
 					}
 					if _, err := d.stream(ctx, makeTxns("contractfail-after", 1, 1, 1), nil); err != nil {
@@ -167,7 +168,7 @@ func TestSinkContract(t *testing.T) {
 					// Kafka refused that record, and its request's other
 					// records with it: permanent, named by event.
 					for _, f := range d.failures() {
-						if f.Class != ClassPermanent {
+						if f.Class != sink.ClassPermanent {
 							t.Fatalf("failure %v as %s, want permanent", f, f.Class)
 						}
 					}
@@ -186,7 +187,7 @@ func TestSinkContract(t *testing.T) {
 				ev.AggregateType = []byte("no such/topic")
 				_, err := d.build(ctx, ev)
 				var perr *Error
-				if !errors.As(err, &perr) || perr.Class != ClassPermanent || perr.EventID != string(ev.EventID) {
+				if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent || perr.EventID != string(ev.EventID) {
 					t.Fatalf("Build for an invalid topic: %v, want a permanent error naming the event", err)
 				}
 			})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -81,7 +82,7 @@ func TestSpanTableEndsEverySpanOnce(t *testing.T) {
 	}
 	now := time.Now()
 	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[0], Partition: 2, Offset: 9, At: now}})
-	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[1], Partition: -1, Offset: -1, At: now}, Err: &Error{Class: ClassPermanent, Err: errors.New("refused")}})
+	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[1], Partition: -1, Offset: -1, At: now}, Err: &Error{Class: sink.ClassPermanent, Err: errors.New("refused")}})
 	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[0], At: now}}) // a second outcome ends nothing
 	r.spans.abandon()
 	ended := spans.Ended()

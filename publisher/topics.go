@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -90,7 +91,7 @@ func (e *TopicPendingError) Error() string {
 
 // build turns an event into a record. It fails with a permanent *Error when
 // Kafka could never accept the record (bad topic name, missing topic, too
-// large, malformed headers), with a *BatchLimitError when the topic needs a
+// large, malformed headers), with a *sink.BatchLimitError when the topic needs a
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
@@ -101,7 +102,7 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	}
 	r, err := build(ev, topic.name)
 	if err != nil {
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
+		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
 	}
 	var span *tracing.Span
 	if t.cfg.Tracing != nil {
@@ -117,7 +118,7 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 			sizeErr.LoweredTo = t.cfg.batchBytes()
 		}
 		span.End(-1, -1, sizeErr, time.Now())
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
+		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
 	}
 	if span != nil {
 		t.spans.put(r, span)
@@ -186,7 +187,7 @@ func (t *topicResolver) lookUp(name, eventID string) (*topicInfo, error) {
 // whole batch and take innocent neighbours, and their order, down with it.
 func (t *topicResolver) discover(name string) (*topicInfo, error) {
 	if err := validTopicName(name); err != nil {
-		return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1, Err: err}
+		return nil, &Error{Class: sink.ClassPermanent, Topic: name, Partition: -1, Err: err}
 	}
 	deadline := time.Now().Add(t.cfg.TopicWait)
 	for {
@@ -201,7 +202,7 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 			return nil, fmt.Errorf("look up topic %s: %w", name, err)
 		}
 		if time.Now().After(deadline) {
-			return nil, &Error{Class: ClassPermanent, Topic: name, Partition: -1,
+			return nil, &Error{Class: sink.ClassPermanent, Topic: name, Partition: -1,
 				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
 		}
 		// The broker may be creating the topic: poll its metadata.
@@ -224,7 +225,7 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 		}
 	}
 	if info.maxBytes-recordBatchOverhead < t.cfg.batchBytes() {
-		return nil, &BatchLimitError{Topic: name, MaxMessageBytes: info.maxBytes - recordBatchOverhead}
+		return nil, &sink.BatchLimitError{Topic: name, MaxMessageBytes: info.maxBytes - recordBatchOverhead}
 	}
 	t.log.Debug().Str("topic", name).Int("max_message_bytes", info.maxBytes).Msg("topic ready")
 	return info, nil

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ErrFenced means another producer with the same transactional id started:
@@ -29,7 +30,7 @@ var ErrTxnAborted = errors.New("kafka transaction aborted")
 // ClassFenced is the class of the failures reported after the producer was
 // fenced. Unlike the other classes it is fatal to the producer's session and
 // to the instance: another instance now owns the transactional id.
-const ClassFenced Class = "fenced"
+const ClassFenced sink.Class = "fenced"
 
 // TransactionalID is the default transactional.id of a relay: the
 // replication slot and the database's system identifier, the same pair that

@@ -3,6 +3,8 @@ package publisher
 import (
 	"fmt"
 	"sync"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // PoisonMemory remembers, across sessions, events Kafka refused inside a
@@ -48,7 +50,7 @@ func (m *PoisonMemory) suspect(eventID []byte) bool {
 func (m *PoisonMemory) learn(failures []failure, isolated bool) int {
 	var refused []failure
 	for _, f := range failures {
-		if f.record != nil && Classify(f.err) == ClassPermanent {
+		if f.record != nil && Classify(f.err) == sink.ClassPermanent {
 			refused = append(refused, f)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // TxnSink is the exactly-once sink, behind the same channels as Publisher:
@@ -128,7 +129,7 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 // blocks, and must be called from one goroutine.
 func (s *TxnSink) Build(ev *event.Event) (*Record, error) {
 	if err := s.cfg.Poison.refused(ev.EventID); err != nil {
-		return nil, &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
+		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
 	}
 	r, err := s.topics.build(ev)
 	if err == nil {
@@ -643,7 +644,7 @@ func (o *txnLoop) progress() {
 			f := o.failures[0]
 			o.log.Error().Err(f.err).Msg("kafka transaction committed although one of its records failed; re-streaming, which duplicates the transaction's other records")
 			o.spend(fmt.Errorf("%w: kafka transaction committed without a failed record: %w", ErrTxnAborted, f.err))
-			o.failAll(ClassRetriable)
+			o.failAll(sink.ClassRetriable)
 		default:
 			o.committed()
 		}
@@ -695,7 +696,7 @@ func (o *txnLoop) aborted(gaveUp bool) {
 		// An abort that did not go through leaves the producer unusable.
 		o.log.Error().Err(abortErr).Msg("could not abort the kafka transaction; the broker aborts it at its timeout")
 	}
-	class := ClassRetriable
+	class := sink.ClassRetriable
 	if fenced(cause) {
 		class = ClassFenced
 	} else {
@@ -750,7 +751,7 @@ func (o *txnLoop) spend(err error) {
 }
 
 // failAll reports every record of the transaction failed.
-func (o *txnLoop) failAll(class Class) {
+func (o *txnLoop) failAll(class sink.Class) {
 	for i, r := range o.batch {
 		if r != nil {
 			o.failOneAs(r, o.broken, class)
@@ -778,14 +779,14 @@ func (o *txnLoop) eventIDs(yield func(string) bool) {
 }
 
 func (o *txnLoop) failOne(r *Record, err error) {
-	class := ClassRetriable
+	class := sink.ClassRetriable
 	if errors.Is(err, ErrFenced) {
 		class = ClassFenced
 	}
 	o.failOneAs(r, err, class)
 }
 
-func (o *txnLoop) failOneAs(r *Record, err error, class Class) {
+func (o *txnLoop) failOneAs(r *Record, err error, class sink.Class) {
 	d := failedDelivery(r)
 	// No partition: read_committed readers never see an aborted record,
 	// so its re-delivery cannot land out of order.

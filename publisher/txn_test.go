@@ -16,6 +16,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -486,7 +487,7 @@ func TestTxnUnansweredCommitGivesUpAtTheTimeout(t *testing.T) {
 		t.Fatalf("%d acked and %d failed; want 0 and all %d failed", acked, failed, want)
 	}
 	for _, f := range d.failures() {
-		if f.Class != ClassRetriable {
+		if f.Class != sink.ClassRetriable {
 			t.Fatalf("a record failed as %v; want retriable, to be re-streamed: %v", f.Class, f)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -57,7 +58,7 @@ func (r *republisher) Acked(d publisher.Delivery) {
 
 func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 	defer r.inFlight.Done()
-	if perr.Class == publisher.ClassPermanent && perr.Record != nil && r.quarantine != nil {
+	if perr.Class == sink.ClassPermanent && perr.Record != nil && r.quarantine != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := r.quarantine.Put(ctx, store.QuarantinedRecord(perr.Record.Shaped(), failure(perr)))
 		cancel()
@@ -68,12 +69,12 @@ func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 		perr = &publisher.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
-	r.fail(r.indexOf(d.Record), publisher.Explain(perr))
+	r.fail(r.indexOf(d.Record), sink.Explain(perr))
 }
 
 // failure is what the quarantine table keeps of why an event failed.
 func failure(perr *publisher.Error) store.Failure {
-	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: publisher.Explain(perr)}
+	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 }
 
 func (r *republisher) quarantined(i int, perr *publisher.Error) {
@@ -136,7 +137,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			return nil // the table returned the row twice (a text id without a key)
 		}
 		rec, err := build(ctx, pub, ev)
-		var limit *publisher.BatchLimitError
+		var limit *sink.BatchLimitError
 		if errors.As(err, &limit) {
 			// The topic takes smaller batches: flush what is in flight and
 			// go on with a producer built for them, as `run` does.
@@ -154,14 +155,14 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		}
 		var perr *publisher.Error
 		switch {
-		case errors.As(err, &perr) && perr.Class == publisher.ClassPermanent && r.quarantine != nil:
+		case errors.As(err, &perr) && perr.Class == sink.ClassPermanent && r.quarantine != nil:
 			if qerr := r.quarantine.Put(ctx, store.QuarantinedEvent(ev, failure(perr))); qerr != nil {
 				return qerr
 			}
 			r.quarantined(i, perr)
 			return nil
 		case err != nil:
-			r.fail(i, publisher.Explain(err))
+			r.fail(i, sink.Explain(err))
 			return nil
 		}
 		r.mu.Lock()

@@ -29,7 +29,7 @@ type SlotReport struct {
 // server's connections or hang on a dead one.
 func (r *Relay) slotReport(now time.Time) SlotReport {
 	status := r.Status()
-	reading := r.slotReading()
+	reading := r.slot.lastReading()
 	report := SlotReport{Relay: &status, Slot: reading.info, SlotError: reading.err}
 	if reading.at.IsZero() {
 		report.SlotError = "the slot has not been read yet; the relay reads it every few seconds"

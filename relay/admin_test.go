@@ -49,8 +49,9 @@ func TestSlotServesThePollersReading(t *testing.T) {
 	}
 
 	readAt := time.Now().Add(-3 * time.Second)
-	r.noteSlotReading(&replication.SlotInfo{Name: "outbox_relay", Plugin: "pgoutput", Active: true}, true, nil, readAt)
-	r.noteQuarantined(7)
+	watch := r.newSlotWatch()
+	watch.noteReading(&replication.SlotInfo{Name: "outbox_relay", Plugin: "pgoutput", Active: true}, true, nil, readAt)
+	watch.view.noteQuarantined(7)
 	report := get()
 	if report.SlotError != "" || report.Slot == nil || report.Slot.Name != "outbox_relay" || !report.Slot.Active {
 		t.Fatalf("after a reading: %+v", report)
@@ -65,7 +66,7 @@ func TestSlotServesThePollersReading(t *testing.T) {
 		t.Errorf("relay status %+v, want the poller's quarantine count", report.Relay)
 	}
 
-	r.noteSlotReading(nil, false, nil, time.Now())
+	watch.noteReading(nil, false, nil, time.Now())
 	if missing := get(); missing.Slot != nil || !strings.Contains(missing.SlotError, "does not exist") {
 		t.Errorf("a missing slot: %+v", missing)
 	}

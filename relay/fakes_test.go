@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // patience bounds every wait for the loop in these tests. The loop runs on
@@ -278,7 +279,7 @@ func (k *fakeSink) Build(ev *event.Event) (*publisher.Record, error) {
 		}
 	}
 	if k.missing[topic] {
-		return nil, &publisher.Error{Class: publisher.ClassPermanent, EventID: string(ev.EventID), Topic: topic, Partition: -1,
+		return nil, &publisher.Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic, Partition: -1,
 			Err: errors.New("topic does not exist")}
 	}
 	return publisher.BuildRecord(ev, topic)
@@ -348,7 +349,7 @@ func (k *fakeSink) ack(r *publisher.Record) {
 	k.report(publisher.Outcome{Delivery: k.delivery(r)})
 }
 
-func (k *fakeSink) fail(r *publisher.Record, class publisher.Class, err error) {
+func (k *fakeSink) fail(r *publisher.Record, class sink.Class, err error) {
 	d := k.delivery(r)
 	k.report(publisher.Outcome{Delivery: d, Err: &publisher.Error{Class: class, EventID: r.EventID(),
 		Topic: d.Topic, Partition: d.Partition, Err: err, Record: r}})
@@ -448,7 +449,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	rig.relay.clock = rig.clock
 	rig.readLoop = newReadLoop(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
 	if o.recover {
-		rig.readLoop.newSink = func() (sink, error) {
+		rig.readLoop.newSink = func() (recordSink, error) {
 			if rig.kafkaDown.Load() {
 				return nil, errors.New("connect to kafka brokers: connection refused")
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -69,7 +70,7 @@ type loopEnv struct {
 	alive  func()
 	// slot is the slot watch's view of the slot's position, for the age
 	// of unpublished events while the loop reads nothing (nil: none).
-	slot *slotPosition
+	slot *slotView
 	// keeper keeps what the progress records Kafka stored say.
 	keeper   *progressKeeper
 	delivery *exactlyOnce
@@ -86,7 +87,7 @@ type loopEnv struct {
 type readLoop struct {
 	loopEnv
 	source     source
-	sink       sink
+	sink       recordSink
 	tracker    *lsn.Tracker
 	quarantine *quarantiner // nil when permanent errors halt the relay
 
@@ -112,7 +113,7 @@ type readLoop struct {
 
 	// newSink makes a sink, to learn when Kafka is back after a failure;
 	// nil: a Kafka failure ends the session at once.
-	newSink func() (sink, error)
+	newSink func() (recordSink, error)
 
 	// txnSink says the sink writes Kafka transactions: it gets the end of
 	// every source transaction, with the progress record to write there,
@@ -126,7 +127,7 @@ type readLoop struct {
 	closing sync.WaitGroup // abandoned sinks being closed
 }
 
-func newReadLoop(env loopEnv, src source, snk sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
+func newReadLoop(env loopEnv, src source, snk recordSink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
 	return &readLoop{
 		loopEnv: env, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,
@@ -479,7 +480,7 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 	}
 	if err != nil {
 		var perr *publisher.Error
-		if !errors.As(err, &perr) || perr.Class != publisher.ClassPermanent {
+		if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent {
 			return err
 		}
 		s.metrics.Failed(perr.Class)

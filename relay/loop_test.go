@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Acks arrive in any order; the flush position may only pass a transaction
@@ -260,20 +261,20 @@ func TestLoopEndsSessionOnEveryErrorClass(t *testing.T) {
 		want  error
 	}{
 		{name: "retriable", fail: func(rig *loopRig, r *publisher.Record) {
-			rig.sink.fail(r, publisher.ClassRetriable, sarama.ErrNotLeaderForPartition)
+			rig.sink.fail(r, sink.ClassRetriable, sarama.ErrNotLeaderForPartition)
 		}, want: sarama.ErrNotLeaderForPartition},
 		{name: "sequence", fail: func(rig *loopRig, r *publisher.Record) {
-			rig.sink.fail(r, publisher.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
+			rig.sink.fail(r, sink.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
 		}, want: sarama.ErrOutOfOrderSequenceNumber},
 		{name: "epoch", fail: func(rig *loopRig, r *publisher.Record) {
-			rig.sink.fail(r, publisher.ClassProducer, sarama.ErrInvalidProducerEpoch)
+			rig.sink.fail(r, sink.ClassProducer, sarama.ErrInvalidProducerEpoch)
 		}, want: sarama.ErrInvalidProducerEpoch},
 		{name: "permanent, halt", fail: func(rig *loopRig, r *publisher.Record) {
-			rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
+			rig.sink.fail(r, sink.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 		}, fatal: true, want: sarama.ErrMessageSizeTooLarge},
 		{name: "auth", fail: func(rig *loopRig, r *publisher.Record) {
-			rig.sink.fail(r, publisher.ClassRetriable, fmt.Errorf("%w: SASL", publisher.ErrAuth))
-		}, fatal: true, want: publisher.ErrAuth},
+			rig.sink.fail(r, sink.ClassRetriable, fmt.Errorf("%w: SASL", sink.ErrAuth))
+		}, fatal: true, want: sink.ErrAuth},
 		{name: "stream", fail: func(rig *loopRig, _ *publisher.Record) {
 			rig.source.steps <- sourceStep{err: streamErr}
 		}, want: streamErr},
@@ -309,7 +310,7 @@ func TestLoopQuarantineNeverReordersAcks(t *testing.T) {
 	rig := startLoop(t, rigOptions{quarantine: q})
 	r1 := rig.txn(t, 2000, "e1")[0]
 	r2 := rig.txn(t, 3000, "e2")[0]
-	rig.sink.fail(r1, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
+	rig.sink.fail(r1, sink.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 	rig.sink.ack(r2)
 	rig.turn(t)
 	rig.turn(t)
@@ -345,7 +346,7 @@ func TestLoopQuarantineWriteFailureIsFatal(t *testing.T) {
 		q := &fakeQuarantine{err: fmt.Errorf("quarantine event e1: %w", c.err)}
 		rig := startLoop(t, rigOptions{quarantine: q})
 		r := rig.txn(t, 2000, "e1")[0]
-		rig.sink.fail(r, publisher.ClassPermanent, sarama.ErrMessageSizeTooLarge)
+		rig.sink.fail(r, sink.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 		err := rig.untilEnd(t)
 		if !errors.Is(err, pipeline.ErrQuarantineWrite) || !IsFatal(err) {
 			t.Fatalf("ended with %v (fatal %t), want a fatal quarantine write error", err, IsFatal(err))
@@ -495,7 +496,7 @@ func TestLoopKeepsReplicationThroughKafkaOutage(t *testing.T) {
 	rig.sink.ack(r1)
 	r2 := rig.txn(t, 3000, "e2")[0]
 	rig.kafkaDown.Store(true)
-	rig.sink.fail(r2, publisher.ClassRetriable, breaker.ErrBreakerOpen)
+	rig.sink.fail(r2, sink.ClassRetriable, breaker.ErrBreakerOpen)
 	rig.nudge(t) // the turn that takes the failure
 	rig.waiting(t)
 	reads := rig.source.receives.Load()
@@ -630,7 +631,7 @@ func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snk.fail(rec, publisher.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
+		snk.fail(rec, sink.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
 	}
 	if err := s.closeSink(snk, time.Minute); err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func (m *Metrics) setWALStatus(status string) {
 }
 
 func (m *Metrics) acked(d publisher.Delivery) {
-	m.Acked(d)
+	m.Acked(d.Topic, d.Bytes)
 	if !d.CommitTime.IsZero() {
 		m.CommitToAck.Observe(d.At.Sub(d.CommitTime).Seconds())
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -29,7 +30,7 @@ func (s *readLoop) outcome(o publisher.Outcome) {
 	}
 	perr := o.Err
 	m.Failed(perr.Class)
-	if perr.Class == publisher.ClassPermanent && s.quarantine != nil && perr.Record != nil {
+	if perr.Class == sink.ClassPermanent && s.quarantine != nil && perr.Record != nil {
 		// Still in flight until stored: the tracker confirms nothing after
 		// it in WAL order before then. It is not re-delivered, so it
 		// cannot land after later events either.
@@ -66,7 +67,7 @@ func (s *readLoop) orderBreak(perr *publisher.Error) {
 // already passed (a sequence error resets the producer's epoch and fails
 // every batch in flight, on every partition): each must be counted and
 // logged as a possible order break like the first.
-func (s *readLoop) closeSink(snk sink, timeout time.Duration) error {
+func (s *readLoop) closeSink(snk recordSink, timeout time.Duration) error {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -18,7 +19,7 @@ type Quarantined = store.Quarantined
 
 // failure is what the quarantine table keeps of why an event failed.
 func failure(perr *publisher.Error) store.Failure {
-	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: publisher.Explain(perr)}
+	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 }
 
 // quarantineTable is the table quarantined events go to.

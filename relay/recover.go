@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // kafkaRecoverable reports whether a session-ending error is Kafka's alone
@@ -15,8 +16,8 @@ import (
 // the instance that now owns the stream.
 func (s *readLoop) kafkaRecoverable(err error) bool {
 	var perr *publisher.Error
-	return s.newSink != nil && errors.As(err, &perr) && perr.Class != publisher.ClassPermanent &&
-		!errors.Is(err, publisher.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
+	return s.newSink != nil && errors.As(err, &perr) && perr.Class != sink.ClassPermanent &&
+		!errors.Is(err, sink.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
 }
 
 // waitForKafka keeps the replication connection through a Kafka outage:
@@ -53,7 +54,7 @@ func (s *readLoop) waitForKafka(ctx context.Context, cause error) error {
 		// Connecting may take as long as sarama's metadata retries; the
 		// loop's duties go on meanwhile.
 		var m struct {
-			sink sink
+			sink recordSink
 			err  error
 		}
 		made := make(chan struct{})

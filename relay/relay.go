@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Config is everything the relay needs to run.
@@ -238,7 +239,7 @@ type Relay struct {
 	report readReport
 
 	// slot is what the slot watch's readings say of the slot's position.
-	slot slotPosition
+	slot slotView
 
 	mu     sync.Mutex
 	status Status
@@ -279,7 +280,7 @@ func IsFatal(err error) bool {
 	var perr *publisher.Error
 	return pipeline.IsFatal(err) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) ||
-		errors.As(err, &perr) && perr.Class == publisher.ClassPermanent ||
+		errors.As(err, &perr) && perr.Class == sink.ClassPermanent ||
 		isProgressFatal(err)
 }
 

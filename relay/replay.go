@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -108,7 +109,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 			continue
 		}
 		rec, err := pub.BuildWait(ctx, ev)
-		var limit *publisher.BatchLimitError
+		var limit *sink.BatchLimitError
 		if errors.As(err, &limit) {
 			// The topic takes smaller batches: flush what is in flight and
 			// go on with a producer built for them.

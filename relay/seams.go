@@ -27,7 +27,7 @@ type source interface {
 	Close(ctx context.Context) error
 }
 
-// sink turns events into Kafka records, sends them, and reports their
+// recordSink turns events into Kafka records, sends them, and reports their
 // outcomes; *publisher.Publisher is the at-least-once one,
 // *publisher.TxnSink the exactly-once one.
 //
@@ -54,7 +54,7 @@ type source interface {
 //   - Retries counts the sink's own retries since it was made.
 //   - Close flushes for at most timeout; outcomes reported after it is
 //     called may be dropped. Outcomes is closed once the sink ended.
-type sink interface {
+type recordSink interface {
 	Build(ev *event.Event) (*publisher.Record, error)
 	Input() chan<- publisher.Item
 	Outcomes() <-chan publisher.Outcome

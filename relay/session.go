@@ -25,7 +25,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	pubCfg := r.cfg.Publisher
 	pubCfg.BatchLimit = batchLimit
 	var sys replication.System
-	newSink := func() (sink, error) {
+	newSink := func() (recordSink, error) {
 		if r.cfg.exactlyOnce() {
 			txn, err := r.delivery.newSink(pubCfg, sys)
 			if err != nil {
@@ -41,8 +41,8 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	}
 	// connectSink is newSink for this session's start, given up when ctx
 	// ends; waitForKafka makes its own producers.
-	connectSink := func() (sink, error) {
-		return await.Do(ctx, newSink, func(s sink) { s.Close(time.Second) })
+	connectSink := func() (recordSink, error) {
+		return await.Do(ctx, newSink, func(s recordSink) { s.Close(time.Second) })
 	}
 	// The quarantine table is opened, and its privileges checked, after
 	// the server's checks and before prepare may create the slot: a start
@@ -61,7 +61,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 		quarantineTable, err = r.openQuarantine(ctx, store.ForRelay)
 		return err
 	}
-	var snk sink
+	var snk recordSink
 	start, senderTimeout, err := r.prepare(ctx, openQuarantine, func(s replication.System) error {
 		sys = s
 		if !r.cfg.exactlyOnce() {

@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
+	"github.com/rs/zerolog"
 )
 
 // WatchSlot keeps the slot's gauges current until ctx ends: every `every`
@@ -22,8 +23,61 @@ import (
 // it recovers. It works whether this instance streams or is a standby, on
 // connections of its own.
 func (r *Relay) WatchSlot(ctx context.Context, every time.Duration) {
-	p := &slotWatch{relay: r, started: time.Now()}
-	r.slot.watching(p.started)
+	r.newSlotWatch().run(ctx, every)
+}
+
+// newSlotWatch gives the watch what it reads and writes: the relay's
+// configuration, the view it keeps current, and a getter of the stream's
+// state. It holds no *Relay.
+func (r *Relay) newSlotWatch() *slotWatch {
+	w := &slotWatch{cfg: r.cfg.Replication, log: r.log, metrics: r.metrics, view: &r.slot, stream: r.streamState, started: time.Now()}
+	if r.cfg.OnPermanentError == OnPermanentQuarantine {
+		table, err := r.cfg.quarantineTable()
+		conn := r.cfg.Replication.Config
+		w.openQuarantine = func(ctx context.Context) (*store.Quarantine, error) {
+			if err != nil {
+				return nil, err
+			}
+			return store.OpenQuarantine(ctx, conn, table, store.ForList)
+		}
+	}
+	return w
+}
+
+// streamState is what the slot watch reads of the stream at now: the
+// events in flight and the age of the oldest unpublished event.
+func (r *Relay) streamState(now time.Time) (inFlight int, unpublishedAge float64) {
+	return r.Status().InFlightEvents, r.unpublishedAge(now)
+}
+
+// slotWatch is WatchSlot's state between readings. It was the slot
+// poller: renamed so that it is not taken for poll mode (package poll).
+type slotWatch struct {
+	cfg     replication.Config
+	log     zerolog.Logger
+	metrics *Metrics
+	view    *slotView // what the watch found, for the relay's status and the read loop
+	stream  func(now time.Time) (inFlight int, unpublishedAge float64)
+	// openQuarantine opens the quarantine table to count it; nil when
+	// events are never quarantined.
+	openQuarantine func(context.Context) (*store.Quarantine, error)
+
+	admin      *replication.Admin
+	quarantine *store.Quarantine // nil until opened
+	walState   string            // the wal_status last logged about
+	failing    bool              // the last read failed, and that was logged
+	limitsRead bool              // the slot limits were read and warned about
+
+	// What the slot's position says of the events the relay has not read
+	// (see slotView.unpublishedAge).
+	started  time.Time // when watching began: the oldest a reading can be
+	lastRead time.Time // when the last good reading began
+	marks    []walMark // readings whose WAL end the slot has not confirmed yet, oldest first
+	caughtUp time.Time // the newest reading whose WAL end the slot confirmed
+}
+
+func (p *slotWatch) run(ctx context.Context, every time.Duration) {
+	p.view.watching(p.started)
 	defer p.close()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -36,24 +90,6 @@ func (r *Relay) WatchSlot(ctx context.Context, every time.Duration) {
 		p.poll(ctx, every)
 		timer.Reset(every)
 	}
-}
-
-// slotWatch is WatchSlot's state between readings. It was the slot
-// poller: renamed so that it is not taken for poll mode (package poll).
-type slotWatch struct {
-	relay      *Relay
-	admin      *replication.Admin
-	quarantine *store.Quarantine // nil until opened, or when events are never quarantined
-	walState   string            // the wal_status last logged about
-	failing    bool              // the last read failed, and that was logged
-	limitsRead bool              // the slot limits were read and warned about
-
-	// What the slot's position says of the events the relay has not read
-	// (see slotPosition.unpublishedAge).
-	started  time.Time // when watching began: the oldest a reading can be
-	lastRead time.Time // when the last good reading began
-	marks    []walMark // readings whose WAL end the slot has not confirmed yet, oldest first
-	caughtUp time.Time // the newest reading whose WAL end the slot confirmed
 }
 
 // walMark is the server's WAL end as a reading found it, and when that
@@ -89,14 +125,14 @@ func (p *slotWatch) closeQuarantine() {
 }
 
 func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
-	r := p.relay
-	m := r.metrics
-	st := r.Status()
-	m.InFlightEvents.Set(float64(st.InFlightEvents))
+	m := p.metrics
+	inFlight, _ := p.stream(time.Now())
+	m.InFlightEvents.Set(float64(inFlight))
 	// Set after the reading, from what it and the earlier ones say.
 	defer func() {
 		now := time.Now()
-		m.OldestUnpublished.Set(r.unpublishedAge(now))
+		_, age := p.stream(now)
+		m.OldestUnpublished.Set(age)
 		m.SlotReadingAge.Set(now.Sub(later(p.lastRead, p.started)).Seconds())
 	}()
 
@@ -110,15 +146,15 @@ func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	if ctx.Err() != nil && err != nil {
 		return // shutting down, or the read took too long; try again later
 	}
-	r.noteSlotReading(info, exists, err, time.Now())
+	p.noteReading(info, exists, err, time.Now())
 	if err != nil || !exists {
 		// Nobody can stream from a slot that cannot be read or is gone.
 		m.SlotActive.Set(0)
 		if !p.failing {
 			p.failing = true
-			ev := r.log.Warn()
+			ev := p.log.Warn()
 			if err != nil {
-				ev.Str("error", pg.RedactError(err.Error(), r.cfg.Replication.DSN)).
+				ev.Str("error", pg.RedactError(err.Error(), p.cfg.DSN)).
 					Msg("cannot read the replication slot's state; the slot gauges keep their last values")
 			} else {
 				ev.Msg("the replication slot does not exist")
@@ -128,7 +164,7 @@ func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	}
 	if p.failing {
 		p.failing = false
-		r.log.Info().Msg("reading the replication slot's state again")
+		p.log.Info().Msg("reading the replication slot's state again")
 	}
 	p.notePosition(info, began)
 	if info.Active {
@@ -153,11 +189,23 @@ func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	p.noteWALStatus(info, walStatus)
 }
 
+// noteReading keeps a reading, begun at at, for /slot.
+func (p *slotWatch) noteReading(info *replication.SlotInfo, exists bool, err error, at time.Time) {
+	reading := slotReading{info: info, at: at}
+	switch {
+	case err != nil:
+		reading.err = pg.RedactError(err.Error(), p.cfg.DSN)
+	case !exists:
+		reading.err = (&slotMissingError{slot: p.cfg.Slot}).Error()
+	}
+	p.view.noteReading(reading)
+}
+
 // read returns the slot's state, connecting first when needed. A failed
 // query drops the connection, so the next poll starts afresh.
 func (p *slotWatch) read(ctx context.Context) (*replication.SlotInfo, bool, error) {
 	if p.admin == nil {
-		admin, err := replication.Connect(ctx, p.relay.cfg.Replication)
+		admin, err := replication.Connect(ctx, p.cfg)
 		if err != nil {
 			return nil, false, err
 		}
@@ -179,12 +227,12 @@ func (p *slotWatch) read(ctx context.Context) (*replication.SlotInfo, bool, erro
 func (p *slotWatch) warnSlotLimits(ctx context.Context) {
 	limits, err := p.admin.SlotLimits(ctx)
 	if err != nil {
-		p.relay.log.Debug().Str("error", pg.RedactError(err.Error(), p.relay.cfg.Replication.DSN)).Msg("cannot read the slot limits")
+		p.log.Debug().Str("error", pg.RedactError(err.Error(), p.cfg.DSN)).Msg("cannot read the slot limits")
 		return
 	}
 	p.limitsRead = true
 	for _, w := range limits.Warnings() {
-		p.relay.log.Warn().Msg(w)
+		p.log.Warn().Msg(w)
 	}
 }
 
@@ -192,14 +240,13 @@ func (p *slotWatch) warnSlotLimits(ctx context.Context) {
 // The session reports its own failure to open the table; here a failure
 // only leaves the last count in place.
 func (p *slotWatch) countQuarantined(ctx context.Context) {
-	r := p.relay
-	if r.cfg.OnPermanentError != OnPermanentQuarantine {
+	if p.openQuarantine == nil {
 		return
 	}
 	if p.quarantine == nil {
-		q, err := r.openQuarantine(ctx, store.ForList)
+		q, err := p.openQuarantine(ctx)
 		if err != nil {
-			r.log.Debug().Str("error", pg.RedactError(err.Error(), r.cfg.Replication.DSN)).Msg("cannot count quarantined events")
+			p.log.Debug().Str("error", pg.RedactError(err.Error(), p.cfg.DSN)).Msg("cannot count quarantined events")
 			return
 		}
 		p.quarantine = q
@@ -209,8 +256,8 @@ func (p *slotWatch) countQuarantined(ctx context.Context) {
 		p.closeQuarantine()
 		return
 	}
-	r.metrics.Quarantined.Set(float64(n))
-	r.noteQuarantined(n)
+	p.metrics.Quarantined.Set(float64(n))
+	p.view.noteQuarantined(n)
 }
 
 // slotPolicy is what a session may do about the slot: once this relay
@@ -281,11 +328,10 @@ func reconcileCommand(oldest, created time.Time) string {
 
 // noteWALStatus logs when the slot's WAL starts or stops being at risk.
 func (p *slotWatch) noteWALStatus(info *replication.SlotInfo, walStatus string) {
-	r := p.relay
 	atRisk := walStatus == "unreserved" || walStatus == "lost"
 	switch {
 	case atRisk && walStatus != p.walState:
-		ev := r.log.Error().Str("wal_status", walStatus)
+		ev := p.log.Error().Str("wal_status", walStatus)
 		if info.SafeWALSize != nil {
 			ev = ev.Int64("safe_wal_size", *info.SafeWALSize)
 		}
@@ -299,7 +345,7 @@ func (p *slotWatch) noteWALStatus(info *replication.SlotInfo, walStatus string) 
 		}
 		p.walState = walStatus
 	case !atRisk && p.walState != "":
-		r.log.Info().Str("wal_status", walStatus).Msg("the replication slot's WAL is no longer at risk")
+		p.log.Info().Str("wal_status", walStatus).Msg("the replication slot's WAL is no longer at risk")
 		p.walState = ""
 	}
 }
@@ -336,5 +382,5 @@ func (p *slotWatch) notePosition(info *replication.SlotInfo, at time.Time) {
 		}
 		p.marks = append(p.marks, walMark{at: at, end: end})
 	}
-	p.relay.slot.note(p.caughtUp, behind)
+	p.view.note(p.caughtUp, behind)
 }

@@ -21,7 +21,7 @@ import (
 func TestSlotPollerWarnsOnceWhenWALIsAtRisk(t *testing.T) {
 	var logs bytes.Buffer
 	r := New(DefaultConfig(), zerolog.New(&logs), nil, Hooks{})
-	p := &slotWatch{relay: r}
+	p := r.newSlotWatch()
 	safe := int64(-1024)
 	for _, status := range []string{"reserved", "extended", "unreserved", "unreserved", "lost", "lost", "reserved"} {
 		s := status
@@ -63,8 +63,9 @@ func TestSlotPollerWarnsOnceWhenWALIsAtRisk(t *testing.T) {
 func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	p := &slotWatch{relay: r, started: t0}
-	r.slot.started = t0
+	p := r.newSlotWatch()
+	p.started = t0
+	r.slot.watching(t0)
 	reading := func(at time.Duration, confirmed, end lsn.LSN) {
 		c := confirmed.String()
 		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))

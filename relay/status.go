@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
-	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -36,7 +35,6 @@ type Status struct {
 	// streamed is set once a session of this process streamed: from then
 	// on a missing slot means lost events, not a first start.
 	streamed bool
-	slot     slotReading
 }
 
 // slotReading is the slot watch's last reading, served by /slot.
@@ -68,40 +66,58 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.setState(pipeline.StateStreaming, nil)
 }
 
-// noteSlotReading keeps the poller's reading of the slot for /slot.
-func (r *Relay) noteSlotReading(info *replication.SlotInfo, exists bool, err error, at time.Time) {
-	reading := slotReading{info: info, at: at}
-	switch {
-	case err != nil:
-		reading.err = pg.RedactError(err.Error(), r.cfg.Replication.DSN)
-	case !exists:
-		reading.err = (&slotMissingError{slot: r.cfg.Replication.Slot}).Error()
-	}
-	r.mu.Lock()
-	r.status.slot = reading
-	r.mu.Unlock()
+// slotView is what the slot watch found: its last reading of the slot,
+// the quarantine table's count, and what the readings say of the slot's
+// position (the newest moment before which every committed transaction is
+// confirmed, and whether the last good reading found the slot behind the
+// WAL end). The slot watch writes it; the read loop and the status read
+// it.
+type slotView struct {
+	mu          sync.Mutex
+	reading     slotReading
+	quarantined int64
+	caughtUp    time.Time
+	behind      bool
+	started     time.Time // when the slot watch began
 }
 
-// slotPosition is what the slot watch's readings say of the slot's
-// position: the newest moment before which every committed transaction is
-// confirmed, and whether the last good reading found the slot behind the
-// WAL end. The slot watch writes it; the read loop and the status read it.
-type slotPosition struct {
-	mu       sync.Mutex
-	caughtUp time.Time
-	behind   bool
-	started  time.Time // when the slot watch began
+// noteReading keeps the slot watch's last reading, for /slot.
+func (p *slotView) noteReading(reading slotReading) {
+	p.mu.Lock()
+	p.reading = reading
+	p.mu.Unlock()
+}
+
+// lastReading is the slot watch's last reading.
+func (p *slotView) lastReading() slotReading {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reading
+}
+
+// noteQuarantined keeps the quarantine table's count.
+func (p *slotView) noteQuarantined(n int64) {
+	p.mu.Lock()
+	p.quarantined = n
+	p.mu.Unlock()
+}
+
+// quarantinedEvents is the quarantine table's last count.
+func (p *slotView) quarantinedEvents() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.quarantined
 }
 
 // watching records when the slot watch began.
-func (p *slotPosition) watching(since time.Time) {
+func (p *slotView) watching(since time.Time) {
 	p.mu.Lock()
 	p.started = since
 	p.mu.Unlock()
 }
 
 // note keeps a reading's conclusion.
-func (p *slotPosition) note(caughtUp time.Time, behind bool) {
+func (p *slotView) note(caughtUp time.Time, behind bool) {
 	p.mu.Lock()
 	p.caughtUp, p.behind = caughtUp, behind
 	p.mu.Unlock()
@@ -121,7 +137,7 @@ func (p *slotPosition) note(caughtUp time.Time, behind bool) {
 // an upper bound: other tables' WAL also puts the slot behind, and an idle
 // outbox in a busy database shows the time since the slot last caught up.
 // A nil position knows nothing beyond inFlight.
-func (p *slotPosition) unpublishedAge(now time.Time, inFlight float64, reading bool, confirmedCommit time.Time) float64 {
+func (p *slotView) unpublishedAge(now time.Time, inFlight float64, reading bool, confirmedCommit time.Time) float64 {
 	if p == nil {
 		return inFlight
 	}
@@ -139,7 +155,7 @@ func (p *slotPosition) unpublishedAge(now time.Time, inFlight float64, reading b
 }
 
 // unpublishedAge is the age of the oldest unpublished event as the relay's
-// state says it (see slotPosition.unpublishedAge).
+// state says it (see slotView.unpublishedAge).
 func (r *Relay) unpublishedAge(now time.Time) float64 {
 	s, read := r.current()
 	var inFlight float64
@@ -192,20 +208,6 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// noteQuarantined keeps the poller's count of quarantined events.
-func (r *Relay) noteQuarantined(n int64) {
-	r.mu.Lock()
-	r.status.QuarantinedEvents = n
-	r.mu.Unlock()
-}
-
-// slotReading returns the poller's last reading of the slot.
-func (r *Relay) slotReading() slotReading {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status.slot
-}
-
 // confirmedCommitTime is the commit time of the newest transaction whose
 // events Kafka acknowledged and the relay confirmed.
 func (r *Relay) confirmedCommitTime() time.Time {
@@ -236,6 +238,7 @@ func (r *Relay) Status() Status {
 		s.LastAck = &last
 	}
 	s.Progress = r.progress.status()
+	s.QuarantinedEvents = r.slot.quarantinedEvents()
 	return s
 }
 

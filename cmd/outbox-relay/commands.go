@@ -18,9 +18,9 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pg"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -191,7 +191,7 @@ func newLogger(level string, stderr io.Writer) (zerolog.Logger, error) {
 // program: with what to do about a Kafka failure (said once, however often
 // the error was wrapped), and no password of dsn.
 func operatorMessage(err error, dsn string) string {
-	return pg.RedactError(publisher.Explain(err), dsn)
+	return pg.RedactError(sink.Explain(err), dsn)
 }
 
 // usageError reports bad flags or configuration.

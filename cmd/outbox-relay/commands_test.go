@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // deadDSN points at a port nobody listens on, with a password that must
@@ -413,7 +414,7 @@ func TestReplayRefusesAnIDThatIsNoUUID(t *testing.T) {
 // the program add it. One *Error inside another printed it twice before.
 func TestOperatorReadsKafkaAdviceOnce(t *testing.T) {
 	dsn := "postgres://relay:hunter2@db/app"
-	perr := &publisher.Error{Class: publisher.ClassPermanent, EventID: "e1", Topic: "outbox.event.order", Partition: -1,
+	perr := &publisher.Error{Class: sink.ClassPermanent, EventID: "e1", Topic: "outbox.event.order", Partition: -1,
 		Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it (%s)", sarama.ErrUnknownTopicOrPartition, dsn)}
 	advice := perr.Advice()
 	for how, err := range map[string]error{

@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -366,7 +367,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 				for _, ev := range evs {
 					r, err := publisher.BuildWhenReady(ctx, s.s.Build, ev)
 					var perr *publisher.Error
-					if errors.As(err, &perr) && perr.Class == publisher.ClassPermanent {
+					if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
 						quarantined = append(quarantined, string(ev.EventID))
 						continue
 					}
@@ -397,7 +398,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 		if st.last > committed {
 			committed = st.last
 		}
-		var limit *publisher.BatchLimitError
+		var limit *sink.BatchLimitError
 		switch {
 		case err == nil && len(st.failed) == 0:
 			if len(quarantined) != 1 || quarantined[0] != poison {

@@ -1,0 +1,68 @@
+// Package sink is what the engine knows of where events go, whatever the
+// system behind it: what a failed record needs (Class), the failures that
+// need the operator (ErrAuth) or a smaller batch (BatchLimitError), and
+// how an error that carries advice reads (Explain). It imports nothing of
+// Kafka: publisher implements the Kafka sink and returns these.
+package sink
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Class says what a failed record needs.
+type Class string
+
+const (
+	// ClassRetriable: the broker may accept the record later. The caller
+	// re-streams from its confirmed position; the source holds the events.
+	ClassRetriable Class = "retriable"
+	// ClassProducer: the producer's idempotence state is broken (sequence
+	// or epoch errors). The caller makes a new producer and re-streams.
+	ClassProducer Class = "producer"
+	// ClassPermanent: the broker will never accept this record as it is.
+	ClassPermanent Class = "permanent"
+)
+
+// Classes are every class, for series that exist before the first error.
+var Classes = [...]Class{ClassRetriable, ClassProducer, ClassPermanent}
+
+// ErrAuth marks an authentication or certificate failure. Retrying in the
+// same process cannot fix it (credentials are read at start), so the relay
+// exits and its supervisor restarts it with what the operator fixed.
+var ErrAuth = errors.New("kafka authentication failed")
+
+// BatchLimitError says a topic accepts smaller batches than the producer
+// builds. The caller restarts with BatchLimit lowered to the limit;
+// otherwise a batch of small records could exceed the topic's limit.
+type BatchLimitError struct {
+	Topic           string
+	MaxMessageBytes int
+}
+
+func (e *BatchLimitError) Error() string {
+	return fmt.Sprintf("topic %s accepts batches of at most %d bytes; restarting the producer with that limit", e.Topic, e.MaxMessageBytes)
+}
+
+// Advised is an error that says what the operator should do about it.
+type Advised interface {
+	error
+	Advice() string
+}
+
+// Explain is err as the operator reads it: its message, then the advice of
+// the Advised error it wraps, if any, once. The advice is not part of
+// Error(), so an error wrapped on its way up (fmt.Errorf("...: %w", err),
+// or one inside another) does not repeat it; what shows an error to the
+// operator (an exit message, a command's output) calls Explain, and a log
+// line can carry Advice in a field of its own instead.
+func Explain(err error) string {
+	if err == nil {
+		return ""
+	}
+	var advised Advised
+	if !errors.As(err, &advised) {
+		return err.Error()
+	}
+	return err.Error() + "; " + advised.Advice()
+}
