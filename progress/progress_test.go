@@ -296,10 +296,11 @@ func TestWriterAtMostOncePerInterval(t *testing.T) {
 	_, brokers := startKfake(t)
 	s := openStore(t, brokers, "progress")
 	key := Key("s", "111")
-	w := s.NewWriter(time.Hour, zerolog.Nop())
+	written := make(chan Record, 100)
+	w := s.NewWriter(time.Hour, zerolog.Nop(), func(r Record) { written <- r })
 	w.Offer(key, Record{LSN: 1, Timeline: 1})
 	select {
-	case r := <-w.Written():
+	case r := <-written:
 		if r.LSN != 1 {
 			t.Fatalf("first write: %+v", r)
 		}
@@ -310,13 +311,15 @@ func TestWriterAtMostOncePerInterval(t *testing.T) {
 		w.Offer(key, Record{LSN: lsn.LSN(i), Timeline: 1})
 	}
 	w.Close(30 * time.Second)
-	select {
-	case r := <-w.Written():
-		if r.LSN != 50 {
-			t.Fatalf("after the first write, want the newest (50) written at Close, got %+v", r)
-		}
-	default:
-		t.Fatal("nothing written at Close")
+	// Close returned once the writer's goroutine ended: every record it
+	// stored was reported by then.
+	close(written)
+	var after []lsn.LSN
+	for r := range written {
+		after = append(after, r.LSN)
+	}
+	if len(after) != 1 || after[0] != 50 {
+		t.Fatalf("after the first write, want only the newest (50) written at Close, got %v", after)
 	}
 	if r, ok := latest(t, s, key); !ok || r.LSN != 50 {
 		t.Fatalf("latest = %+v, %v", r, ok)
@@ -401,12 +404,13 @@ func TestWriterRetriesAFailedWrite(t *testing.T) {
 		return resp, nil, true
 	})
 	key := Key("s", "111")
-	w := s.NewWriter(50*time.Millisecond, zerolog.Nop())
+	written := make(chan Record, 100)
+	w := s.NewWriter(50*time.Millisecond, zerolog.Nop(), func(r Record) { written <- r })
 	defer w.Close(10 * time.Second)
 	w.Offer(key, Record{LSN: 1, Timeline: 1})
 	<-failed
 	select {
-	case r := <-w.Written():
+	case r := <-written:
 		if r.LSN != 1 {
 			t.Fatalf("after the failure the writer wrote %+v, want the pending record (1)", r)
 		}

@@ -12,15 +12,15 @@ import (
 // interval, on a goroutine of its own, so that the relay's read loop never
 // waits on Kafka for it. It writes only what it is offered: the caller
 // offers positions whose events Kafka already acknowledged, so the record
-// never leads. What it wrote comes back on Written, for the caller's loop
-// to take: it calls nothing of the caller's.
+// never leads. It tells written of each record it stored, on its own
+// goroutine, so what was stored is settled where it was written, not
+// carried back through the caller's loop.
 type Writer struct {
 	store *Store
 	every time.Duration
 	log   zerolog.Logger
-	// written holds the last record Kafka acknowledged until the caller
-	// takes it; a newer one replaces it.
-	written chan Record
+	// written is told of each record Kafka stored; nil tells nobody.
+	written func(Record)
 
 	mu      sync.Mutex
 	key     []byte
@@ -32,9 +32,11 @@ type Writer struct {
 	closing sync.Once
 }
 
-// NewWriter starts a writer on the store; Close stops it.
-func (s *Store) NewWriter(every time.Duration, log zerolog.Logger) *Writer {
-	w := &Writer{store: s, every: every, log: log, written: make(chan Record, 1),
+// NewWriter starts a writer on the store; Close stops it. written, when
+// not nil, is called with each record stored, on the writer's goroutine:
+// it must not wait for the writer.
+func (s *Store) NewWriter(every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
+	w := &Writer{store: s, every: every, log: log, written: written,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
 	return w
@@ -55,10 +57,6 @@ func (w *Writer) Offer(key []byte, r Record) {
 	default:
 	}
 }
-
-// Written delivers the last record written, for metrics and status; a
-// record nobody took yet is replaced by the next one written.
-func (w *Writer) Written() <-chan Record { return w.written }
 
 // Close writes what is pending, waiting at most timeout, then stops the
 // writer. It does not close the store.
@@ -131,12 +129,8 @@ func (w *Writer) flush(failing *bool) bool {
 		w.log.Info().Str("topic", w.store.topic).Msg("writing progress to Kafka again")
 		*failing = false
 	}
-	// Only this goroutine sends, so after a stale record is dropped the
-	// send finds room.
-	select {
-	case <-w.written:
-	default:
+	if w.written != nil {
+		w.written(rec)
 	}
-	w.written <- rec
 	return true
 }

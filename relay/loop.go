@@ -277,8 +277,6 @@ func (s *readLoop) wait(ctx context.Context, item *publisher.Item, ready <-chan 
 		s.outcome(o)
 	case res := <-stored:
 		s.stored(res)
-	case rec := <-s.feed.stored():
-		s.keeper.written(rec)
 	case <-ready:
 	case <-s.timer.C():
 	case <-stop:
@@ -305,8 +303,6 @@ func (s *readLoop) takeOutcomes() error {
 			s.outcome(o)
 		case res := <-stored:
 			s.stored(res)
-		case rec := <-s.feed.stored():
-			s.keeper.written(rec)
 		default:
 			return s.failure
 		}

@@ -204,7 +204,7 @@ func (p *progressKeeper) open(ctx context.Context) (*progress.Store, error) {
 	if !p.cfg.exactlyOnce() {
 		// In exactly-once mode the record goes into each Kafka
 		// transaction instead.
-		writer = store.NewWriter(p.cfg.StatusInterval, p.log)
+		writer = store.NewWriter(p.cfg.StatusInterval, p.log, p.written)
 	}
 	p.mu.Lock()
 	p.store, p.writer = store, writer
@@ -226,9 +226,9 @@ func openProgress(ctx context.Context, cfg Config,
 	return store, err
 }
 
-// written takes a record Kafka stored, from the read loop: the writer's
-// in at-least-once mode, the one a committed Kafka transaction carried in
-// exactly-once mode.
+// written takes a record Kafka stored, where it was stored: from the
+// at-least-once writer's goroutine, or from exactlyOnce once the Kafka
+// transaction that carried it committed.
 func (p *progressKeeper) written(rec progress.Record) {
 	p.mu.Lock()
 	p.noteRecord(rec)
@@ -292,15 +292,6 @@ func (f *progressFeed) offer(confirmed lsn.LSN, commitTime time.Time) {
 		return
 	}
 	f.writer.Offer(f.key, progress.Record{LSN: confirmed, Timeline: f.timeline, CommitTime: commitTime, RelayVersion: f.relayVersion, Delivery: DeliveryAtLeastOnce})
-}
-
-// stored delivers what the writer stored; nil for a nil feed, which
-// never delivers.
-func (f *progressFeed) stored() <-chan progress.Record {
-	if f == nil {
-		return nil
-	}
-	return f.writer.Written()
 }
 
 // close writes the last offered position and closes the store.

@@ -164,3 +164,37 @@ func TestStatusSlotAndMetricsShowExactlyOnce(t *testing.T) {
 		t.Errorf("outbox_relay_progress_lsn is 0 after a commit")
 	}
 }
+
+// At least once, the progress writer stores the confirmed position in
+// Kafka on a goroutine of its own and settles what it stored itself, where
+// it was carried back through the read loop before: /slot and the metrics
+// show a position written past the last commit, and when.
+func TestSlotAndMetricsShowAtLeastOnceProgressWritten(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.Migrate()
+	p := e.StartRelay("--status-interval", "100ms")
+	base := p.AdminURL(t)
+	ids := insert(t, e.DB.DSN(), "order", 3)
+	before := e.DB.CurrentLSN(t)
+	harness.ConsumeEventIDs(t, e.Brokers, topics, ids, time.Minute)
+
+	var slot struct {
+		Relay struct {
+			Progress struct {
+				LSN       string     `json:"lsn"`
+				WrittenAt *time.Time `json:"written_at"`
+			} `json:"progress"`
+		} `json:"relay"`
+	}
+	var body string
+	harness.WaitFor(t, time.Minute, "/slot shows progress written past "+before, func() bool {
+		var code int
+		code, body = harness.HTTPGet(t, base+"/slot")
+		return code == 200 && json.Unmarshal([]byte(body), &slot) == nil && slot.Relay.Progress.WrittenAt != nil &&
+			harness.LSNAtMost(before, slot.Relay.Progress.LSN)
+	})
+	if v, _ := harness.MetricValue(harness.Scrape(t, base), "outbox_relay_progress_lsn"); v == 0 {
+		t.Errorf("outbox_relay_progress_lsn is 0 while /slot shows progress %s written:\n%s", slot.Relay.Progress.LSN, body)
+	}
+}
