@@ -86,7 +86,7 @@ type loopEnv struct {
 // select, so nothing downstream ever calls back into it.
 type readLoop struct {
 	loopEnv
-	source     source
+	source     walStream
 	sink       recordSink
 	tracker    *lsn.Tracker
 	quarantine *quarantiner // nil when permanent errors halt the relay
@@ -127,7 +127,7 @@ type readLoop struct {
 	closing sync.WaitGroup // abandoned sinks being closed
 }
 
-func newReadLoop(env loopEnv, src source, snk recordSink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
+func newReadLoop(env loopEnv, src walStream, snk recordSink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
 	return &readLoop{
 		loopEnv: env, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,

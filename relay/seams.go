@@ -11,9 +11,10 @@ import (
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
-// source is where the read loop gets decoded replication messages and
-// where it reports positions; *replication.Stream is the real one.
-type source interface {
+// walStream is where the read loop gets decoded replication messages and
+// where it reports positions; *replication.Stream is the real one. (A
+// source, in pipeline's sense, is the whole of what walSource runs.)
+type walStream interface {
 	// Receive waits until deadline for the next message; a Message of
 	// KindNone means the deadline passed. The Message is reused by the
 	// next call.
