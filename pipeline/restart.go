@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -30,6 +31,21 @@ type Source interface {
 	FailureMessage(ran bool) string
 	// SetState records a state and the error that led to it.
 	SetState(state State, err error)
+}
+
+// What a source does with an event the sink will never accept, chosen by
+// --on-permanent-error: keep it in the quarantine table and go on, or stop.
+const (
+	OnPermanentQuarantine = "quarantine"
+	OnPermanentHalt       = "halt"
+)
+
+// ValidateOnPermanent refuses a policy that is neither.
+func ValidateOnPermanent(policy string) error {
+	if policy != OnPermanentQuarantine && policy != OnPermanentHalt {
+		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", policy)
+	}
+	return nil
 }
 
 // IsFatal reports whether err needs the operator whatever the source:

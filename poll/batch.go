@@ -195,7 +195,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 		class := res.err.Class
 		w.p.metrics.Failed(class)
 		switch {
-		case class == sink.ClassPermanent && cfg.OnPermanentError == OnPermanentHalt:
+		case class == sink.ClassPermanent && cfg.OnPermanentError == pipeline.OnPermanentHalt:
 			failures = append(failures, failure{seq: r.seq, delay: cfg.BackoffMin, class: string(class), msg: res.err.Error()})
 			if halt == nil {
 				halt = fmt.Errorf("%w: %s (--on-permanent-error halt); %s", errHalted, res.err.Error(), res.err.Advice())

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -70,7 +71,7 @@ type Config struct {
 	// OnPermanentError is "quarantine" or "halt", as in WAL mode.
 	OnPermanentError string
 	// Retention deletes published rows; After zero turns it off.
-	Retention Retention
+	Retention store.Retention
 	// StatsInterval is how often the pending-rows gauges are refreshed.
 	StatsInterval time.Duration
 	// ShutdownTimeout bounds the wait for in-flight acks on SIGTERM.
@@ -79,20 +80,6 @@ type Config struct {
 	// session after PostgreSQL or Kafka failed.
 	RestartBackoffMin, RestartBackoffMax time.Duration
 }
-
-// Retention is poll mode's cleanup of published rows.
-type Retention struct {
-	After    time.Duration
-	Interval time.Duration
-	Batch    int
-	DryRun   bool
-}
-
-// Permanent-error policies, as in WAL mode.
-const (
-	OnPermanentQuarantine = "quarantine"
-	OnPermanentHalt       = "halt"
-)
 
 // DefaultConfig returns poll mode's defaults; the caller fills in the
 // database, Kafka and the shared settings.
@@ -109,8 +96,8 @@ func DefaultConfig() Config {
 		MaxAttempts:       10,
 		BackoffMin:        time.Second,
 		BackoffMax:        5 * time.Minute,
-		OnPermanentError:  OnPermanentQuarantine,
-		Retention:         Retention{Interval: time.Minute, Batch: 1000},
+		OnPermanentError:  pipeline.OnPermanentQuarantine,
+		Retention:         store.DefaultRetention(),
 		StatsInterval:     5 * time.Second,
 		ShutdownTimeout:   30 * time.Second,
 		RestartBackoffMin: 500 * time.Millisecond,
@@ -146,12 +133,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--max-attempts %d: must be at least 1", c.MaxAttempts)
 	case c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin:
 		return fmt.Errorf("--poll-backoff-min %s, --poll-backoff-max %s: need 0 < min <= max", c.BackoffMin, c.BackoffMax)
-	case c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt:
-		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
-	case c.Retention.After < 0:
-		return fmt.Errorf("--retention %s: must not be negative", c.Retention.After)
-	case c.Retention.After > 0 && (c.Retention.Interval <= 0 || c.Retention.Batch < 1):
-		return fmt.Errorf("--retention-interval %s, --retention-batch %d: must be positive", c.Retention.Interval, c.Retention.Batch)
+	}
+	if err := pipeline.ValidateOnPermanent(c.OnPermanentError); err != nil {
+		return err
+	}
+	if err := c.Retention.Validate(); err != nil {
+		return err
 	}
 	if minLease := 2 * c.publishBound(); c.Lease < minLease {
 		return fmt.Errorf("--poll-lease %s: must be at least %s, twice the longest a publish can take (2 x --kafka-timeout %s + --kafka-retry-backoff-max %s), or rows still being published are claimed again by another poller",

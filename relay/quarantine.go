@@ -8,12 +8,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// Permanent-error policies, chosen by --on-permanent-error.
-const (
-	OnPermanentQuarantine = "quarantine"
-	OnPermanentHalt       = "halt"
-)
-
 // Quarantined is one event Kafka would not accept; the store keeps it.
 type Quarantined = store.Quarantined
 

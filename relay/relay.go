@@ -55,9 +55,9 @@ type Config struct {
 	// invalidated. Events in the lost WAL are not recovered.
 	RecreateLostSlot bool
 
-	// OnPermanentError is what happens to an event Kafka will never accept:
-	// OnPermanentQuarantine keeps it in the quarantine table and goes on;
-	// OnPermanentHalt stops the relay.
+	// OnPermanentError is what happens to an event Kafka will never
+	// accept: pipeline.OnPermanentQuarantine keeps it in the quarantine
+	// table and goes on; pipeline.OnPermanentHalt stops the relay.
 	OnPermanentError string
 	// QuarantineTable is the schema-qualified quarantine table; empty means
 	// outbox_quarantine in the outbox table's schema.
@@ -140,7 +140,7 @@ func DefaultConfig() Config {
 		KafkaStallTimeout: 30 * time.Second,
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
-		OnPermanentError:  OnPermanentQuarantine,
+		OnPermanentError:  pipeline.OnPermanentQuarantine,
 		Retention:         DefaultRetention(),
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 
@@ -180,8 +180,8 @@ func (c Config) Validate() error {
 	if c.MaxInFlightBytes < 1 {
 		return fmt.Errorf("--max-in-flight-bytes %d: must be at least 1", c.MaxInFlightBytes)
 	}
-	if c.OnPermanentError != OnPermanentQuarantine && c.OnPermanentError != OnPermanentHalt {
-		return fmt.Errorf("--on-permanent-error %q: use quarantine or halt", c.OnPermanentError)
+	if err := pipeline.ValidateOnPermanent(c.OnPermanentError); err != nil {
+		return err
 	}
 	if _, err := c.quarantineTable(); err != nil {
 		return err

@@ -2,7 +2,7 @@ package relay
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -11,37 +11,26 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-// Retention configures the optional cleanup of published outbox rows.
+// Retention is the table sources' rule (store.Retention) and the WAL
+// source's margin.
 type Retention struct {
-	// After is how old a row must be before it may go; zero turns cleanup
-	// off.
-	After time.Duration
+	store.Retention
 	// Margin is subtracted from the commit time of the relay's confirmed
 	// position. A row inserted by a transaction that ran longer than this
 	// could otherwise be deleted before it is confirmed.
-	Margin   time.Duration
-	Interval time.Duration
-	Batch    int
-	DryRun   bool
+	Margin time.Duration
 }
 
 // DefaultRetention returns cleanup settings with cleanup off.
 func DefaultRetention() Retention {
-	return Retention{Margin: time.Hour, Interval: time.Minute, Batch: 1000}
+	return Retention{Retention: store.DefaultRetention(), Margin: time.Hour}
 }
 
 func (r Retention) validate() error {
-	switch {
-	case r.After < 0:
-		return errors.New("--retention must not be negative")
-	case r.After > 0 && r.Interval <= 0:
-		return errors.New("--retention-interval must be positive")
-	case r.After > 0 && r.Batch < 1:
-		return errors.New("--retention-batch must be at least 1")
-	case r.Margin < 0:
-		return errors.New("--retention-margin must not be negative")
+	if r.Margin < 0 {
+		return fmt.Errorf("--retention-margin %s: must not be negative", r.Margin)
 	}
-	return nil
+	return r.Retention.Validate()
 }
 
 // retainer deletes published outbox rows: one job of the relay, on a

@@ -54,7 +54,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 		}
 	}()
 	openQuarantine := func() error {
-		if r.cfg.OnPermanentError != OnPermanentQuarantine {
+		if r.cfg.OnPermanentError != pipeline.OnPermanentQuarantine {
 			return nil
 		}
 		var err error

@@ -7,6 +7,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/store"
 	"github.com/rs/zerolog"
@@ -31,7 +32,7 @@ func (r *Relay) WatchSlot(ctx context.Context, every time.Duration) {
 // state. It holds no *Relay.
 func (r *Relay) newSlotWatch() *slotWatch {
 	w := &slotWatch{cfg: r.cfg.Replication, log: r.log, metrics: r.metrics, view: &r.slot, stream: r.streamState, started: time.Now()}
-	if r.cfg.OnPermanentError == OnPermanentQuarantine {
+	if r.cfg.OnPermanentError == pipeline.OnPermanentQuarantine {
 		table, err := r.cfg.quarantineTable()
 		conn := r.cfg.Replication.Config
 		w.openQuarantine = func(ctx context.Context) (*store.Quarantine, error) {

@@ -10,6 +10,35 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 )
 
+// Retention is when published outbox rows are deleted, the one rule of
+// every table source: a row goes once it is published and was inserted
+// (the layout's insert-time column) longer ago than After.
+type Retention struct {
+	// After is how old a row must be before it may go; zero turns cleanup
+	// off.
+	After    time.Duration
+	Interval time.Duration // how often cleanup runs
+	Batch    int           // rows deleted per transaction
+	DryRun   bool          // count what would go, delete nothing
+}
+
+// DefaultRetention is cleanup off, with the interval and batch it uses
+// when turned on.
+func DefaultRetention() Retention { return Retention{Interval: time.Minute, Batch: 1000} }
+
+// Validate names the flag of a setting that cannot work.
+func (r Retention) Validate() error {
+	switch {
+	case r.After < 0:
+		return fmt.Errorf("--retention %s: must not be negative", r.After)
+	case r.After > 0 && r.Interval <= 0:
+		return fmt.Errorf("--retention-interval %s: must be positive", r.Interval)
+	case r.After > 0 && r.Batch < 1:
+		return fmt.Errorf("--retention-batch %d: must be at least 1", r.Batch)
+	}
+	return nil
+}
+
 // CountCreatedBefore counts the outbox rows created (by the layout's
 // insert-time column) before cutoff: what a
 // cleanup would delete, for a dry run.

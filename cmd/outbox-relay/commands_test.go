@@ -134,6 +134,29 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 	}
 }
 
+// The settings every source shares are checked by one rule each, so both
+// sources refuse them the same way: the retention's and the policy for an
+// event the sink never accepts.
+func TestEverySourceRefusesSharedSettingsAlike(t *testing.T) {
+	for _, source := range []string{"wal", "poll"} {
+		base := []string{"run", "--source", source, "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", ""}
+		for _, tc := range []struct {
+			flags []string
+			named string
+		}{
+			{[]string{"--retention", "-1h"}, "--retention -1h0m0s: must not be negative"},
+			{[]string{"--retention", "1h", "--retention-interval", "0s"}, "--retention-interval 0s: must be positive"},
+			{[]string{"--retention", "1h", "--retention-batch", "0"}, "--retention-batch 0: must be at least 1"},
+			{[]string{"--on-permanent-error", "ignore"}, `--on-permanent-error "ignore": use quarantine or halt`},
+		} {
+			code, _, stderr := runCaptured(append(base, tc.flags...)...)
+			if code != exitUsage || !strings.Contains(stderr, tc.named) {
+				t.Errorf("--source %s %v: exit %d, want %d naming %s:\n%s", source, tc.flags, code, exitUsage, tc.named, stderr)
+			}
+		}
+	}
+}
+
 // The quarantine table's own flag is named in its errors, not --table.
 func TestQuarantineTableErrorNamesItsFlag(t *testing.T) {
 	for _, args := range [][]string{

@@ -52,7 +52,7 @@ func (o *options) pollConfig() poll.Config {
 	c.OnPermanentError = o.relay.OnPermanentError
 	c.ShutdownTimeout = o.relay.ShutdownTimeout
 	r := o.relay.Retention
-	c.Retention = poll.Retention{After: r.After, Interval: r.Interval, Batch: r.Batch, DryRun: r.DryRun}
+	c.Retention = r.Retention
 	return c
 }
 

@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/reconcile"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -106,7 +106,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	cfg := reconcileConfig(o)
 	cfg.Since, cfg.Until = since, until
 	cfg.Margin, cfg.Stall = f.margin, f.stall
-	cfg.Republish = reconcile.Republish{Enabled: f.republish, Quarantine: o.relay.OnPermanentError == relay.OnPermanentQuarantine,
+	cfg.Republish = reconcile.Republish{Enabled: f.republish, Quarantine: o.relay.OnPermanentError == pipeline.OnPermanentQuarantine,
 		AckTimeout: f.ackTimeout}
 	bar := newProgressBar(stderr)
 	cfg.Progress, cfg.ProgressEvery = bar.update(log), f.progress
