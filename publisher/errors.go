@@ -6,6 +6,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/eapache/go-resiliency/breaker"
+
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 

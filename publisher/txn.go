@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
