@@ -383,3 +383,40 @@ func TestPutStoresAPayloadOverJSONBsLimit(t *testing.T) {
 		t.Errorf("raw of %d bytes, payload NULL %v, content_problem %q", size, payloadNull, problem)
 	}
 }
+
+// A content over what a statement can carry (raw's 512 MB bound) is kept
+// by reference: raw_size and raw_sha256, with raw NULL and the reason in
+// content_problem, and the payload left out, rather than a write that
+// fails on every attempt. Full size only: it holds 600 MB several times.
+func TestPutKeepsAContentOverRawsBoundByReference(t *testing.T) {
+	if harness.Sized(0, 1) == 0 {
+		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
+	}
+	db := migrated(t)
+	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	ctx := context.Background()
+	q, err := store.OpenQuarantine(ctx, cfg, store.Table{Schema: "public", Name: store.DefaultQuarantineName}, store.ForRelay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	payload := `{"s":"` + strings.Repeat("x", 600_000_000) + `"}`
+	sum := sha256.Sum256([]byte(payload))
+	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
+		Raw: []byte(payload), Topic: "t", ErrorClass: "permanent", ErrorMessage: "record too large"}
+	if err := q.Put(ctx, e); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	var rawNull, payloadNull bool
+	var size int64
+	var digest []byte
+	var problem string
+	if err := db.Connect(t).QueryRow(ctx, "SELECT raw IS NULL, raw_size, raw_sha256, payload IS NULL, content_problem FROM outbox_quarantine WHERE event_id = $1", e.EventID).
+		Scan(&rawNull, &size, &digest, &payloadNull, &problem); err != nil {
+		t.Fatal(err)
+	}
+	if !rawNull || size != int64(len(payload)) || !bytes.Equal(digest, sum[:]) || !payloadNull || !strings.Contains(problem, "too large to keep") {
+		t.Errorf("raw NULL %v, raw_size %d, raw_sha256 %x, payload NULL %v, content_problem %q; want a reference to %d bytes with digest %x",
+			rawNull, size, digest, payloadNull, problem, len(payload), sum)
+	}
+}
