@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/rs/zerolog"
+
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // scripted is a source whose sessions end as its script says; the last
