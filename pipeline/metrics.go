@@ -62,7 +62,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.SetState(StateStarting)
 	// Every error class exists from the start, at 0, so rate() and
 	// dashboards see a series before the first error.
-	for _, class := range sink.Classes {
+	for _, class := range sink.Classes() {
 		m.PublishErrors.WithLabelValues(string(class))
 	}
 	return m

@@ -46,12 +46,6 @@ func (r *Relay) newSlotWatch() *slotWatch {
 	return w
 }
 
-// streamState is what the slot watch reads of the stream at now: the
-// events in flight and the age of the oldest unpublished event.
-func (r *Relay) streamState(now time.Time) (inFlight int, unpublishedAge float64) {
-	return r.Status().InFlightEvents, r.unpublishedAge(now)
-}
-
 // slotWatch is WatchSlot's state between readings. It was the slot
 // poller: renamed so that it is not taken for poll mode (package poll).
 type slotWatch struct {
@@ -128,12 +122,11 @@ func (p *slotWatch) closeQuarantine() {
 
 func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	m := p.metrics
-	inFlight, _ := p.stream(time.Now())
-	m.InFlightEvents.Set(float64(inFlight))
 	// Set after the reading, from what it and the earlier ones say.
 	defer func() {
 		now := time.Now()
-		_, age := p.stream(now)
+		inFlight, age := p.stream(now)
+		m.InFlightEvents.Set(float64(inFlight))
 		m.OldestUnpublished.Set(age)
 		m.SlotReadingAge.Set(now.Sub(later(p.lastRead, p.started)).Seconds())
 	}()

@@ -70,7 +70,10 @@ func TestUnpublishedAgeFromTheSlotPosition(t *testing.T) {
 		c := confirmed.String()
 		p.notePosition(&replication.SlotInfo{Name: "s", ConfirmedFlushLSN: &c, CurrentLSN: end.String()}, t0.Add(at))
 	}
-	age := func(at time.Duration) float64 { return r.unpublishedAge(t0.Add(at)) }
+	age := func(at time.Duration) float64 {
+		_, a := r.streamState(t0.Add(at))
+		return a
+	}
 	r.setState(pipeline.StateBackingOff, nil)
 
 	reading(0, 100, 100) // caught up at t0+0

@@ -154,19 +154,23 @@ func (p *slotView) unpublishedAge(now time.Time, inFlight float64, reading bool,
 	return max(inFlight, now.Sub(anchor).Seconds())
 }
 
-// unpublishedAge is the age of the oldest unpublished event as the relay's
-// state says it (see slotView.unpublishedAge).
-func (r *Relay) unpublishedAge(now time.Time) float64 {
+// streamState is what the slot watch reads of the stream at now: the
+// events in flight, and the age of the oldest unpublished event as the
+// relay's state says it (see slotView.unpublishedAge). One look at the
+// state and the tracker serves both.
+func (r *Relay) streamState(now time.Time) (inFlight int, unpublishedAge float64) {
 	s, read := r.current()
-	var inFlight float64
+	var oldestAge float64
 	if s.tracker != nil {
-		if oldest := s.tracker.Stats().OldestInFlight; !oldest.IsZero() {
-			inFlight = now.Sub(oldest).Seconds()
+		st := s.tracker.Stats()
+		inFlight = st.InFlightEvents
+		if !st.OldestInFlight.IsZero() {
+			oldestAge = now.Sub(st.OldestInFlight).Seconds()
 		}
 	}
 	// A stalled loop still reads; a paused or draining one does not.
 	reading := (s.State == pipeline.StateStreaming || s.State == pipeline.StateWaitingForKafka) && !read.paused
-	return r.slot.unpublishedAge(now, inFlight, reading, read.confirmedCommit)
+	return inFlight, r.slot.unpublishedAge(now, oldestAge, reading, read.confirmedCommit)
 }
 
 // current is the relay's status as set here, with what the read loop

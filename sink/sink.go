@@ -25,7 +25,7 @@ const (
 )
 
 // Classes are every class, for series that exist before the first error.
-var Classes = [...]Class{ClassRetriable, ClassProducer, ClassPermanent}
+func Classes() []Class { return []Class{ClassRetriable, ClassProducer, ClassPermanent} }
 
 // ErrAuth marks an authentication or certificate failure. Retrying in the
 // same process cannot fix it (credentials are read at start), so the relay

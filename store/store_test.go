@@ -38,6 +38,19 @@ func migrated(t *testing.T) *harness.PGDatabase {
 	return db
 }
 
+// openForRelay opens db's default quarantine table as the relay does,
+// closed when the test ends.
+func openForRelay(t *testing.T, db *harness.PGDatabase) *store.Quarantine {
+	t.Helper()
+	q, err := store.OpenQuarantine(context.Background(), pg.Config{DSN: db.DSN(), Table: "public.outbox_events"},
+		store.Table{Schema: "public", Name: store.DefaultQuarantineName}, store.ForRelay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	return q
+}
+
 func TestQuarantineTableName(t *testing.T) {
 	for _, c := range []struct {
 		outbox, configured string
@@ -175,15 +188,8 @@ func TestMissingQuarantineTableAdviceFitsTheCommand(t *testing.T) {
 // values escaped or left out, the original in raw with its size and
 // digest, and content_problem and error_message saying what was changed.
 func TestPutStoresWhateverTheContent(t *testing.T) {
-	db := migrated(t)
-	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
-	table := store.Table{Schema: "public", Name: store.DefaultQuarantineName}
+	q := openForRelay(t, migrated(t))
 	ctx := context.Background()
-	q, err := store.OpenQuarantine(ctx, cfg, table, store.ForRelay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
 	valid := func(agg, payload string) event.Stored {
 		return event.Stored{EventID: harness.NewUUID(), AggregateType: agg, AggregateID: "1", EventType: "created", SchemaVersion: "1", Payload: payload}
 	}
@@ -359,13 +365,8 @@ func TestPutStoresAPayloadOverJSONBsLimit(t *testing.T) {
 		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
 	}
 	db := migrated(t)
-	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	q := openForRelay(t, db)
 	ctx := context.Background()
-	q, err := store.OpenQuarantine(ctx, cfg, store.Table{Schema: "public", Name: store.DefaultQuarantineName}, store.ForRelay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
 	payload := `{"s":"` + strings.Repeat("x", 300_000_000) + `"}`
 	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
 		Raw: []byte(payload), Topic: "t", ErrorClass: "permanent", ErrorMessage: "record too large"}
@@ -393,13 +394,8 @@ func TestPutKeepsAContentOverRawsBoundByReference(t *testing.T) {
 		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
 	}
 	db := migrated(t)
-	cfg := pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}
+	q := openForRelay(t, db)
 	ctx := context.Background()
-	q, err := store.OpenQuarantine(ctx, cfg, store.Table{Schema: "public", Name: store.DefaultQuarantineName}, store.ForRelay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Close()
 	payload := `{"s":"` + strings.Repeat("x", 600_000_000) + `"}`
 	sum := sha256.Sum256([]byte(payload))
 	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
