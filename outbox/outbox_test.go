@@ -14,6 +14,7 @@ import (
 	relayevent "github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/outbox"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -229,7 +230,7 @@ func TestWriterBatchRowsAsTheRelayReadsThem(t *testing.T) {
 		}
 		ev := &relayevent.Event{EventID: b(f[0]), AggregateType: b(f[1]), AggregateID: b(f[2]), EventType: b(f[3]),
 			SchemaVersion: b(f[4]), Payload: b(f[5]), Headers: b(f[6]), OccurredAt: b(f[7])}
-		if perr := publisher.CheckRow(ev); perr != nil {
+		if perr := sink.CheckRow(ev); perr != nil {
 			t.Fatalf("the relay refuses row %s: %v", *f[0], perr)
 		}
 		rec, err := publisher.BuildRecord(ev, "t")

@@ -27,8 +27,8 @@ type worker struct {
 // result is what became of one claimed row in Kafka.
 type result struct {
 	acked    bool
-	delivery publisher.Delivery
-	err      *publisher.Error
+	delivery sink.Delivery
+	err      *sink.Error
 }
 
 // markTimeout bounds the marks written after the context ended, so a stop
@@ -71,7 +71,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	// in this batch: they are not sent, and go again after it.
 	refused := map[string]bool{}
 	// Outcomes come back in any order; each finds its row by its record.
-	rowOf := make(map[*publisher.Record]int, len(rows))
+	rowOf := make(map[sink.Record]int, len(rows))
 	for i := range rows {
 		r := &rows[i]
 		if r.reclaimed {
@@ -82,7 +82,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		}
 		rec, err := w.pub.BuildWait(ctx, &r.ev)
 		if err != nil {
-			var perr *publisher.Error
+			var perr *sink.Error
 			if !errors.As(err, &perr) {
 				return nil, err // ctx ended, or the producer must restart (a topic takes smaller batches)
 			}
@@ -98,7 +98,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		w.p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had ended: their poller's session is gone, or it took longer than --poll-lease; it may have published them too (duplicates)")
 	}
 	outstanding := 0
-	apply := func(o publisher.Outcome) {
+	apply := func(o sink.Outcome) {
 		outstanding--
 		i := rowOf[o.Record]
 		results[i].delivery = o.Delivery
@@ -112,13 +112,13 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 	stopping := ctx.Done()
 	var deadline <-chan time.Time
 	for i := 0; i < len(rows) || outstanding > 0; {
-		var input chan<- publisher.Item
-		var item publisher.Item
+		var input chan<- sink.Item
+		var item sink.Item
 		for i < len(rows) && rows[i].record == nil {
 			i++
 		}
 		if i < len(rows) {
-			input, item = w.pub.Input(), publisher.Item{Record: rows[i].record}
+			input, item = w.pub.Input(), sink.Item{Record: rows[i].record}
 		} else if outstanding == 0 {
 			break
 		}
@@ -162,7 +162,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 	blocked := map[string]bool{}
 	broken := map[string]bool{} // aggregates whose failure later rows passed
 	failed := 0
-	var firstFailure *publisher.Error
+	var firstFailure *sink.Error
 	for i := range rows {
 		r, res := &rows[i], results[i]
 		switch {
@@ -237,7 +237,7 @@ func (w *worker) mark(ctx context.Context, rows []claimed, results []result) err
 
 // quarantineRow keeps a refused event in the quarantine table, then marks
 // its row, which holds back its aggregate until `quarantine replay`.
-func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *publisher.Error) error {
+func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *sink.Error) error {
 	f := store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 	q := store.QuarantinedEvent(&r.ev, f)
 	if perr.Record != nil {

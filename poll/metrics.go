@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Metrics are poll mode's Prometheus series: those every source shares,
@@ -62,7 +62,7 @@ func (m *Metrics) observeClaim(rows int) {
 	m.RowsClaimed.Add(float64(rows))
 }
 
-func (m *Metrics) observeAck(d publisher.Delivery, insertedAt time.Time) {
+func (m *Metrics) observeAck(d sink.Delivery, insertedAt time.Time) {
 	m.Acked(d.Topic, d.Bytes)
 	if !insertedAt.IsZero() {
 		m.InsertToAck.Observe(d.At.Sub(insertedAt).Seconds())

@@ -114,7 +114,7 @@ func TestValidBroker(t *testing.T) {
 // Issue 24.15: the quarantine log said "the relay will not skip the event"
 // while the stream went on past it.
 func TestPermanentAdviceSaysWhereTheEventIs(t *testing.T) {
-	advice := (&Error{Class: sink.ClassPermanent, Err: errors.New("refused")}).Advice()
+	advice := recordError(sink.ClassPermanent, "", "", -1, errors.New("refused"), nil).Advice()
 	if strings.Contains(advice, "will not skip") || !strings.Contains(advice, "quarantine replay") {
 		t.Errorf("advice %q", advice)
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 func debeziumLayout(t *testing.T, headerColumns string) *layout.Layout {
@@ -36,7 +37,7 @@ func TestBuildDebeziumRecord(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := &event.Event{EventID: []byte("0b7e7f2e-6d5f-4c1e-9b7a-2f0d6c1a9e01"), AggregateType: []byte("order"),
 				AggregateID: []byte("order-42"), EventType: []byte("OrderPlaced"), Payload: tc.payload, Extra: tc.extra, Layout: l}
-			if perr := CheckRow(ev); perr != nil {
+			if perr := sink.CheckRow(ev); perr != nil {
 				t.Fatalf("row check: %v", perr)
 			}
 			r, err := BuildRecord(ev, "outbox.event.order")
@@ -75,16 +76,16 @@ func TestBuildDebeziumRecord(t *testing.T) {
 func TestCheckRowDebezium(t *testing.T) {
 	l := debeziumLayout(t, "")
 	ev := &event.Event{EventID: []byte("e"), AggregateType: []byte("order"), AggregateID: []byte("1"), Layout: l}
-	if perr := CheckRow(ev); perr != nil {
+	if perr := sink.CheckRow(ev); perr != nil {
 		t.Fatalf("NULL type and payload refused: %v", perr)
 	}
 	ev.AggregateID = nil
-	if perr := CheckRow(ev); perr == nil || !strings.Contains(perr.Error(), "aggregateid") {
+	if perr := sink.CheckRow(ev); perr == nil || !strings.Contains(perr.Error(), "aggregateid") {
 		t.Fatalf("NULL aggregateid: %v, want an error naming the column", perr)
 	}
 	ev.Layout = nil
 	ev.AggregateID = []byte("1")
-	if perr := CheckRow(ev); perr == nil {
+	if perr := sink.CheckRow(ev); perr == nil {
 		t.Fatal("the relay's layout took a NULL payload and event type")
 	}
 }

@@ -14,31 +14,23 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// recordSink is what both sinks offer the read loop.
-type recordSink interface {
-	Build(ev *event.Event) (*Record, error)
-	Input() chan<- Item
-	Outcomes() <-chan Outcome
-	Close(timeout time.Duration) error
-}
-
 // driver feeds a sink the way the read loop does, on the test's goroutine,
 // and keeps every outcome, read on a goroutine of its own, so a test can
 // wait for them.
 type driver struct {
 	t testing.TB
-	s recordSink
+	s sink.Sink
 
 	mu        sync.Mutex
 	sent      int
-	acked     []Delivery
-	failed    []*Error
-	reports   []TxnReport
+	acked     []sink.Delivery
+	failed    []*sink.Error
+	reports   []sink.TxnReport
 	changed   chan struct{}
 	collected chan struct{} // closed once Outcomes is
 }
 
-func drive(t testing.TB, s recordSink) *driver {
+func drive(t testing.TB, s sink.Sink) *driver {
 	d := &driver{t: t, s: s, changed: make(chan struct{}, 1), collected: make(chan struct{})}
 	go d.collect()
 	t.Cleanup(func() { d.close(10 * time.Second) })
@@ -66,7 +58,7 @@ func (d *driver) collect() {
 }
 
 // put hands the sink an item, waiting while it is full.
-func (d *driver) put(ctx context.Context, it Item) error {
+func (d *driver) put(ctx context.Context, it sink.Item) error {
 	select {
 	case d.s.Input() <- it:
 		if it.Record != nil {
@@ -80,22 +72,26 @@ func (d *driver) put(ctx context.Context, it Item) error {
 	}
 }
 
-func (d *driver) send(ctx context.Context, r *Record) error { return d.put(ctx, Item{Record: r}) }
+func (d *driver) send(ctx context.Context, r *Record) error { return d.put(ctx, sink.Item{Record: r}) }
 
 func (d *driver) build(ctx context.Context, ev *event.Event) (*Record, error) {
-	return BuildWhenReady(ctx, d.s.Build, ev)
+	r, err := sink.BuildWhenReady(ctx, d.s.Build, ev)
+	if err != nil {
+		return nil, err
+	}
+	return r.(*Record), nil
 }
 
 // stream hands txns to the sink as the read loop does, each end with the
 // progress record progress makes (nil: none); events Build refuses
 // permanently are returned as quarantined, as the loop would quarantine
 // them.
-func (d *driver) stream(ctx context.Context, txns []sourceTxn, progress func(lsn.LSN) *ProgressRecord) (quarantined []string, err error) {
+func (d *driver) stream(ctx context.Context, txns []sourceTxn, progress func(lsn.LSN) *sink.ProgressRecord) (quarantined []string, err error) {
 	for _, st := range txns {
 		for _, ev := range st.events {
 			r, err := d.build(ctx, ev)
 			if err != nil {
-				var perr *Error
+				var perr *sink.Error
 				if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
 					quarantined = append(quarantined, string(ev.EventID))
 					continue
@@ -106,11 +102,11 @@ func (d *driver) stream(ctx context.Context, txns []sourceTxn, progress func(lsn
 				return quarantined, err
 			}
 		}
-		end := &SourceEnd{Txn: st.id, End: st.end, CommitTime: time.Now()}
+		end := &sink.SourceEnd{Txn: st.id, End: st.end, CommitTime: time.Now()}
 		if progress != nil {
 			end.Progress = progress(st.end)
 		}
-		if err := d.put(ctx, Item{End: end}); err != nil {
+		if err := d.put(ctx, sink.Item{End: end}); err != nil {
 			return quarantined, err
 		}
 	}
@@ -120,7 +116,7 @@ func (d *driver) stream(ctx context.Context, txns []sourceTxn, progress func(lsn
 // settle flushes the sink and waits until every record sent has its
 // outcome; it returns the first failure, if any.
 func (d *driver) settle(ctx context.Context) error {
-	if err := d.put(ctx, Item{Flush: true}); err != nil {
+	if err := d.put(ctx, sink.Item{Flush: true}); err != nil {
 		return err
 	}
 	if err := d.await(ctx, func() bool { return len(d.acked)+len(d.failed) >= d.sent }); err != nil {
@@ -176,10 +172,10 @@ func (d *driver) counts() (acked, failed int) {
 	return len(d.acked), len(d.failed)
 }
 
-func (d *driver) failures() []*Error {
+func (d *driver) failures() []*sink.Error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]*Error(nil), d.failed...)
+	return append([]*sink.Error(nil), d.failed...)
 }
 
 // txnStats sums the sink's reports of Kafka transactions.

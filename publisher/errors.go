@@ -10,53 +10,38 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// Error is the failure of one record, naming the event and where it went.
-// Its message says what failed; Advice says what to do about it, and
-// sink.Explain puts the two together where an error reaches the operator.
-type Error struct {
-	Class     sink.Class
-	EventID   string
-	Topic     string
-	Partition int32 // -1 when the record never reached a partition
-	Err       error
-	// Record is the failed record, when it was built.
-	Record *Record
-}
-
-func (e *Error) Error() string {
-	where := "topic " + e.Topic
-	if e.Partition >= 0 {
-		where = fmt.Sprintf("topic %s partition %d", e.Topic, e.Partition)
+// recordError is the failure of one record as the engine gets it: its
+// cause carries what to do about it (kafkaAdvice), and whether re-delivering
+// it may break its partition's order.
+func recordError(class sink.Class, eventID, topic string, partition int32, err error, r *Record) *sink.Error {
+	e := &sink.Error{Class: class, EventID: eventID, Topic: topic, Partition: partition, Err: err,
+		OrderMayBreak: orderMayBreak(partition, err)}
+	if advice := kafkaAdvice(err); advice != "" {
+		e.Err = sink.AdvisedError(err, advice)
 	}
-	return fmt.Sprintf("kafka %s error for event %s, %s: %v", e.Class, e.EventID, where, e.Err)
+	if r != nil { // a nil *Record would make a non-nil interface
+		e.Record = r
+	}
+	return e
 }
 
-func (e *Error) Unwrap() error { return e.Err }
-
-// Advice tells the operator what to do about the error.
-func (e *Error) Advice() string {
+// kafkaAdvice tells the operator what to do about a record Kafka or the
+// producer refused; "" leaves it to the advice of the error's class.
+func kafkaAdvice(err error) string {
 	var size *LocalSizeError
 	switch {
-	case errors.As(e.Err, &size) && size.LoweredTo > 0 && size.Size <= min(size.TopicMax-recordBatchOverhead, size.ProducerMax):
+	case errors.As(err, &size) && size.LoweredTo > 0 && size.Size <= min(size.TopicMax-recordBatchOverhead, size.ProducerMax):
 		return "the topic takes it, but the producer's batches were lowered for another topic: replay it on its own (`outbox-relay quarantine replay <event_id>`)"
-	case errors.Is(e.Err, sarama.ErrMessageSizeTooLarge), isLocalSize(e.Err):
+	case errors.Is(err, sarama.ErrMessageSizeTooLarge), isLocalSize(err):
 		return "raise the topic's max.message.bytes (and --kafka-max-message-bytes), or shrink the event"
-	case errors.Is(e.Err, sarama.ErrUnknownTopicOrPartition):
+	case errors.Is(err, sarama.ErrUnknownTopicOrPartition):
 		return "create the topic, enable auto.create.topics.enable on the brokers, or fix --topic"
-	case errors.Is(e.Err, sarama.ErrInvalidTopic), errors.Is(e.Err, errInvalidTopicName):
+	case errors.Is(err, sarama.ErrInvalidTopic), errors.Is(err, errInvalidTopicName):
 		return "fix --topic or the row's aggregate_type/event_type so the topic name is valid"
-	case errors.Is(e.Err, sarama.ErrTopicAuthorizationFailed), errors.Is(e.Err, sarama.ErrClusterAuthorizationFailed):
+	case errors.Is(err, sarama.ErrTopicAuthorizationFailed), errors.Is(err, sarama.ErrClusterAuthorizationFailed):
 		return "grant the relay's Kafka principal Write and Describe on the topic"
-	case errors.Is(e.Err, ErrUnmappedRow):
-		return "PostgreSQL decodes this row with the columns of its time, so no ALTER TABLE lets the stream pass it: it goes to the quarantine table (under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
-			"The row is still in the outbox table: fill the missing values in the quarantine table from it (UPDATE ... FROM the outbox table, by event_id), then run `outbox-relay quarantine replay`"
-	case errors.Is(e.Err, ErrBadContent):
-		return "a message exists only in the WAL, so the quarantine table's row is its only copy (raw holds the content as it was emitted; under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
-			"Fix the writer that emitted it; to deliver this event, set the row's columns from raw and clear content_problem (UPDATE on the quarantine table, by event_id), then run `outbox-relay quarantine replay`"
-	case e.Class == sink.ClassPermanent:
-		return "fix the row or the topic, then `outbox-relay quarantine replay` it; the event is kept in the quarantine table (or, under --on-permanent-error halt, the relay stops on it), never dropped"
 	}
-	return "the relay re-streams from its confirmed position"
+	return ""
 }
 
 func isLocalSize(err error) bool {
@@ -112,23 +97,23 @@ func (e *LocalSizeError) Error() string {
 		e.Size, e.Limit, e.TopicMax, e.ProducerMax, lowered)
 }
 
-// OrderMayBreak reports whether re-delivering the failed record may put it
+// orderMayBreak reports whether re-delivering the failed record may put it
 // after later records of the same partition: only when it failed once it
 // could have been in a produce request, for sarama keeps appending later
 // batches of a partition after one failed. A record that never reached a
 // partition, or whose failure came from finding a broker (no broker
 // reachable, the circuit breaker open) was never sent, and the session ends
 // before later records get further than it did.
-func (e *Error) OrderMayBreak() bool {
-	if e.Partition < 0 {
+func orderMayBreak(partition int32, err error) bool {
+	if partition < 0 {
 		return false
 	}
 	for _, before := range notSent {
-		if errors.Is(e.Err, before) {
+		if errors.Is(err, before) {
 			return false
 		}
 	}
-	return !isLocalSize(e.Err)
+	return !isLocalSize(err)
 }
 
 // notSent are failures sarama reports while it looks for the partition's

@@ -22,7 +22,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -96,85 +96,6 @@ func DefaultConfig() Config {
 	}
 }
 
-// Delivery is what the producer reports of one record.
-type Delivery struct {
-	Txn        uint64
-	CommitTime time.Time
-	Bytes      int
-	Topic      string
-	Partition  int32
-	Offset     int64
-	// At is when the producer reported the outcome, so latency is measured
-	// to the ack and not to when the caller got round to reading it.
-	At time.Time
-	// Record is the record the outcome is of. A caller whose records are
-	// not a WAL stream's (a poller's rows, a replay's list) finds which of
-	// its own it was by it, where the read loop goes by Txn.
-	Record *Record
-}
-
-// Item is one thing the read loop hands a sink, in WAL order: a record,
-// the end of a source transaction, or a flush. Exactly one field is set.
-// Records and ends travel on one channel so that a sink sees each end after
-// every record of its transaction, by construction.
-type Item struct {
-	Record *Record
-	End    *SourceEnd
-	// Flush asks a sink that holds acks until a Kafka transaction commits
-	// to commit now, in the middle of a source transaction if need be (a
-	// counted split). The loop sends it when its in-flight limits are
-	// full: it waits for acks then, and only a commit makes them.
-	Flush bool
-}
-
-// SourceEnd is the end of a source (PostgreSQL) transaction whose records
-// were all sent: the only place an exactly-once sink may end a Kafka
-// transaction, save for a split.
-type SourceEnd struct {
-	Txn        lsn.TxnID
-	End        lsn.LSN // the commit's end LSN
-	CommitTime time.Time
-	// Progress is the record to write in the Kafka transaction that ends
-	// here, built by the caller; nil writes none.
-	Progress *ProgressRecord
-}
-
-// ProgressRecord is the record that says how far Kafka holds the stream.
-type ProgressRecord struct {
-	Topic      string
-	Key, Value []byte
-	// Encode, when set, makes the value instead, on the sink's goroutine
-	// as the Kafka transaction commits, for the last source transaction it
-	// holds. Only that one is written: encoding the value at every source
-	// transaction's end took a tenth of the relay's CPU catching up on
-	// single-row transactions, and a third of its allocations.
-	Encode func(end lsn.LSN, commitTime time.Time) []byte
-}
-
-// Outcome is one record's result, acknowledged when Err is nil; or, when
-// KafkaTxn is set, the end of a Kafka transaction, reported by the exactly-once
-// sink after the outcomes of its records.
-type Outcome struct {
-	Delivery
-	Err      *Error
-	KafkaTxn *TxnReport
-}
-
-// TxnReport says how a Kafka transaction ended.
-type TxnReport struct {
-	Committed bool
-	// End and CommitTime are those of the last whole source transaction a
-	// committed Kafka transaction held, whose progress record it carried;
-	// zero when it held only part of a split one.
-	End        lsn.LSN
-	CommitTime time.Time
-	// Split says a source transaction too large for one Kafka transaction
-	// began to be committed in parts here (reported once per source
-	// transaction): read_committed consumers see its first part before
-	// the rest.
-	Split bool
-}
-
 func authFailure(err error) bool {
 	var certErr *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError
@@ -198,8 +119,8 @@ type Publisher struct {
 	admin    sarama.ClusterAdmin
 	producer sarama.AsyncProducer
 
-	input    chan Item
-	outcomes chan Outcome
+	input    chan sink.Item
+	outcomes chan sink.Outcome
 	retries  atomic.Int64
 	quit     chan struct{} // closed by Close: outcomes are no longer wanted
 	closing  sync.Once
@@ -216,7 +137,7 @@ func New(cfg Config, log zerolog.Logger) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, log: log, input: make(chan Item), outcomes: make(chan Outcome, outcomeBuffer), quit: make(chan struct{})}
+	p := &Publisher{cfg: cfg, log: log, input: make(chan sink.Item), outcomes: make(chan sink.Outcome, outcomeBuffer), quit: make(chan struct{})}
 	backoff := sc.Producer.Retry.BackoffFunc
 	sc.Producer.Retry.BackoffFunc = func(retries, maxRetries int) time.Duration {
 		p.retries.Add(1)
@@ -297,29 +218,18 @@ func compressionCodec(name string) (sarama.CompressionCodec, error) {
 // producer with smaller batches, and with a *TopicPendingError while the
 // event's topic is being looked up. It never blocks, and must be called from
 // one goroutine.
-func (p *Publisher) Build(ev *event.Event) (*Record, error) { return p.topics.build(ev) }
+func (p *Publisher) Build(ev *event.Event) (sink.Record, error) {
+	r, err := p.topics.build(ev)
+	if err != nil {
+		return nil, err // not a nil *Record inside the interface
+	}
+	return r, nil
+}
 
 // BuildWait is Build for callers without a loop of their own: it waits,
 // until ctx ends, for the event's topic to be looked up.
-func (p *Publisher) BuildWait(ctx context.Context, ev *event.Event) (*Record, error) {
-	return BuildWhenReady(ctx, p.Build, ev)
-}
-
-// BuildWhenReady calls build (a sink's Build) until the event's topic is
-// looked up or ctx ends: Build for callers without a loop of their own.
-func BuildWhenReady(ctx context.Context, build func(*event.Event) (*Record, error), ev *event.Event) (*Record, error) {
-	for {
-		r, err := build(ev)
-		var pending *TopicPendingError
-		if !errors.As(err, &pending) {
-			return r, err
-		}
-		select {
-		case <-pending.Done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+func (p *Publisher) BuildWait(ctx context.Context, ev *event.Event) (sink.Record, error) {
+	return sink.BuildWhenReady(ctx, p.Build, ev)
 }
 
 // Input takes the read loop's items. Records are sent one by one, each
@@ -327,13 +237,13 @@ func BuildWhenReady(ctx context.Context, build func(*event.Event) (*Record, erro
 // transactions and flushes change nothing here. A send on it blocks while
 // the producer is full, so select on it alongside the caller's other
 // duties.
-func (p *Publisher) Input() chan<- Item { return p.input }
+func (p *Publisher) Input() chan<- sink.Item { return p.input }
 
 // Send hands a record to the producer, waiting while it is full, until ctx
 // ends. It is Input for callers without a loop of their own.
-func (p *Publisher) Send(ctx context.Context, r *Record) error {
+func (p *Publisher) Send(ctx context.Context, r sink.Record) error {
 	select {
-	case p.input <- Item{Record: r}:
+	case p.input <- sink.Item{Record: r}:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -342,12 +252,12 @@ func (p *Publisher) Send(ctx context.Context, r *Record) error {
 
 // Outcomes delivers every sent record's ack or failure, in the order the
 // producer reports them. It is closed once Close has drained the producer.
-func (p *Publisher) Outcomes() <-chan Outcome { return p.outcomes }
+func (p *Publisher) Outcomes() <-chan sink.Outcome { return p.outcomes }
 
 // Handler takes outcomes for callers without a loop of their own.
 type Handler interface {
-	Acked(d Delivery)
-	Failed(d Delivery, err *Error)
+	Acked(d sink.Delivery)
+	Failed(d sink.Delivery, err *sink.Error)
 }
 
 // Dispatch hands every outcome to h on a goroutine of its own, until
@@ -380,7 +290,7 @@ func (p *Publisher) forward() {
 	in := p.producer.Input()
 	for it := range p.input {
 		if it.Record != nil {
-			in <- &it.Record.msg
+			in <- &it.Record.(*Record).msg
 		}
 	}
 }
@@ -402,7 +312,7 @@ func (p *Publisher) drainOutcomes() {
 	successes, failures := p.producer.Successes(), p.producer.Errors()
 	var handOverUntil time.Time
 	for successes != nil || failures != nil {
-		var o Outcome
+		var o sink.Outcome
 		select {
 		case msg, ok := <-successes:
 			if !ok {
@@ -421,10 +331,7 @@ func (p *Publisher) drainOutcomes() {
 			if errors.As(perr.Err, &local) {
 				o.Partition = -1 // refused by sarama before it chose a partition
 			}
-			o.Err = &Error{
-				Class: Classify(perr.Err), EventID: string(r.rec.EventID),
-				Topic: o.Topic, Partition: o.Partition, Err: perr.Err, Record: r,
-			}
+			o.Err = recordError(Classify(perr.Err), string(r.rec.EventID), o.Topic, o.Partition, perr.Err, r)
 		}
 		p.topics.spans.end(&o)
 		select {
@@ -452,13 +359,13 @@ func (p *Publisher) drainOutcomes() {
 // failedDelivery describes a record reported failed without reading what
 // the producer writes into its message (partition, offset): a sink that
 // gave up waiting may report a record the producer still holds.
-func failedDelivery(r *Record) Delivery {
-	return Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.Size(), Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now(), Record: r}
+func failedDelivery(r *Record) sink.Delivery {
+	return sink.Delivery{Txn: r.txn, CommitTime: r.commitTime, Bytes: r.Size(), Topic: r.msg.Topic, Partition: -1, Offset: -1, At: time.Now(), Record: r}
 }
 
-func delivery(msg *sarama.ProducerMessage) Delivery {
+func delivery(msg *sarama.ProducerMessage) sink.Delivery {
 	r := msg.Metadata.(*Record)
-	return Delivery{
+	return sink.Delivery{
 		Txn: r.txn, CommitTime: r.commitTime, Bytes: r.Size(),
 		Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, At: time.Now(), Record: r,
 	}

@@ -234,7 +234,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
-	e := &Error{Class: sink.ClassPermanent, EventID: "abc", Topic: "t", Partition: 3, Err: sarama.ErrMessageSizeTooLarge}
+	e := recordError(sink.ClassPermanent, "abc", "t", 3, sarama.ErrMessageSizeTooLarge, nil)
 	msg := sink.Explain(e)
 	for _, want := range []string{"abc", "topic t partition 3", "max.message.bytes"} {
 		if !strings.Contains(msg, want) {
@@ -250,16 +250,15 @@ func TestErrorNamesEventTopicAndAdvice(t *testing.T) {
 // call, gives it once: as is, wrapped with %w, or inside another *Error.
 func TestExplainGivesTheAdviceOnce(t *testing.T) {
 	ev := sampleEvent()
-	unmapped := UnmappedRow(ev, `no column "aggregate_id"`, stringer("0/16B3748"))
-	size := &Error{Class: sink.ClassPermanent, EventID: "abc", Topic: "t", Partition: -1,
-		Err: &LocalSizeError{Size: 5000, Limit: 3900, TopicMax: 4000, ProducerMax: 1000000}}
-	retriable := &Error{Class: sink.ClassRetriable, EventID: "abc", Topic: "t", Partition: 2, Err: sarama.ErrNotLeaderForPartition}
-	for name, perr := range map[string]*Error{"unmapped row": unmapped, "local size": size, "retriable": retriable} {
+	unmapped := sink.UnmappedRow(ev, `no column "aggregate_id"`, stringer("0/16B3748"))
+	size := recordError(sink.ClassPermanent, "abc", "t", -1, &LocalSizeError{Size: 5000, Limit: 3900, TopicMax: 4000, ProducerMax: 1000000}, nil)
+	retriable := recordError(sink.ClassRetriable, "abc", "t", 2, sarama.ErrNotLeaderForPartition, nil)
+	for name, perr := range map[string]*sink.Error{"unmapped row": unmapped, "local size": size, "retriable": retriable} {
 		advice := perr.Advice()
 		for how, err := range map[string]error{
 			"as is":          perr,
 			"wrapped":        fmt.Errorf("session: %w", fmt.Errorf("publish: %w", perr)),
-			"inside another": &Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: -1, Err: fmt.Errorf("replay: %w", perr)},
+			"inside another": recordError(perr.Class, perr.EventID, perr.Topic, -1, fmt.Errorf("replay: %w", perr), nil),
 		} {
 			if strings.Contains(err.Error(), advice) {
 				t.Errorf("%s, %s: the message carries the advice: %s", name, how, err)
@@ -354,8 +353,8 @@ func TestOrderMayBreak(t *testing.T) {
 		{"request timed out", 0, sarama.ErrRequestTimedOut, true},
 		{"wrapped breaker", 0, fmt.Errorf("produce: %w", breaker.ErrBreakerOpen), false},
 	} {
-		e := &Error{Class: Classify(c.err), Topic: "t", Partition: c.partition, Err: c.err}
-		if got := e.OrderMayBreak(); got != c.want {
+		e := recordError(Classify(c.err), "", "t", c.partition, c.err, nil)
+		if got := e.OrderMayBreak; got != c.want {
 			t.Errorf("%s: OrderMayBreak = %t, want %t", c.name, got, c.want)
 		}
 	}
@@ -373,7 +372,7 @@ func TestLocalSizeCheckIsNotABrokerError(t *testing.T) {
 	ev := sampleEvent()
 	ev.Payload = []byte(`"` + strings.Repeat("x", 400) + `"`)
 	_, err = r.build(ev)
-	var perr *Error
+	var perr *sink.Error
 	if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent || perr.Partition != -1 {
 		t.Fatalf("Build: %v, want a permanent error before any partition", err)
 	}
@@ -397,7 +396,7 @@ func TestMissingTopicLookedUpOnceInBackground(t *testing.T) {
 	missing.AggregateType = []byte("nosuch")
 	start := time.Now()
 	_, err := p.Build(missing)
-	var pending *TopicPendingError
+	var pending *sink.TopicPendingError
 	if !errors.As(err, &pending) || pending.Topic != "outbox.nosuch" {
 		t.Fatalf("first Build for a new topic: %v, want a pending lookup", err)
 	}
@@ -413,7 +412,7 @@ func TestMissingTopicLookedUpOnceInBackground(t *testing.T) {
 		missing.EventID = []byte(fmt.Sprintf("event-%d", i))
 		before := time.Now()
 		_, err := p.Build(missing)
-		var perr *Error
+		var perr *sink.Error
 		if !errors.As(err, &perr) || !errors.Is(err, sarama.ErrUnknownTopicOrPartition) || perr.EventID != string(missing.EventID) {
 			t.Fatalf("Build %d for a missing topic: %v, want a permanent unknown-topic error for its own event", i, err)
 		}
@@ -438,7 +437,7 @@ func TestOutcomesComeBackOverTheChannel(t *testing.T) {
 	const n = 100
 	for i, r := range buildNumbered(ctx, t, p, n) {
 		select {
-		case p.Input() <- Item{Record: r}:
+		case p.Input() <- sink.Item{Record: r}:
 		case <-ctx.Done():
 			t.Fatalf("record %d of %d: the producer did not take it", i, n)
 		}
@@ -478,7 +477,7 @@ func buildNumbered(ctx context.Context, t *testing.T, p *Publisher, n int) []*Re
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs[i] = r
+		recs[i] = r.(*Record)
 	}
 	return recs
 }

@@ -23,16 +23,16 @@ func TestSinkContract(t *testing.T) {
 	for _, kind := range []struct {
 		name          string
 		transactional bool
-		start         func(t *testing.T, cfg Config) recordSink
+		start         func(t *testing.T, cfg Config) sink.Sink
 	}{
-		{"at-least-once", false, func(t *testing.T, cfg Config) recordSink {
+		{"at-least-once", false, func(t *testing.T, cfg Config) sink.Sink {
 			p, err := New(cfg, zerolog.Nop())
 			if err != nil {
 				t.Fatal(err)
 			}
 			return p
 		}},
-		{"exactly-once", true, func(t *testing.T, cfg Config) recordSink {
+		{"exactly-once", true, func(t *testing.T, cfg Config) sink.Sink {
 			tcfg := DefaultTxnConfig()
 			tcfg.TransactionalID = "contract-" + t.Name()
 			tcfg.Interval = time.Hour // only ends past the batch size and flushes commit
@@ -77,7 +77,7 @@ func TestSinkContract(t *testing.T) {
 				for _, a := range d.acked {
 					perTxn[a.Txn]++
 				}
-				reports := append([]TxnReport(nil), d.reports...)
+				reports := append([]sink.TxnReport(nil), d.reports...)
 				d.mu.Unlock()
 				for _, st := range txns {
 					if perTxn[uint64(st.id)] != len(st.events) {
@@ -146,7 +146,7 @@ func TestSinkContract(t *testing.T) {
 					t.Fatal(err)
 				}
 				err := d.settle(ctx)
-				var perr *Error
+				var perr *sink.Error
 				if !errors.As(err, &perr) {
 					t.Fatalf("settled with %v, want a failed record", err)
 				}
@@ -186,7 +186,7 @@ func TestSinkContract(t *testing.T) {
 				ev := makeTxns("contractbad", 1, 1, 1)[0].events[0]
 				ev.AggregateType = []byte("no such/topic")
 				_, err := d.build(ctx, ev)
-				var perr *Error
+				var perr *sink.Error
 				if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent || perr.EventID != string(ev.EventID) {
 					t.Fatalf("Build for an invalid topic: %v, want a permanent error naming the event", err)
 				}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/tracing"
 )
 
@@ -31,14 +32,15 @@ func (t *spanTable) put(r *Record, s *tracing.Span) {
 }
 
 // end ends the span of the outcome's record, if it has one.
-func (t *spanTable) end(o *Outcome) {
+func (t *spanTable) end(o *sink.Outcome) {
 	if t == nil || o.Record == nil {
 		return
 	}
 	t.mu.Lock()
-	s, ok := t.spans[o.Record]
+	r := o.Record.(*Record)
+	s, ok := t.spans[r]
 	if ok {
-		delete(t.spans, o.Record)
+		delete(t.spans, r)
 	}
 	t.mu.Unlock()
 	if !ok {

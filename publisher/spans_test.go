@@ -81,9 +81,9 @@ func TestSpanTableEndsEverySpanOnce(t *testing.T) {
 		recs = append(recs, rec)
 	}
 	now := time.Now()
-	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[0], Partition: 2, Offset: 9, At: now}})
-	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[1], Partition: -1, Offset: -1, At: now}, Err: &Error{Class: sink.ClassPermanent, Err: errors.New("refused")}})
-	r.spans.end(&Outcome{Delivery: Delivery{Record: recs[0], At: now}}) // a second outcome ends nothing
+	r.spans.end(&sink.Outcome{Delivery: sink.Delivery{Record: recs[0], Partition: 2, Offset: 9, At: now}})
+	r.spans.end(&sink.Outcome{Delivery: sink.Delivery{Record: recs[1], Partition: -1, Offset: -1, At: now}, Err: recordError(sink.ClassPermanent, "", "", -1, errors.New("refused"), nil)})
+	r.spans.end(&sink.Outcome{Delivery: sink.Delivery{Record: recs[0], At: now}}) // a second outcome ends nothing
 	r.spans.abandon()
 	ended := spans.Ended()
 	if len(ended) != 3 {

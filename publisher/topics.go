@@ -61,7 +61,7 @@ type topicInfo struct {
 // missingTopic remembers that a topic was not there, so each event for it
 // does not wait out TopicWait again.
 type missingTopic struct {
-	err   *Error
+	err   *sink.Error
 	until time.Time
 }
 
@@ -78,17 +78,6 @@ type lookup struct {
 	err   error
 }
 
-// TopicPendingError says Build cannot build the record yet: its topic is
-// being looked up. Retry Build with the same event after Done is closed.
-type TopicPendingError struct {
-	Topic string
-	Done  <-chan struct{}
-}
-
-func (e *TopicPendingError) Error() string {
-	return "looking up topic " + e.Topic
-}
-
 // build turns an event into a record. It fails with a permanent *Error when
 // Kafka could never accept the record (bad topic name, missing topic, too
 // large, malformed headers), with a *sink.BatchLimitError when the topic needs a
@@ -102,7 +91,7 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 	}
 	r, err := build(ev, topic.name)
 	if err != nil {
-		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: err}
+		return nil, recordError(sink.ClassPermanent, string(ev.EventID), topic.name, -1, err, nil)
 	}
 	var span *tracing.Span
 	if t.cfg.Tracing != nil {
@@ -118,7 +107,7 @@ func (t *topicResolver) build(ev *event.Event) (*Record, error) {
 			sizeErr.LoweredTo = t.cfg.batchBytes()
 		}
 		span.End(-1, -1, sizeErr, time.Now())
-		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic.name, Partition: -1, Err: sizeErr}
+		return nil, recordError(sink.ClassPermanent, string(ev.EventID), topic.name, -1, sizeErr, nil)
 	}
 	if span != nil {
 		t.spans.put(r, span)
@@ -163,11 +152,11 @@ func (t *topicResolver) lookUp(name, eventID string) (*topicInfo, error) {
 	select {
 	case <-l.done:
 	default:
-		return nil, &TopicPendingError{Topic: name, Done: l.done}
+		return nil, &sink.TopicPendingError{Topic: name, Done: l.done}
 	}
 	delete(t.lookups, name)
 	if l.err != nil {
-		var perm *Error
+		var perm *sink.Error
 		if errors.As(l.err, &perm) {
 			if errors.Is(perm.Err, sarama.ErrUnknownTopicOrPartition) {
 				t.missing[name] = missingTopic{err: perm, until: time.Now().Add(missingTopicExpiry)}
@@ -187,7 +176,7 @@ func (t *topicResolver) lookUp(name, eventID string) (*topicInfo, error) {
 // whole batch and take innocent neighbours, and their order, down with it.
 func (t *topicResolver) discover(name string) (*topicInfo, error) {
 	if err := validTopicName(name); err != nil {
-		return nil, &Error{Class: sink.ClassPermanent, Topic: name, Partition: -1, Err: err}
+		return nil, recordError(sink.ClassPermanent, "", name, -1, err, nil)
 	}
 	deadline := time.Now().Add(t.cfg.TopicWait)
 	for {
@@ -202,8 +191,8 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 			return nil, fmt.Errorf("look up topic %s: %w", name, err)
 		}
 		if time.Now().After(deadline) {
-			return nil, &Error{Class: sink.ClassPermanent, Topic: name, Partition: -1,
-				Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition)}
+			return nil, recordError(sink.ClassPermanent, "", name, -1,
+				fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition), nil)
 		}
 		// The broker may be creating the topic: poll its metadata.
 		select {

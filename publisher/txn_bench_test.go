@@ -16,14 +16,15 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // ackCounter is a Handler that counts acks and failures.
 type ackCounter struct{ acked, failed atomic.Int64 }
 
-func (a *ackCounter) Acked(Delivery)          { a.acked.Add(1) }
-func (a *ackCounter) Failed(Delivery, *Error) { a.failed.Add(1) }
+func (a *ackCounter) Acked(sink.Delivery)               { a.acked.Add(1) }
+func (a *ackCounter) Failed(sink.Delivery, *sink.Error) { a.failed.Add(1) }
 
 // benchEvents builds n events of ~300-byte payloads over 1,000 aggregates.
 func benchEvents(topic string, n int) []*event.Event {
@@ -118,7 +119,7 @@ func BenchmarkCatchUp(b *testing.B) {
 						return err
 					}
 					if i%3 == 2 || i == len(evs)-1 {
-						return d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(i/3 + 1), End: lsn.LSN(i + 1), CommitTime: time.Now()}})
+						return d.put(ctx, sink.Item{End: &sink.SourceEnd{Txn: lsn.TxnID(i/3 + 1), End: lsn.LSN(i + 1), CommitTime: time.Now()}})
 					}
 					return nil
 				}
@@ -217,14 +218,14 @@ func BenchmarkReadCommittedLatency(b *testing.B) {
 						b.Fatal(err)
 					}
 					if i%3 != 0 {
-						if err := d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(i), End: lsn.LSN(i), CommitTime: time.Now()}}); err != nil {
+						if err := d.put(ctx, sink.Item{End: &sink.SourceEnd{Txn: lsn.TxnID(i), End: lsn.LSN(i), CommitTime: time.Now()}}); err != nil {
 							b.Fatal(err)
 						}
 					}
 				}
 				time.Sleep(time.Millisecond) // pacing, not synchronisation
 			}
-			if err := d.put(ctx, Item{End: &SourceEnd{Txn: lsn.TxnID(total), End: lsn.LSN(total), CommitTime: time.Now()}}); err != nil {
+			if err := d.put(ctx, sink.Item{End: &sink.SourceEnd{Txn: lsn.TxnID(total), End: lsn.LSN(total), CommitTime: time.Now()}}); err != nil {
 				b.Fatal(err)
 			}
 			<-consumed

@@ -40,8 +40,8 @@ type TxnSink struct {
 	producer sarama.AsyncProducer
 	retries  atomic.Int64
 
-	items    chan Item
-	outcomes chan Outcome
+	items    chan sink.Item
+	outcomes chan sink.Outcome
 	closeBy  time.Time     // set by Close before it closes stop and items
 	stop     chan struct{} // closed by Close: finish within closeBy
 	done     chan struct{} // closed once the producer is closed
@@ -82,7 +82,7 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 	sc.Producer.Retry.Max = retriesWithin(cfg.RetryBackoffMax, tcfg.MaxAge)
 	s := &TxnSink{
 		cfg: tcfg, log: log,
-		items: make(chan Item, inputQueue), outcomes: make(chan Outcome, outcomeBuffer),
+		items: make(chan sink.Item, inputQueue), outcomes: make(chan sink.Outcome, outcomeBuffer),
 		done: make(chan struct{}), stop: make(chan struct{}),
 	}
 	// sarama treats a fatal AddPartitionsToTxn answer (PRODUCER_FENCED
@@ -127,24 +127,25 @@ func NewTxnSink(cfg Config, tcfg TxnConfig, log zerolog.Logger) (*TxnSink, error
 // transaction anything Kafka would refuse: the checks of Publisher.Build,
 // and events Kafka already refused inside an earlier transaction. It never
 // blocks, and must be called from one goroutine.
-func (s *TxnSink) Build(ev *event.Event) (*Record, error) {
+func (s *TxnSink) Build(ev *event.Event) (sink.Record, error) {
 	if err := s.cfg.Poison.refused(ev.EventID); err != nil {
-		return nil, &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Partition: -1, Err: err}
+		return nil, recordError(sink.ClassPermanent, string(ev.EventID), "", -1, err, nil)
 	}
 	r, err := s.topics.build(ev)
-	if err == nil {
-		r.built = time.Now()
+	if err != nil {
+		return nil, err // not a nil *Record inside the interface
 	}
-	return r, err
+	r.built = time.Now()
+	return r, nil
 }
 
 // Input takes the read loop's items, in WAL order.
-func (s *TxnSink) Input() chan<- Item { return s.items }
+func (s *TxnSink) Input() chan<- sink.Item { return s.items }
 
 // Outcomes delivers each record's ack, after its Kafka transaction
 // committed, or its failure, then the report of that transaction's end. It
 // is closed by Close.
-func (s *TxnSink) Outcomes() <-chan Outcome { return s.outcomes }
+func (s *TxnSink) Outcomes() <-chan sink.Outcome { return s.outcomes }
 
 // Retries counts the producer's retries since the sink was made.
 func (s *TxnSink) Retries() int64 { return s.retries.Load() }
@@ -235,10 +236,10 @@ type txnLoop struct {
 	batch    []*Record
 	acked    []ackedRecord // by position; valid where batch is nil
 	bytes    int
-	complete int        // len(batch) at the last end: records of whole source transactions
-	last     *SourceEnd // the last whole source transaction in the batch
-	due      bool       // the deadline passed mid source transaction: commit at its end
-	split    bool       // the current source transaction was already reported split
+	complete int             // len(batch) at the last end: records of whole source transactions
+	last     *sink.SourceEnd // the last whole source transaction in the batch
+	due      bool            // the deadline passed mid source transaction: commit at its end
+	split    bool            // the current source transaction was already reported split
 	isolate  isolation
 	// isolatedAbort says the transaction aborts because the suspect sent
 	// alone failed, so a permanent refusal names it.
@@ -260,7 +261,7 @@ type txnLoop struct {
 	broken   error // set once the sink is spent
 	stopping bool  // Close was called: give up at closeBy
 	closed   bool  // Input was closed and is drained
-	pending  []Outcome
+	pending  []sink.Outcome
 }
 
 func (s *TxnSink) run() {
@@ -292,7 +293,7 @@ func (o *txnLoop) loop() {
 			return
 		}
 		o.arm()
-		var items <-chan Item
+		var items <-chan sink.Item
 		if o.canTake() {
 			items = o.items
 		}
@@ -300,8 +301,8 @@ func (o *txnLoop) loop() {
 		if o.next != nil && o.isolate != settleBefore {
 			in = o.producer.Input()
 		}
-		var out chan<- Outcome
-		var first Outcome
+		var out chan<- sink.Outcome
+		var first sink.Outcome
 		if len(o.pending) > 0 {
 			out, first = o.outcomes, o.pending[0]
 		}
@@ -332,7 +333,7 @@ func (o *txnLoop) loop() {
 			o.armed = time.Time{}
 			o.onTimer()
 		case out <- first:
-			o.pending[0] = Outcome{}
+			o.pending[0] = sink.Outcome{}
 			o.pending = o.pending[1:]
 		case <-stop:
 			o.stopping, stop = true, nil
@@ -389,7 +390,7 @@ func (o *txnLoop) ack(msg *sarama.ProducerMessage) {
 // ackedRecord is what the sink keeps of a record the broker acknowledged
 // until its Kafka transaction ends: enough to report it either way.
 type ackedRecord struct {
-	d       Delivery
+	d       sink.Delivery
 	eventID string
 }
 
@@ -418,11 +419,11 @@ func (o *txnLoop) canTake() bool {
 	return o.phase <= open && o.next == nil && o.isolate == notIsolating && len(o.failures) == 0
 }
 
-func (o *txnLoop) take(it Item) {
+func (o *txnLoop) take(it sink.Item) {
 	o.taken++
 	switch {
 	case it.Record != nil:
-		o.record(it.Record)
+		o.record(it.Record.(*Record))
 	case it.End != nil:
 		o.end(it.End)
 	case it.Flush:
@@ -477,7 +478,7 @@ func (o *txnLoop) handed() {
 	}
 }
 
-func (o *txnLoop) end(e *SourceEnd) {
+func (o *txnLoop) end(e *sink.SourceEnd) {
 	if o.broken != nil || o.phase != open {
 		return // no records, or spent: nothing to commit
 	}
@@ -557,7 +558,7 @@ func (o *txnLoop) commit() {
 	}
 	if o.complete < len(o.batch) && !o.split {
 		o.split = true
-		o.report(Outcome{KafkaTxn: &TxnReport{Split: true}})
+		o.report(sink.Outcome{KafkaTxn: &sink.TxnReport{Split: true}})
 		o.log.Warn().Int("records", len(o.batch)-o.complete).
 			Msg("a source transaction is larger than one Kafka transaction may hold: committing it in parts; read_committed consumers see its first part before the rest, and a crash before its last part re-delivers the committed parts")
 	}
@@ -665,14 +666,14 @@ func (o *txnLoop) committed() {
 			d = delivery(&r.msg)
 		}
 		d.At = now // the ack that counts is the commit
-		o.report(Outcome{Delivery: d})
+		o.report(sink.Outcome{Delivery: d})
 	}
 	o.cfg.Poison.committed(o.eventIDs)
-	rep := &TxnReport{Committed: true}
+	rep := &sink.TxnReport{Committed: true}
 	if o.last != nil {
 		rep.End, rep.CommitTime = o.last.End, o.last.CommitTime
 	}
-	o.report(Outcome{KafkaTxn: rep})
+	o.report(sink.Outcome{KafkaTxn: rep})
 	o.reset()
 }
 
@@ -704,7 +705,7 @@ func (o *txnLoop) aborted(gaveUp bool) {
 	}
 	o.spend(cause)
 	o.failAll(class)
-	o.report(Outcome{KafkaTxn: &TxnReport{}})
+	o.report(sink.Outcome{KafkaTxn: &sink.TxnReport{}})
 }
 
 // giveUp ends waiting for a commit or an abort that Kafka does not answer:
@@ -760,7 +761,7 @@ func (o *txnLoop) failAll(class sink.Class) {
 		a := o.acked[i]
 		d := a.d
 		d.Partition, d.Offset, d.At = -1, -1, time.Now()
-		o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: a.eventID, Topic: d.Topic, Partition: -1, Err: o.broken}})
+		o.report(sink.Outcome{Delivery: d, Err: recordError(class, a.eventID, d.Topic, -1, o.broken, nil)})
 	}
 	o.reset()
 }
@@ -790,10 +791,10 @@ func (o *txnLoop) failOneAs(r *Record, err error, class sink.Class) {
 	d := failedDelivery(r)
 	// No partition: read_committed readers never see an aborted record,
 	// so its re-delivery cannot land out of order.
-	o.report(Outcome{Delivery: d, Err: &Error{Class: class, EventID: r.EventID(), Topic: d.Topic, Partition: -1, Err: err}})
+	o.report(sink.Outcome{Delivery: d, Err: recordError(class, r.EventID(), d.Topic, -1, err, nil)})
 }
 
-func (o *txnLoop) report(out Outcome) {
+func (o *txnLoop) report(out sink.Outcome) {
 	o.topics.spans.end(&out)
 	o.pending = append(o.pending, out)
 }

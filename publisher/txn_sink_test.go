@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -72,7 +73,7 @@ func TestTxnSinkFencedReportsEveryRecordOnce(t *testing.T) {
 	if _, err := old.stream(ctx, txns[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.put(ctx, Item{Flush: true}); err != nil {
+	if err := old.put(ctx, sink.Item{Flush: true}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := old.stream(ctx, txns[2:], nil); err != nil {
@@ -205,8 +206,8 @@ func TestTxnSinkCatchingUpEndsWhenCaughtUp(t *testing.T) {
 		if err := d.send(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
-		end := &SourceEnd{Txn: st.id, End: st.end, CommitTime: st.events[0].CommitTime}
-		if err := d.put(context.Background(), Item{End: end}); err != nil {
+		end := &sink.SourceEnd{Txn: st.id, End: st.end, CommitTime: st.events[0].CommitTime}
+		if err := d.put(context.Background(), sink.Item{End: end}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -237,8 +238,8 @@ func TestTxnSinkCatchingUpCommitsWhenInputStops(t *testing.T) {
 	if err := d.send(context.Background(), r); err != nil {
 		t.Fatal(err)
 	}
-	end := &SourceEnd{Txn: txns[0].id, End: txns[0].end, CommitTime: txns[0].events[0].CommitTime}
-	if err := d.put(context.Background(), Item{End: end}); err != nil {
+	end := &sink.SourceEnd{Txn: txns[0].id, End: txns[0].end, CommitTime: txns[0].events[0].CommitTime}
+	if err := d.put(context.Background(), sink.Item{End: end}); err != nil {
 		t.Fatal(err)
 	}
 	d.waitFor(10*time.Second, "the commit", func() bool { return len(d.reports) > 0 })

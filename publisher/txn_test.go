@@ -204,8 +204,8 @@ func TestTxnManyTransactionsCarryProgress(t *testing.T) {
 	k.CreateTopic(t, progressTopic, 1, nil)
 	w.tcfg.Interval = 5 * time.Millisecond
 	w.tcfg.BatchEvents = 40
-	progress := func(end lsn.LSN) *ProgressRecord {
-		return &ProgressRecord{Topic: progressTopic, Key: []byte("slot@1"), Value: []byte(end.String())}
+	progress := func(end lsn.LSN) *sink.ProgressRecord {
+		return &sink.ProgressRecord{Topic: progressTopic, Key: []byte("slot@1"), Value: []byte(end.String())}
 	}
 	d := w.sink()
 	txns := makeTxns("many", 300, 5, 20)
@@ -567,7 +567,7 @@ func TestTxnCloseNeverClosesTheProducerUnderACommit(t *testing.T) {
 	release := k.HoldRequests(kmsg.EndTxn)
 	defer release()
 	refused := k.FailTxnRequests(kmsg.EndTxn, 1, kerr.UnknownProducerID.Code)
-	if err := d.put(context.Background(), Item{Flush: true}); err != nil {
+	if err := d.put(context.Background(), sink.Item{Flush: true}); err != nil {
 		t.Fatal(err)
 	}
 	if !harness.Poll(10*time.Second, func() bool { return k.HeldRequests() > 0 }) {

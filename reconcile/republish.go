@@ -42,13 +42,13 @@ type republisher struct {
 
 // indexOf is the place in the missing list of a record's event; only
 // events found there are sent.
-func (r *republisher) indexOf(rec *publisher.Record) int {
+func (r *republisher) indexOf(rec sink.Record) int {
 	id, _ := ParseEventID(rec.Shaped().EventID)
 	i, _ := r.missing.index(id)
 	return i
 }
 
-func (r *republisher) Acked(d publisher.Delivery) {
+func (r *republisher) Acked(d sink.Delivery) {
 	r.mu.Lock()
 	r.state[r.indexOf(d.Record)] = acked
 	r.mu.Unlock()
@@ -56,7 +56,7 @@ func (r *republisher) Acked(d publisher.Delivery) {
 	r.inFlight.Done()
 }
 
-func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
+func (r *republisher) Failed(d sink.Delivery, perr *sink.Error) {
 	defer r.inFlight.Done()
 	if perr.Class == sink.ClassPermanent && perr.Record != nil && r.quarantine != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -66,18 +66,18 @@ func (r *republisher) Failed(d publisher.Delivery, perr *publisher.Error) {
 			r.quarantined(r.indexOf(d.Record), perr)
 			return
 		}
-		perr = &publisher.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
+		perr = &sink.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
 	r.fail(r.indexOf(d.Record), sink.Explain(perr))
 }
 
 // failure is what the quarantine table keeps of why an event failed.
-func failure(perr *publisher.Error) store.Failure {
+func failure(perr *sink.Error) store.Failure {
 	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 }
 
-func (r *republisher) quarantined(i int, perr *publisher.Error) {
+func (r *republisher) quarantined(i int, perr *sink.Error) {
 	r.mu.Lock()
 	r.state[i] = quarantinedNow
 	r.mu.Unlock()
@@ -153,7 +153,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 			pub.Dispatch(r)
 			rec, err = build(ctx, pub, ev)
 		}
-		var perr *publisher.Error
+		var perr *sink.Error
 		switch {
 		case errors.As(err, &perr) && perr.Class == sink.ClassPermanent && r.quarantine != nil:
 			if qerr := r.quarantine.Put(ctx, store.QuarantinedEvent(ev, failure(perr))); qerr != nil {
@@ -220,8 +220,8 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 
 // build checks the row's required values as `run` does, then builds its
 // record.
-func build(ctx context.Context, pub *publisher.Publisher, ev *event.Event) (*publisher.Record, error) {
-	if perr := publisher.CheckRow(ev); perr != nil {
+func build(ctx context.Context, pub *publisher.Publisher, ev *event.Event) (sink.Record, error) {
+	if perr := sink.CheckRow(ev); perr != nil {
 		return nil, perr
 	}
 	return pub.BuildWait(ctx, ev)

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -84,7 +85,7 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 	tracker.Add(txn, 10)
 	s := &readLoop{loopEnv: r.loopEnv(), tracker: tracker}
 	before := time.Now()
-	s.outcome(publisher.Outcome{Delivery: publisher.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
+	s.outcome(sink.Outcome{Delivery: sink.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
 	if last := r.Status().LastAck; last == nil || last.Before(before) {
 		t.Fatalf("last ack %v after an ack at %v", last, before)
 	}

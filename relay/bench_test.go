@@ -40,6 +40,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // benchColumns are the outbox table's columns in table order, as the
@@ -88,7 +89,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			if _, err := pub.BuildWait(context.Background(), &ev); err != nil {
 				b.Fatal(err)
 			}
-			var sink *publisher.Record
+			var sink sink.Record
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; {

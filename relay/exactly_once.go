@@ -20,6 +20,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ValidateDelivery checks --delivery and, for exactly-once, the settings
@@ -116,13 +117,13 @@ type txnProgress struct {
 	relayVersion string
 	// record is what the sink gets; nil when the session has no progress
 	// key. withRecord makes it.
-	record *publisher.ProgressRecord
+	record *sink.ProgressRecord
 }
 
 // withRecord returns p with its progress record made.
 func (p txnProgress) withRecord() txnProgress {
 	if p.key != nil {
-		p.record = &publisher.ProgressRecord{Topic: p.topic, Key: p.key, Encode: p.encode}
+		p.record = &sink.ProgressRecord{Topic: p.topic, Key: p.key, Encode: p.encode}
 	}
 	return p
 }
@@ -135,7 +136,7 @@ func (p txnProgress) encode(end lsn.LSN, commitTime time.Time) []byte {
 
 // ended takes the sink's report of a Kafka transaction's end, on the
 // read loop's goroutine, for the metrics and the status.
-func (e *exactlyOnce) ended(rep publisher.TxnReport, timeline uint32) {
+func (e *exactlyOnce) ended(rep sink.TxnReport, timeline uint32) {
 	switch {
 	case rep.Split:
 		e.split.Add(1)

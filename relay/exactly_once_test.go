@@ -10,8 +10,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 func TestValidateDelivery(t *testing.T) {
@@ -64,10 +64,10 @@ func TestDeliveryStatusAndMetrics(t *testing.T) {
 
 	// Reports of two sessions' sinks, as their loops take them.
 	commitTime := time.Date(2026, 12, 1, 4, 0, 0, 0, time.UTC)
-	r.delivery.ended(publisher.TxnReport{Committed: true, End: lsn.LSN(0x100), CommitTime: commitTime}, 1)
-	r.delivery.ended(publisher.TxnReport{}, 1)
-	r.delivery.ended(publisher.TxnReport{Split: true}, 1)
-	r.delivery.ended(publisher.TxnReport{Committed: true}, 1) // the first part of a split transaction
+	r.delivery.ended(sink.TxnReport{Committed: true, End: lsn.LSN(0x100), CommitTime: commitTime}, 1)
+	r.delivery.ended(sink.TxnReport{}, 1)
+	r.delivery.ended(sink.TxnReport{Split: true}, 1)
+	r.delivery.ended(sink.TxnReport{Committed: true}, 1) // the first part of a split transaction
 
 	d := r.Status().Delivery
 	if d.Mode != DeliveryExactlyOnce || d.TransactionalID != "outbox-relay:s@1" ||

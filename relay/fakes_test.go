@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eapache/go-resiliency/breaker"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/event"
@@ -205,10 +206,10 @@ func (s *fakeSource) commit(t *testing.T, end lsn.LSN) {
 
 // txn streams one transaction of one event per id, ending at end, and
 // returns the records the loop sent for it.
-func (r *loopRig) txn(t *testing.T, end lsn.LSN, ids ...string) []*publisher.Record {
+func (r *loopRig) txn(t *testing.T, end lsn.LSN, ids ...string) []sink.Record {
 	t.Helper()
 	r.source.begin(t)
-	var recs []*publisher.Record
+	var recs []sink.Record
 	for _, id := range ids {
 		r.source.row(t, id, "order")
 		recs = append(recs, r.sink.sent(t))
@@ -250,8 +251,8 @@ func (s *fakeSource) noStatus(t *testing.T, why string) {
 // arrive on sent, and the test reports outcomes with ack and fail.
 type fakeSink struct {
 	clock    *fakeClock
-	in       chan publisher.Item
-	outcomes chan publisher.Outcome
+	in       chan sink.Item
+	outcomes chan sink.Outcome
 	retries  atomic.Int64
 	closed   atomic.Bool
 	flushes  atomic.Int64 // flushes read
@@ -263,11 +264,11 @@ type fakeSink struct {
 }
 
 func newFakeSink(c *fakeClock) *fakeSink {
-	return &fakeSink{clock: c, in: make(chan publisher.Item), outcomes: make(chan publisher.Outcome, 1024),
+	return &fakeSink{clock: c, in: make(chan sink.Item), outcomes: make(chan sink.Outcome, 1024),
 		lookups: map[string]chan struct{}{}, missing: map[string]bool{}}
 }
 
-func (k *fakeSink) Build(ev *event.Event) (*publisher.Record, error) {
+func (k *fakeSink) Build(ev *event.Event) (sink.Record, error) {
 	topic := "outbox." + string(ev.AggregateType)
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -275,19 +276,19 @@ func (k *fakeSink) Build(ev *event.Event) (*publisher.Record, error) {
 		select {
 		case <-done:
 		default:
-			return nil, &publisher.TopicPendingError{Topic: topic, Done: done}
+			return nil, &sink.TopicPendingError{Topic: topic, Done: done}
 		}
 	}
 	if k.missing[topic] {
-		return nil, &publisher.Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic, Partition: -1,
+		return nil, &sink.Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: topic, Partition: -1,
 			Err: errors.New("topic does not exist")}
 	}
 	return publisher.BuildRecord(ev, topic)
 }
 
-func (k *fakeSink) Input() chan<- publisher.Item       { return k.in }
-func (k *fakeSink) Outcomes() <-chan publisher.Outcome { return k.outcomes }
-func (k *fakeSink) Retries() int64                     { return k.retries.Load() }
+func (k *fakeSink) Input() chan<- sink.Item       { return k.in }
+func (k *fakeSink) Outcomes() <-chan sink.Outcome { return k.outcomes }
+func (k *fakeSink) Retries() int64                { return k.retries.Load() }
 
 // Close ends Outcomes, as a real sink does once it has drained; outcomes
 // a test reports after that are dropped.
@@ -301,7 +302,7 @@ func (k *fakeSink) Close(time.Duration) error {
 }
 
 // item returns the next item the loop sent, noting ends and flushes.
-func (k *fakeSink) item(t *testing.T) publisher.Item {
+func (k *fakeSink) item(t *testing.T) sink.Item {
 	t.Helper()
 	select {
 	case it := <-k.in:
@@ -316,13 +317,13 @@ func (k *fakeSink) item(t *testing.T) publisher.Item {
 		return it
 	case <-time.After(patience):
 		t.Fatal("the loop sent nothing to the sink")
-		return publisher.Item{}
+		return sink.Item{}
 	}
 }
 
 // sent returns the next record the loop sent, taking the ends and flushes
 // before it.
-func (k *fakeSink) sent(t *testing.T) *publisher.Record {
+func (k *fakeSink) sent(t *testing.T) sink.Record {
 	t.Helper()
 	for {
 		if it := k.item(t); it.Record != nil {
@@ -341,21 +342,25 @@ func (k *fakeSink) nothingSent(t *testing.T, why string) {
 	}
 }
 
-func (k *fakeSink) delivery(r *publisher.Record) publisher.Delivery {
-	return publisher.Delivery{Txn: r.Txn(), Bytes: r.Size(), Topic: r.Topic(), Partition: 0, At: k.clock.Now()}
+func (k *fakeSink) delivery(r sink.Record) sink.Delivery {
+	return sink.Delivery{Txn: r.Txn(), Bytes: r.Size(), Topic: r.Topic(), Partition: 0, At: k.clock.Now()}
 }
 
-func (k *fakeSink) ack(r *publisher.Record) {
-	k.report(publisher.Outcome{Delivery: k.delivery(r)})
+func (k *fakeSink) ack(r sink.Record) {
+	k.report(sink.Outcome{Delivery: k.delivery(r)})
 }
 
-func (k *fakeSink) fail(r *publisher.Record, class sink.Class, err error) {
+func (k *fakeSink) fail(r sink.Record, class sink.Class, err error) {
 	d := k.delivery(r)
-	k.report(publisher.Outcome{Delivery: d, Err: &publisher.Error{Class: class, EventID: r.EventID(),
-		Topic: d.Topic, Partition: d.Partition, Err: err, Record: r}})
+	// As the Kafka sink says of these errors: a record that reached a
+	// partition may break its order, unless it was never sent (the
+	// breaker) or Kafka refused it for good.
+	mayBreak := class != sink.ClassPermanent && !errors.Is(err, breaker.ErrBreakerOpen)
+	k.report(sink.Outcome{Delivery: d, Err: &sink.Error{Class: class, EventID: r.EventID(),
+		Topic: d.Topic, Partition: d.Partition, Err: err, Record: r, OrderMayBreak: mayBreak}})
 }
 
-func (k *fakeSink) report(o publisher.Outcome) {
+func (k *fakeSink) report(o sink.Outcome) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.closed.Load() {
@@ -449,7 +454,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	rig.relay.clock = rig.clock
 	rig.readLoop = newReadLoop(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
 	if o.recover {
-		rig.readLoop.newSink = func() (recordSink, error) {
+		rig.readLoop.newSink = func() (sink.Sink, error) {
 			if rig.kafkaDown.Load() {
 				return nil, errors.New("connect to kafka brokers: connection refused")
 			}

@@ -14,7 +14,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -87,7 +86,7 @@ type loopEnv struct {
 type readLoop struct {
 	loopEnv
 	source     walStream
-	sink       recordSink
+	sink       sink.Sink
 	tracker    *lsn.Tracker
 	quarantine *quarantiner // nil when permanent errors halt the relay
 
@@ -113,7 +112,7 @@ type readLoop struct {
 
 	// newSink makes a sink, to learn when Kafka is back after a failure;
 	// nil: a Kafka failure ends the session at once.
-	newSink func() (recordSink, error)
+	newSink func() (sink.Sink, error)
 
 	// txnSink says the sink writes Kafka transactions: it gets the end of
 	// every source transaction, with the progress record to write there,
@@ -127,7 +126,7 @@ type readLoop struct {
 	closing sync.WaitGroup // abandoned sinks being closed
 }
 
-func newReadLoop(env loopEnv, src walStream, snk recordSink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
+func newReadLoop(env loopEnv, src walStream, snk sink.Sink, t *lsn.Tracker, q *quarantiner, start lsn.LSN, keepaliveEvery time.Duration) *readLoop {
 	return &readLoop{
 		loopEnv: env, source: src, sink: snk, tracker: t, quarantine: q,
 		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,
@@ -161,9 +160,9 @@ func (s *readLoop) run(ctx context.Context) error {
 			// status too, so wal_sender_timeout never fires while Kafka is
 			// slow. A transactional sink acks only once it commits, so it
 			// is asked, once, to commit now rather than at its interval.
-			var flush *publisher.Item
+			var flush *sink.Item
 			if s.txnSink && !s.flushed {
-				flush = &publisher.Item{Flush: true}
+				flush = &sink.Item{Flush: true}
 			}
 			sent, err := s.wait(ctx, flush, nil)
 			if err != nil {
@@ -250,9 +249,9 @@ func (s *readLoop) duties() error {
 // (when item is given), an outcome, a quarantine result, ready closed, the
 // next wake-up, or ctx ending. It reports whether item was sent, and the
 // session-ending failure if one arrived.
-func (s *readLoop) wait(ctx context.Context, item *publisher.Item, ready <-chan struct{}) (sent bool, err error) {
-	var in chan<- publisher.Item
-	var it publisher.Item
+func (s *readLoop) wait(ctx context.Context, item *sink.Item, ready <-chan struct{}) (sent bool, err error) {
+	var in chan<- sink.Item
+	var it sink.Item
 	if item != nil {
 		in, it = s.sink.Input(), *item
 	}
@@ -362,8 +361,8 @@ func (s *readLoop) handle(ctx context.Context, msg *replication.Message) error {
 			return err
 		}
 		if s.txnSink {
-			end := &publisher.SourceEnd{Txn: s.txn, End: msg.EndLSN, CommitTime: s.commitTime, Progress: s.progress.record}
-			if err := s.send(ctx, publisher.Item{End: end}); err != nil {
+			end := &sink.SourceEnd{Txn: s.txn, End: msg.EndLSN, CommitTime: s.commitTime, Progress: s.progress.record}
+			if err := s.send(ctx, sink.Item{End: end}); err != nil {
 				return err
 			}
 		}
@@ -460,22 +459,22 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 	ev := &s.event
 	*ev = eventOf(row, s.cfg.layout, s.txn, s.commitTime)
 	ev.Position = uint64(at)
-	var rec *publisher.Record
+	var rec sink.Record
 	var err error
 	switch {
 	case row.Unmapped != "" && row.ContentAt != 0: // a message's
-		err = publisher.BadContent(ev, row.Unmapped, row.ContentAt)
+		err = sink.BadContent(ev, row.Unmapped, row.ContentAt)
 	case row.Unmapped != "":
-		err = publisher.UnmappedRow(ev, row.Unmapped, at)
+		err = sink.UnmappedRow(ev, row.Unmapped, at)
 	default:
 		rec, err = s.build(ev)
 	}
-	var pending *publisher.TopicPendingError
+	var pending *sink.TopicPendingError
 	if errors.As(err, &pending) {
 		rec, err = s.awaitTopic(ctx, ev, pending)
 	}
 	if err != nil {
-		var perr *publisher.Error
+		var perr *sink.Error
 		if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent {
 			return err
 		}
@@ -505,12 +504,12 @@ func (s *readLoop) publish(ctx context.Context, row *replication.Row, at lsn.LSN
 		return nil
 	}
 	s.tracker.Add(s.txn, rec.Size())
-	return s.send(ctx, publisher.Item{Record: rec})
+	return s.send(ctx, sink.Item{Record: rec})
 }
 
 // send hands an item to the sink, keeping the loop's duties while the sink
 // is full.
-func (s *readLoop) send(ctx context.Context, it publisher.Item) error {
+func (s *readLoop) send(ctx context.Context, it sink.Item) error {
 	select {
 	case s.sink.Input() <- it:
 		return nil
@@ -530,7 +529,7 @@ func (s *readLoop) send(ctx context.Context, it publisher.Item) error {
 // awaitTopic waits, keeping the loop's duties, while the sink looks up the
 // event's topic. The event counts as in flight meanwhile: it is what holds
 // the stream, and the admin endpoint should say so.
-func (s *readLoop) awaitTopic(ctx context.Context, ev *event.Event, pending *publisher.TopicPendingError) (*publisher.Record, error) {
+func (s *readLoop) awaitTopic(ctx context.Context, ev *event.Event, pending *sink.TopicPendingError) (sink.Record, error) {
 	s.tracker.Add(s.txn, 0)
 	defer s.tracker.Ack(s.txn, 0)
 	for {
@@ -553,8 +552,8 @@ func (s *readLoop) awaitTopic(ctx context.Context, ev *event.Event, pending *pub
 }
 
 // build checks the row's required values, then builds its record.
-func (s *readLoop) build(ev *event.Event) (*publisher.Record, error) {
-	if perr := publisher.CheckRow(ev); perr != nil {
+func (s *readLoop) build(ev *event.Event) (sink.Record, error) {
+	if perr := sink.CheckRow(ev); perr != nil {
 		// The topic is not named: it may be derived from the missing value.
 		perr.Topic = "(not resolved)"
 		return nil, perr

@@ -256,26 +256,26 @@ func TestLoopEndsSessionOnEveryErrorClass(t *testing.T) {
 	streamErr := errors.New("receive replication message: connection reset")
 	for _, c := range []struct {
 		name  string
-		fail  func(rig *loopRig, r *publisher.Record)
+		fail  func(rig *loopRig, r sink.Record)
 		fatal bool
 		want  error
 	}{
-		{name: "retriable", fail: func(rig *loopRig, r *publisher.Record) {
+		{name: "retriable", fail: func(rig *loopRig, r sink.Record) {
 			rig.sink.fail(r, sink.ClassRetriable, sarama.ErrNotLeaderForPartition)
 		}, want: sarama.ErrNotLeaderForPartition},
-		{name: "sequence", fail: func(rig *loopRig, r *publisher.Record) {
+		{name: "sequence", fail: func(rig *loopRig, r sink.Record) {
 			rig.sink.fail(r, sink.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
 		}, want: sarama.ErrOutOfOrderSequenceNumber},
-		{name: "epoch", fail: func(rig *loopRig, r *publisher.Record) {
+		{name: "epoch", fail: func(rig *loopRig, r sink.Record) {
 			rig.sink.fail(r, sink.ClassProducer, sarama.ErrInvalidProducerEpoch)
 		}, want: sarama.ErrInvalidProducerEpoch},
-		{name: "permanent, halt", fail: func(rig *loopRig, r *publisher.Record) {
+		{name: "permanent, halt", fail: func(rig *loopRig, r sink.Record) {
 			rig.sink.fail(r, sink.ClassPermanent, sarama.ErrMessageSizeTooLarge)
 		}, fatal: true, want: sarama.ErrMessageSizeTooLarge},
-		{name: "auth", fail: func(rig *loopRig, r *publisher.Record) {
+		{name: "auth", fail: func(rig *loopRig, r sink.Record) {
 			rig.sink.fail(r, sink.ClassRetriable, fmt.Errorf("%w: SASL", sink.ErrAuth))
 		}, fatal: true, want: sink.ErrAuth},
-		{name: "stream", fail: func(rig *loopRig, _ *publisher.Record) {
+		{name: "stream", fail: func(rig *loopRig, _ sink.Record) {
 			rig.source.steps <- sourceStep{err: streamErr}
 		}, want: streamErr},
 	} {

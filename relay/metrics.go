@@ -4,7 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // Metrics are the relay's Prometheus series. Each Relay owns its own set,
@@ -97,7 +97,7 @@ func (m *Metrics) setWALStatus(status string) {
 	}
 }
 
-func (m *Metrics) acked(d publisher.Delivery) {
+func (m *Metrics) acked(d sink.Delivery) {
 	m.Acked(d.Topic, d.Bytes)
 	if !d.CommitTime.IsZero() {
 		m.CommitToAck.Observe(d.At.Sub(d.CommitTime).Seconds())

@@ -8,14 +8,13 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // outcome takes one record's result from the sink. Acks and failures come
 // here, on the loop's goroutine, in the order the sink reported them.
-func (s *readLoop) outcome(o publisher.Outcome) {
+func (s *readLoop) outcome(o sink.Outcome) {
 	s.flushed = false
 	if o.KafkaTxn != nil {
 		s.delivery.ended(*o.KafkaTxn, s.progress.timeline)
@@ -51,8 +50,8 @@ func (s *readLoop) outcome(o publisher.Outcome) {
 // (measured with OUT_OF_ORDER_SEQUENCE_NUMBER), so the re-delivered event
 // may land after events committed later. It is safe from any goroutine:
 // closeSink calls it from the one that drains an abandoned sink.
-func (s *readLoop) orderBreak(perr *publisher.Error) {
-	if !perr.OrderMayBreak() {
+func (s *readLoop) orderBreak(perr *sink.Error) {
+	if !perr.OrderMayBreak {
 		return
 	}
 	s.metrics.OrderBroke(perr.Topic, perr.Partition)
@@ -67,7 +66,7 @@ func (s *readLoop) orderBreak(perr *publisher.Error) {
 // already passed (a sequence error resets the producer's epoch and fails
 // every batch in flight, on every partition): each must be counted and
 // logged as a possible order break like the first.
-func (s *readLoop) closeSink(snk recordSink, timeout time.Duration) error {
+func (s *readLoop) closeSink(snk sink.Sink, timeout time.Duration) error {
 	read := make(chan struct{})
 	go func() {
 		defer close(read)
@@ -113,7 +112,7 @@ type quarantineWriter interface {
 // quarantineJob is one event to store, with what to ack once it is stored.
 type quarantineJob struct {
 	event Quarantined
-	perr  *publisher.Error
+	perr  *sink.Error
 	txn   lsn.TxnID
 	bytes int
 }
@@ -173,7 +172,7 @@ func (q *quarantiner) run() {
 }
 
 // put hands an event to the writer.
-func (q *quarantiner) put(e Quarantined, perr *publisher.Error, txn lsn.TxnID, bytes int) {
+func (q *quarantiner) put(e Quarantined, perr *sink.Error, txn lsn.TxnID, bytes int) {
 	q.jobs <- &quarantineJob{event: e, perr: perr, txn: txn, bytes: bytes}
 }
 

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -12,7 +11,7 @@ import (
 type Quarantined = store.Quarantined
 
 // failure is what the quarantine table keeps of why an event failed.
-func failure(perr *publisher.Error) store.Failure {
+func failure(perr *sink.Error) store.Failure {
 	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
 }
 

@@ -15,7 +15,7 @@ import (
 // up while Kafka is away. A fenced producer is not: a new one would fence
 // the instance that now owns the stream.
 func (s *readLoop) kafkaRecoverable(err error) bool {
-	var perr *publisher.Error
+	var perr *sink.Error
 	return s.newSink != nil && errors.As(err, &perr) && perr.Class != sink.ClassPermanent &&
 		!errors.Is(err, sink.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
 }
@@ -54,7 +54,7 @@ func (s *readLoop) waitForKafka(ctx context.Context, cause error) error {
 		// Connecting may take as long as sarama's metadata retries; the
 		// loop's duties go on meanwhile.
 		var m struct {
-			sink recordSink
+			sink sink.Sink
 			err  error
 		}
 		made := make(chan struct{})

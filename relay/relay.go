@@ -277,7 +277,7 @@ func (r *Relay) loopEnv() loopEnv {
 
 // IsFatal reports whether an error needs the operator: retrying cannot fix it.
 func IsFatal(err error) bool {
-	var perr *publisher.Error
+	var perr *sink.Error
 	return pipeline.IsFatal(err) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) ||
 		errors.As(err, &perr) && perr.Class == sink.ClassPermanent ||

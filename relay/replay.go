@@ -27,8 +27,8 @@ type ReplayResult struct {
 // by its record.
 type replayOutcomes struct {
 	mu      sync.Mutex
-	errs    map[*publisher.Record]error
-	topics  map[*publisher.Record]string
+	errs    map[sink.Record]error
+	topics  map[sink.Record]string
 	pending sync.WaitGroup
 }
 
@@ -77,7 +77,7 @@ var ErrReplayRefused = errors.New("refused")
 // of its aggregate. The layout gives the records their shape, as `run`
 // would have.
 func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
-	out := &replayOutcomes{errs: map[*publisher.Record]error{}, topics: map[*publisher.Record]string{}}
+	out := &replayOutcomes{errs: map[sink.Record]error{}, topics: map[sink.Record]string{}}
 	// The collectors end when their publisher's Outcomes closes; a broker
 	// that never answers Close may keep one waiting, which must not hold
 	// up the replay's answer.
@@ -89,7 +89,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 	}
 	out.collect(pub, &collecting)
 	results := make([]ReplayResult, len(events))
-	sent := make([]*publisher.Record, len(events))
+	sent := make([]sink.Record, len(events))
 	for i := range events {
 		results[i].EventID = events[i].EventID
 		if problem := events[i].ContentProblem; problem != "" {
@@ -104,7 +104,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 		// Debezium's layout), so a value the row lacked comes back empty;
 		// the row check refuses it like the read loop's.
 		ev := event.Restore(&events[i].Stored, l)
-		if perr := publisher.CheckRow(ev); perr != nil {
+		if perr := sink.CheckRow(ev); perr != nil {
 			results[i].Err = perr
 			continue
 		}

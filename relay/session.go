@@ -12,6 +12,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -25,7 +26,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	pubCfg := r.cfg.Publisher
 	pubCfg.BatchLimit = batchLimit
 	var sys replication.System
-	newSink := func() (recordSink, error) {
+	newSink := func() (sink.Sink, error) {
 		if r.cfg.exactlyOnce() {
 			txn, err := r.delivery.newSink(pubCfg, sys)
 			if err != nil {
@@ -41,8 +42,8 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	}
 	// connectSink is newSink for this session's start, given up when ctx
 	// ends; waitForKafka makes its own producers.
-	connectSink := func() (recordSink, error) {
-		return await.Do(ctx, newSink, func(s recordSink) { s.Close(time.Second) })
+	connectSink := func() (sink.Sink, error) {
+		return await.Do(ctx, newSink, func(s sink.Sink) { s.Close(time.Second) })
 	}
 	// The quarantine table is opened, and its privileges checked, after
 	// the server's checks and before prepare may create the slot: a start
@@ -61,7 +62,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 		quarantineTable, err = r.openQuarantine(ctx, store.ForRelay)
 		return err
 	}
-	var snk recordSink
+	var snk sink.Sink
 	start, senderTimeout, err := r.prepare(ctx, openQuarantine, func(s replication.System) error {
 		sys = s
 		if !r.cfg.exactlyOnce() {

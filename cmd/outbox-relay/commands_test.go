@@ -16,7 +16,6 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -433,16 +432,16 @@ func TestReplayRefusesAnIDThatIsNoUUID(t *testing.T) {
 
 // A Kafka failure reaches the operator with what to do about it exactly
 // once, however it was wrapped on its way out: the message of a
-// publisher.Error no longer carries its advice, so the places it leaves
+// sink.Error no longer carries its advice, so the places it leaves
 // the program add it. One *Error inside another printed it twice before.
 func TestOperatorReadsKafkaAdviceOnce(t *testing.T) {
 	dsn := "postgres://relay:hunter2@db/app"
-	perr := &publisher.Error{Class: sink.ClassPermanent, EventID: "e1", Topic: "outbox.event.order", Partition: -1,
+	perr := &sink.Error{Class: sink.ClassPermanent, EventID: "e1", Topic: "outbox.event.order", Partition: -1,
 		Err: fmt.Errorf("%w: topic does not exist and the brokers did not create it (%s)", sarama.ErrUnknownTopicOrPartition, dsn)}
 	advice := perr.Advice()
 	for how, err := range map[string]error{
 		"wrapped":        fmt.Errorf("session: %w", fmt.Errorf("publish: %w", perr)),
-		"inside another": &publisher.Error{Class: perr.Class, EventID: "e1", Topic: perr.Topic, Partition: -1, Err: fmt.Errorf("replay: %w", perr)},
+		"inside another": &sink.Error{Class: perr.Class, EventID: "e1", Topic: perr.Topic, Partition: -1, Err: fmt.Errorf("replay: %w", perr)},
 	} {
 		var stderr bytes.Buffer
 		if code := failure(&stderr, "quarantine", err, dsn); code != exitFailure {

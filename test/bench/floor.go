@@ -11,6 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // floorHandler records each ack's latency from the moment its record was
@@ -21,11 +22,11 @@ type floorHandler struct {
 	fail error
 }
 
-func (h *floorHandler) Acked(d publisher.Delivery) {
+func (h *floorHandler) Acked(d sink.Delivery) {
 	h.rec.Observe(d.At.Sub(d.CommitTime).Seconds())
 }
 
-func (h *floorHandler) Failed(_ publisher.Delivery, err *publisher.Error) {
+func (h *floorHandler) Failed(_ sink.Delivery, err *sink.Error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fail == nil {

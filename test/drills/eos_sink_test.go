@@ -46,7 +46,7 @@ type eosSink struct {
 	mu        sync.Mutex
 	sent      int
 	acked     int
-	failed    []*publisher.Error
+	failed    []*sink.Error
 	committed int
 	aborted   int
 	last      lsn.LSN // the last progress committed
@@ -102,7 +102,7 @@ func startEOSSink(t *testing.T, cfg publisher.Config, tcfg publisher.TxnConfig) 
 	return e
 }
 
-func (e *eosSink) put(ctx context.Context, it publisher.Item) error {
+func (e *eosSink) put(ctx context.Context, it sink.Item) error {
 	select {
 	case e.s.Input() <- it:
 		if it.Record != nil {
@@ -119,17 +119,17 @@ func (e *eosSink) put(ctx context.Context, it publisher.Item) error {
 // end ends source transaction txn at end, with a progress record naming
 // end in progressTopic when that is given.
 func (e *eosSink) end(ctx context.Context, txn int, end lsn.LSN, progressTopic, key string) error {
-	se := &publisher.SourceEnd{Txn: lsn.TxnID(txn), End: end, CommitTime: time.Now()}
+	se := &sink.SourceEnd{Txn: lsn.TxnID(txn), End: end, CommitTime: time.Now()}
 	if progressTopic != "" {
-		se.Progress = &publisher.ProgressRecord{Topic: progressTopic, Key: []byte(key), Value: []byte(end.String())}
+		se.Progress = &sink.ProgressRecord{Topic: progressTopic, Key: []byte(key), Value: []byte(end.String())}
 	}
-	return e.put(ctx, publisher.Item{End: se})
+	return e.put(ctx, sink.Item{End: se})
 }
 
 // commit flushes the sink and waits until every record sent has its
 // outcome; it returns the first failure.
 func (e *eosSink) commit(ctx context.Context) error {
-	if err := e.put(ctx, publisher.Item{Flush: true}); err != nil {
+	if err := e.put(ctx, sink.Item{Flush: true}); err != nil {
 		return err
 	}
 	for {
@@ -155,7 +155,7 @@ func (e *eosSink) commit(ctx context.Context) error {
 // eosState is what an eosSink's outcomes added up to.
 type eosState struct {
 	acked              int
-	failed             []*publisher.Error
+	failed             []*sink.Error
 	committed, aborted int
 	last               lsn.LSN
 }
@@ -163,7 +163,7 @@ type eosState struct {
 func (e *eosSink) state() eosState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return eosState{e.acked, append([]*publisher.Error(nil), e.failed...), e.committed, e.aborted, e.last}
+	return eosState{e.acked, append([]*sink.Error(nil), e.failed...), e.committed, e.aborted, e.last}
 }
 
 func (e *eosSink) close(timeout time.Duration) error {
@@ -188,11 +188,11 @@ func eosStream(ctx context.Context, e *eosSink, topic, progressTopic, key string
 				EventType: []byte("Happened"), SchemaVersion: []byte("1"), Payload: []byte(`{}`),
 				OccurredAt: []byte("2026-12-01 03:00:00+00"), Txn: uint64(i),
 			}
-			r, err := publisher.BuildWhenReady(ctx, e.s.Build, ev)
+			r, err := sink.BuildWhenReady(ctx, e.s.Build, ev)
 			if err != nil {
 				return sent, err
 			}
-			if err := e.put(ctx, publisher.Item{Record: r}); err != nil {
+			if err := e.put(ctx, sink.Item{Record: r}); err != nil {
 				return sent, err
 			}
 			sent = append(sent, id)
@@ -365,8 +365,8 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 					continue
 				}
 				for _, ev := range evs {
-					r, err := publisher.BuildWhenReady(ctx, s.s.Build, ev)
-					var perr *publisher.Error
+					r, err := sink.BuildWhenReady(ctx, s.s.Build, ev)
+					var perr *sink.Error
 					if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
 						quarantined = append(quarantined, string(ev.EventID))
 						continue
@@ -374,7 +374,7 @@ func eosPoisonDrill(t *testing.T, b eosBroker) {
 					if err != nil {
 						return err
 					}
-					if err := s.put(ctx, publisher.Item{Record: r}); err != nil {
+					if err := s.put(ctx, sink.Item{Record: r}); err != nil {
 						return err
 					}
 				}

@@ -1,4 +1,4 @@
-package publisher
+package sink
 
 import (
 	"errors"
@@ -6,7 +6,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
-	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // ErrUnmappedRow marks a row written while the outbox table lacked a
@@ -14,11 +13,16 @@ import (
 // any row CheckRow refuses.
 var ErrUnmappedRow = errors.New("row cannot be published")
 
+// unmappedAdvice is what the operator does about an unmapped row: the row
+// is still in the outbox table, so the quarantine row can be filled from it.
+const unmappedAdvice = "PostgreSQL decodes this row with the columns of its time, so no ALTER TABLE lets the stream pass it: it goes to the quarantine table (under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
+	"The row is still in the outbox table: fill the missing values in the quarantine table from it (UPDATE ... FROM the outbox table, by event_id), then run `outbox-relay quarantine replay`"
+
 // UnmappedRow is the error of such a row, with the reason the decoder gave
 // and the row's WAL position.
 func UnmappedRow(ev *event.Event, reason string, at fmt.Stringer) *Error {
-	return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
-		Err: fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at)}
+	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+		Err: AdvisedError(fmt.Errorf("%w: %s; the row is at WAL position %s", ErrUnmappedRow, reason, at), unmappedAdvice)}
 }
 
 // ErrBadContent marks a logical decoding message whose content is no
@@ -26,11 +30,29 @@ func UnmappedRow(ev *event.Event, reason string, at fmt.Stringer) *Error {
 // like any row CheckRow refuses.
 var ErrBadContent = errors.New("message cannot be published")
 
+// badContentAdvice is what the operator does about a message that is no
+// event: it exists only in the WAL, so the quarantine row is its only copy.
+const badContentAdvice = "a message exists only in the WAL, so the quarantine table's row is its only copy (raw holds the content as it was emitted; under --on-permanent-error halt, start once with --on-permanent-error quarantine to set it aside). " +
+	"Fix the writer that emitted it; to deliver this event, set the row's columns from raw and clear content_problem (UPDATE on the quarantine table, by event_id), then run `outbox-relay quarantine replay`"
+
+// withAdvice is an error that carries what to do about it.
+type withAdvice struct {
+	err    error
+	advice string
+}
+
+func (e withAdvice) Error() string  { return e.err.Error() }
+func (e withAdvice) Unwrap() error  { return e.err }
+func (e withAdvice) Advice() string { return e.advice }
+
+// AdvisedError is err with advice, for Error.Advice (and Explain) to give.
+func AdvisedError(err error, advice string) error { return withAdvice{err: err, advice: advice} }
+
 // BadContent is the error of such a message, with the reason the decoder
 // gave and the message's WAL position.
 func BadContent(ev *event.Event, reason string, at fmt.Stringer) *Error {
-	return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
-		Err: fmt.Errorf("%w: %s; the message is at WAL position %s", ErrBadContent, reason, at)}
+	return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
+		Err: AdvisedError(fmt.Errorf("%w: %s; the message is at WAL position %s", ErrBadContent, reason, at), badContentAdvice)}
 }
 
 // CheckRow refuses an event that lacks a value every record needs: the
@@ -63,7 +85,7 @@ func CheckRow(ev *event.Event) *Error {
 			continue
 		}
 		if col.value == nil || col.nonEmpty && len(col.value) == 0 {
-			return &Error{Class: sink.ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1,
 				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", l.Column(col.field))}
 		}
 	}
