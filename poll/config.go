@@ -9,6 +9,7 @@
 package poll
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/publisher"
+	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -31,6 +33,12 @@ type Config struct {
 	Publisher publisher.Config
 	// QuarantineTable is --quarantine-table; empty means the default.
 	QuarantineTable string
+	// DryRun, when set, makes the poller print instead of publish (`run
+	// --dry-run`): it reads the pending rows in the order it would claim
+	// them, then the rows that come after, hands their records to DryRun's
+	// sink and the events it would quarantine to DryRun, and claims,
+	// marks, quarantines and deletes nothing.
+	DryRun DryRun
 
 	// WorkerID names this poller in the leases it takes; the default is
 	// host:pid, unique among the pollers of one table.
@@ -178,4 +186,12 @@ func (c Config) tables() (tables, error) {
 		return tables{}, err
 	}
 	return tables{outbox: outbox, state: state, quarantine: quarantine}, nil
+}
+
+// DryRun is where a dry run's records and refused events go.
+type DryRun interface {
+	// NewSink makes a session's sink.
+	NewSink() (sink.Sink, error)
+	// Put takes an event the poller would quarantine.
+	Put(ctx context.Context, e store.Quarantined) error
 }

@@ -34,6 +34,10 @@ type Poller struct {
 	metrics *Metrics
 	hooks   Hooks
 
+	// dryRunAfter is the last row a dry run printed; only sessions, one
+	// at a time, use it.
+	dryRunAfter int64
+
 	mu     sync.Mutex
 	status Status
 }
@@ -135,6 +139,9 @@ func (s pollSource) SetState(state pipeline.State, err error) { s.p.setState(sta
 // batches are at most batchLimit bytes. polled says it got as far as
 // polling.
 func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err error) {
+	if p.cfg.DryRun != nil {
+		return p.dryRunSession(ctx, &p.dryRunAfter)
+	}
 	conn, err := p.dial(ctx)
 	if err != nil {
 		return false, err

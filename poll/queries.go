@@ -126,6 +126,7 @@ type queries struct {
 	t        tables
 	layout   *layout.Layout
 	claim    string
+	peek     string // peekSQL, for a dry run
 	workerID string
 	// sessionCheck records the claiming session in each lease (see
 	// Config.SessionCheck).
@@ -146,7 +147,9 @@ func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout,
 	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
 		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize(),
 		"{{lease_dead_s}}", leaseDead("s"), "{{lease_dead_e}}", leaseDead("e")).Replace(claimSQL)
-	return &queries{conn: conn, t: t, layout: l, claim: claim, workerID: workerID, sessionCheck: sessionCheck,
+	peek := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
+		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize()).Replace(peekSQL)
+	return &queries{conn: conn, t: t, layout: l, claim: claim, peek: peek, workerID: workerID, sessionCheck: sessionCheck,
 		payloadBinary: payloadBinary}, nil
 }
 
@@ -197,6 +200,38 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 		}
 	}
 	return nil
+}
+
+// peekSQL reads up to $2 pending rows after sequence number $1 in the
+// order claims take them, as claimSQL returns them, and changes nothing:
+// a dry run's read. It ignores leases and backoffs, which say when a row
+// is sent, not what is sent.
+const peekSQL = `
+SELECT s.seq, s.attempts, s.inserted_at, false, o.{{event_id}} IS NOT NULL, s.event_id::text, {{columns}}
+FROM {{state}} s LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = s.event_id) o ON true
+WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND s.seq > $1
+ORDER BY s.seq
+LIMIT $2`
+
+// peekBatch reads up to n pending rows after sequence number after.
+func (q *queries) peekBatch(ctx context.Context, after int64, n int) ([]claimed, error) {
+	rows, err := q.conn.Query(ctx, q.peek, after, n)
+	if err != nil {
+		return nil, fmt.Errorf("read pending rows from %s: %w", q.t.state, err)
+	}
+	defer rows.Close()
+	var out []claimed
+	for rows.Next() {
+		c, err := scanClaimed(rows, q.layout, q.payloadBinary)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read pending rows from %s: %w", q.t.state, err)
+	}
+	return out, nil
 }
 
 // claimBatch leases up to n rows.

@@ -1,6 +1,9 @@
 package publisher
 
 import (
+	"fmt"
+	"sync"
+
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/event"
@@ -41,4 +44,68 @@ func NewReadClient(cfg Config) (sarama.Client, error) {
 		return nil, ConnectError(cfg, err)
 	}
 	return client, nil
+}
+
+// Partitioner says which partition a record's key goes to, as the producer
+// would send it, for the dry run, which sends nothing. It looks up each
+// topic's partition count on first use, with a client that creates no
+// topic, and connects on the first lookup: a dry run runs without Kafka,
+// naming no partition.
+type Partitioner struct {
+	cfg Config
+
+	mu     sync.Mutex
+	client sarama.Client
+	// counts are the topics looked up: a failed lookup is kept too, so a
+	// missing topic costs one lookup, not one per record.
+	counts map[string]partitionCount
+}
+
+type partitionCount struct {
+	n   int32
+	err error
+}
+
+// NewPartitioner returns a partitioner for the brokers of cfg.
+func NewPartitioner(cfg Config) *Partitioner {
+	return &Partitioner{cfg: cfg, counts: map[string]partitionCount{}}
+}
+
+// Partition is the partition key goes to in topic.
+func (p *Partitioner) Partition(topic string, key []byte) (int32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	count, ok := p.counts[topic]
+	if !ok {
+		if p.client == nil {
+			client, err := NewReadClient(p.cfg)
+			if err != nil {
+				return -1, err // tried again with the next record
+			}
+			p.client = client
+		}
+		partitions, err := p.client.Partitions(topic)
+		count = partitionCount{n: int32(len(partitions))}
+		if err != nil {
+			count.err = fmt.Errorf("look up topic %s: %w", topic, err)
+		}
+		p.counts[topic] = count
+	}
+	if count.err != nil {
+		return -1, count.err
+	}
+	if key == nil {
+		return -1, fmt.Errorf("partition record for topic %s: record has no key", topic)
+	}
+	return JavaPartition(key, count.n), nil
+}
+
+// Close closes the client, if it connected.
+func (p *Partitioner) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.client == nil {
+		return nil
+	}
+	return p.client.Close()
 }

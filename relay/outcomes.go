@@ -101,7 +101,7 @@ func (s *readLoop) stored(res quarantineResult) {
 	s.tracker.Ack(res.job.txn, res.job.bytes)
 	s.log.Error().Str("event_id", res.job.event.EventID).Str("topic", res.job.event.Topic).Str("class", string(perr.Class)).
 		Err(perr.Err).Str("advice", perr.Advice()).
-		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
+		Msg(s.quarantine.storedMessage)
 }
 
 // quarantineWriter stores events Kafka will never accept.
@@ -126,14 +126,16 @@ type quarantineResult struct {
 // time, so the SQL never holds up the read loop or the producer's acks.
 // Results come back to the loop over results, in order.
 type quarantiner struct {
-	table    string // for the operator, in errors
-	writer   quarantineWriter
-	timeout  time.Duration
-	jobs     chan *quarantineJob
-	results  chan quarantineResult
-	quit     chan struct{}
-	done     sync.WaitGroup
-	stopping sync.Once
+	table string // for the operator, in errors
+	// storedMessage is what the log says of each event stored.
+	storedMessage string
+	writer        quarantineWriter
+	timeout       time.Duration
+	jobs          chan *quarantineJob
+	results       chan quarantineResult
+	quit          chan struct{}
+	done          sync.WaitGroup
+	stopping      sync.Once
 }
 
 // newQuarantiner starts the writer. capacity must exceed the events that
@@ -144,7 +146,8 @@ type quarantiner struct {
 func newQuarantiner(table string, w quarantineWriter, capacity int) *quarantiner {
 	q := &quarantiner{
 		table: table, writer: w, timeout: 30 * time.Second,
-		jobs: make(chan *quarantineJob, capacity), results: make(chan quarantineResult, 1), quit: make(chan struct{}),
+		storedMessage: "event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`",
+		jobs:          make(chan *quarantineJob, capacity), results: make(chan quarantineResult, 1), quit: make(chan struct{}),
 	}
 	q.done.Add(1)
 	go q.run()

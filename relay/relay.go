@@ -81,6 +81,23 @@ type Config struct {
 	// TransactionInterval is how long a Kafka transaction stays open
 	// before it commits at the next source-transaction boundary.
 	TransactionInterval time.Duration
+
+	// DryRun, when set, makes the relay print instead of publish (`run
+	// --dry-run`). See DryRun.
+	DryRun DryRun
+}
+
+// DryRun is where a dry run's records and refused events go. A relay with
+// one streams from a temporary slot of its own, dropped when its
+// connection ends, so the configured slot is never read, held or moved,
+// whether a relay streams it or not; and it reads or writes nothing else:
+// no Kafka, no progress record, no quarantine table, no retention. It
+// shows the events committed after each session starts.
+type DryRun interface {
+	// NewSink makes a session's sink.
+	NewSink() (sink.Sink, error)
+	// Put takes an event the relay would quarantine.
+	Put(ctx context.Context, e Quarantined) error
 }
 
 // The default bounds on events in flight. At-least-once keeps the window
@@ -296,7 +313,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		background.Wait()
 	}()
 	defer r.progress.close() // after the last session: writes its last position
-	if r.cfg.Retention.After > 0 {
+	if r.cfg.Retention.After > 0 && r.cfg.DryRun == nil {
 		background.Add(1)
 		go func() {
 			defer background.Done()
@@ -304,11 +321,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			retention.run(bgCtx)
 		}()
 	}
-	background.Add(1)
-	go func() {
-		defer background.Done()
-		r.WatchSlot(bgCtx, 5*time.Second)
-	}()
+	if r.cfg.DryRun == nil { // a dry run has no slot of its own to watch
+		background.Add(1)
+		go func() {
+			defer background.Done()
+			r.WatchSlot(bgCtx, 5*time.Second)
+		}()
+	}
 	background.Add(1)
 	go func() {
 		defer background.Done()

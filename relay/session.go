@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
@@ -23,6 +24,9 @@ import (
 // most batchLimit bytes.
 func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err error) {
 	r.setState(pipeline.StateConnecting, nil)
+	if r.cfg.DryRun != nil {
+		return r.dryRunSession(ctx)
+	}
 	pubCfg := r.cfg.Publisher
 	pubCfg.BatchLimit = batchLimit
 	var sys replication.System
@@ -229,4 +233,64 @@ func (r *Relay) checkKafka(ctx context.Context) error {
 		return fmt.Errorf("the replication slot was not created, as Kafka is not reachable yet: %w", err)
 	}
 	return client.Close()
+}
+
+// dryRunSession is a session of a dry run (see DryRun): the server's
+// checks, then a temporary slot streamed into the dry run's sink.
+func (r *Relay) dryRunSession(ctx context.Context) (streamed bool, err error) {
+	admin, err := replication.Connect(ctx, r.cfg.Replication)
+	if err != nil {
+		return false, err
+	}
+	err = admin.Check(ctx)
+	var senderTimeout time.Duration
+	if err == nil {
+		senderTimeout, err = admin.SenderTimeout(ctx)
+	}
+	admin.Close(context.Background())
+	if err != nil {
+		return false, err
+	}
+	snk, err := r.cfg.DryRun.NewSink()
+	if err != nil {
+		return false, err
+	}
+	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
+	if err != nil {
+		snk.Close(time.Second)
+		return false, err
+	}
+	slot := dryRunSlot(r.cfg.Replication.Slot, os.Getpid())
+	start, err := stream.StartTemporary(ctx, slot)
+	if err != nil {
+		stream.Close(context.Background())
+		snk.Close(time.Second)
+		return false, err
+	}
+	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
+	var quarantine *quarantiner // under halt, the dry run stops where the relay would
+	if r.cfg.OnPermanentError == pipeline.OnPermanentQuarantine {
+		quarantine = newQuarantiner("the dry run's output", r.cfg.DryRun, r.cfg.inFlightEvents()+2)
+		quarantine.storedMessage = "dry run: the relay would quarantine this event (printed on stdout, written nowhere)"
+	}
+	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s.newSink = r.cfg.DryRun.NewSink
+	r.setStreaming(tracker)
+	r.log.Info().Str("temporary_slot", slot).Str("start_lsn", start.String()).
+		Msg("dry run: printing the records of events committed from now on, from a temporary slot; nothing is published, and the configured slot is not touched")
+	if r.hooks.Running != nil {
+		r.hooks.Running()
+	}
+	return true, s.runToEnd(ctx)
+}
+
+// dryRunSlot names a dry run's temporary slot after the configured one and
+// the process, so dry runs beside each other and beside the relay never
+// clash, within the 63 bytes a slot name may have.
+func dryRunSlot(slot string, pid int) string {
+	suffix := fmt.Sprintf("_dry_run_%d", pid)
+	if len(slot)+len(suffix) > 63 {
+		slot = slot[:63-len(suffix)]
+	}
+	return slot + suffix
 }

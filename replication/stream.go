@@ -62,6 +62,25 @@ func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
 	return &Stream{cfg: cfg, conn: conn, decoder: d}, nil
 }
 
+// StartTemporary creates a temporary slot named name on this connection
+// and streams from its consistent point: from the changes committed after
+// it was made. The server drops the slot when the connection ends, however
+// it ends, so nothing is left holding WAL. The configured slot is never
+// touched: a dry run uses it while a relay streams the real slot.
+func (s *Stream) StartTemporary(ctx context.Context, name string) (lsn.LSN, error) {
+	res, err := pglogrepl.CreateReplicationSlot(ctx, s.conn, pg.QuoteIdent(name), "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return 0, fmt.Errorf("create temporary slot %s: %w (check max_replication_slots and the role's REPLICATION attribute)", name, err)
+	}
+	at, err := lsn.Parse(res.ConsistentPoint)
+	if err != nil {
+		return 0, fmt.Errorf("create temporary slot %s: %w", name, err)
+	}
+	s.cfg.Slot = name
+	return at, s.Start(ctx, at)
+}
+
 // Start begins streaming the slot from a position, normally the slot's own
 // confirmed_flush_lsn. pgoutput protocol version 1 works on PostgreSQL 10
 // and later; streaming of in-progress transactions stays off, so the server

@@ -13,7 +13,7 @@ import (
 func TestKafkaFreePackagesImportNoKafka(t *testing.T) {
 	const module = "github.com/outbox-relay/outbox-relay/"
 	args := []string{"list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`}
-	for _, pkg := range []string{"sink", "pipeline", "messages", "event", "lsn"} {
+	for _, pkg := range []string{"sink", "dryrun", "pipeline", "messages", "event", "lsn"} {
 		args = append(args, module+pkg)
 	}
 	out, err := exec.Command("go", args...).CombinedOutput()

@@ -216,7 +216,7 @@ func validateRun(c relay.Config) error {
 	return c.Publisher.Validate()
 }
 
-func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
+func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	o, _, code := setup("run", args, 0, stderr)
 	if o == nil {
 		return code
@@ -234,6 +234,9 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return usageError(stderr, "run", err, "")
 	}
 	defer stopTracing()
+	if o.dryRun {
+		return runDry(ctx, o, source, log, stdout, stderr)
+	}
 	return source.run(ctx, o, log, stderr)
 }
 
@@ -277,18 +280,24 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 	start.Str("topic", o.relay.Publisher.TopicTemplate).Stringer("record_format", o.relay.Replication.OutboxLayout().RecordFormat()).
 		Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
-	if err := r.Run(ctx); err != nil {
-		notifier.stopping()
-		log.Error().Msg(operatorMessage(err, o.relay.Replication.DSN))
-		if errors.Is(err, layout.ErrColumnMapping) {
-			// The flags name columns the table does not have: bad
-			// configuration, found before the slot was made.
-			return exitUsage
-		}
-		return exitFailure
-	}
+	err = r.Run(ctx)
 	notifier.stopping()
-	return exitOK
+	return exitCode(err, o.relay.Replication.DSN, log)
+}
+
+// exitCode logs the error a run ended with, if any, and says how the
+// process exits.
+func exitCode(err error, dsn string, log zerolog.Logger) int {
+	if err == nil {
+		return exitOK
+	}
+	log.Error().Msg(operatorMessage(err, dsn))
+	if errors.Is(err, layout.ErrColumnMapping) {
+		// The flags name columns the table does not have: bad
+		// configuration, found before anything was made or claimed.
+		return exitUsage
+	}
+	return exitFailure
 }
 
 func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {

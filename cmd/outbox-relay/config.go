@@ -20,6 +20,7 @@ import (
 // options is everything a command can be told, with the relay's defaults.
 type options struct {
 	relay      relay.Config
+	dryRun     bool
 	brokers    string
 	adminAddr  string
 	logLevel   string
@@ -187,6 +188,7 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&c.TransactionalID, "transactional-id", "", "exactly-once producer's transactional.id (default: outbox-relay:<slot>@<system identifier>); a newer relay with the same id fences the older")
 	fs.DurationVar(&c.TransactionInterval, "transaction-interval", c.TransactionInterval, "exactly-once: how long a Kafka transaction stays open before it commits at the next PostgreSQL transaction boundary; read_committed consumers wait up to this long")
 	fs.StringVar(&o.adminAddr, "admin-addr", o.adminAddr, "address of the admin endpoint (/healthz, /readyz, /slot, /metrics); empty disables it")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "print each record (topic, partition, key, headers, value) as a JSON line on stdout instead of publishing, and write nothing anywhere: no slot moved (the WAL sources read a temporary slot of their own, so they show events committed from now on), no row claimed or marked, no quarantine row; see docs/dry-run.md")
 }
 
 // deliveryFlag is the delivery mode: run delivers in it, status shows it.

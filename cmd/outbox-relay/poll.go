@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
@@ -101,16 +99,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		Str("topic", cfg.Publisher.TopicTemplate).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat()).Msg("starting")
 	err = p.Run(ctx)
 	notifier.stopping()
-	if err != nil {
-		log.Error().Msg(operatorMessage(err, cfg.Postgres.DSN))
-		if errors.Is(err, layout.ErrColumnMapping) {
-			// The flags name columns the table does not have: bad
-			// configuration, found before the first claim.
-			return exitUsage
-		}
-		return exitFailure
-	}
-	return exitOK
+	return exitCode(err, cfg.Postgres.DSN, log)
 }
 
 // pollStatus is status --source poll.

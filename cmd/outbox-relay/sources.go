@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/dryrun"
 	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
@@ -27,6 +28,9 @@ type sourceSpec struct {
 	check func(o *options) error
 	// run is `run` once every command's checks have passed.
 	run func(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int
+	// dryRun is `run --dry-run`: the source read as run reads it, its
+	// records printed, nothing written anywhere.
+	dryRun func(ctx context.Context, o *options, printer *dryrun.Printer, log zerolog.Logger, stderr io.Writer) int
 	// status is `status` once the PostgreSQL settings have been checked.
 	status func(ctx context.Context, o *options, stdout, stderr io.Writer) int
 	// schema marks in names what migrate creates for the source.
@@ -52,6 +56,7 @@ func sources() []sourceSpec {
 			usage:  "stream the outbox table's inserts from a logical replication slot",
 			check:  func(*options) error { return nil },
 			run:    runRelay,
+			dryRun: dryRunRelay,
 			status: slotStatus,
 			schema: func(*options, *migrations.Names) {},
 		},
@@ -60,6 +65,7 @@ func sources() []sourceSpec {
 			usage:  "claim rows from a state table beside it, for databases where the relay cannot hold a slot (see docs/polling-or-cdc.md)",
 			check:  func(*options) error { return nil },
 			run:    runPoll,
+			dryRun: dryRunPoll,
 			status: pollStatus,
 			schema: func(_ *options, n *migrations.Names) { n.Poll = true },
 			// A team that polls may have no REPLICATION role to make one.
@@ -71,6 +77,7 @@ func sources() []sourceSpec {
 			usage:   "stream events that services emit with pg_logical_emit_message, with no outbox table (see docs/messages.md)",
 			check:   checkMessages,
 			run:     runRelay,
+			dryRun:  dryRunRelay,
 			status:  slotStatus,
 			schema:  func(_ *options, n *migrations.Names) { n.Messages = true },
 			noTable: "reconcile compares the outbox table with Kafka, and the messages source has no table, so there is nothing to compare (see docs/messages.md for what this source gives up)",

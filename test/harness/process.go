@@ -189,9 +189,12 @@ func moduleRoot() (string, error) {
 // spawned, and a Ctrl-C in the terminal reaches only the test binary, whose
 // Main then stops the child.
 type Process struct {
-	name    string
-	cmd     *exec.Cmd
-	out     *syncBuffer
+	name string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	// stdout is the child's standard output alone, when it was started
+	// with StartProcessSplit; out then holds its standard error.
+	stdout  *syncBuffer
 	logPath string
 
 	done chan struct{} // closed once the child was reaped
@@ -220,6 +223,23 @@ func childEnviron() []string {
 // killed when the test ends.
 func StartProcess(t testing.TB, bin string, args []string, env []string) *Process {
 	t.Helper()
+	return startProcess(t, bin, args, env, false)
+}
+
+// StartProcessSplit is StartProcess keeping the child's standard output
+// apart from its standard error (logs): Stdout returns it, Output the
+// logs.
+func StartProcessSplit(t testing.TB, bin string, args []string, env []string) *Process {
+	t.Helper()
+	return startProcess(t, bin, args, env, true)
+}
+
+// Stdout is the child's standard output, when it was started with
+// StartProcessSplit.
+func (p *Process) Stdout() string { return p.stdout.String() }
+
+func startProcess(t testing.TB, bin string, args []string, env []string, split bool) *Process {
+	t.Helper()
 	logPath := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -235,6 +255,10 @@ func StartProcess(t testing.TB, bin string, args []string, env []string) *Proces
 	p.cmd.Env = append(childEnviron(), env...)
 	w := io.MultiWriter(p.out, logFile)
 	p.cmd.Stdout, p.cmd.Stderr = w, w
+	if split {
+		p.stdout = &syncBuffer{}
+		p.cmd.Stdout = p.stdout
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// A grandchild that inherited stdout must not keep Wait from
 	// returning after the child itself exited.
