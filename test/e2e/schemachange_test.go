@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -123,7 +125,7 @@ func TestRowWrittenUnderRenamedColumnHaltsNamingTheWayOut(t *testing.T) {
 	if strings.Contains(out, "at 0/0") {
 		t.Errorf("the error names position 0/0:\n%s", out)
 	}
-	if advice := (&sink.Error{Class: sink.ClassPermanent, Err: sink.ErrUnmappedRow}).Advice(); strings.Count(out, advice) != 1 {
+	if advice := sink.UnmappedRow(&event.Event{}, "", lsn.LSN(0)).Advice(); strings.Count(out, advice) != 1 {
 		t.Errorf("the way out is not said exactly once (%d times):\n%s", strings.Count(out, advice), out)
 	}
 	checkRowPosition(t, out, before, after)
