@@ -8,7 +8,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -20,7 +19,7 @@ type worker struct {
 	p          *Poller
 	claims     *queries
 	marks      *queries
-	pub        *publisher.Publisher
+	pub        sink.Sink
 	quarantine *store.Quarantine
 }
 
@@ -80,7 +79,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		if r.gone || refused[r.aggKey] {
 			continue
 		}
-		rec, err := w.pub.BuildWait(ctx, &r.ev)
+		rec, err := sink.BuildWhenReady(ctx, w.pub.Build, &r.ev)
 		if err != nil {
 			var perr *sink.Error
 			if !errors.As(err, &perr) {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -29,8 +28,9 @@ type Config struct {
 	Postgres pg.Config
 	// Slot is --slot: a poller refuses to run while a WAL relay streams
 	// from it (see pg.CheckNoWALRelay).
-	Slot      string
-	Publisher publisher.Config
+	Slot string
+	// Sinks makes the sinks events go to.
+	Sinks Sinks
 	// QuarantineTable is --quarantine-table; empty means the default.
 	QuarantineTable string
 	// DryRun, when set, makes the poller print instead of publish (`run
@@ -46,7 +46,7 @@ type Config struct {
 	// Batch is how many rows one claim takes.
 	Batch int
 	// Lease is how long a claim keeps other pollers off its rows. It must
-	// outlast a publish (see publishBound): a lease that expires while its
+	// outlast a publish (see Sinks.Bound): a lease that expires while its
 	// rows are still in flight lets another poller publish them too (a
 	// duplicate, counted).
 	Lease time.Duration
@@ -148,23 +148,14 @@ func (c Config) Validate() error {
 	if err := c.Retention.Validate(); err != nil {
 		return err
 	}
-	if minLease := 2 * c.publishBound(); c.Lease < minLease {
-		return fmt.Errorf("--poll-lease %s: must be at least %s, twice the longest a publish can take (2 x --kafka-timeout %s + --kafka-retry-backoff-max %s), or rows still being published are claimed again by another poller",
-			c.Lease, minLease, c.Publisher.Timeout, c.Publisher.RetryBackoffMax)
+	if c.Sinks == nil {
+		return errors.New("the poller has no sinks to publish to")
+	}
+	if bound, made := c.Sinks.Bound(); c.Lease < 2*bound {
+		return fmt.Errorf("--poll-lease %s: must be at least %s, twice the longest a publish can take (%s), or rows still being published are claimed again by another poller",
+			c.Lease, 2*bound, made)
 	}
 	return nil
-}
-
-// producerRetries is the producer's retries of a record in poll mode: one.
-// Retrying belongs to the poller, per event, with backoff and a bound on
-// attempts; a producer that retried for as long as an outage lasts would
-// outlive the lease, and another poller would publish the rows too.
-const producerRetries = 1
-
-// publishBound is the longest the producer takes to report a record: each
-// try waits at most --kafka-timeout, with a backoff in between.
-func (c Config) publishBound() time.Duration {
-	return (producerRetries+1)*c.Publisher.Timeout + c.Publisher.RetryBackoffMax
 }
 
 // tables are the tables a poller reads and writes.
@@ -186,6 +177,21 @@ func (c Config) tables() (tables, error) {
 		return tables{}, err
 	}
 	return tables{outbox: outbox, state: state, quarantine: quarantine}, nil
+}
+
+// Sinks makes the poller's sinks; publisher.Kafka is the real one.
+type Sinks interface {
+	// NewBounded makes a sink whose batches are at most batchLimit bytes
+	// and that reports every record within Bound: retrying belongs to the
+	// poller, per event, with backoff and a bound on attempts, for a sink
+	// that retried for as long as an outage lasts would outlive the
+	// lease, and another poller would publish the rows too.
+	NewBounded(batchLimit int) (sink.Sink, error)
+	// Bound is the longest a bounded sink takes to report a record, and
+	// how the settings make it, for an error that names them.
+	Bound() (time.Duration, string)
+	// MaxMessageBytes is the largest record, and batch, the sinks build.
+	MaxMessageBytes() int
 }
 
 // DryRun is where a dry run's records and refused events go.

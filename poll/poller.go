@@ -12,7 +12,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -115,7 +114,7 @@ var errHalted = errors.New("halted on an event Kafka refuses")
 func (p *Poller) Run(ctx context.Context) error {
 	loop := pipeline.Restarts{Source: pollSource{p}, Log: p.log, Clock: pipeline.WallClock{}, Metrics: p.metrics.Metrics,
 		BackoffMin: p.cfg.RestartBackoffMin, BackoffMax: p.cfg.RestartBackoffMax, ResetAfter: p.cfg.RestartBackoffMax,
-		BatchLimit: p.cfg.Publisher.MaxMessageBytes, Alive: p.hooks.Alive}
+		BatchLimit: p.cfg.Sinks.MaxMessageBytes(), Alive: p.hooks.Alive}
 	return loop.Run(ctx)
 }
 
@@ -179,10 +178,7 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	} else if n > 0 {
 		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
 	}
-	pubCfg := p.cfg.Publisher
-	pubCfg.BatchLimit = batchLimit
-	pubCfg.RetryMax = producerRetries
-	pub, err := publisher.New(pubCfg, p.log)
+	pub, err := p.cfg.Sinks.NewBounded(batchLimit)
 	if err != nil {
 		return false, err
 	}

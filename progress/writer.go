@@ -2,11 +2,28 @@ package progress
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 )
+
+// Store is where progress records are kept: publisher's ProgressStore,
+// the progress topic in Kafka.
+type Store interface {
+	// Topic names where the records are, for the operator.
+	Topic() string
+	// Latest reads key's newest record; found is false when it has none.
+	// A topic the brokers lost is ErrTopicMissing.
+	Latest(ctx context.Context, key []byte) (rec Record, found bool, err error)
+	// Write stores a record for key.
+	Write(key []byte, r Record) error
+	// Recreate makes a topic the brokers lost again; created says it was
+	// missing.
+	Recreate(ctx context.Context) (created bool, err error)
+	Close() error
+}
 
 // Writer writes the newest offered record to the store at most once per
 // interval, on a goroutine of its own, so that the relay's read loop never
@@ -16,7 +33,7 @@ import (
 // goroutine, so what was stored is settled where it was written, not
 // carried back through the caller's loop.
 type Writer struct {
-	store *Store
+	store Store
 	every time.Duration
 	log   zerolog.Logger
 	// written is told of each record Kafka stored; nil tells nobody.
@@ -35,7 +52,7 @@ type Writer struct {
 // NewWriter starts a writer on the store; Close stops it. written, when
 // not nil, is called with each record stored, on the writer's goroutine:
 // it must not wait for the writer.
-func (s *Store) NewWriter(every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
+func NewWriter(s Store, every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
 	w := &Writer{store: s, every: every, log: log, written: written,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
@@ -119,14 +136,14 @@ func (w *Writer) flush(failing *bool) bool {
 		default:
 		}
 		if !*failing {
-			w.log.Warn().Err(err).Str("topic", w.store.topic).
+			w.log.Warn().Err(err).Str("topic", w.store.Topic()).
 				Msg("cannot write progress to Kafka; retrying every status interval. Until it succeeds, a PostgreSQL restart re-delivers everything since the last progress written")
 		}
 		*failing = true
 		return true
 	}
 	if *failing {
-		w.log.Info().Str("topic", w.store.topic).Msg("writing progress to Kafka again")
+		w.log.Info().Str("topic", w.store.Topic()).Msg("writing progress to Kafka again")
 		*failing = false
 	}
 	if w.written != nil {

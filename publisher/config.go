@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -45,6 +46,9 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout <= 0 {
 		return fmt.Errorf("--kafka-timeout %s: must be positive", c.Timeout)
+	}
+	if c.Linger < 0 || c.Linger > time.Second {
+		return fmt.Errorf("--kafka-linger %s: must be between 0 and 1s", c.Linger)
 	}
 	if err := c.Security.validate(); err != nil {
 		return err

@@ -14,33 +14,13 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-
 	"github.com/outbox-relay/outbox-relay/sink"
 )
-
-// ErrFenced means another producer with the same transactional id started:
-// this one must never commit again. The relay stops, or goes back to
-// waiting as a standby; it must not retry with the same producer.
-var ErrFenced = errors.New("kafka producer fenced by a newer producer with the same transactional id")
 
 // ErrTxnAborted marks the records of an aborted Kafka transaction. None of
 // them is visible to read_committed consumers; the caller re-streams them
 // from the last committed progress.
 var ErrTxnAborted = errors.New("kafka transaction aborted")
-
-// ClassFenced is the class of the failures reported after the producer was
-// fenced. Unlike the other classes it is fatal to the producer's session and
-// to the instance: another instance now owns the transactional id.
-const ClassFenced sink.Class = "fenced"
-
-// TransactionalID is the default transactional.id of a relay: the
-// replication slot and the database's system identifier, the same pair that
-// keys the progress record. Two relays on one slot of one cluster share it,
-// so the newer fences the older; relays of different slots or clusters never
-// fence each other.
-func TransactionalID(slot, systemID string) string {
-	return "outbox-relay:" + slot + "@" + systemID
-}
 
 // TxnConfig shapes the exactly-once sink. The zero value of every field but
 // TransactionalID means its default.
@@ -214,7 +194,7 @@ func maxTime(a, b time.Time) time.Time {
 // fenced reports whether err says a newer producer took the transactional
 // id. Brokers before 2.7 say INVALID_PRODUCER_EPOCH for it.
 func fenced(err error) bool {
-	return errors.Is(err, ErrFenced) || errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch)
+	return errors.Is(err, sink.ErrFenced) || errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch)
 }
 
 // failure is a record the producer reported failed.

@@ -699,7 +699,7 @@ func (o *txnLoop) aborted(gaveUp bool) {
 	}
 	class := sink.ClassRetriable
 	if fenced(cause) {
-		class = ClassFenced
+		class = sink.ClassFenced
 	} else {
 		o.cfg.Poison.learn(o.failures, o.isolatedAbort)
 	}
@@ -744,7 +744,7 @@ func (o *txnLoop) spend(err error) {
 		return
 	}
 	if fenced(err) {
-		err = fmt.Errorf("%w: %w; stop this instance or let it wait as a standby: another relay with transactional id %q owns the stream", ErrFenced, err, o.cfg.TransactionalID)
+		err = fmt.Errorf("%w: %w; stop this instance or let it wait as a standby: another relay with transactional id %q owns the stream", sink.ErrFenced, err, o.cfg.TransactionalID)
 	} else if !errors.Is(err, ErrTxnAborted) {
 		err = fmt.Errorf("%w: %w", ErrTxnAborted, err)
 	}
@@ -781,8 +781,8 @@ func (o *txnLoop) eventIDs(yield func(string) bool) {
 
 func (o *txnLoop) failOne(r *Record, err error) {
 	class := sink.ClassRetriable
-	if errors.Is(err, ErrFenced) {
-		class = ClassFenced
+	if errors.Is(err, sink.ErrFenced) {
+		class = sink.ClassFenced
 	}
 	o.failOneAs(r, err, class)
 }

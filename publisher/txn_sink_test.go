@@ -79,11 +79,11 @@ func TestTxnSinkFencedReportsEveryRecordOnce(t *testing.T) {
 	if _, err := old.stream(ctx, txns[2:], nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.settle(ctx); !errors.Is(err, ErrFenced) {
-		t.Fatalf("settled with %v, want ErrFenced", err)
+	if err := old.settle(ctx); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("settled with %v, want sink.ErrFenced", err)
 	}
 	for _, f := range old.failures() {
-		if f.Class != ClassFenced || !errors.Is(f, ErrFenced) {
+		if f.Class != sink.ClassFenced || !errors.Is(f, sink.ErrFenced) {
 			t.Fatalf("outcome %v, want failed as fenced", f)
 		}
 	}

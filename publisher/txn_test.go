@@ -290,7 +290,7 @@ func TestTxnSplitsOversizeSourceTxn(t *testing.T) {
 }
 
 // A second producer with the same transactional id fences the first: the
-// first reports ErrFenced, its open transaction never becomes visible, and
+// first reports sink.ErrFenced, its open transaction never becomes visible, and
 // it commits nothing afterwards.
 func TestTxnFencedProducerNeverCommitsAgain(t *testing.T) {
 	skipSaramaTxnErrorRace(t)
@@ -313,20 +313,20 @@ func TestTxnFencedProducerNeverCommitsAgain(t *testing.T) {
 	if err == nil {
 		err = old.settle(ctx)
 	}
-	if !errors.Is(err, ErrFenced) {
-		t.Fatalf("old producer after the fence: %v, want ErrFenced", err)
+	if !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("old producer after the fence: %v, want sink.ErrFenced", err)
 	}
 	// It keeps refusing what it is given.
 	if _, err := old.stream(ctx, txns[1:2], nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.settle(ctx); !errors.Is(err, ErrFenced) {
-		t.Fatalf("old producer keeps answering %v, want ErrFenced", err)
+	if err := old.settle(ctx); !errors.Is(err, sink.ErrFenced) {
+		t.Fatalf("old producer keeps answering %v, want sink.ErrFenced", err)
 	}
 	failed := old.failures()
 	for _, f := range failed {
-		if f.Class != ClassFenced || !errors.Is(f, ErrFenced) {
-			t.Errorf("failure %v: want class %s wrapping ErrFenced", f, ClassFenced)
+		if f.Class != sink.ClassFenced || !errors.Is(f, sink.ErrFenced) {
+			t.Errorf("failure %v: want class %s wrapping sink.ErrFenced", f, sink.ClassFenced)
 		}
 	}
 	if want := 2 * len(txns[1].events); len(failed) != want {

@@ -103,7 +103,7 @@ func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 		{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "", EventType: "created", Payload: "{}"}},
 		{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "", AggregateID: "1", EventType: "created", Payload: "{}"}},
 	}
-	results, err := Replay(context.Background(), cfg, layout.Relay, nil, events, 10*time.Second, zerolog.Nop())
+	results, err := Replay(context.Background(), publisher.NewKafka(cfg, zerolog.Nop()), layout.Relay, nil, events, 10*time.Second, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -60,7 +59,16 @@ func (c Config) transactionalID(sys replication.System) string {
 	if c.TransactionalID != "" {
 		return c.TransactionalID
 	}
-	return publisher.TransactionalID(c.Replication.Slot, sys.ID)
+	return TransactionalID(c.Replication.Slot, sys.ID)
+}
+
+// TransactionalID is the default transactional.id of a relay: the
+// replication slot and the database's system identifier, the same pair that
+// keys the progress record. Two relays on one slot of one cluster share it,
+// so the newer fences the older; relays of different slots or clusters never
+// fence each other.
+func TransactionalID(slot, systemID string) string {
+	return "outbox-relay:" + slot + "@" + systemID
 }
 
 // exactlyOnce is what exactly-once delivery keeps across sessions: the
@@ -73,7 +81,6 @@ type exactlyOnce struct {
 	log      zerolog.Logger
 	metrics  *txnMetrics
 	progress *progressKeeper // notes the record each committed transaction carried
-	poison   *publisher.PoisonMemory
 
 	committed, aborted, split atomic.Uint64
 
@@ -83,26 +90,24 @@ type exactlyOnce struct {
 
 func newExactlyOnce(cfg Config, log zerolog.Logger, metrics *txnMetrics, progress *progressKeeper) *exactlyOnce {
 	metrics.mode(cfg.DeliveryMode())
-	return &exactlyOnce{cfg: cfg, log: log, metrics: metrics, progress: progress, poison: publisher.NewPoisonMemory(0)}
+	return &exactlyOnce{cfg: cfg, log: log, metrics: metrics, progress: progress}
 }
 
 // newSink initialises a transactional producer, which fences older ones
 // with the same id.
-func (e *exactlyOnce) newSink(pubCfg publisher.Config, sys replication.System) (*publisher.TxnSink, error) {
-	tcfg := publisher.DefaultTxnConfig()
-	tcfg.TransactionalID = e.cfg.transactionalID(sys)
-	tcfg.Interval = e.cfg.TransactionInterval
-	// A batch must end before the loop's in-flight limits fill: acks wait
-	// for the commit, and a commit forced at the limit splits the source
-	// transaction under way. Half the limits leaves the other half to the
-	// transaction that crosses the batch's end.
-	tcfg.BatchEvents = max(1, min(tcfg.BatchEvents, e.cfg.inFlightEvents()/2))
-	tcfg.BatchBytes = int(max(1, min(int64(tcfg.BatchBytes), e.cfg.MaxInFlightBytes/2)))
-	tcfg.Poison = e.poison
+func (e *exactlyOnce) newSink(batchLimit int, sys replication.System) (sink.Sink, error) {
+	t := sink.Transactional{ID: e.cfg.transactionalID(sys), Interval: e.cfg.TransactionInterval,
+		// A batch must end before the loop's in-flight limits fill: acks
+		// wait for the commit, and a commit forced at the limit splits the
+		// source transaction under way. Half the limits leaves the other
+		// half to the transaction that crosses the batch's end.
+		BatchEvents: max(1, e.cfg.inFlightEvents()/2),
+		BatchBytes:  int(max(1, e.cfg.MaxInFlightBytes/2)),
+	}
 	e.mu.Lock()
-	e.txnID = tcfg.TransactionalID
+	e.txnID = t.ID
 	e.mu.Unlock()
-	return publisher.NewTxnSink(pubCfg, tcfg, e.log)
+	return e.cfg.Sinks.NewTransactional(batchLimit, t)
 }
 
 // txnProgress is the progress record each Kafka transaction carries for

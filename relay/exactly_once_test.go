@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/lsn"
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -130,7 +131,9 @@ func TestInFlightEventsDefaultByDeliveryMode(t *testing.T) {
 	}
 	cfg.MaxInFlightEvents = -1
 	cfg.Replication.DSN = "postgres://relay@127.0.0.1/app"
-	cfg.Publisher.Brokers = []string{"127.0.0.1:9092"}
+	kafka := publisher.DefaultConfig()
+	kafka.Brokers = []string{"127.0.0.1:9092"}
+	cfg.Sinks = publisher.NewKafka(kafka, zerolog.Nop())
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--max-in-flight-events") {
 		t.Errorf("a negative bound validated as %v", err)
 	}

@@ -7,13 +7,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/progress"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
 
@@ -44,7 +42,7 @@ type progressKeeper struct {
 	metrics *progressMetrics
 
 	mu        sync.Mutex
-	store     *progress.Store
+	store     progress.Store
 	writer    *progress.Writer
 	resetDone bool
 	key       []byte // this session's slot@systemid
@@ -168,7 +166,7 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 // more. The slot stays the authority on where to start, and the record only
 // ever moves that point forward: without a record the session starts from
 // the slot, and re-delivers what came after it.
-func (p *progressKeeper) remakeTopic(ctx context.Context, store *progress.Store, key []byte) (progress.Record, bool, error) {
+func (p *progressKeeper) remakeTopic(ctx context.Context, store progress.Store, key []byte) (progress.Record, bool, error) {
 	created, err := store.Recreate(ctx)
 	if err != nil {
 		return progress.Record{}, false, fmt.Errorf("make the missing progress topic again: %w", err)
@@ -188,15 +186,15 @@ func (p *progressKeeper) remakeTopic(ctx context.Context, store *progress.Store,
 // open opens the store and its writer on first use. Only the session loop
 // calls it, one session at a time; the lock is not held while Kafka
 // answers, so /slot never waits on a slow broker.
-func (p *progressKeeper) open(ctx context.Context) (*progress.Store, error) {
+func (p *progressKeeper) open(ctx context.Context) (progress.Store, error) {
 	p.mu.Lock()
 	store := p.store
 	p.mu.Unlock()
 	if store != nil {
 		return store, nil
 	}
-	store, err := await.Do(ctx, func() (*progress.Store, error) { return openProgress(ctx, p.cfg, progress.Open) },
-		func(s *progress.Store) { s.Close() })
+	store, err := await.Do(ctx, func() (progress.Store, error) { return p.cfg.Sinks.OpenProgress(ctx, p.cfg.Progress.Topic, true) },
+		func(s progress.Store) { s.Close() })
 	if err != nil {
 		return nil, err
 	}
@@ -204,26 +202,13 @@ func (p *progressKeeper) open(ctx context.Context) (*progress.Store, error) {
 	if !p.cfg.exactlyOnce() {
 		// In exactly-once mode the record goes into each Kafka
 		// transaction instead.
-		writer = store.NewWriter(p.cfg.StatusInterval, p.log, p.written)
+		writer = progress.NewWriter(store, p.cfg.StatusInterval, p.log, p.written)
 	}
 	p.mu.Lock()
 	p.store, p.writer = store, writer
 	p.report.Topic = store.Topic()
 	p.mu.Unlock()
 	return store, nil
-}
-
-func openProgress(ctx context.Context, cfg Config,
-	open func(context.Context, []string, *sarama.Config, string) (*progress.Store, error)) (*progress.Store, error) {
-	sc, err := publisher.ClientConfig(cfg.Publisher)
-	if err != nil {
-		return nil, err
-	}
-	store, err := open(ctx, cfg.Publisher.Brokers, sc, cfg.Progress.Topic)
-	if errors.Is(err, progress.ErrConnect) {
-		return nil, publisher.ConnectError(cfg.Publisher, err)
-	}
-	return store, err
 }
 
 // written takes a record Kafka stored, where it was stored: from the
@@ -367,7 +352,7 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 		return nil, err
 	}
 	rep := &ProgressReport{Topic: cfg.Progress.Topic, SystemID: sys.ID, Timeline: sys.Timeline}
-	read, err := readLatest(ctx, cfg, progress.Key(cfg.Replication.Slot, sys.ID))
+	rec, found, err := cfg.Sinks.ReadProgress(ctx, cfg.Progress.Topic, progress.Key(cfg.Replication.Slot, sys.ID))
 	if errors.Is(err, progress.ErrTopic) {
 		rep.NextStartSource, rep.NextStartLSN = StartFromSlot, slotStart.String()
 		rep.Error = err.Error()
@@ -376,7 +361,6 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	if err != nil {
 		return nil, err
 	}
-	rec, found := read.rec, read.found
 	var stored *progress.Record
 	if found {
 		stored = &rec
@@ -394,34 +378,6 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	}
 	rep.NextStartSource, rep.NextStartLSN = d.Source, d.Start.String()
 	return rep, nil
-}
-
-// latestRead is the progress record readLatest found, if any.
-type latestRead struct {
-	rec   progress.Record
-	found bool
-}
-
-// readLatest opens the progress topic and reads key's record, all within
-// --kafka-timeout. The client's own timeouts apply to each connection and
-// request in turn (a broker that accepts connections and never answers
-// took three of them), and some of its waits take no context: so the read
-// runs on its own goroutine, and a one-shot command gives up on it at the
-// deadline.
-func readLatest(ctx context.Context, cfg Config, key []byte) (latestRead, error) {
-	// The store's calls take ctx, but the client's own waits do not all
-	// heed it; the deadline reaches them through Within.
-	ctx, cancel := context.WithTimeout(ctx, cfg.Publisher.Timeout)
-	defer cancel()
-	return publisher.Within(ctx, cfg.Publisher, "read the progress record from topic "+cfg.Progress.Topic, func() (latestRead, error) {
-		store, err := openProgress(ctx, cfg, progress.OpenExisting)
-		if err != nil {
-			return latestRead{}, err
-		}
-		defer store.Close()
-		rec, found, err := store.Latest(ctx, key)
-		return latestRead{rec, found}, err
-	}, func(latestRead) {})
 }
 
 // isProgressFatal reports the progress errors retrying cannot fix.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -17,7 +16,7 @@ import (
 func (s *readLoop) kafkaRecoverable(err error) bool {
 	var perr *sink.Error
 	return s.newSink != nil && errors.As(err, &perr) && perr.Class != sink.ClassPermanent &&
-		!errors.Is(err, sink.ErrAuth) && !errors.Is(err, publisher.ErrFenced)
+		!errors.Is(err, sink.ErrAuth) && !errors.Is(err, sink.ErrFenced)
 }
 
 // waitForKafka keeps the replication connection through a Kafka outage:

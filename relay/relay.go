@@ -18,7 +18,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -26,7 +25,8 @@ import (
 // Config is everything the relay needs to run.
 type Config struct {
 	Replication replication.Config
-	Publisher   publisher.Config
+	// Sinks makes the sinks events go to, and the progress store.
+	Sinks Sinks
 
 	// MaxInFlightEvents and MaxInFlightBytes bound what is sent and not yet
 	// acknowledged. At the bound the relay stops reading WAL. They also bound
@@ -109,6 +109,9 @@ type DryRun interface {
 // the markers) repeating every 1,000 events. A crash re-delivers nothing
 // to read_committed consumers in that mode, so the larger window costs no
 // duplicates; the bytes bound still caps the memory.
+// DefaultTransactionInterval is --transaction-interval's default.
+const DefaultTransactionInterval = 100 * time.Millisecond
+
 const (
 	defaultInFlightEvents            = 2000
 	defaultInFlightEventsExactlyOnce = 50000
@@ -148,7 +151,6 @@ func DefaultConfig() Config {
 			Slot:            "outbox_relay",
 			MaxMessageBytes: replication.DefaultMaxMessageBytes,
 		},
-		Publisher:         publisher.DefaultConfig(),
 		MaxInFlightBytes:  64 << 20,
 		StatusInterval:    time.Second,
 		ReadTick:          2 * time.Millisecond,
@@ -162,7 +164,7 @@ func DefaultConfig() Config {
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 
 		Delivery:            DeliveryAtLeastOnce,
-		TransactionInterval: publisher.DefaultTxnConfig().Interval,
+		TransactionInterval: DefaultTransactionInterval,
 	}
 }
 
@@ -171,19 +173,15 @@ func (c Config) Validate() error {
 	if err := c.Replication.Validate(); err != nil {
 		return err
 	}
-	if len(c.Publisher.Brokers) == 0 {
-		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
-	}
-	if c.Publisher.Linger < 0 || c.Publisher.Linger > time.Second {
-		return fmt.Errorf("--kafka-linger %s: must be between 0 and 1s", c.Publisher.Linger)
+	if c.Sinks == nil {
+		return errors.New("the relay has no sinks to publish to")
 	}
 	if err := c.validateMessages(); err != nil {
 		return err
 	}
-	if m := c.Replication.MaxMessageBytes; m < c.Publisher.MaxMessageBytes {
+	if m, k := c.Replication.MaxMessageBytes, c.Sinks.MaxMessageBytes(); m < k {
 		// A change Kafka would take could then be dropped unread.
-		return fmt.Errorf("--max-message-bytes %d: below --kafka-max-message-bytes %d, it would drop events Kafka accepts; raise it to at least %d",
-			m, c.Publisher.MaxMessageBytes, c.Publisher.MaxMessageBytes)
+		return fmt.Errorf("--max-message-bytes %d: below --kafka-max-message-bytes %d, it would drop events Kafka accepts; raise it to at least %d", m, k, k)
 	}
 	if c.ReadTick < 0 || c.ReadTick > maxReadTick {
 		return fmt.Errorf("--read-tick %s: must be between 0 and %s", c.ReadTick, maxReadTick)
@@ -235,13 +233,13 @@ func (c Config) validateProgressTopic() error {
 	if c.Progress.Topic == "" {
 		return nil
 	}
-	clash, err := publisher.TemplateCanName(c.Publisher.TopicTemplate, c.Progress.Topic)
+	clash, err := c.Sinks.CanName(c.Progress.Topic)
 	if err != nil || !clash {
 		return nil // a bad --topic is reported by the publisher's own check
 	}
 	return fmt.Errorf("--progress-topic %s: --topic %s can name it, so events and progress records would share one topic (compacted: Kafka would keep only the last event of each aggregate, and consumers would read progress records as events); "+
 		"choose a progress topic the template can never produce (the default is %s), or give --topic a fixed prefix or suffix",
-		c.Progress.Topic, c.Publisher.TopicTemplate, progress.DefaultTopic)
+		c.Progress.Topic, c.Sinks.TopicTemplate(), progress.DefaultTopic)
 }
 
 // Relay runs stream sessions until its context ends or a fatal error.
@@ -340,7 +338,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) restartLoop(ctx context.Context) error {
 	loop := pipeline.Restarts{Source: &walSource{r: r}, Log: r.log, Clock: r.clock, Metrics: r.metrics.Metrics,
 		BackoffMin: r.cfg.BackoffMin, BackoffMax: r.cfg.BackoffMax, ResetAfter: time.Minute,
-		BatchLimit: r.cfg.Publisher.MaxMessageBytes}
+		BatchLimit: r.cfg.Sinks.MaxMessageBytes()}
 	return loop.Run(ctx)
 }
 
@@ -378,7 +376,7 @@ func (w *walSource) FailureMessage(streamed bool) string {
 
 func (w *walSource) Waiting(err error) (pipeline.State, string) {
 	log := w.r.log
-	if errors.Is(err, publisher.ErrFenced) {
+	if errors.Is(err, sink.ErrFenced) {
 		// Another instance initialised a producer with this
 		// transactional id: it owns the stream now, and this one must
 		// not commit again. Its producer is gone with the session; the
@@ -406,7 +404,7 @@ func (w *walSource) Waiting(err error) (pipeline.State, string) {
 // and what to log when the wait begins; "" when the error is a failure.
 func waitingState(err error) (pipeline.State, string) {
 	switch {
-	case errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, publisher.ErrFenced):
+	case errors.Is(err, replication.ErrSlotBusy) || errors.Is(err, sink.ErrFenced):
 		return pipeline.StateWaitingForSlot, "slot is held by another process; waiting to take over (this instance is a standby)"
 	case errors.Is(err, replication.ErrStandby):
 		// Promotion is what a failover does; the relay streams from the

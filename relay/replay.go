@@ -11,7 +11,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -34,7 +33,7 @@ type replayOutcomes struct {
 
 // collect takes a publisher's outcomes, on a goroutine of its own, until
 // the publisher closes them.
-func (o *replayOutcomes) collect(pub *publisher.Publisher, done *sync.WaitGroup) {
+func (o *replayOutcomes) collect(pub sink.Sink, done *sync.WaitGroup) {
 	done.Add(1)
 	go func() {
 		defer done.Done()
@@ -76,14 +75,13 @@ var ErrReplayRefused = errors.New("refused")
 // (ErrReplayRefused), naming it. A replayed event lands after any later events
 // of its aggregate. The layout gives the records their shape, as `run`
 // would have.
-func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
+func Replay(ctx context.Context, sinks Sinks, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
 	out := &replayOutcomes{errs: map[sink.Record]error{}, topics: map[sink.Record]string{}}
 	// The collectors end when their publisher's Outcomes closes; a broker
 	// that never answers Close may keep one waiting, which must not hold
 	// up the replay's answer.
 	var collecting sync.WaitGroup
-	pub, err := publisher.Within(ctx, cfg, "connect to Kafka", func() (*publisher.Publisher, error) { return publisher.New(cfg, log) },
-		func(p *publisher.Publisher) { p.Close(time.Second) })
+	pub, err := sinks.ConnectWithin(ctx, func() (sink.Sink, error) { return sinks.New(0) })
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +106,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 			results[i].Err = perr
 			continue
 		}
-		rec, err := pub.BuildWait(ctx, ev)
+		rec, err := sink.BuildWhenReady(ctx, pub.Build, ev)
 		var limit *sink.BatchLimitError
 		if errors.As(err, &limit) {
 			// The topic takes smaller batches: flush what is in flight and
@@ -117,12 +115,11 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 			if cerr := pub.Close(timeout); cerr != nil {
 				return nil, cerr
 			}
-			cfg.BatchLimit = limit.MaxMessageBytes
-			if pub, err = publisher.New(cfg, log); err != nil {
+			if pub, err = sinks.New(limit.MaxMessageBytes); err != nil {
 				return nil, err
 			}
 			out.collect(pub, &collecting)
-			rec, err = pub.BuildWait(ctx, ev)
+			rec, err = sink.BuildWhenReady(ctx, pub.Build, ev)
 		}
 		if err != nil {
 			results[i].Err = err
@@ -131,7 +128,7 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 		results[i].Topic = rec.Topic()
 		sent[i] = rec
 		out.pending.Add(1)
-		if err := pub.Send(ctx, rec); err != nil {
+		if err := send(ctx, pub, rec); err != nil {
 			out.pending.Done()
 			results[i].Err = err
 		}
@@ -157,4 +154,15 @@ func Replay(ctx context.Context, cfg publisher.Config, l *layout.Layout, quarant
 		r.Err = quarantine.MarkReplayed(ctx, r.EventID, r.Topic)
 	}
 	return results, closeErr
+}
+
+// send hands a record to the sink, waiting while it is full, until ctx
+// ends.
+func send(ctx context.Context, s sink.Sink, r sink.Record) error {
+	select {
+	case s.Input() <- sink.Item{Record: r}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

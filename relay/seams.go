@@ -6,7 +6,9 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
+	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
 // walStream is where the read loop gets decoded replication messages and
@@ -24,6 +26,36 @@ type walStream interface {
 	SendStatus(written, flushed lsn.LSN) error
 	// Close ends the stream so that the last status sent is read.
 	Close(ctx context.Context) error
+}
+
+// Sinks makes the relay's sinks and its progress store; publisher.Kafka
+// is the real one. The relay knows nothing else of the system behind them.
+type Sinks interface {
+	// New makes an at-least-once sink whose batches are at most
+	// batchLimit bytes (0: MaxMessageBytes).
+	New(batchLimit int) (sink.Sink, error)
+	// NewTransactional makes an exactly-once sink; making it fences older
+	// ones with the same ID.
+	NewTransactional(batchLimit int, t sink.Transactional) (sink.Sink, error)
+	// ConnectWithin makes a sink with make for a one-shot command, giving
+	// up once the sink's own timeout has passed or ctx ended.
+	ConnectWithin(ctx context.Context, make func() (sink.Sink, error)) (sink.Sink, error)
+	// MaxMessageBytes is the largest record, and batch, the sinks build.
+	MaxMessageBytes() int
+	// Brokers are where the sinks connect, for the operator.
+	Brokers() []string
+	// TopicTemplate is how events are routed to topics (--topic), and
+	// CanName reports whether an event can be routed to topic.
+	TopicTemplate() string
+	CanName(topic string) (bool, error)
+	// Check connects once: the relay asks before it makes a slot.
+	Check() error
+	// OpenProgress opens the progress store; create makes its topic when
+	// missing.
+	OpenProgress(ctx context.Context, topic string, create bool) (progress.Store, error)
+	// ReadProgress reads key's record, creating nothing, within the sink's
+	// own timeout.
+	ReadProgress(ctx context.Context, topic string, key []byte) (rec progress.Record, found bool, err error)
 }
 
 // clock is the read loop's and the restart loop's time: the wall clock in

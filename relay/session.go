@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -27,22 +25,12 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	if r.cfg.DryRun != nil {
 		return r.dryRunSession(ctx)
 	}
-	pubCfg := r.cfg.Publisher
-	pubCfg.BatchLimit = batchLimit
 	var sys replication.System
 	newSink := func() (sink.Sink, error) {
 		if r.cfg.exactlyOnce() {
-			txn, err := r.delivery.newSink(pubCfg, sys)
-			if err != nil {
-				return nil, err // not a typed nil inside the interface
-			}
-			return txn, nil
+			return r.delivery.newSink(batchLimit, sys)
 		}
-		pub, err := publisher.New(pubCfg, r.log)
-		if err != nil {
-			return nil, err
-		}
-		return pub, nil
+		return r.cfg.Sinks.New(batchLimit)
 	}
 	// connectSink is newSink for this session's start, given up when ctx
 	// ends; waitForKafka makes its own producers.
@@ -226,13 +214,12 @@ func (r *Relay) beforeSlotCreate(ctx context.Context) error {
 // slot: a slot no relay streams from holds WAL for good, so a run that
 // cannot reach Kafka (a wrong address or password) must not leave one.
 func (r *Relay) checkKafka(ctx context.Context) error {
-	r.log.Info().Strs("brokers", r.cfg.Publisher.Brokers).Msg("the replication slot does not exist: checking Kafka before creating it")
-	client, err := await.Do(ctx, func() (io.Closer, error) { return publisher.NewReadClient(r.cfg.Publisher) },
-		func(c io.Closer) { c.Close() })
+	r.log.Info().Strs("brokers", r.cfg.Sinks.Brokers()).Msg("the replication slot does not exist: checking Kafka before creating it")
+	_, err := await.Do(ctx, func() (struct{}, error) { return struct{}{}, r.cfg.Sinks.Check() }, func(struct{}) {})
 	if err != nil {
 		return fmt.Errorf("the replication slot was not created, as Kafka is not reachable yet: %w", err)
 	}
-	return client.Close()
+	return nil
 }
 
 // dryRunSession is a session of a dry run (see DryRun): the server's

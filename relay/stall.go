@@ -72,7 +72,7 @@ func (r *Relay) watchStall(ctx context.Context, tick time.Duration) {
 				if now.Sub(lastWarned) >= r.cfg.KafkaStallTimeout {
 					lastWarned = now
 					r.log.Warn().Str("stalled_for", stalled.Round(time.Second).String()).Int("in_flight_events", inFlight).
-						Strs("kafka_brokers", r.cfg.Publisher.Brokers).
+						Strs("kafka_brokers", r.cfg.Sinks.Brokers()).
 						Msg("kafka has not acknowledged any event for longer than --kafka-stall-timeout: /readyz reports not ready until it does. Check the brokers and the relay's network path to them; events wait in the slot meanwhile and nothing is lost")
 				}
 			case !stalledSince.IsZero():

@@ -8,6 +8,7 @@ package sink
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Class says what a failed record needs.
@@ -65,4 +66,28 @@ func Explain(err error) string {
 		return err.Error()
 	}
 	return err.Error() + "; " + advised.Advice()
+}
+
+// ErrFenced means another producer with the same transactional id started:
+// this one must never commit again. The relay stops, or goes back to
+// waiting as a standby; it must not retry with the same producer.
+var ErrFenced = errors.New("kafka producer fenced by a newer producer with the same transactional id")
+
+// ClassFenced is the class of the failures reported after the producer was
+// fenced. Unlike the other classes it is fatal to the producer's session and
+// to the instance: another instance now owns the transactional id.
+const ClassFenced Class = "fenced"
+
+// Transactional shapes a sink that writes transactions (exactly-once).
+type Transactional struct {
+	// ID identifies the producer across restarts: a newer sink with the
+	// same ID fences the older (ErrFenced).
+	ID string
+	// Interval is how long a transaction stays open before it commits at
+	// the next source transaction's end.
+	Interval time.Duration
+	// BatchEvents and BatchBytes end a transaction at the next source
+	// transaction's end once it holds this much, or the sink's own batch
+	// if that is smaller; zero is the sink's own.
+	BatchEvents, BatchBytes int
 }

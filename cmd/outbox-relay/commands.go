@@ -209,11 +209,11 @@ func failure(stderr io.Writer, command string, err error, dsn string) int {
 // validateRun checks everything run needs before it touches PostgreSQL or
 // Kafka, so a setting that can never work exits 2 at once instead of
 // failing every session.
-func validateRun(c relay.Config) error {
-	if err := c.Validate(); err != nil {
+func validateRun(o *options, c relay.Config) error {
+	if err := o.requireBrokers(); err != nil {
 		return err
 	}
-	return c.Publisher.Validate()
+	return c.Validate()
 }
 
 func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -243,20 +243,21 @@ func runCommand(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // runRelay is run for the sources the relay streams from a replication
 // slot.
 func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer) int {
-	if err := validateRun(o.relay); err != nil {
-		return usageError(stderr, "run", err, o.relay.Replication.DSN)
+	cfg := o.relayConfig(log)
+	if err := validateRun(o, cfg); err != nil {
+		return usageError(stderr, "run", err, cfg.Replication.DSN)
 	}
 	if err := o.reconcile.validatePeriodic(); err != nil {
 		return usageError(stderr, "run", err, "")
 	}
 
-	o.relay.Progress.RelayVersion = version
-	gcPercent, memoryLimit := tuneGC(o.relay, os.Getenv)
+	cfg.Progress.RelayVersion = version
+	gcPercent, memoryLimit := tuneGC(cfg, os.Getenv)
 	registry := prometheus.NewRegistry()
 	metrics := relay.NewMetrics(registry)
 	notifier := newSystemdNotifier(log)
-	r := relay.New(o.relay, log, metrics, relay.Hooks{Running: notifier.ready, Alive: notifier.alive})
-	notifier.watch(ctx, r.Status, o.relay)
+	r := relay.New(cfg, log, metrics, relay.Hooks{Running: notifier.ready, Alive: notifier.alive})
+	notifier.watch(ctx, r.Status, cfg)
 	periodicCtx, stopPeriodic := context.WithCancel(ctx)
 	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
 	defer func() {
@@ -271,13 +272,13 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 	}
 	defer stopAdmin()
 	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
-		Strs("kafka_brokers", o.relay.Publisher.Brokers)
+		Strs("kafka_brokers", o.kafka.Brokers)
 	if o.relay.Replication.MessagePrefix != "" {
 		start = start.Str("message_prefix", o.messagePrefix)
 	} else {
 		start = start.Str("table", o.relay.Replication.Table)
 	}
-	start.Str("topic", o.relay.Publisher.TopicTemplate).Stringer("record_format", o.relay.Replication.OutboxLayout().RecordFormat()).
+	start.Str("topic", o.kafka.TopicTemplate).Stringer("record_format", o.relay.Replication.OutboxLayout().RecordFormat()).
 		Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
 
 	err = r.Run(ctx)
@@ -474,8 +475,8 @@ func slotStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	if err := o.relay.ValidateDelivery(); err != nil {
 		return usageError(stderr, "status", err, o.relay.Replication.DSN)
 	}
-	if len(o.relay.Publisher.Brokers) > 0 {
-		if err := o.relay.Publisher.Validate(); err != nil {
+	if len(o.kafka.Brokers) > 0 {
+		if err := o.kafka.Validate(); err != nil {
 			return usageError(stderr, "status", err, o.relay.Replication.DSN)
 		}
 	}
@@ -491,11 +492,11 @@ func slotStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	if failoverWarning != "" {
 		fmt.Fprintf(stderr, "outbox-relay status: warning: %s\n", failoverWarning)
 	}
-	if len(o.relay.Publisher.Brokers) == 0 && o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
+	if len(o.kafka.Brokers) == 0 && o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
 		fmt.Fprintln(stderr, "outbox-relay status: pass --kafka-brokers to show the last committed progress: in exactly-once mode it is kept in Kafka")
 	}
-	if len(o.relay.Publisher.Brokers) > 0 {
-		report.Progress, err = progressReport(ctx, o.relay, info)
+	if len(o.kafka.Brokers) > 0 {
+		report.Progress, err = progressReport(ctx, o.relayConfig(zerolog.Nop()), info)
 		if err != nil {
 			fmt.Fprintf(stderr, "outbox-relay status: %s\n", operatorMessage(err, o.relay.Replication.DSN))
 			return exitFailure

@@ -191,8 +191,8 @@ func TestFlagsAfterPositionalArguments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(ids, " ") != "id-1 id-2 --id-3" || o.relay.Replication.DSN != dsn || strings.Join(o.relay.Publisher.Brokers, ",") != "k:1" {
-		t.Errorf("ids %q dsn %q brokers %v", ids, o.relay.Replication.DSN, o.relay.Publisher.Brokers)
+	if strings.Join(ids, " ") != "id-1 id-2 --id-3" || o.relay.Replication.DSN != dsn || strings.Join(o.kafka.Brokers, ",") != "k:1" {
+		t.Errorf("ids %q dsn %q brokers %v", ids, o.relay.Replication.DSN, o.kafka.Brokers)
 	}
 	// Through the command: the flags after the id are used, so the replay
 	// gets as far as connecting (exit 1), not "--pg-dsn is required" (2).
@@ -307,10 +307,10 @@ kafka-brokers: ["${OUTBOX_TEST_PASSWORD}:9092", "k2:9092"]
 	if got := o.relay.Replication.DSN; got != "host=db password=pa$word1 user=from-env dbname=a$b" {
 		t.Errorf("pg-dsn = %q", got)
 	}
-	if got := o.relay.Publisher.TopicTemplate; got != "outbox.$event" {
+	if got := o.kafka.TopicTemplate; got != "outbox.$event" {
 		t.Errorf("topic = %q", got)
 	}
-	if got := strings.Join(o.relay.Publisher.Brokers, ","); got != "from-env:9092,k2:9092" {
+	if got := strings.Join(o.kafka.Brokers, ","); got != "from-env:9092,k2:9092" {
 		t.Errorf("brokers = %q", got)
 	}
 }

@@ -13,13 +13,16 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/poll"
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/tracing"
+	"github.com/rs/zerolog"
 )
 
 // options is everything a command can be told, with the relay's defaults.
 type options struct {
 	relay      relay.Config
+	kafka      publisher.Config
 	dryRun     bool
 	brokers    string
 	adminAddr  string
@@ -52,7 +55,7 @@ type options struct {
 	recordFormat      string
 	contentType       string
 	cloudEventsSource string
-	// run's trace export, made into relay.Config.Publisher.Tracing
+	// run's trace export, made into publisher.Config.Tracing
 	tracing tracing.Config
 }
 
@@ -93,7 +96,7 @@ var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "qu
 // newFlagSet declares a command's flags. Every flag can also come from
 // OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
 func newFlagSet(command string, o *options, stderr io.Writer) *flag.FlagSet {
-	*o = options{relay: relay.DefaultConfig(), poll: poll.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info", replayTimeout: time.Minute}
+	*o = options{relay: relay.DefaultConfig(), kafka: publisher.DefaultConfig(), poll: poll.DefaultConfig(), adminAddr: "127.0.0.1:9797", logLevel: "info", replayTimeout: time.Minute}
 	fs := flag.NewFlagSet("outbox-relay "+command, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.configFile, "config", "", "YAML file of flag values (keys are flag names); flags and env win over it")
@@ -148,7 +151,7 @@ func quarantineTableFlag(fs *flag.FlagSet, o *options) {
 }
 
 func kafkaFlags(fs *flag.FlagSet, o *options) {
-	c := &o.relay.Publisher
+	c := &o.kafka
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers, host:port (required)")
 	fs.StringVar(&c.Compression, "compression", c.Compression, "record compression: none, gzip, snappy, lz4, zstd")
 	fs.StringVar(&c.KafkaVersion, "kafka-version", c.KafkaVersion, "Kafka protocol version to speak (0.11 or newer)")
@@ -226,8 +229,7 @@ func listFlags(fs *flag.FlagSet, o *options) {
 // topicFlag routes records: run, reconcile --republish and quarantine
 // replay must route alike, or a replay lands where no consumer reads.
 func topicFlag(fs *flag.FlagSet, o *options) {
-	c := &o.relay
-	fs.StringVar(&c.Publisher.TopicTemplate, "topic", c.Publisher.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}; quarantine replay needs the one run uses")
+	fs.StringVar(&o.kafka.TopicTemplate, "topic", o.kafka.TopicTemplate, "topic name or template with {aggregate_type} and {event_type}; quarantine replay needs the one run uses")
 }
 
 func replayFlags(fs *flag.FlagSet, o *options) {
@@ -487,11 +489,10 @@ func expandEnv(s string) (string, error) {
 
 // finish derives what the flags imply: broker list and secrets.
 func (o *options) finish() error {
-	c := &o.relay
-	c.Publisher.Brokers = nil
+	o.kafka.Brokers = nil
 	for _, b := range strings.Split(o.brokers, ",") {
 		if b = strings.TrimSpace(b); b != "" {
-			c.Publisher.Brokers = append(c.Publisher.Brokers, b)
+			o.kafka.Brokers = append(o.kafka.Brokers, b)
 		}
 	}
 	if v, ok := os.LookupEnv(envName("kafka-sasl-password")); ok {
@@ -504,7 +505,7 @@ func (o *options) finish() error {
 		}
 		o.saslPassword = strings.TrimRight(string(raw), "\r\n")
 	}
-	c.Publisher.Security.SASLPassword = o.saslPassword
+	o.kafka.Security.SASLPassword = o.saslPassword
 	l, err := layout.New(o.outboxLayout, o.columns, o.headerColumns)
 	if err != nil {
 		return err
@@ -515,6 +516,7 @@ func (o *options) finish() error {
 	if err := l.SetContentType(o.contentType); err != nil {
 		return err
 	}
+	c := &o.relay
 	c.Replication.Layout = l
 	if c.StatusInterval <= 0 {
 		return errors.New("--status-interval must be positive")
@@ -523,4 +525,20 @@ func (o *options) finish() error {
 		return errors.New("--shutdown-timeout must not be negative")
 	}
 	return nil
+}
+
+// relayConfig is the relay's configuration, with the Kafka sinks of the
+// flags.
+func (o *options) relayConfig(log zerolog.Logger) relay.Config {
+	c := o.relay
+	c.Sinks = publisher.NewKafka(o.kafka, log)
+	return c
+}
+
+// requireBrokers refuses a command that publishes without --kafka-brokers.
+func (o *options) requireBrokers() error {
+	if len(o.kafka.Brokers) == 0 {
+		return errors.New("--kafka-brokers is required: a comma-separated list of host:port")
+	}
+	return o.kafka.Validate()
 }

@@ -32,8 +32,8 @@ table: ${OUTBOX_TEST_SCHEMA}.events
 		t.Fatal(err)
 	}
 	c := o.relay
-	if c.Publisher.TopicTemplate != "from.flag" {
-		t.Errorf("topic %q: the flag must win", c.Publisher.TopicTemplate)
+	if o.kafka.TopicTemplate != "from.flag" {
+		t.Errorf("topic %q: the flag must win", o.kafka.TopicTemplate)
 	}
 	if c.Replication.Slot != "from_env" {
 		t.Errorf("slot %q: the environment must win over the file", c.Replication.Slot)
@@ -41,11 +41,11 @@ table: ${OUTBOX_TEST_SCHEMA}.events
 	if c.Replication.DSN != "postgres://file@db/app" || c.Replication.Table != "sales.events" {
 		t.Errorf("file values not applied: dsn %q table %q", c.Replication.DSN, c.Replication.Table)
 	}
-	if strings.Join(c.Publisher.Brokers, ",") != "k1:9092,k2:9092" {
-		t.Errorf("brokers %v", c.Publisher.Brokers)
+	if strings.Join(o.kafka.Brokers, ",") != "k1:9092,k2:9092" {
+		t.Errorf("brokers %v", o.kafka.Brokers)
 	}
-	if c.Publisher.Compression != "lz4" || o.adminAddr != "127.0.0.1:9797" {
-		t.Errorf("defaults lost: compression %q admin %q", c.Publisher.Compression, o.adminAddr)
+	if o.kafka.Compression != "lz4" || o.adminAddr != "127.0.0.1:9797" {
+		t.Errorf("defaults lost: compression %q admin %q", o.kafka.Compression, o.adminAddr)
 	}
 }
 
@@ -66,8 +66,8 @@ func TestSASLPasswordFromEnvAndFile(t *testing.T) {
 	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err != nil {
 		t.Fatal(err)
 	}
-	if o.relay.Publisher.Security.SASLPassword != "from-env" {
-		t.Fatalf("password %q", o.relay.Publisher.Security.SASLPassword)
+	if o.kafka.Security.SASLPassword != "from-env" {
+		t.Fatalf("password %q", o.kafka.Security.SASLPassword)
 	}
 	file := filepath.Join(t.TempDir(), "pw")
 	os.WriteFile(file, []byte("from-file\n"), 0o600)
@@ -75,8 +75,8 @@ func TestSASLPasswordFromEnvAndFile(t *testing.T) {
 	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--kafka-sasl-password-file", file}); err != nil {
 		t.Fatal(err)
 	}
-	if o.relay.Publisher.Security.SASLPassword != "from-file" {
-		t.Fatalf("password %q", o.relay.Publisher.Security.SASLPassword)
+	if o.kafka.Security.SASLPassword != "from-file" {
+		t.Fatalf("password %q", o.kafka.Security.SASLPassword)
 	}
 }
 

@@ -17,11 +17,11 @@ import (
 // it, and the source's records go to stdout instead of Kafka. Kafka is
 // only asked, read-only, how many partitions each topic has.
 func runDry(ctx context.Context, o *options, source sourceSpec, log zerolog.Logger, stdout, stderr io.Writer) int {
-	namer, err := publisher.NewTopicNamer(o.relay.Publisher.TopicTemplate)
+	namer, err := publisher.NewTopicNamer(o.kafka.TopicTemplate)
 	if err != nil {
 		return usageError(stderr, "run", err, "")
 	}
-	partitions := publisher.NewPartitioner(o.relay.Publisher)
+	partitions := publisher.NewPartitioner(o.kafka)
 	defer partitions.Close()
 	printer := dryrun.NewPrinter(stdout, namer.Topic, partitions.Partition)
 	return source.dryRun(ctx, o, printer, log.With().Bool("dry_run", true).Logger(), stderr)
@@ -29,26 +29,26 @@ func runDry(ctx context.Context, o *options, source sourceSpec, log zerolog.Logg
 
 // dryRunRelay is the dry run of the sources that stream a slot.
 func dryRunRelay(ctx context.Context, o *options, printer *dryrun.Printer, log zerolog.Logger, stderr io.Writer) int {
-	cfg := o.relay
-	if err := validateRun(cfg); err != nil {
+	cfg := o.relayConfig(log)
+	if err := validateRun(o, cfg); err != nil {
 		return usageError(stderr, "run", err, cfg.Replication.DSN)
 	}
 	// Nothing is written to Kafka, so the delivery mode changes nothing
 	// printed; the records are those of either.
 	cfg.Delivery = relay.DeliveryAtLeastOnce
 	cfg.DryRun = printer
-	log.Info().Str("source", o.source).Str("postgres", pg.Describe(cfg.Replication.DSN)).Str("topic", cfg.Publisher.TopicTemplate).
+	log.Info().Str("source", o.source).Str("postgres", pg.Describe(cfg.Replication.DSN)).Str("topic", o.kafka.TopicTemplate).
 		Stringer("record_format", cfg.Replication.OutboxLayout().RecordFormat()).Msg("starting a dry run")
 	return exitCode(relay.New(cfg, log, nil, relay.Hooks{}).Run(ctx), cfg.Replication.DSN, log)
 }
 
 // dryRunPoll is poll mode's dry run.
 func dryRunPoll(ctx context.Context, o *options, printer *dryrun.Printer, log zerolog.Logger, stderr io.Writer) int {
-	cfg := o.pollConfig()
+	cfg := o.pollConfig(log)
 	if err := cfg.Validate(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
-	if err := cfg.Publisher.Validate(); err != nil {
+	if err := o.requireBrokers(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
 	cfg.DryRun = printer
@@ -57,6 +57,6 @@ func dryRunPoll(ctx context.Context, o *options, printer *dryrun.Printer, log ze
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
 	log.Info().Str("source", o.source).Str("postgres", pg.Describe(cfg.Postgres.DSN)).Str("table", cfg.Postgres.Table).
-		Str("topic", cfg.Publisher.TopicTemplate).Msg("starting a dry run")
+		Str("topic", o.kafka.TopicTemplate).Msg("starting a dry run")
 	return exitCode(p.Run(ctx), cfg.Postgres.DSN, log)
 }

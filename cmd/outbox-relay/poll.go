@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -41,11 +42,11 @@ func pollMigrateFlags(fs *flag.FlagSet, o *options) {
 
 // pollConfig is poll mode's configuration from the flags shared with the
 // WAL path and its own.
-func (o *options) pollConfig() poll.Config {
+func (o *options) pollConfig(log zerolog.Logger) poll.Config {
 	c := o.poll
 	c.Postgres = o.relay.Replication.Config
 	c.Slot = o.relay.Replication.Slot
-	c.Publisher = o.relay.Publisher
+	c.Sinks = publisher.NewKafka(o.kafka, log)
 	c.QuarantineTable = o.relay.QuarantineTable
 	c.OnPermanentError = o.relay.OnPermanentError
 	c.ShutdownTimeout = o.relay.ShutdownTimeout
@@ -64,11 +65,11 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		// the confirmed position, where poll mode marks each row.
 		return usageError(stderr, "run", fmt.Errorf("--retention-margin %s with --source poll: poll mode deletes only rows marked published, so no margin applies; drop it", o.relay.Retention.Margin), "")
 	}
-	cfg := o.pollConfig()
+	cfg := o.pollConfig(log)
 	if err := cfg.Validate(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
-	if err := cfg.Publisher.Validate(); err != nil {
+	if err := o.requireBrokers(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
 	registry := prometheus.NewRegistry()
@@ -95,8 +96,8 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	}
 	defer stopAdmin()
 	log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
-		Strs("kafka_brokers", cfg.Publisher.Brokers).Str("table", cfg.Postgres.Table).
-		Str("topic", cfg.Publisher.TopicTemplate).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat()).Msg("starting")
+		Strs("kafka_brokers", o.kafka.Brokers).Str("table", cfg.Postgres.Table).
+		Str("topic", o.kafka.TopicTemplate).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat()).Msg("starting")
 	err = p.Run(ctx)
 	notifier.stopping()
 	return exitCode(err, cfg.Postgres.DSN, log)
@@ -106,7 +107,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	cfg := o.pollConfig()
+	cfg := o.pollConfig(zerolog.Nop())
 	stats, err := poll.ReadStatus(ctx, cfg)
 	if err != nil {
 		return failure(stderr, "status", err, cfg.Postgres.DSN)

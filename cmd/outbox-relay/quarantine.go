@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -138,7 +139,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	for _, e := range events {
 		quarantinedFrom[e.EventID] = e.Topic
 	}
-	results, err := relay.Replay(ctx, o.relay.Publisher, o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
+	results, err := relay.Replay(ctx, publisher.NewKafka(o.kafka, log), o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
 	}
@@ -184,10 +185,7 @@ func validateQuarantine(o *options, sub string, ids []string) error {
 			return fmt.Errorf("%q is not an event id: event ids are UUIDs, as `outbox-relay quarantine list` shows them", id)
 		}
 	}
-	if len(o.relay.Publisher.Brokers) == 0 {
-		return errors.New("--kafka-brokers is required")
-	}
-	return o.relay.Publisher.Validate()
+	return o.requireBrokers()
 }
 
 // isUUID reports whether s is a UUID in a form PostgreSQL's uuid type

@@ -92,7 +92,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		// It neither reads nor writes progress, so a --progress-topic it
 		// does not take must not refuse its --topic.
 		o.relay.Progress.Topic = ""
-		err = validateRun(o.relay)
+		err = validateRun(o, o.relayConfig(zerolog.Nop()))
 	}
 	if err != nil {
 		return usageError(stderr, "reconcile", err, o.relay.Replication.DSN)
@@ -136,7 +136,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 // which validateRun has checked.
 func reconcileConfig(o *options) reconcile.Config {
 	quarantine, _ := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
-	return reconcile.Config{Postgres: o.relay.Replication.Config, Kafka: o.relay.Publisher,
+	return reconcile.Config{Postgres: o.relay.Replication.Config, Kafka: o.kafka,
 		Quarantine: quarantine, Margin: 5 * time.Minute, Stall: time.Minute}
 }
 

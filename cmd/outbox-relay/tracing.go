@@ -47,7 +47,7 @@ func startTracing(ctx context.Context, o *options, log zerolog.Logger) (stop fun
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		log.Warn().Err(err).Msg("tracing: spans were not exported; check that the collector at the OTLP endpoint is up and reachable")
 	}))
-	o.relay.Publisher.Tracing = tracing.NewRecords(tp, o.source, o.relay.DeliveryMode())
+	o.kafka.Tracing = tracing.NewRecords(tp, o.source, o.relay.DeliveryMode())
 	log.Info().Str("protocol", orDefault(o.tracing.Protocol, tracing.ProtocolHTTP)).Str("sampler", orDefault(o.tracing.Sampler, "parentbased_always_on")).
 		Msg("tracing on: each event the sampler picks gets a span from commit to ack")
 	return func() { shutdownTracing(tp, log) }, nil

@@ -10,7 +10,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/publisher"
-	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -52,7 +51,7 @@ func (b *bench) producerFloor(ctx context.Context, br *broker) (LatencyResult, e
 	if err := br.createTopic(topic, b.o.partitions); err != nil {
 		return res, err
 	}
-	cfg := relay.DefaultConfig().Publisher
+	cfg := publisher.DefaultConfig()
 	cfg.Brokers = br.addrs
 	cfg.TopicTemplate = topic
 	if b.o.compression != "" {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
@@ -80,14 +81,17 @@ func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = dsn
 	cfg.Replication.Slot = slot
-	cfg.Publisher.Brokers = br.addrs
-	cfg.Publisher.TopicTemplate = topic
+	kafka := publisher.DefaultConfig()
+	kafka.Brokers = br.addrs
+	kafka.TopicTemplate = topic
 	if b.o.compression != "" {
-		cfg.Publisher.Compression = b.o.compression
+		kafka.Compression = b.o.compression
 	}
 	if b.o.linger >= 0 {
-		cfg.Publisher.Linger = b.o.linger
+		kafka.Linger = b.o.linger
 	}
+	log := zerolog.New(logTo).Level(zerolog.WarnLevel).With().Timestamp().Logger()
+	cfg.Sinks = publisher.NewKafka(kafka, log)
 	for _, f := range adjust {
 		f(&cfg)
 	}
@@ -96,7 +100,6 @@ func (b *bench) startInProcess(dsn, slot string, br *broker, topic string, logTo
 	metrics.CommitToAck, metrics.CommitToReceive = rec, recv
 	p := &inProcess{rec: rec, recv: recv, errc: make(chan error, 1), streaming: make(chan struct{})}
 	var once sync.Once
-	log := zerolog.New(logTo).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 	r := relay.New(cfg, log, metrics, relay.Hooks{Running: func() { once.Do(func() { close(p.streaming) }) }})
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel

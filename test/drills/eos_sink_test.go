@@ -262,12 +262,12 @@ func TestEOSSink(t *testing.T) {
 				if err == nil {
 					err = old.commit(ctx)
 				}
-				if !errors.Is(err, publisher.ErrFenced) {
+				if !errors.Is(err, sink.ErrFenced) {
 					t.Fatalf("old sink after the fence: %v, want ErrFenced", err)
 				}
 				for _, f := range old.state().failed {
-					if f.Class != publisher.ClassFenced {
-						t.Fatalf("failure class %s, want %s", f.Class, publisher.ClassFenced)
+					if f.Class != sink.ClassFenced {
+						t.Fatalf("failure class %s, want %s", f.Class, sink.ClassFenced)
 					}
 				}
 				after, err := eosStream(ctx, newer, topic, progress, id, 9, 3)

@@ -1,4 +1,4 @@
-package progress
+package publisher
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/internal/topicconfig"
+	"github.com/outbox-relay/outbox-relay/progress"
 )
 
 // checkLayout refuses an existing progress topic that is not what the
@@ -17,7 +18,7 @@ import (
 // can be deleted by retention; and a topic that is neither was most likely
 // meant for something else, such as events, whose consumers would then
 // read progress records.
-func (s *Store) checkLayout(meta *sarama.TopicMetadata) error {
+func (s *ProgressStore) checkLayout(meta *sarama.TopicMetadata) error {
 	var problems []string
 	if n := len(meta.Partitions); n != 1 {
 		problems = append(problems, fmt.Sprintf("it has %d partitions, not 1", n))
@@ -35,15 +36,15 @@ func (s *Store) checkLayout(meta *sarama.TopicMetadata) error {
 	return fmt.Errorf("%w: %s exists but %s, so it is not a progress topic the relay made (is it an event topic?). "+
 		"Point --progress-topic at a topic of its own: a missing one is created as\n  %s\n"+
 		"Only if %s holds nothing but this relay's progress, fix it in place instead (kafka-configs.sh --alter --add-config cleanup.policy=compact; a topic's partitions cannot be reduced)",
-		ErrTopic, s.topic, strings.Join(problems, " and "), s.CreateCommand(), s.topic)
+		progress.ErrTopic, s.topic, strings.Join(problems, " and "), s.CreateCommand(), s.topic)
 }
 
 // cleanupPolicy reads the topic's cleanup.policy.
-func (s *Store) cleanupPolicy() (string, error) {
+func (s *ProgressStore) cleanupPolicy() (string, error) {
 	policy, found, err := topicconfig.Value(s.admin, s.topic, "cleanup.policy")
 	if errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
 		return "", fmt.Errorf("%w: %s: kafka refused to describe its configuration (%v), which the relay checks at start: grant the relay's user DescribeConfigs on it: %s --operation DescribeConfigs",
-			ErrTopic, s.topic, err, s.aclCommand())
+			progress.ErrTopic, s.topic, err, s.aclCommand())
 	}
 	if err != nil {
 		return "", fmt.Errorf("progress: describe configuration of topic %s: %w", s.topic, err)
