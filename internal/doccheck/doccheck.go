@@ -37,8 +37,10 @@
 //     of that name must exist. Names with "_" (SQL, `pg_current_wal_lsn()`)
 //     and the few non-Go function names in NonGoCalls (PromQL) are not Go.
 //
-// A bare identifier (`streamer`, `clock`) is checked only where the page
-// places it, in one of these forms (the names may be a list joined by ","
+// A bare identifier in mixed case (`progressKeeper`, `TopicPendingError`)
+// must be declared somewhere in the module: nothing else the pages quote
+// is written so. Any other bare identifier (`streamer`, `clock`) is
+// checked only where the page places it, in one of these forms (the names may be a list joined by ","
 // and "and"; emphasis markers between spans are ignored):
 //
 //	`name` in `dir/file.go`
@@ -97,10 +99,13 @@ type block struct {
 }
 
 var (
-	pathRe   = regexp.MustCompile(`^(\./)?[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*/?(:(\d+)(-(\d+))?)?$`)
-	methRe   = regexp.MustCompile(`^\(\*?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)\)\.([A-Za-z_]\w*)(\(.*\))?$`)
-	nameRe   = regexp.MustCompile(`^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(.*\))?$`)
-	placedRe = regexp.MustCompile(`^(\S+):\s+(.+)$`)
+	pathRe = regexp.MustCompile(`^(\./)?[A-Za-z0-9_.@-]+(/[A-Za-z0-9_.@-]+)*/?(:(\d+)(-(\d+))?)?$`)
+	methRe = regexp.MustCompile(`^\(\*?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)\)\.([A-Za-z_]\w*)(\(.*\))?$`)
+	// mixedCase is an identifier with a capital after a small letter
+	// (`progressKeeper`, `TopicPendingError`).
+	mixedCase = regexp.MustCompile(`^[a-z][a-z0-9]*[A-Z][A-Za-z0-9]*$`)
+	nameRe    = regexp.MustCompile(`^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(\(.*\))?$`)
+	placedRe  = regexp.MustCompile(`^(\S+):\s+(.+)$`)
 	// Between spans: a list's separator, and the placement forms.
 	sepRe   = regexp.MustCompile(`^(\s*,\s*|\s+and\s+|\s*,\s+and\s+)$`)
 	inRe    = regexp.MustCompile(`^\s+in\s+$`)
@@ -404,6 +409,13 @@ func (c *checker) resolveName(t string) (resolution, bool) {
 	call := m[2] != ""
 	if len(parts) == 1 {
 		name := parts[0]
+		if !call && mixedCase.MatchString(name) {
+			// A bare name in mixed case is Go by its shape (nothing
+			// else the pages quote, flags, SQL, settings or metrics,
+			// is written so): some declaration must carry it.
+			return resolution{checked: true, decls: c.ix.byName[name],
+				missing: fmt.Sprintf("%s, which this module does not declare", name)}, true
+		}
 		if !call || strings.Contains(name, "_") || NonGoCalls[name] {
 			return resolution{}, true
 		}

@@ -165,6 +165,24 @@ func TestChainsThroughFieldsAreFollowed(t *testing.T) {
 	}
 }
 
+// Issue 41.6: a bare name the page did not place was never checked, so a
+// renamed type or field (`statusSinc`, `loopEnvs`) stayed in a page. A
+// bare name in camelCase is Go by its shape and must be declared; one in
+// one case (`streaming`, `REPLICATION`, `WatchdogSec`) may be anything
+// else and is left alone.
+func TestBareCamelCaseNamesMustExist(t *testing.T) {
+	page := "`statusSink`, `loopEnv`, `decideStart` and `clock` exist; `streaming`, `REPLICATION` and `WatchdogSec` are not Go.\n" +
+		"\n" +
+		"`statusSinc` does not exist,\n" +
+		"\n" +
+		"nor `loopEnvs`.\n"
+	problems := check(t, page)
+	if len(problems) != 2 || problems[0].Line != 3 || !strings.Contains(problems[0].Msg, "statusSinc, which this module does not declare") ||
+		problems[1].Line != 5 || !strings.Contains(problems[1].Msg, "loopEnvs") {
+		t.Fatalf("problems %v, want statusSinc on line 3 and loopEnvs on line 5", problems)
+	}
+}
+
 func TestMissingPlacedFuncFailsOnce(t *testing.T) {
 	wantOne(t, check(t, "`drainAll()` in `relay/loop.go`\n"), 1, "`drainAll()`", "drainAll")
 }
