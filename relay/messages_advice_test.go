@@ -20,7 +20,7 @@ func TestSlotAdviceFitsTheSource(t *testing.T) {
 		cfg := DefaultConfig()
 		cfg.Replication.Slot = "s"
 		if messages {
-			cfg.Replication.MessagePrefix = "outbox"
+			cfg.Replication.Source = replication.MessageSource{Prefix: "outbox"}
 		}
 		var logs bytes.Buffer
 		r := New(cfg, zerolog.New(&logs), nil, Hooks{})

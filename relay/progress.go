@@ -119,13 +119,13 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 		p.metrics.SlotGaps.Inc()
 		ev := log.Error().Str("gap_from_lsn", d.GapFrom.String()).Str("gap_to_lsn", d.GapTo.String())
 		const gap = "the slot was created now, after the position Kafka holds for it: events committed between the two were never streamed and may be missing from Kafka (the slot was dropped, or this is a server it was not synced to). "
-		if p.cfg.Replication.Messages() {
+		if !p.cfg.Replication.ReadsTable() {
 			since := "the position Kafka holds"
 			if !rec.CommitTime.IsZero() {
 				ev = ev.Time("gap_from_commit_time", rec.CommitTime)
 				since = rec.CommitTime.UTC().Format(time.RFC3339)
 			}
-			ev.Msg(gap + replication.MessagesGapAdvice(since))
+			ev.Msg(gap + p.cfg.Replication.GapAdvice(since))
 		} else {
 			if !rec.CommitTime.IsZero() {
 				ev = ev.Time("gap_from_commit_time", rec.CommitTime).Str("reconcile_command", reconcileCommand(rec.CommitTime, time.Now()))

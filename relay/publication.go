@@ -3,8 +3,6 @@ package relay
 import (
 	"fmt"
 	"time"
-
-	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // publicationGoneError completes replication.ErrPublicationGone with the
@@ -19,10 +17,10 @@ func (r *Relay) publicationGoneError(err error) error {
 		since = t.Add(-r.cfg.Retention.Margin).UTC().Truncate(time.Second).Format(time.RFC3339)
 	}
 	slot := r.cfg.Replication.Slot
-	if r.cfg.Replication.Messages() {
+	if !r.cfg.Replication.ReadsTable() {
 		return fmt.Errorf("%w. PostgreSQL decodes each change with the catalog of its time, so slot %q can never pass the changes written while publication %q was missing, even once the publication exists again; the relay will not drop the slot by itself. "+
 			"The way out: stop every relay of this slot; drop it with SELECT pg_drop_replication_slot('%s'); run `outbox-relay migrate --source messages` (it creates the publication if missing, and a new slot from now); start the relay. %s",
-			err, slot, r.cfg.Replication.Publication, slot, replication.MessagesGapAdvice(since))
+			err, slot, r.cfg.Replication.Publication, slot, r.cfg.Replication.GapAdvice(since))
 	}
 	return fmt.Errorf("%w. PostgreSQL decodes each change with the catalog of its time, so slot %q can never pass the changes written while publication %q was missing, even once the publication exists again; the relay will not drop the slot by itself. "+
 		"The way out: stop every relay of this slot; drop it with SELECT pg_drop_replication_slot('%s'); run `outbox-relay migrate` (it creates the publication if missing, and a new slot from now); start the relay; "+

@@ -213,7 +213,7 @@ func (c Config) Validate() error {
 // validateMessages refuses, for the messages source, what needs an outbox
 // table.
 func (c Config) validateMessages() error {
-	if c.Replication.MessagePrefix == "" {
+	if c.Replication.ReadsTable() {
 		return nil
 	}
 	if c.Retention.After > 0 {

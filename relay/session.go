@@ -159,7 +159,7 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 	if err := admin.Check(ctx); err != nil {
 		return 0, 0, err
 	}
-	if r.cfg.Replication.MessagePrefix == "" { // pollers poll a table
+	if r.cfg.Replication.ReadsTable() { // pollers poll a table
 		if err := admin.CheckNoPollers(ctx); err != nil {
 			return 0, 0, err
 		}

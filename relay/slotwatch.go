@@ -273,12 +273,12 @@ func (r *Relay) slotPolicy() replication.SlotPolicy {
 // logSlotCreated says what creating or recreating the slot means for the
 // rows already in the table.
 func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, slot replication.SlotStart) {
-	messages := r.cfg.Replication.Messages()
+	messages := !r.cfg.Replication.ReadsTable()
 	if slot.RecreatedLost {
 		msg := "slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered (the reconcile_command of the next line finds them)"
 		if messages {
 			msg = "slot was invalidated and --recreate-lost-slot is set: dropped and recreated it; events committed while it was lost are NOT delivered: " +
-				replication.MessagesGapAdvice("the last event Kafka holds")
+				r.cfg.Replication.GapAdvice("the last event Kafka holds")
 		}
 		r.log.Error().Str("lsn", slot.LSN.String()).Msg(msg)
 	}

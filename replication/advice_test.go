@@ -23,7 +23,7 @@ func TestSlotGapAdviceFitsTheSource(t *testing.T) {
 	for _, messages := range []bool{false, true} {
 		cfg := Config{Config: pg.Config{DSN: "postgres://db/app", Table: "public.outbox_events"}, Slot: "s"}
 		if messages {
-			cfg.MessagePrefix = "outbox"
+			cfg.Source = MessageSource{Prefix: "outbox"}
 		}
 		a := &Admin{cfg: cfg}
 		invalidated := a.CheckSlot(context.Background(), info)

@@ -68,9 +68,12 @@ func (a *Admin) Check(ctx context.Context) error {
 	if !canReplicate {
 		return pg.Preconditionf("role %q lacks the REPLICATION attribute: run ALTER ROLE %s REPLICATION; as a superuser", role, pg.QuoteIdent(role))
 	}
-	if a.cfg.MessagePrefix != "" {
-		return a.checkMessagesPublication(ctx)
-	}
+	return a.cfg.source().check(ctx, a)
+}
+
+// checkTable checks what the table source needs besides replication: the
+// outbox table, its columns, and a publication of its inserts.
+func (a *Admin) checkTable(ctx context.Context) error {
 	schema, table, err := pg.SplitTable(a.cfg.Table)
 	if err != nil {
 		return err

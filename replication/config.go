@@ -19,10 +19,10 @@ type Config struct {
 	Slot        string
 	// SlotFailover creates the slot as a failover slot (PostgreSQL 17+).
 	SlotFailover bool
-	// MessagePrefix, when set, makes this the messages source: the events
-	// are the transactional logical decoding messages with this prefix,
-	// and Table is not read.
-	MessagePrefix string
+	// Source is what the slot's changes are read as; nil is the outbox
+	// table's inserts (TableSource). With a MessageSource, Table is not
+	// read.
+	Source Source
 	// MaxMessageBytes bounds the change (a message's content, an outbox
 	// row) the relay reads into memory; a larger message's content, or a
 	// larger row's large values, are dropped from the connection as they
@@ -55,3 +55,18 @@ func (c Config) ValidateNames() error {
 	}
 	return pg.ValidateIdentifier("--publication", c.Publication)
 }
+
+// source is the configured Source, the table's by default.
+func (c Config) source() Source {
+	if c.Source == nil {
+		return TableSource{}
+	}
+	return c.Source
+}
+
+// ReadsTable reports whether the events are rows of the outbox table.
+func (c Config) ReadsTable() bool { return c.source().ReadsTable() }
+
+// GapAdvice says how to get the events committed while no slot held them
+// (from since on) into Kafka, for the configured source.
+func (c Config) GapAdvice(since string) string { return c.source().GapAdvice(since) }

@@ -112,10 +112,7 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 	if !lastConfirmedCommit.IsZero() {
 		since = lastConfirmedCommit.UTC().Format(time.RFC3339)
 	}
-	advice := fmt.Sprintf("Run `outbox-relay migrate` to create the slot again, then `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them", since)
-	if a.cfg.Messages() {
-		advice = "Run `outbox-relay migrate --source messages` to create the slot again; " + MessagesGapAdvice(since)
-	}
+	advice := fmt.Sprintf("Run `%s` to create the slot again; %s", a.cfg.source().Migrate(), a.cfg.GapAdvice(since))
 	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
 		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. %s",
 		ErrSlotMissing, a.cfg.Slot, pg.Describe(a.cfg.DSN), advice)

@@ -40,13 +40,9 @@ type Stream struct {
 
 // OpenStream opens a replication=database connection.
 func OpenStream(ctx context.Context, cfg Config) (*Stream, error) {
-	schema, table, err := pg.SplitTable(cfg.Table)
+	d, err := cfg.source().newDecoder(cfg)
 	if err != nil {
 		return nil, err
-	}
-	d := newDecoder(schema, table, cfg.OutboxLayout())
-	if cfg.MessagePrefix != "" {
-		d = newMessageDecoder(cfg.MessagePrefix)
 	}
 	var frontend pgconn.BuildFrontendFunc
 	if cfg.MaxMessageBytes > 0 {
@@ -87,10 +83,7 @@ func (s *Stream) StartTemporary(ctx context.Context, name string) (lsn.LSN, erro
 // sends each transaction only once it has committed and never an aborted one.
 func (s *Stream) Start(ctx context.Context, from lsn.LSN) error {
 	args := []string{"proto_version '1'", "publication_names " + pg.QuoteLiteral(pg.QuoteIdent(s.cfg.Publication))}
-	if s.cfg.MessagePrefix != "" {
-		// Protocol version 1 carries messages on PostgreSQL 14 and later.
-		args = append(args, "messages 'true'")
-	}
+	args = append(args, s.cfg.source().pluginArgs()...)
 	err := pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, pglogrepl.LSN(from), pglogrepl.StartReplicationOptions{PluginArgs: args})
 	if err == nil {
 		return nil

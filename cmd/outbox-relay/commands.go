@@ -273,7 +273,7 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 	defer stopAdmin()
 	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
 		Strs("kafka_brokers", o.kafka.Brokers)
-	if o.relay.Replication.MessagePrefix != "" {
+	if !o.relay.Replication.ReadsTable() {
 		start = start.Str("message_prefix", o.messagePrefix)
 	} else {
 		start = start.Str("table", o.relay.Replication.Table)

@@ -14,6 +14,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // sourceSpec is everything the commands know about one source of events.
@@ -147,6 +148,6 @@ func checkMessages(o *options) error {
 	if o.reconcile.every > 0 {
 		return errors.New("--reconcile-every with --source messages: reconcile compares the outbox table with Kafka, and the messages source has no table; drop --reconcile-every (see docs/messages.md for what this source gives up)")
 	}
-	o.relay.Replication.MessagePrefix = o.messagePrefix
+	o.relay.Replication.Source = replication.MessageSource{Prefix: o.messagePrefix}
 	return nil
 }
