@@ -64,7 +64,9 @@ func (m MessageSource) newDecoder(Config) (*decoder, error) { return newMessageD
 // PostgreSQL 14 and later.
 func (MessageSource) pluginArgs() []string { return []string{"messages 'true'"} }
 
-func (MessageSource) check(ctx context.Context, a *Admin) error { return a.checkMessagesPublication(ctx) }
+func (MessageSource) check(ctx context.Context, a *Admin) error {
+	return a.checkMessagesPublication(ctx)
+}
 
 // GapAdvice says that a message exists only in the WAL: no table holds the
 // gap's events, so only their writers can emit them again.

@@ -18,6 +18,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -253,37 +254,21 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 
 	cfg.Progress.RelayVersion = version
 	gcPercent, memoryLimit := tuneGC(cfg, os.Getenv)
-	registry := prometheus.NewRegistry()
-	metrics := relay.NewMetrics(registry)
-	notifier := newSystemdNotifier(log)
-	r := relay.New(cfg, log, metrics, relay.Hooks{Running: notifier.ready, Alive: notifier.alive})
-	notifier.watch(ctx, r.Status, cfg)
-	periodicCtx, stopPeriodic := context.WithCancel(ctx)
-	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
-	defer func() {
-		stopPeriodic()
-		periodicDone()
-	}()
-
-	stopAdmin, err := serveAdmin(o.adminAddr, r.AdminHandler(registry), log)
-	if err != nil {
-		notifier.stopping()
-		return usageError(stderr, "run", err, "")
-	}
-	defer stopAdmin()
-	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(o.relay.Replication.DSN)).
-		Strs("kafka_brokers", o.kafka.Brokers)
-	if !o.relay.Replication.ReadsTable() {
-		start = start.Str("message_prefix", o.messagePrefix)
-	} else {
-		start = start.Str("table", o.relay.Replication.Table)
-	}
-	start.Str("topic", o.kafka.TopicTemplate).Stringer("record_format", o.relay.Replication.OutboxLayout().RecordFormat()).
-		Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit).Msg("starting")
-
-	err = r.Run(ctx)
-	notifier.stopping()
-	return exitCode(err, o.relay.Replication.DSN, log)
+	return serve(ctx, o, log, stderr, serviceSpec{
+		dsn: cfg.Replication.DSN, ready: pipeline.StateStreaming, backoffMax: cfg.BackoffMax,
+		start: func(e *zerolog.Event) *zerolog.Event {
+			if !cfg.Replication.ReadsTable() {
+				e = e.Str("message_prefix", o.messagePrefix)
+			} else {
+				e = e.Str("table", cfg.Replication.Table)
+			}
+			return e.Stringer("record_format", cfg.Replication.OutboxLayout().RecordFormat()).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit)
+		},
+		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
+			r := relay.New(cfg, log, relay.NewMetrics(registry), hooks)
+			return r, func() pipeline.Status { return r.Status().Status }, nil
+		},
+	})
 }
 
 // exitCode logs the error a run ended with, if any, and says how the

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -72,35 +71,19 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 	if err := o.requireBrokers(); err != nil {
 		return usageError(stderr, "run", err, cfg.Postgres.DSN)
 	}
-	registry := prometheus.NewRegistry()
-	notifier := newSystemdNotifier(log)
-	// The comparison reads the outbox table and Kafka, never the source's
-	// state, so it checks a poller's work as it checks the WAL path's.
-	periodicCtx, stopPeriodic := context.WithCancel(ctx)
-	periodicDone := startPeriodicReconcile(periodicCtx, o, registry, log)
-	defer func() {
-		stopPeriodic()
-		periodicDone()
-	}()
-	p, err := poll.New(cfg, log, poll.NewMetrics(registry), poll.Hooks{Running: func() { notifier.readyAs(pipeline.StatePolling) }, Alive: notifier.alive})
-	if err != nil {
-		return usageError(stderr, "run", err, cfg.Postgres.DSN)
-	}
-	// STOPPING=1 as soon as shutdown begins, so the drain gets
-	// TimeoutStopSec rather than the watchdog's limit.
-	stopWatching := context.AfterFunc(ctx, notifier.beginStopping)
-	defer stopWatching()
-	stopAdmin, err := serveAdmin(o.adminAddr, p.AdminHandler(registry), log)
-	if err != nil {
-		return usageError(stderr, "run", err, "")
-	}
-	defer stopAdmin()
-	log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(cfg.Postgres.DSN)).
-		Strs("kafka_brokers", o.kafka.Brokers).Str("table", cfg.Postgres.Table).
-		Str("topic", o.kafka.TopicTemplate).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat()).Msg("starting")
-	err = p.Run(ctx)
-	notifier.stopping()
-	return exitCode(err, cfg.Postgres.DSN, log)
+	return serve(ctx, o, log, stderr, serviceSpec{
+		dsn: cfg.Postgres.DSN, ready: pipeline.StatePolling, backoffMax: cfg.RestartBackoffMax,
+		start: func(e *zerolog.Event) *zerolog.Event {
+			return e.Str("table", cfg.Postgres.Table).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat())
+		},
+		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
+			p, err := poll.New(cfg, log, poll.NewMetrics(registry), hooks)
+			if err != nil {
+				return nil, nil, err
+			}
+			return p, func() pipeline.Status { return p.Status().Status }, nil
+		},
+	})
 }
 
 // pollStatus is status --source poll.

@@ -13,7 +13,6 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/relay"
 )
 
 // systemdNotifier speaks the sd_notify protocol when systemd started the
@@ -93,11 +92,8 @@ func (n *systemdNotifier) send(state string) {
 	}
 }
 
-// ready is called whenever a session starts streaming; READY=1 goes once.
-func (n *systemdNotifier) ready() { n.readyAs(pipeline.StateStreaming) }
-
-// readyAs is ready for a relay whose working state is named state (poll
-// mode's is polling).
+// readyAs is called whenever a session starts its work, named state
+// (streaming, polling); READY=1 goes once.
 func (n *systemdNotifier) readyAs(state pipeline.State) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -139,11 +135,11 @@ func (n *systemdNotifier) pingLocked(now time.Time) {
 // while the relay is not streaming and its restart loop turns (see the
 // type's comment), and STOPPING=1 as soon as ctx ends. Call it once, right
 // after creating the relay; stopping waits for it.
-func (n *systemdNotifier) watch(ctx context.Context, status func() relay.Status, cfg relay.Config) {
+func (n *systemdNotifier) watch(ctx context.Context, status func() pipeline.Status, dsn string, backoffMax time.Duration) {
 	if n.socket == "" {
 		return
 	}
-	redact := func(s string) string { return pg.RedactError(s, cfg.Replication.DSN) }
+	redact := func(s string) string { return pg.RedactError(s, dsn) }
 	tick := time.Second
 	if n.every > 0 {
 		tick = min(tick, n.every/2)
@@ -164,7 +160,7 @@ func (n *systemdNotifier) watch(ctx context.Context, status func() relay.Status,
 		for {
 			s := status()
 			s.LastError = redact(s.LastError)
-			n.observe(s, time.Now(), cfg.BackoffMax)
+			n.observe(s, time.Now(), backoffMax)
 			select {
 			case <-ctx.Done():
 				n.beginStopping()
@@ -178,7 +174,7 @@ func (n *systemdNotifier) watch(ctx context.Context, status func() relay.Status,
 }
 
 // observe acts on one snapshot of the relay's state.
-func (n *systemdNotifier) observe(s relay.Status, now time.Time, backoffMax time.Duration) {
+func (n *systemdNotifier) observe(s pipeline.Status, now time.Time, backoffMax time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.stopSent {
@@ -203,7 +199,7 @@ func (n *systemdNotifier) observe(s relay.Status, now time.Time, backoffMax time
 
 // loopTurning reports whether the relay, in a state other than streaming,
 // is still within the time that state may last while its loop works.
-func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax time.Duration) bool {
+func (n *systemdNotifier) loopTurning(s pipeline.Status, now time.Time, backoffMax time.Duration) bool {
 	watchdog := 2 * n.every // WatchdogSec
 	in := now.Sub(s.Since)
 	if s.Since.IsZero() {
@@ -222,7 +218,7 @@ func (n *systemdNotifier) loopTurning(s relay.Status, now time.Time, backoffMax 
 
 // statusText is the STATUS= line for a state: one line, no longer than
 // systemctl status shows comfortably.
-func statusText(s relay.Status) string {
+func statusText(s pipeline.Status) string {
 	text := string(s.State)
 	switch s.State {
 	case pipeline.StateWaitingForSlot:

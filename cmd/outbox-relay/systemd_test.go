@@ -62,7 +62,7 @@ func none(t *testing.T, next func(time.Duration) string) {
 
 func TestNotifierReadyOnceThenWatchdogFromStreamLoop(t *testing.T) {
 	n, next := notifySocket(t, 2*time.Second)
-	n.ready()
+	n.readyAs(pipeline.StateStreaming)
 	if got := next(time.Second); got != "READY=1\nSTATUS=streaming" {
 		t.Fatalf("first streaming sent %q, want READY=1 and STATUS", got)
 	}
@@ -71,7 +71,7 @@ func TestNotifierReadyOnceThenWatchdogFromStreamLoop(t *testing.T) {
 	}
 	// A later session streaming again does not repeat READY=1.
 	n.nextPing = time.Time{}
-	n.ready()
+	n.readyAs(pipeline.StateStreaming)
 	if got := next(time.Second); got != "WATCHDOG=1" {
 		t.Fatalf("second streaming sent %q, want only a ping", got)
 	}
@@ -115,7 +115,7 @@ func TestNotifierWatchdogPolicy(t *testing.T) {
 		if tc.age < 0 {
 			since = time.Time{}
 		}
-		got := n.loopTurning(relay.Status{Status: pipeline.Status{State: tc.state, Since: since}}, now, backoffMax)
+		got := n.loopTurning(pipeline.Status{State: tc.state, Since: since}, now, backoffMax)
 		if got != tc.ping {
 			t.Errorf("%s for %v: ping=%v, want %v", tc.state, tc.age, got, tc.ping)
 		}
@@ -125,15 +125,15 @@ func TestNotifierWatchdogPolicy(t *testing.T) {
 func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 	n, next := notifySocket(t, 2*time.Second)
 	now := time.Now()
-	n.observe(relay.Status{Status: pipeline.Status{State: pipeline.StateConnecting, Since: now}}, now, time.Second)
+	n.observe(pipeline.Status{State: pipeline.StateConnecting, Since: now}, now, time.Second)
 	if got := next(time.Second); got != "STATUS=connecting" {
 		t.Fatalf("connecting sent %q", got)
 	}
 	if got := next(time.Second); got != "WATCHDOG=1" {
 		t.Fatalf("connecting within its bound sent %q, want a ping", got)
 	}
-	busy := relay.Status{Status: pipeline.Status{State: pipeline.StateWaitingForSlot, Since: now,
-		LastError: "replication slot in use:\nreplication slot \"s\" is active for PID 42"}}
+	busy := pipeline.Status{State: pipeline.StateWaitingForSlot, Since: now,
+		LastError: "replication slot in use:\nreplication slot \"s\" is active for PID 42"}
 	n.observe(busy, now, time.Second)
 	want := "READY=1\nSTATUS=standby: waiting-for-slot: replication slot in use: replication slot \"s\" is active for PID 42"
 	if got := next(time.Second); got != want {
@@ -143,7 +143,7 @@ func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 	// for its period.
 	n.observe(busy, now, time.Second)
 	none(t, next)
-	n.observe(relay.Status{Status: pipeline.Status{State: pipeline.StateBackingOff, Since: now, LastError: strings.Repeat("x", 500)}}, now.Add(2*time.Second), time.Minute)
+	n.observe(pipeline.Status{State: pipeline.StateBackingOff, Since: now, LastError: strings.Repeat("x", 500)}, now.Add(2*time.Second), time.Minute)
 	got := next(time.Second)
 	if !strings.HasPrefix(got, "STATUS=backing-off: xxx") || len(got) > len("STATUS=")+200 {
 		t.Fatalf("long error sent %q, want a STATUS line cut to 200 characters", got)
@@ -156,10 +156,10 @@ func TestNotifierStandbyIsReadyAndStatusNamesTheError(t *testing.T) {
 func TestNotifierStoppingGoesOutWhenShutdownBegins(t *testing.T) {
 	n, next := notifySocket(t, 0)
 	ctx, cancel := context.WithCancel(context.Background())
-	status := func() relay.Status {
-		return relay.Status{Status: pipeline.Status{State: pipeline.StateStreaming, Since: time.Now()}}
+	status := func() pipeline.Status {
+		return pipeline.Status{State: pipeline.StateStreaming, Since: time.Now()}
 	}
-	n.watch(ctx, status, relay.DefaultConfig())
+	n.watch(ctx, status, "", time.Minute)
 	if got := next(5 * time.Second); got != "STATUS=streaming" {
 		t.Fatalf("watcher sent %q first, want the state", got)
 	}
@@ -168,16 +168,16 @@ func TestNotifierStoppingGoesOutWhenShutdownBegins(t *testing.T) {
 		t.Fatalf("after the shutdown began the watcher sent %q, want STOPPING=1", got)
 	}
 	n.stopping() // after the drain: waits for the watcher, sends nothing twice
-	n.ready()
+	n.readyAs(pipeline.StateStreaming)
 	n.alive()
 	none(t, next)
 }
 
 func TestNotifierWithoutSocketDoesNothing(t *testing.T) {
 	n := &systemdNotifier{log: zerolog.Nop(), every: time.Second}
-	n.ready()
+	n.readyAs(pipeline.StateStreaming)
 	n.alive()
-	n.watch(context.Background(), func() relay.Status { return relay.Status{} }, relay.DefaultConfig())
+	n.watch(context.Background(), func() pipeline.Status { return pipeline.Status{} }, "", time.Minute)
 	n.stopping()
 	if n.conn != nil || n.stopWatcher != nil {
 		t.Fatal("a notifier without NOTIFY_SOCKET opened a connection or started a watcher")
@@ -188,13 +188,13 @@ func TestNotifierStatusRedactsThePassword(t *testing.T) {
 	n, next := notifySocket(t, 0)
 	cfg := relay.DefaultConfig()
 	cfg.Replication.DSN = "postgres://relay:Sup3rSecret@db.example:5432/app"
-	failing := func() relay.Status {
-		return relay.Status{Status: pipeline.Status{State: pipeline.StateBackingOff, Since: time.Now(),
-			LastError: "connect: postgres://relay:Sup3rSecret@db.example:5432/app refused"}}
+	failing := func() pipeline.Status {
+		return pipeline.Status{State: pipeline.StateBackingOff, Since: time.Now(),
+			LastError: "connect: postgres://relay:Sup3rSecret@db.example:5432/app refused"}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	n.watch(ctx, failing, cfg)
+	n.watch(ctx, failing, cfg.Replication.DSN, cfg.BackoffMax)
 	defer n.stopping()
 	got := next(5 * time.Second)
 	if !strings.HasPrefix(got, "STATUS=backing-off: connect:") || strings.Contains(got, "Sup3rSecret") {
