@@ -33,11 +33,10 @@ type republisher struct {
 	quarantine *store.Quarantine // nil: permanent errors fail the event
 	log        zerolog.Logger
 
-	mu       sync.Mutex
-	state    []uint8
-	errs     map[int]string
-	inFlight sync.WaitGroup
-	acks     *counters
+	mu    sync.Mutex
+	state []uint8
+	errs  map[int]string
+	acks  *counters
 }
 
 // indexOf is the place in the missing list of a record's event; only
@@ -48,28 +47,28 @@ func (r *republisher) indexOf(rec sink.Record) int {
 	return i
 }
 
-func (r *republisher) Acked(d sink.Delivery) {
-	r.mu.Lock()
-	r.state[r.indexOf(d.Record)] = acked
-	r.mu.Unlock()
-	r.acks.done.Add(1)
-	r.inFlight.Done()
-}
-
-func (r *republisher) Failed(d sink.Delivery, perr *sink.Error) {
-	defer r.inFlight.Done()
+// outcome takes one record's outcome, on the sender's goroutine.
+func (r *republisher) outcome(o sink.Outcome) {
+	if o.Err == nil {
+		r.mu.Lock()
+		r.state[r.indexOf(o.Record)] = acked
+		r.mu.Unlock()
+		r.acks.done.Add(1)
+		return
+	}
+	perr := o.Err
 	if perr.Class == sink.ClassPermanent && perr.Record != nil && r.quarantine != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := r.quarantine.Put(ctx, store.QuarantinedRecord(perr.Record.Shaped(), failure(perr)))
 		cancel()
 		if err == nil {
-			r.quarantined(r.indexOf(d.Record), perr)
+			r.quarantined(r.indexOf(o.Record), perr)
 			return
 		}
 		perr = &sink.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
-	r.fail(r.indexOf(d.Record), sink.Explain(perr))
+	r.fail(r.indexOf(o.Record), sink.Explain(perr))
 }
 
 // failure is what the quarantine table keeps of why an event failed.
@@ -105,21 +104,16 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		defer q.Close()
 		r.quarantine = q
 	}
-	pubCfg := cfg.Kafka
+	kafka := publisher.NewKafka(cfg.Kafka, log)
 	progress.waitOn(fmt.Sprintf("connecting to brokers %v", cfg.Kafka.Brokers))
-	pub, err := publisher.Within(ctx, pubCfg, "connect to Kafka", func() (*publisher.Publisher, error) { return publisher.New(pubCfg, log) },
-		func(p *publisher.Publisher) { p.Close(time.Second) })
+	first, err := kafka.ConnectWithin(ctx, func() (sink.Sink, error) { return kafka.New(0) })
 	if err != nil {
 		return err
 	}
 	progress.waitOn("")
-	pub.Dispatch(r)
-	closeTimeout := 5 * time.Second
-	defer func() {
-		if pub != nil {
-			pub.Close(closeTimeout)
-		}
-	}()
+	// A topic that takes smaller batches gets a new producer, as `run`
+	// makes, once what was sent is acknowledged.
+	sender := sink.NewSender(first, kafka.New, cfg.Republish.AckTimeout, r.outcome)
 
 	err = t.eachWindowRow(ctx, func(ev *event.Event) error {
 		id, ok := ParseEventID(ev.EventID)
@@ -132,27 +126,12 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		}
 		r.mu.Lock()
 		state := r.state[i]
+		r.state[i] = sent
 		r.mu.Unlock()
 		if state != pending {
 			return nil // the table returned the row twice (a text id without a key)
 		}
-		rec, err := build(ctx, pub, ev)
-		var limit *sink.BatchLimitError
-		if errors.As(err, &limit) {
-			// The topic takes smaller batches: flush what is in flight and
-			// go on with a producer built for them, as `run` does.
-			cerr := pub.Close(cfg.Republish.AckTimeout)
-			pub = nil
-			if cerr != nil {
-				return cerr
-			}
-			pubCfg.BatchLimit = limit.MaxMessageBytes
-			if pub, err = publisher.New(pubCfg, log); err != nil {
-				return err
-			}
-			pub.Dispatch(r)
-			rec, err = build(ctx, pub, ev)
-		}
+		_, err := sender.Send(ctx, ev)
 		var perr *sink.Error
 		switch {
 		case errors.As(err, &perr) && perr.Class == sink.ClassPermanent && r.quarantine != nil:
@@ -160,41 +139,23 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 				return qerr
 			}
 			r.quarantined(i, perr)
-			return nil
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
 		case err != nil:
 			r.fail(i, sink.Explain(err))
-			return nil
-		}
-		r.mu.Lock()
-		r.state[i] = sent
-		r.mu.Unlock()
-		r.inFlight.Add(1)
-		if err := pub.Send(ctx, rec); err != nil {
-			r.inFlight.Done()
-			return err
 		}
 		return nil
 	})
-	acksIn := make(chan struct{})
-	go func() {
-		r.inFlight.Wait()
-		close(acksIn)
-	}()
 	if err == nil {
 		progress.waitOn("acknowledgements of the events sent")
-		select {
-		case <-acksIn:
-		case <-time.After(cfg.Republish.AckTimeout):
-			log.Warn().Dur("ack_timeout", cfg.Republish.AckTimeout).Msg("gave up waiting for Kafka's acknowledgements")
-		case <-ctx.Done():
-			err = ctx.Err()
+		if !sender.Wait(ctx, cfg.Republish.AckTimeout) {
+			if err = ctx.Err(); err == nil {
+				log.Warn().Dur("ack_timeout", cfg.Republish.AckTimeout).Msg("gave up waiting for Kafka's acknowledgements")
+			}
 		}
 	}
-	if pub != nil {
-		if cerr := pub.Close(closeTimeout); cerr != nil {
-			log.Warn().Err(cerr).Msg("closing the producer")
-		}
-		pub = nil
+	if cerr := sender.Close(5 * time.Second); cerr != nil {
+		log.Warn().Err(cerr).Msg("closing the producer")
 	}
 
 	r.mu.Lock()
@@ -216,13 +177,4 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		}
 	}
 	return err
-}
-
-// build checks the row's required values as `run` does, then builds its
-// record.
-func build(ctx context.Context, pub *publisher.Publisher, ev *event.Event) (sink.Record, error) {
-	if perr := sink.CheckRow(ev); perr != nil {
-		return nil, perr
-	}
-	return pub.BuildWait(ctx, ev)
 }

@@ -22,48 +22,6 @@ type ReplayResult struct {
 	Err     error  `json:"-"` // nil: acknowledged by Kafka and marked replayed
 }
 
-// replayOutcomes collects the producer's answer for each replayed event,
-// by its record.
-type replayOutcomes struct {
-	mu      sync.Mutex
-	errs    map[sink.Record]error
-	topics  map[sink.Record]string
-	pending sync.WaitGroup
-}
-
-// collect takes a publisher's outcomes, on a goroutine of its own, until
-// the publisher closes them.
-func (o *replayOutcomes) collect(pub sink.Sink, done *sync.WaitGroup) {
-	done.Add(1)
-	go func() {
-		defer done.Done()
-		for out := range pub.Outcomes() {
-			o.mu.Lock()
-			if out.Err != nil {
-				o.errs[out.Record] = out.Err
-			} else {
-				o.topics[out.Record] = out.Topic
-			}
-			o.mu.Unlock()
-			o.pending.Done()
-		}
-	}()
-}
-
-// await waits, at most timeout, for the outcome of every event sent.
-func (o *replayOutcomes) await(ctx context.Context, timeout time.Duration) {
-	done := make(chan struct{})
-	go func() {
-		o.pending.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-	case <-ctx.Done():
-	}
-}
-
 // ErrReplayRefused marks an event replay did not send because its row is
 // no event as it stands (content_problem is set); the others go on.
 var ErrReplayRefused = errors.New("refused")
@@ -76,16 +34,22 @@ var ErrReplayRefused = errors.New("refused")
 // of its aggregate. The layout gives the records their shape, as `run`
 // would have.
 func Replay(ctx context.Context, sinks Sinks, l *layout.Layout, quarantine *store.Quarantine, events []Quarantined, timeout time.Duration, log zerolog.Logger) ([]ReplayResult, error) {
-	out := &replayOutcomes{errs: map[sink.Record]error{}, topics: map[sink.Record]string{}}
-	// The collectors end when their publisher's Outcomes closes; a broker
-	// that never answers Close may keep one waiting, which must not hold
-	// up the replay's answer.
-	var collecting sync.WaitGroup
-	pub, err := sinks.ConnectWithin(ctx, func() (sink.Sink, error) { return sinks.New(0) })
+	var mu sync.Mutex
+	errs, topics := map[sink.Record]error{}, map[sink.Record]string{}
+	collect := func(o sink.Outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		if o.Err != nil {
+			errs[o.Record] = o.Err
+		} else {
+			topics[o.Record] = o.Topic
+		}
+	}
+	first, err := sinks.ConnectWithin(ctx, func() (sink.Sink, error) { return sinks.New(0) })
 	if err != nil {
 		return nil, err
 	}
-	out.collect(pub, &collecting)
+	sender := sink.NewSender(first, sinks.New, timeout, collect)
 	results := make([]ReplayResult, len(events))
 	sent := make([]sink.Record, len(events))
 	for i := range events {
@@ -100,69 +64,34 @@ func Replay(ctx context.Context, sinks Sinks, l *layout.Layout, quarantine *stor
 		}
 		// The quarantine table cannot hold a NULL (but for the payload of
 		// Debezium's layout), so a value the row lacked comes back empty;
-		// the row check refuses it like the read loop's.
-		ev := event.Restore(&events[i].Stored, l)
-		if perr := sink.CheckRow(ev); perr != nil {
-			results[i].Err = perr
-			continue
-		}
-		rec, err := sink.BuildWhenReady(ctx, pub.Build, ev)
-		var limit *sink.BatchLimitError
-		if errors.As(err, &limit) {
-			// The topic takes smaller batches: flush what is in flight and
-			// go on with a producer built for them.
-			out.await(ctx, timeout)
-			if cerr := pub.Close(timeout); cerr != nil {
-				return nil, cerr
-			}
-			if pub, err = sinks.New(limit.MaxMessageBytes); err != nil {
-				return nil, err
-			}
-			out.collect(pub, &collecting)
-			rec, err = sink.BuildWhenReady(ctx, pub.Build, ev)
-		}
+		// the sender's row check refuses it like the read loop's.
+		rec, err := sender.Send(ctx, event.Restore(&events[i].Stored, l))
 		if err != nil {
 			results[i].Err = err
 			continue
 		}
 		results[i].Topic = rec.Topic()
 		sent[i] = rec
-		out.pending.Add(1)
-		if err := send(ctx, pub, rec); err != nil {
-			out.pending.Done()
-			results[i].Err = err
-		}
 	}
-	out.await(ctx, timeout)
-	closeErr := pub.Close(5 * time.Second)
+	sender.Wait(ctx, timeout)
+	closeErr := sender.Close(5 * time.Second)
 
-	out.mu.Lock()
-	defer out.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
 	for i := range results {
 		r := &results[i]
 		if r.Err != nil {
 			continue
 		}
-		if err, failed := out.errs[sent[i]]; failed {
+		if err, failed := errs[sent[i]]; failed {
 			r.Err = err
 			continue
 		}
-		if _, acked := out.topics[sent[i]]; !acked {
+		if _, acked := topics[sent[i]]; !acked {
 			r.Err = fmt.Errorf("no acknowledgement from Kafka within %s; the event stays quarantined", timeout)
 			continue
 		}
 		r.Err = quarantine.MarkReplayed(ctx, r.EventID, r.Topic)
 	}
 	return results, closeErr
-}
-
-// send hands a record to the sink, waiting while it is full, until ctx
-// ends.
-func send(ctx context.Context, s sink.Sink, r sink.Record) error {
-	select {
-	case s.Input() <- sink.Item{Record: r}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
