@@ -215,30 +215,20 @@ LIMIT $2`
 
 // peekBatch reads up to n pending rows after sequence number after.
 func (q *queries) peekBatch(ctx context.Context, after int64, n int) ([]claimed, error) {
-	rows, err := q.conn.Query(ctx, q.peek, after, n)
-	if err != nil {
-		return nil, fmt.Errorf("read pending rows from %s: %w", q.t.state, err)
-	}
-	defer rows.Close()
-	var out []claimed
-	for rows.Next() {
-		c, err := scanClaimed(rows, q.layout, q.payloadBinary)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pending rows from %s: %w", q.t.state, err)
-	}
-	return out, nil
+	return q.queryClaimed(ctx, "read pending rows from", q.peek, after, n)
 }
 
 // claimBatch leases up to n rows.
 func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([]claimed, error) {
-	rows, err := q.conn.Query(ctx, q.claim, n, q.workerID, lease.Milliseconds(), q.sessionCheck)
+	return q.queryClaimed(ctx, "claim rows from", q.claim, n, q.workerID, lease.Milliseconds(), q.sessionCheck)
+}
+
+// queryClaimed runs a statement that returns rows as claimSQL does; what
+// says what it does, for its errors.
+func (q *queries) queryClaimed(ctx context.Context, what, sql string, args ...any) ([]claimed, error) {
+	rows, err := q.conn.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("claim rows from %s: %w", q.t.state, err)
+		return nil, fmt.Errorf("%s %s: %w", what, q.t.state, err)
 	}
 	defer rows.Close()
 	var out []claimed
@@ -250,7 +240,7 @@ func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim rows from %s: %w", q.t.state, err)
+		return nil, fmt.Errorf("%s %s: %w", what, q.t.state, err)
 	}
 	return out, nil
 }
