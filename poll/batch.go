@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/internal/backoff"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -79,7 +80,7 @@ func (w *worker) publish(ctx context.Context, rows []claimed) ([]result, error) 
 		if r.gone || refused[r.aggKey] {
 			continue
 		}
-		rec, err := sink.BuildWhenReady(ctx, w.pub.Build, &r.ev)
+		rec, err := buildRecord(ctx, w.pub, &r.ev)
 		if err != nil {
 			var perr *sink.Error
 			if !errors.As(err, &perr) {
@@ -255,4 +256,13 @@ func (w *worker) quarantineRow(ctx context.Context, r *claimed, perr *sink.Error
 		Str("error", perr.Error()).Str("advice", perr.Advice()).
 		Msg("event quarantined: later events of its aggregate wait until `outbox-relay quarantine replay` delivers it")
 	return nil
+}
+
+// buildRecord checks the row's required values as the WAL path does, then
+// builds its record, waiting for its topic's lookup.
+func buildRecord(ctx context.Context, snk sink.Sink, ev *event.Event) (sink.Record, error) {
+	if perr := sink.CheckRow(ev); perr != nil {
+		return nil, perr
+	}
+	return sink.BuildWhenReady(ctx, snk.Build, ev)
 }

@@ -65,7 +65,7 @@ func (p *Poller) dryRunRow(ctx context.Context, snk sink.Sink, r *claimed) error
 	if r.gone {
 		return nil // deleted from the outbox while pending: nothing to send
 	}
-	rec, err := sink.BuildWhenReady(ctx, snk.Build, &r.ev)
+	rec, err := buildRecord(ctx, snk, &r.ev)
 	var perr *sink.Error
 	if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
 		if p.cfg.OnPermanentError == pipeline.OnPermanentHalt {

@@ -554,8 +554,6 @@ func (s *readLoop) awaitTopic(ctx context.Context, ev *event.Event, pending *sin
 // build checks the row's required values, then builds its record.
 func (s *readLoop) build(ev *event.Event) (sink.Record, error) {
 	if perr := sink.CheckRow(ev); perr != nil {
-		// The topic is not named: it may be derived from the missing value.
-		perr.Topic = "(not resolved)"
 		return nil, perr
 	}
 	return s.sink.Build(ev)

@@ -85,7 +85,8 @@ func CheckRow(ev *event.Event) *Error {
 			continue
 		}
 		if col.value == nil || col.nonEmpty && len(col.value) == 0 {
-			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Partition: -1,
+			// The topic is not named: it may be derived from the missing value.
+			return &Error{Class: ClassPermanent, EventID: string(ev.EventID), Topic: "(not resolved)", Partition: -1,
 				Err: fmt.Errorf("row has NULL or empty %s; the outbox table's columns must be NOT NULL and set (see migrate)", l.Column(col.field))}
 		}
 	}

@@ -654,3 +654,32 @@ func TestPollClaimsTheNextBatchWhileOnePublishes(t *testing.T) {
 	release()
 	e.ConsumeAll(time.Minute)
 }
+
+// Issue 41: the WAL path refused a row with an empty aggregate_id (the
+// record's key) and quarantined it; poll mode, its own copy of the publish
+// path, skipped the row checks and published it with an empty key, on
+// whatever partition that hashes to. Both now run the same checks.
+func TestPollRefusesTheRowsTheWALPathRefuses(t *testing.T) {
+	e := newEnv(t)
+	e.startPoller()
+	conn := e.DB.Connect(t)
+	ctx := context.Background()
+	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "", EventType: "Placed", Payload: `{"n": 1}`}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	empty := ids[0]
+	if err := e.Commit(ctx, conn, []harness.OutboxEvent{{AggregateType: "order", AggregateID: "o-2", EventType: "Placed", Payload: `{"n": 2}`}}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ = e.Committed()
+	healthy := ids[1]
+	harness.WaitFor(t, time.Minute, "the row with an empty aggregate_id is quarantined", func() bool {
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'permanent' AND error_message LIKE '%NULL or empty aggregate_id%'", empty) == 1
+	})
+	for _, r := range harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{healthy}, time.Minute) {
+		if r.EventID() == empty {
+			t.Fatalf("the row with an empty aggregate_id was published: %s/%d key %q", r.Topic, r.Partition, r.Key)
+		}
+	}
+}
