@@ -3,6 +3,7 @@ package publisher
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/IBM/sarama"
 
@@ -56,6 +57,11 @@ type Partitioner struct {
 
 	mu     sync.Mutex
 	client sarama.Client
+	// unreachable is the last failure to connect, and retryAt when to try
+	// again: until then every record gets it at once, so a dry run without
+	// Kafka does not wait --kafka-timeout per record.
+	unreachable error
+	retryAt     time.Time
 	// counts are the topics looked up: a failed lookup is kept too, so a
 	// missing topic costs one lookup, not one per record.
 	counts map[string]partitionCount
@@ -78,9 +84,13 @@ func (p *Partitioner) Partition(topic string, key []byte) (int32, error) {
 	count, ok := p.counts[topic]
 	if !ok {
 		if p.client == nil {
+			if time.Now().Before(p.retryAt) {
+				return -1, p.unreachable
+			}
 			client, err := NewReadClient(p.cfg)
 			if err != nil {
-				return -1, err // tried again with the next record
+				p.unreachable, p.retryAt = err, time.Now().Add(time.Minute)
+				return -1, err
 			}
 			p.client = client
 		}
