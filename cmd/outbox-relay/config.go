@@ -276,6 +276,15 @@ func parse(fs *flag.FlagSet, o *options, args []string) ([]string, error) {
 			return nil, err
 		}
 	}
+	if o.dryRun && !explicit["dry-run"] {
+		// A relay under systemd that a stray setting left printing
+		// instead of publishing would hold every event back.
+		where := "config file " + o.configFile
+		if fromEnv["dry-run"] {
+			where = "environment variable " + envName("dry-run")
+		}
+		return nil, fmt.Errorf("--dry-run is set by %s: it is taken only from the command line, so that no stray setting leaves a relay printing instead of publishing; remove it there and pass --dry-run by hand", where)
+	}
 	return positional, o.finish()
 }
 

@@ -214,3 +214,31 @@ content-type: application/x-protobuf
 		}
 	}
 }
+
+// --dry-run set in a config file or the environment would leave a relay
+// under systemd printing instead of publishing, every event held back, on
+// a stray line: it is taken only from the command line.
+func TestDryRunOnlyFromTheCommandLine(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "relay.yaml")
+	if err := os.WriteFile(file, []byte("dry-run: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := &options{}
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--config", file}); err == nil || !strings.Contains(err.Error(), "config file "+file) {
+		t.Errorf("dry-run from the config file: %v, want refused naming the file", err)
+	}
+	o = &options{}
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, []string{"--config", file, "--dry-run"}); err != nil || !o.dryRun {
+		t.Errorf("dry-run on the command line: %v (set: %t)", err, o.dryRun)
+	}
+	t.Setenv("OUTBOX_RELAY_DRY_RUN", "true")
+	o = &options{}
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err == nil || !strings.Contains(err.Error(), "OUTBOX_RELAY_DRY_RUN") {
+		t.Errorf("dry-run from the environment: %v, want refused naming the variable", err)
+	}
+	t.Setenv("OUTBOX_RELAY_DRY_RUN", "false")
+	o = &options{}
+	if _, err := parse(newFlagSet("run", o, &bytes.Buffer{}), o, nil); err != nil {
+		t.Errorf("dry-run false from the environment: %v", err)
+	}
+}
