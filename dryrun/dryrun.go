@@ -47,19 +47,19 @@ func NewPrinter(out io.Writer, topic func(*event.Event) string, partition func(t
 // printed in base64, in the field of the same name with _base64 after it,
 // so what is printed is exactly what would be sent.
 type Line struct {
-	Topic           string  `json:"topic"`
-	Partition       *int32  `json:"partition,omitempty"`
-	PartitionError  string  `json:"partition_error,omitempty"`
-	EventID         string  `json:"event_id,omitempty"`
-	Key             *string `json:"key,omitempty"`
-	KeyBase64       *string `json:"key_base64,omitempty"`
-	Headers         []Field `json:"headers,omitempty"`
-	Value           *string `json:"value,omitempty"`
-	ValueBase64     *string `json:"value_base64,omitempty"`
-	Quarantined     bool    `json:"quarantined,omitempty"`
-	Error           string  `json:"error,omitempty"`
-	ContentProblem  string  `json:"content_problem,omitempty"`
-	QuarantineClass string  `json:"class,omitempty"`
+	Topic          string  `json:"topic"`
+	Partition      *int32  `json:"partition,omitempty"`
+	PartitionError string  `json:"partition_error,omitempty"`
+	EventID        string  `json:"event_id,omitempty"`
+	Key            *string `json:"key,omitempty"`
+	KeyBase64      *string `json:"key_base64,omitempty"`
+	Headers        []Field `json:"headers,omitempty"`
+	Value          *string `json:"value,omitempty"`
+	ValueBase64    *string `json:"value_base64,omitempty"`
+	Quarantined    bool    `json:"quarantined,omitempty"`
+	Error          string  `json:"error,omitempty"`
+	ContentProblem string  `json:"content_problem,omitempty"`
+	Class          string  `json:"class,omitempty"`
 }
 
 // Field is one header.
@@ -114,7 +114,7 @@ func (p *Printer) record(r *Record) *Line {
 
 // Put prints an event the relay would quarantine, in place of storing it.
 func (p *Printer) Put(_ context.Context, q store.Quarantined) error {
-	l := &Line{Topic: q.Topic, EventID: q.EventID, Quarantined: true, Error: q.ErrorMessage, QuarantineClass: q.ErrorClass, ContentProblem: q.ContentProblem}
+	l := &Line{Topic: q.Topic, EventID: q.EventID, Quarantined: true, Error: q.ErrorMessage, Class: q.ErrorClass, ContentProblem: q.ContentProblem}
 	l.Key, l.KeyBase64 = text([]byte(q.AggregateID))
 	if !q.PayloadNull {
 		l.Value, l.ValueBase64 = text([]byte(q.Payload))

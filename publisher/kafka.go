@@ -27,9 +27,6 @@ func NewKafka(cfg Config, log zerolog.Logger) *Kafka {
 	return &Kafka{cfg: cfg, log: log, poison: NewPoisonMemory(0)}
 }
 
-// Config is the configuration the factory makes sinks of.
-func (k *Kafka) Config() Config { return k.cfg }
-
 // withBatchLimit is the configuration for a producer whose batches are at
 // most batchLimit bytes (0: as configured).
 func (k *Kafka) withBatchLimit(batchLimit int) Config {

@@ -254,29 +254,6 @@ func (p *Publisher) Send(ctx context.Context, r sink.Record) error {
 // producer reports them. It is closed once Close has drained the producer.
 func (p *Publisher) Outcomes() <-chan sink.Outcome { return p.outcomes }
 
-// Handler takes outcomes for callers without a loop of their own.
-type Handler interface {
-	Acked(d sink.Delivery)
-	Failed(d sink.Delivery, err *sink.Error)
-}
-
-// Dispatch hands every outcome to h on a goroutine of its own, until
-// Outcomes is closed; the returned channel is closed after the last one.
-func (p *Publisher) Dispatch(h Handler) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for out := range p.outcomes {
-			if out.Err != nil {
-				h.Failed(out.Delivery, out.Err)
-			} else {
-				h.Acked(out.Delivery)
-			}
-		}
-	}()
-	return done
-}
-
 // Retries is how many times the producer has backed off to retry a record
 // since it was created.
 func (p *Publisher) Retries() int64 { return p.retries.Load() }

@@ -72,7 +72,7 @@ type TxnConfig struct {
 // transactional id and the progress record.
 func DefaultTxnConfig() TxnConfig {
 	return TxnConfig{
-		Interval:    100 * time.Millisecond,
+		Interval:    sink.DefaultTransactionInterval,
 		BatchEvents: 10000,
 		BatchBytes:  8 << 20,
 		MaxEvents:   100000,

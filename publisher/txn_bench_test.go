@@ -20,11 +20,19 @@ import (
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
-// ackCounter is a Handler that counts acks and failures.
+// ackCounter counts acks and failures.
 type ackCounter struct{ acked, failed atomic.Int64 }
 
-func (a *ackCounter) Acked(sink.Delivery)               { a.acked.Add(1) }
-func (a *ackCounter) Failed(sink.Delivery, *sink.Error) { a.failed.Add(1) }
+// count takes outcomes until they are closed.
+func (a *ackCounter) count(outcomes <-chan sink.Outcome) {
+	for o := range outcomes {
+		if o.Err != nil {
+			a.failed.Add(1)
+		} else {
+			a.acked.Add(1)
+		}
+	}
+}
 
 // benchEvents builds n events of ~300-byte payloads over 1,000 aggregates.
 func benchEvents(topic string, n int) []*event.Event {
@@ -81,7 +89,7 @@ func BenchmarkCatchUp(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer p.Close(10 * time.Second)
-				p.Dispatch(acks)
+				go acks.count(p.Outcomes())
 				if _, err := p.BuildWait(ctx, evs[0]); err != nil { // topic discovery, outside the measurement
 					b.Fatal(err)
 				}

@@ -109,9 +109,6 @@ type DryRun interface {
 // the markers) repeating every 1,000 events. A crash re-delivers nothing
 // to read_committed consumers in that mode, so the larger window costs no
 // duplicates; the bytes bound still caps the memory.
-// DefaultTransactionInterval is --transaction-interval's default.
-const DefaultTransactionInterval = 100 * time.Millisecond
-
 const (
 	defaultInFlightEvents            = 2000
 	defaultInFlightEventsExactlyOnce = 50000
@@ -164,7 +161,7 @@ func DefaultConfig() Config {
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 
 		Delivery:            DeliveryAtLeastOnce,
-		TransactionInterval: DefaultTransactionInterval,
+		TransactionInterval: sink.DefaultTransactionInterval,
 	}
 }
 

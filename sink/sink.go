@@ -78,6 +78,10 @@ var ErrFenced = errors.New("kafka producer fenced by a newer producer with the s
 // to the instance: another instance now owns the transactional id.
 const ClassFenced Class = "fenced"
 
+// DefaultTransactionInterval is how long a transaction stays open by
+// default (--transaction-interval).
+const DefaultTransactionInterval = 100 * time.Millisecond
+
 // Transactional shapes a sink that writes transactions (exactly-once).
 type Transactional struct {
 	// ID identifies the producer across restarts: a newer sink with the

@@ -361,18 +361,9 @@ func TestOpenQuarantineWantsTheRawColumns(t *testing.T) {
 // leaves the payload out and keeps it in raw. Full size only
 // (OUTBOX_RELAY_DRILL_SIZE=full): it moves about a GB through PostgreSQL.
 func TestPutStoresAPayloadOverJSONBsLimit(t *testing.T) {
-	if harness.Sized(0, 1) == 0 {
-		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
-	}
-	db := migrated(t)
-	q := openForRelay(t, db)
+	db, e := putHugePayload(t, 300_000_000)
 	ctx := context.Background()
-	payload := `{"s":"` + strings.Repeat("x", 300_000_000) + `"}`
-	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
-		Raw: []byte(payload), Topic: "t", ErrorClass: "permanent", ErrorMessage: "record too large"}
-	if err := q.Put(ctx, e); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	payload := e.Payload
 	var size int64
 	var problem string
 	var payloadNull bool
@@ -390,19 +381,10 @@ func TestPutStoresAPayloadOverJSONBsLimit(t *testing.T) {
 // content_problem, and the payload left out, rather than a write that
 // fails on every attempt. Full size only: it holds 600 MB several times.
 func TestPutKeepsAContentOverRawsBoundByReference(t *testing.T) {
-	if harness.Sized(0, 1) == 0 {
-		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
-	}
-	db := migrated(t)
-	q := openForRelay(t, db)
+	db, e := putHugePayload(t, 600_000_000)
 	ctx := context.Background()
-	payload := `{"s":"` + strings.Repeat("x", 600_000_000) + `"}`
+	payload := e.Payload
 	sum := sha256.Sum256([]byte(payload))
-	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
-		Raw: []byte(payload), Topic: "t", ErrorClass: "permanent", ErrorMessage: "record too large"}
-	if err := q.Put(ctx, e); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
 	var rawNull, payloadNull bool
 	var size int64
 	var digest []byte
@@ -415,4 +397,23 @@ func TestPutKeepsAContentOverRawsBoundByReference(t *testing.T) {
 		t.Errorf("raw NULL %v, raw_size %d, raw_sha256 %x, payload NULL %v, content_problem %q; want a reference to %d bytes with digest %x",
 			rawNull, size, digest, payloadNull, problem, len(payload), sum)
 	}
+}
+
+// putHugePayload quarantines an event whose payload, kept in raw too, is a
+// JSON object of about n bytes, and returns it with its database. Full size
+// only (OUTBOX_RELAY_DRILL_SIZE=full): it moves gigabytes through
+// PostgreSQL.
+func putHugePayload(t *testing.T, n int) (*harness.PGDatabase, store.Quarantined) {
+	t.Helper()
+	if harness.Sized(0, 1) == 0 {
+		t.Skip("full size only: set " + harness.DrillSizeEnv + "=full")
+	}
+	db := migrated(t)
+	payload := `{"s":"` + strings.Repeat("x", n) + `"}`
+	e := store.Quarantined{Stored: event.Stored{EventID: harness.NewUUID(), AggregateType: "order", AggregateID: "1", EventType: "created", Payload: payload},
+		Raw: []byte(payload), Topic: "t", ErrorClass: "permanent", ErrorMessage: "record too large"}
+	if err := openForRelay(t, db).Put(context.Background(), e); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	return db, e
 }
