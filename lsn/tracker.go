@@ -141,6 +141,14 @@ func (t *Tracker) Add(id TxnID, bytes int) {
 	t.bytes += int64(bytes)
 }
 
+// Grow adds bytes to what is in flight: an event added before its size
+// was known is now sent with it. Ack it with the sum.
+func (t *Tracker) Grow(bytes int) {
+	t.mu.Lock()
+	t.bytes += int64(bytes)
+	t.mu.Unlock()
+}
+
 // Close records the end of a transaction: every event has been added, and end
 // is the position just past its commit record.
 func (t *Tracker) Close(id TxnID, end LSN) {

@@ -2,13 +2,11 @@ package poll
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/sink"
-	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // dryRunSession is a session of a dry run (see Config.DryRun). after is
@@ -33,62 +31,90 @@ func (p *Poller) dryRunSession(ctx context.Context, after *int64) (polled bool, 
 	p.hooks.Running()
 	p.log.Info().Str("table", p.t.outbox.String()).Str("state_table", p.t.state.String()).Int64("after_seq", *after).
 		Msg("dry run: printing the records of the pending rows in claim order, then of new rows; nothing is claimed, published or marked")
-	interval := time.NewTicker(p.cfg.Interval)
-	defer interval.Stop()
-	for {
-		p.hooks.Alive()
-		rows, err := q.peekBatch(ctx, *after, p.cfg.Batch)
-		if err != nil {
-			return true, err
-		}
-		for i := range rows {
-			if err := p.dryRunRow(ctx, snk, &rows[i]); err != nil {
-				return true, err
-			}
-			*after = rows[i].seq
-		}
-		if len(rows) == p.cfg.Batch {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return true, nil
-		case <-interval.C:
-		}
+	src := &peekSource{p: p, q: q, after: after, next: time.Now()}
+	var quarantine *engine.Quarantiner // under halt, the dry run stops where the poller would
+	if p.cfg.OnPermanentError == pipeline.OnPermanentQuarantine {
+		quarantine = engine.NewQuarantiner("the dry run's output", p.cfg.DryRun, p.cfg.Batch+2,
+			"dry run: the poller would quarantine this event (printed on stdout, written nowhere)")
 	}
+	loop := engine.New(engine.Config{Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout,
+		Quarantine: quarantine}, src, snk)
+	return true, loop.Run(ctx)
 }
 
-// dryRunRow prints one row's record, or hands it to the dry run as the
-// poller would quarantine it; under --on-permanent-error halt the dry run
-// stops on it, as the poller would.
-func (p *Poller) dryRunRow(ctx context.Context, snk sink.Sink, r *claimed) error {
-	if r.gone {
-		return nil // deleted from the outbox while pending: nothing to send
-	}
-	rec, err := buildRecord(ctx, snk, &r.ev)
-	var perr *sink.Error
-	if errors.As(err, &perr) && perr.Class == sink.ClassPermanent {
-		if p.cfg.OnPermanentError == pipeline.OnPermanentHalt {
-			return fmt.Errorf("%w: %s (--on-permanent-error halt); %s", errHalted, perr.Error(), perr.Advice())
-		}
-		f := store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
-		return p.cfg.DryRun.Put(ctx, store.QuarantinedEvent(&r.ev, f))
-	}
-	if err != nil {
-		return err
-	}
-	select {
-	case snk.Input() <- sink.Item{Record: rec}:
-	case <-ctx.Done():
-		return nil
-	}
-	select {
-	case o := <-snk.Outcomes():
-		if o.Err != nil {
-			return o.Err
-		}
-		return nil
-	case <-ctx.Done():
-		return nil
-	}
+// peekSource reads the pending rows in claim order, then the new rows,
+// claiming none, for the engine to print. Its position is a row's index
+// in the batch read last.
+type peekSource struct {
+	p      *Poller
+	q      *queries
+	rows   []claimed
+	events []engine.Event
+	// after is the last row printed; next is when to read again.
+	after   *int64
+	next    time.Time
+	pending int // rows of the batch not yet settled
 }
+
+// Next reads the next batch once the one before is printed: at once while
+// a backlog drains, else at the interval.
+func (s *peekSource) Next(ctx context.Context, deadline time.Time) (engine.Read, error) {
+	if wait := time.Until(s.next); wait > 0 {
+		timer := time.NewTimer(min(wait, time.Until(deadline)))
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return engine.Read{}, nil
+	}
+	s.p.hooks.Alive()
+	rows, err := s.q.peekBatch(ctx, *s.after, s.p.cfg.Batch)
+	if err != nil {
+		return engine.Read{}, err
+	}
+	if len(rows) < s.p.cfg.Batch {
+		s.next = time.Now().Add(s.p.cfg.Interval)
+	}
+	s.rows, s.events = rows, s.events[:0]
+	for i := range rows {
+		if rows[i].gone {
+			continue // deleted from the outbox while pending: nothing to send
+		}
+		rows[i].ev.Txn = engine.Position(i)
+		s.events = append(s.events, engine.Event{Event: &rows[i].ev})
+	}
+	s.pending = len(s.events)
+	if len(rows) > 0 && s.pending == 0 {
+		*s.after = rows[len(rows)-1].seq
+	}
+	return engine.Read{Events: s.events}, nil
+}
+
+// Sent: a dry run counts nothing.
+func (s *peekSource) Sent(engine.Position, int) {}
+
+// Settle moves past a row printed; a row refused under halt stops the dry
+// run where the poller would halt.
+func (s *peekSource) Settle(pos engine.Position, f engine.Fate) error {
+	if f.Err != nil && !f.Quarantined {
+		return fmt.Errorf("%w: %s (--on-permanent-error halt); %s", errHalted, f.Err.Error(), f.Err.Advice())
+	}
+	*s.after = max(*s.after, s.rows[pos].seq)
+	if s.pending--; s.pending == 0 {
+		*s.after = s.rows[len(s.rows)-1].seq // and the rows gone after it
+	}
+	return nil
+}
+
+func (s *peekSource) Duties(bool) error { return nil }
+
+func (s *peekSource) Wake() time.Time { return time.Now().Add(time.Second) }
+
+// Full: a batch is printed before the next is read, so a restart prints
+// no row twice.
+func (s *peekSource) Full() bool { return s.pending > 0 }
+
+func (s *peekSource) InTransaction() bool { return false }
+
+func (s *peekSource) Close(bool) {}

@@ -3,11 +3,16 @@ package poll
 import (
 	"context"
 	"sync"
+	"time"
+
+	"github.com/outbox-relay/outbox-relay/engine"
+	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// flow overlaps a session's three steps while a backlog drains: the
-// session claims the next batch while one publishes, and a batch is
-// marked, on a connection of its own, while the next publishes. Done in
+// flow is a session's side of the engine loop. It overlaps the session's
+// three steps while a backlog drains: a claimer goroutine claims the next
+// batch while the engine publishes one, and a marker goroutine marks a
+// batch, on a connection of its own, while the next publishes. Done in
 // turn, each step waited for the other two; PostgreSQL, the relay and
 // Kafka were each idle two thirds of the time.
 //
@@ -18,21 +23,42 @@ import (
 // earlier batch is marked.
 //
 // At most three batches are leased at once: one being marked, one
-// publishing, one claimed and waiting for the publisher. A waiting batch
+// publishing, one claimed and waiting for the engine. A waiting batch
 // waits at most one publish, so a lease of two publishes (the least
 // --poll-lease allows) covers the wait and its own publish.
 type flow struct {
-	w         *worker
-	toPublish chan []claimed
-	toMark    chan markJob
+	w *worker
+	// claimed takes the claimer's batches to the engine.
+	claimed chan []claimed
+	// toMark takes a settled batch to the marker.
+	toMark chan markJob
 	// settled gets one value per batch marked. The claimer reads it
-	// whenever it waits for the flow, and stop reads what is left.
+	// whenever it waits for the flow.
 	settled chan struct{}
-	// failed holds the first failure of a stage.
-	failed   chan error
-	cancel   context.CancelFunc
-	done     chan struct{}
-	inFlight int // batches sent and not settled; the claiming goroutine's alone
+	// failed holds the first failure of the claimer or the marker.
+	failed chan error
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	// claimerDone is closed once the claimer returned: nobody counts the
+	// batches marked after that.
+	claimerDone chan struct{}
+
+	// The engine's side, on its goroutine alone: the batch it publishes
+	// (nil: none), each row's result, and how many are still to settle.
+	batch     []claimed
+	results   []result
+	unsettled int
+	base      engine.Position // the position of the batch's first row
+	next      engine.Position // base of the next batch
+	events    []engine.Event  // reused for each batch's Read
+}
+
+// result is what became of one claimed row.
+type result struct {
+	acked       bool
+	quarantined bool
+	delivery    sink.Delivery
+	err         *sink.Error
 }
 
 // markJob is a published batch and what became of each of its rows.
@@ -41,42 +67,160 @@ type markJob struct {
 	results []result
 }
 
-// startFlow starts the publish and mark stages; the caller claims, hands
-// batches over with send, and ends the flow with stop.
-func (w *worker) startFlow(ctx context.Context) *flow {
+// startFlow starts the claimer and the marker; the engine reads the
+// claimed batches through the flow, and Close ends both.
+func (w *worker) startFlow(ctx context.Context, claimer func(ctx context.Context, f *flow) error) *flow {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &flow{w: w, toPublish: make(chan []claimed), toMark: make(chan markJob),
-		settled: make(chan struct{}, 1), failed: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
-	var stages sync.WaitGroup
-	stages.Add(2)
+	f := &flow{w: w, claimed: make(chan []claimed), toMark: make(chan markJob),
+		settled: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, claimerDone: make(chan struct{})}
+	f.done.Add(2)
 	go func() {
-		defer stages.Done()
-		defer close(f.toMark)
-		f.publishStage(ctx)
+		defer f.done.Done()
+		defer close(f.claimerDone)
+		if err := claimer(ctx, f); err != nil && ctx.Err() == nil {
+			f.fail(err)
+		}
 	}()
 	go func() {
-		defer stages.Done()
+		defer f.done.Done()
 		f.markStage(ctx)
-	}()
-	go func() {
-		stages.Wait()
-		close(f.done)
 	}()
 	return f
 }
 
-// publishStage publishes each batch handed over, then hands it to the
-// mark stage. A batch it could not send goes there with no results, and
-// its rows are given back.
-func (f *flow) publishStage(ctx context.Context) {
-	for rows := range f.toPublish {
-		results, err := f.w.publish(ctx, rows)
-		if err != nil {
-			f.fail(err)
-			results = make([]result, len(rows))
-		}
-		f.toMark <- markJob{rows: rows, results: results}
+// Next takes the next claimed batch, waiting until deadline at most.
+func (f *flow) Next(ctx context.Context, deadline time.Time) (engine.Read, error) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case rows := <-f.claimed:
+		return f.start(rows)
+	case err := <-f.failed:
+		return engine.Read{}, err
+	case <-timer.C:
+	case <-ctx.Done():
 	}
+	return engine.Read{}, nil
+}
+
+// start makes a claimed batch the one the engine publishes. Each row's
+// position is its index after base, carried as its event's Txn.
+func (f *flow) start(rows []claimed) (engine.Read, error) {
+	f.base = f.next
+	f.next += engine.Position(len(rows))
+	f.batch, f.results = rows, make([]result, len(rows))
+	f.events = f.events[:0]
+	reclaimed := 0
+	for i := range rows {
+		r := &rows[i]
+		if r.reclaimed {
+			reclaimed++
+		}
+		if r.gone {
+			continue // marked as gone with the batch
+		}
+		r.ev.Txn = f.base + engine.Position(i)
+		f.events = append(f.events, engine.Event{Event: &r.ev, Attempts: r.attempts, Hold: r.aggKey})
+	}
+	if reclaimed > 0 {
+		p := f.w.p
+		p.metrics.LeasesExpired.Add(float64(reclaimed))
+		p.log.Warn().Int("rows", reclaimed).Msg("claimed rows whose lease had ended: their poller's session is gone, or it took longer than --poll-lease; it may have published them too (duplicates)")
+	}
+	f.unsettled = len(f.events)
+	if f.unsettled == 0 {
+		f.finish()
+	}
+	return engine.Read{Events: f.events, HoldAggregates: true}, nil
+}
+
+// Sent: a poller counts its batches, not their bytes.
+func (f *flow) Sent(engine.Position, int) {}
+
+// Settle keeps a row's result; once the batch's last one is in, the batch
+// goes to the marker.
+func (f *flow) Settle(pos engine.Position, fate engine.Fate) error {
+	i := int(pos - f.base)
+	res := &f.results[i]
+	switch {
+	case fate.Acked:
+		res.acked, res.delivery = true, fate.Delivery
+		f.w.p.metrics.observeAck(fate.Delivery, f.batch[i].insertedAt)
+	case fate.Quarantined:
+		res.quarantined, res.err = true, fate.Err
+	case fate.Err != nil:
+		res.delivery, res.err = fate.Delivery, fate.Err
+	}
+	if f.unsettled--; f.unsettled == 0 {
+		now := time.Now()
+		f.w.p.update(func(s *Status) { s.LastAckAt = &now })
+		f.finish()
+	}
+	return nil
+}
+
+// finish hands the batch the engine settled to the marker.
+func (f *flow) finish() {
+	f.toMark <- markJob{rows: f.batch, results: f.results}
+	f.batch, f.results = nil, nil
+}
+
+// Duties reports the claimer's or the marker's failure.
+func (f *flow) Duties(bool) error { return f.failure() }
+
+// Wake: a poller has nothing to do on time; the claimer keeps the
+// watchdog.
+func (f *flow) Wake() time.Time { return time.Now().Add(time.Second) }
+
+// Full: one batch publishes at a time (see flow).
+func (f *flow) Full() bool { return f.batch != nil }
+
+// InTransaction: a batch is not a transaction; a stop sends no more of it.
+func (f *flow) InTransaction() bool { return false }
+
+// Close marks what the engine settled of its batch (the rest is given
+// back), then ends the claimer and the marker.
+func (f *flow) Close(bool) {
+	if f.batch != nil {
+		f.finish()
+	}
+	f.cancel()
+	close(f.toMark)
+	f.done.Wait()
+}
+
+// send hands a claimed batch to the engine, counting the batches marked
+// meanwhile. If the flow fails or ctx ends first, the batch was never
+// sent: its rows are given back.
+func (f *flow) send(ctx context.Context, rows []claimed, inFlight *int) {
+	for {
+		select {
+		case f.claimed <- rows:
+			*inFlight++
+			return
+		case <-f.settled:
+			*inFlight--
+		case <-ctx.Done():
+			f.w.giveBack(ctx, rows)
+			return
+		}
+	}
+}
+
+// settle waits until every batch handed over is marked, ctx ends or other
+// reports a failure.
+func (f *flow) settle(ctx context.Context, inFlight *int, other <-chan error) error {
+	for *inFlight > 0 {
+		select {
+		case <-f.settled:
+			*inFlight--
+		case err := <-other:
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	return nil
 }
 
 // markStage records each batch's results. The marks are written even when
@@ -87,15 +231,17 @@ func (f *flow) markStage(ctx context.Context) {
 		markCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 		err := f.w.mark(markCtx, job.rows, job.results)
 		cancel()
-		f.settled <- struct{}{}
+		select {
+		case f.settled <- struct{}{}:
+		case <-f.claimerDone:
+		}
 		if err != nil {
 			f.fail(err)
 		}
 	}
 }
 
-// fail keeps a stage's first failure and stops the flow: the publisher
-// sends no more, and what is left is given back.
+// fail keeps the first failure and stops the claimer.
 func (f *flow) fail(err error) {
 	select {
 	case f.failed <- err:
@@ -104,65 +250,12 @@ func (f *flow) fail(err error) {
 	f.cancel()
 }
 
-// send hands a claimed batch to the publish stage. If the flow fails or
-// ctx ends first, the batch was never sent: its rows are given back.
-func (f *flow) send(ctx context.Context, rows []claimed) error {
-	for {
-		select {
-		case f.toPublish <- rows:
-			f.inFlight++
-			return nil
-		case <-f.settled:
-			f.inFlight--
-		case err := <-f.failed:
-			f.w.giveBack(ctx, rows)
-			return err
-		case <-ctx.Done():
-			f.w.giveBack(ctx, rows)
-			return nil
-		}
-	}
-}
-
-// settle waits until every batch handed over is marked, the flow fails,
-// ctx ends (nil) or other reports a failure.
-func (f *flow) settle(ctx context.Context, other <-chan error) error {
-	for f.inFlight > 0 {
-		select {
-		case <-f.settled:
-			f.inFlight--
-		case err := <-f.failed:
-			return err
-		case err := <-other:
-			return err
-		case <-ctx.Done():
-			return nil
-		}
-	}
-	return nil
-}
-
-// failure reports a stage's failure, if one happened, without waiting.
+// failure reports a failure, if one happened, without waiting.
 func (f *flow) failure() error {
 	select {
 	case err := <-f.failed:
 		return err
 	default:
 		return nil
-	}
-}
-
-// stop ends the flow and waits for its stages: the batch publishing stops
-// sending and waits up to the shutdown timeout for what is in flight, then
-// every batch is marked or given back.
-func (f *flow) stop() {
-	f.cancel()
-	close(f.toPublish)
-	for {
-		select {
-		case <-f.settled: // nobody counts them now; the mark stage must not wait
-		case <-f.done:
-			return
-		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -178,12 +179,6 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	} else if n > 0 {
 		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
 	}
-	pub, err := p.cfg.Sinks.NewBounded(batchLimit)
-	if err != nil {
-		return false, err
-	}
-	defer pub.Close(p.cfg.ShutdownTimeout)
-
 	wake := make(chan struct{}, 1)
 	listenErr := make(chan error, 1)
 	if p.cfg.Notify {
@@ -219,39 +214,56 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		return true, err
 	}
 	defer marks.Close(context.Background())
-	w := &worker{p: p, claims: q, marks: p.queriesOn(marks), pub: pub, quarantine: quarantine}
-	f := w.startFlow(ctx)
-	defer f.stop()
+	pub, err := p.cfg.Sinks.NewBounded(batchLimit)
+	if err != nil {
+		return true, err
+	}
+	w := &worker{p: p, claims: q, marks: p.queriesOn(marks)}
+	f := w.startFlow(ctx, func(ctx context.Context, f *flow) error {
+		return p.claimLoop(ctx, w, f, wake, listenErr, houseErr)
+	})
+	loop := engine.New(engine.Config{
+		Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout, MaxAttempts: p.cfg.MaxAttempts,
+		// The capacity covers the one batch the engine publishes at a time.
+		Quarantine:      engine.NewQuarantiner(quarantine.Table().String(), quarantine, p.cfg.Batch+2, quarantineStored),
+		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt,
+	}, f, pub)
+	return true, loop.Run(ctx)
+}
+
+// claimLoop claims batches and hands them to the engine through f until
+// ctx ends or a failure: at once while a backlog drains, else after the
+// interval or a notification.
+func (p *Poller) claimLoop(ctx context.Context, w *worker, f *flow, wake <-chan struct{}, listenErr, houseErr <-chan error) error {
 	interval := time.NewTimer(p.cfg.Interval)
 	defer interval.Stop()
+	inFlight := 0 // batches handed over and not yet marked
 	for {
 		p.hooks.Alive()
 		claimedAt := time.Now()
 		// A claim made while a batch is in flight skips the rows behind
 		// that batch's; they may be claimable once it is marked.
-		overlapped := f.inFlight > 0
+		overlapped := inFlight > 0
 		rows, err := w.claim(ctx)
-		if err != nil || ctx.Err() != nil {
-			return true, err
+		if err != nil {
+			return err
 		}
 		if len(rows) > 0 {
-			if err := f.send(ctx, rows); err != nil || ctx.Err() != nil {
-				return true, err
-			}
+			f.send(ctx, rows, &inFlight)
 		}
-		if err := f.failure(); err != nil {
-			return true, err
+		if ctx.Err() != nil {
+			return nil
 		}
 		select {
 		case err := <-houseErr:
-			return true, err
+			return err
 		default:
 		}
 		if len(rows) == p.cfg.Batch {
 			continue // a backlog: claim again at once
 		}
-		if err := f.settle(ctx, houseErr); err != nil || ctx.Err() != nil {
-			return true, err
+		if err := f.settle(ctx, &inFlight, houseErr); err != nil || ctx.Err() != nil {
+			return err
 		}
 		if overlapped {
 			continue
@@ -265,16 +277,16 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		interval.Reset(p.cfg.Interval)
 		select {
 		case <-ctx.Done():
-			return true, nil
+			return nil
 		case <-wake:
 			if err := p.gather(ctx, claimedAt); err != nil {
-				return true, nil
+				return nil
 			}
 		case <-interval.C:
 		case err := <-listenErr:
-			return true, fmt.Errorf("listen for new rows: %w", err)
+			return fmt.Errorf("listen for new rows: %w", err)
 		case err := <-houseErr:
-			return true, err
+			return err
 		}
 	}
 }

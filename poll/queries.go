@@ -13,7 +13,6 @@ import (
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
@@ -117,7 +116,6 @@ type claimed struct {
 	ev      event.Event
 	eventID string
 	aggKey  string // aggregate type and id, to keep order within a batch
-	record  sink.Record
 }
 
 // queries runs a poller's statements on its connection.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/lsn"
@@ -83,9 +84,11 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 	tracker := lsn.NewTracker(1, lsn.Limits{Events: 10, Bytes: 1 << 20})
 	txn := tracker.Open(time.Now())
 	tracker.Add(txn, 10)
-	s := &readLoop{loopEnv: r.loopEnv(), tracker: tracker}
+	s := &walReader{loopEnv: r.loopEnv(), tracker: tracker}
 	before := time.Now()
-	s.outcome(sink.Outcome{Delivery: sink.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}})
+	if err := s.Settle(uint64(txn), engine.Fate{Acked: true, Bytes: 10, Delivery: sink.Delivery{Txn: uint64(txn), Bytes: 10, Topic: "t", At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
 	if last := r.Status().LastAck; last == nil || last.Before(before) {
 		t.Fatalf("last ack %v after an ack at %v", last, before)
 	}

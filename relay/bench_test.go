@@ -2,7 +2,7 @@ package relay
 
 // BenchmarkDecodeAndBuild measures the relay's own per-event work on the hot
 // path: pgoutput decoding (replication.Stream.Receive) and record building
-// (readLoop.build, i.e. the NOT NULL checks and the sink's Build, here
+// (the engine's build, i.e. the NOT NULL checks and the sink's Build, here
 // publisher.Publisher.Build),
 // with allocations. It runs only with -bench:
 //
@@ -74,14 +74,19 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 			if bc.decode {
 				stream = benchStream(b, benchWAL(bc.perTxn, 200, payload, bc.headers))
 			}
-			// readLoop.build is the read loop's build step: the NOT NULL
-			// checks, then Publisher.Build.
-			st := &readLoop{sink: pub}
+			// build is the engine's build step: the NOT NULL checks,
+			// then Publisher.Build.
+			build := func(ev *event.Event) (sink.Record, error) {
+				if perr := sink.CheckRow(ev); perr != nil {
+					return nil, perr
+				}
+				return pub.Build(ev)
+			}
 			row := benchRow(b, payload, bc.headers)
 			var ev event.Event
 			var txn lsn.TxnID
 			var commitTime time.Time
-			// readLoop.publish also adds to the tracker and sends; neither
+			// The engine also adds to the tracker and sends; neither
 			// belongs to this benchmark.
 			event := func(r *replication.Row) { ev = eventOf(r, layout.Relay, txn, commitTime) }
 			// The topic lookup happens once per topic, before the timer.
@@ -111,7 +116,7 @@ func BenchmarkDecodeAndBuild(b *testing.B) {
 					}
 				}
 				event(r)
-				rec, err := st.build(&ev)
+				rec, err := build(&ev)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/eapache/go-resiliency/breaker"
 	"github.com/rs/zerolog"
 
+	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/publisher"
@@ -398,7 +399,8 @@ type loopRig struct {
 	source    *fakeSource
 	sink      *fakeSink
 	tracker   *lsn.Tracker
-	readLoop  *readLoop
+	reader    *walReader
+	loop      *engine.Loop
 	cancel    context.CancelFunc
 	done      chan error
 	sinks     chan *fakeSink // sinks made after a Kafka failure
@@ -444,17 +446,18 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 	rig.source, rig.sink = newFakeSource(rig.clock), newFakeSink(rig.clock)
 	rig.tracker = lsn.NewTracker(rigStart, lsn.Limits{Events: o.events, Bytes: o.bytes})
 	rig.tracker.UseClock(rig.clock.Now)
-	var q *quarantiner
+	var q *engine.Quarantiner
 	if o.quarantine != nil {
 		if o.quarantine.stored == nil {
 			o.quarantine.stored = make(chan Quarantined, 100)
 		}
-		q = newQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, o.events+2)
+		q = engine.NewQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, o.events+2, quarantineStored)
 	}
 	rig.relay.clock = rig.clock
-	rig.readLoop = newReadLoop(rig.relay.loopEnv(), rig.source, rig.sink, rig.tracker, q, rigStart, rigKeepalive)
+	rig.reader = newWALReader(rig.relay.loopEnv(), rig.source, rig.tracker, rigStart, rigKeepalive)
+	var newSink func() (sink.Sink, error)
 	if o.recover {
-		rig.readLoop.newSink = func() (sink.Sink, error) {
+		newSink = func() (sink.Sink, error) {
 			if rig.kafkaDown.Load() {
 				return nil, errors.New("connect to kafka brokers: connection refused")
 			}
@@ -463,9 +466,11 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 			return k, nil
 		}
 	}
+	rig.loop = engine.New(rig.relay.engineConfig(rig.reader, q, newSink), rig.reader, rig.sink)
+	rig.reader.takeRetries = rig.loop.TakeRetries
 	ctx, cancel := context.WithCancel(context.Background())
 	rig.cancel = cancel
-	go func() { rig.done <- rig.readLoop.runToEnd(ctx) }()
+	go func() { rig.done <- rig.loop.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

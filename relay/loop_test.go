@@ -12,12 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/rs/zerolog"
 
-	"github.com/outbox-relay/outbox-relay/event"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
-	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
@@ -49,7 +46,7 @@ func TestLoopConfirmsInCommitOrder(t *testing.T) {
 // at-least-once sink gets the records alone.
 func TestLoopSendsEndsInWALOrderToATransactionalSink(t *testing.T) {
 	rig := startLoop(t, rigOptions{delivery: DeliveryExactlyOnce})
-	rig.readLoop.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}.withRecord()
+	rig.reader.progress = txnProgress{topic: "outbox-relay.progress", key: []byte("s@1"), timeline: 1}.withRecord()
 	rig.source.begin(t)
 	var got []string
 	take := func() {
@@ -614,33 +611,6 @@ func TestLoopExactlyOnceEndsTxnAfterQuarantineStored(t *testing.T) {
 	}
 	rig.sink.ack(ok)
 	rig.awaitFlushed(t, 2000)
-}
-
-// A sequence error resets sarama's producer epoch and fails every batch in
-// flight, on every partition. The session ends at the first failure; the
-// others arrive while its sink closes, and each may break order, so each
-// must be counted and logged like the first (a drill caught order broken,
-// uncounted, on partitions that were never flagged).
-func TestCloseSinkCountsOrderBreaksReportedWhileClosing(t *testing.T) {
-	r := New(DefaultConfig(), zerolog.Nop(), nil, Hooks{})
-	snk := newFakeSink(newFakeClock())
-	s := &readLoop{loopEnv: r.loopEnv()}
-	for i, topic := range []string{"outbox.a", "outbox.b"} {
-		rec, err := publisher.BuildRecord(&event.Event{EventID: []byte(fmt.Sprint("e", i)), AggregateID: []byte("1"),
-			AggregateType: []byte("a"), EventType: []byte("x"), Payload: []byte("{}")}, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		snk.fail(rec, sink.ClassProducer, sarama.ErrOutOfOrderSequenceNumber)
-	}
-	if err := s.closeSink(snk, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	for _, topic := range []string{"outbox.a", "outbox.b"} {
-		if got := counterValue(r.metrics.OrderBreaks.WithLabelValues(topic, "0")); got != 1 {
-			t.Errorf("order breaks counted on %s/0: %v, want 1", topic, got)
-		}
-	}
 }
 
 // With a read tick, the loop waits that long after a transaction's commit

@@ -3,17 +3,11 @@ package relay
 import (
 	"context"
 
-	"github.com/outbox-relay/outbox-relay/sink"
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // Quarantined is one event Kafka would not accept; the store keeps it.
 type Quarantined = store.Quarantined
-
-// failure is what the quarantine table keeps of why an event failed.
-func failure(perr *sink.Error) store.Failure {
-	return store.Failure{Topic: perr.Topic, Class: string(perr.Class), Message: sink.Explain(perr)}
-}
 
 // quarantineTable is the table quarantined events go to.
 func (c Config) quarantineTable() (store.Table, error) {

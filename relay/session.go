@@ -2,11 +2,11 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/internal/await"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pipeline"
@@ -77,68 +77,44 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 	}
 
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
-	var quarantine *quarantiner
+	var quarantine *engine.Quarantiner
 	if quarantineTable != nil {
-		quarantine = newQuarantiner(quarantineTable.Table().String(), quarantineTable, r.cfg.inFlightEvents()+2)
+		quarantine = engine.NewQuarantiner(quarantineTable.Table().String(), quarantineTable, r.cfg.inFlightEvents()+2, quarantineStored)
 	}
 	if snk == nil {
 		if snk, err = connectSink(); err != nil {
-			quarantine.stopIfStarted()
+			quarantine.Stop()
 			return false, err
 		}
 	}
 	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
 	if err != nil {
 		closeSink()
-		quarantine.stopIfStarted()
+		quarantine.Stop()
 		return false, err
 	}
 	if err := stream.Start(ctx, start); err != nil {
 		stream.Close(context.Background())
 		closeSink()
-		quarantine.stopIfStarted()
+		quarantine.Stop()
 		return false, err
 	}
 
-	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
-	s.newSink = newSink
+	s := newWALReader(r.loopEnv(), stream, tracker, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
 	if s.txnSink {
 		s.progress = r.progress.txnProgress()
 	} else {
 		s.feed = r.progress.feed()
 	}
+	loop := engine.New(r.engineConfig(s, quarantine, newSink), s, snk)
+	s.takeRetries = loop.TakeRetries
 	r.setStreaming(tracker)
 	r.log.Info().Str("start_lsn", start.String()).Str("delivery", r.cfg.DeliveryMode()).
 		Str("status_interval", r.cfg.StatusInterval.String()).Str("keepalive_every", s.keepaliveEvery.String()).Msg("streaming")
 	if r.hooks.Running != nil {
 		r.hooks.Running()
 	}
-	return true, s.runToEnd(ctx)
-}
-
-// runToEnd runs the loop, then ends the session: a drain when ctx ended
-// it; after a Kafka failure, a wait for Kafka with the replication
-// connection kept; an abandon otherwise.
-func (s *readLoop) runToEnd(ctx context.Context) error {
-	err := s.run(ctx)
-	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		return s.drain()
-	}
-	if s.kafkaRecoverable(err) {
-		werr := s.waitForKafka(ctx, err)
-		if ctx.Err() != nil {
-			return s.drain()
-		}
-		if werr == nil {
-			// Kafka is back: end the stream cleanly, and the next session
-			// re-streams from the confirmed position.
-			s.close(s.statusIfDue(true) == nil)
-			return err
-		}
-		err = werr
-	}
-	s.close(false)
-	return err
+	return true, loop.Run(ctx)
 }
 
 // prepare checks the server and the slot and returns where to start.
@@ -255,20 +231,21 @@ func (r *Relay) dryRunSession(ctx context.Context) (streamed bool, err error) {
 		return false, err
 	}
 	tracker := lsn.NewTracker(start, lsn.Limits{Events: r.cfg.inFlightEvents(), Bytes: r.cfg.MaxInFlightBytes})
-	var quarantine *quarantiner // under halt, the dry run stops where the relay would
+	var quarantine *engine.Quarantiner // under halt, the dry run stops where the relay would
 	if r.cfg.OnPermanentError == pipeline.OnPermanentQuarantine {
-		quarantine = newQuarantiner("the dry run's output", r.cfg.DryRun, r.cfg.inFlightEvents()+2)
-		quarantine.storedMessage = "dry run: the relay would quarantine this event (printed on stdout, written nowhere)"
+		quarantine = engine.NewQuarantiner("the dry run's output", r.cfg.DryRun, r.cfg.inFlightEvents()+2,
+			"dry run: the relay would quarantine this event (printed on stdout, written nowhere)")
 	}
-	s := newReadLoop(r.loopEnv(), stream, snk, tracker, quarantine, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
-	s.newSink = r.cfg.DryRun.NewSink
+	s := newWALReader(r.loopEnv(), stream, tracker, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	loop := engine.New(r.engineConfig(s, quarantine, r.cfg.DryRun.NewSink), s, snk)
+	s.takeRetries = loop.TakeRetries
 	r.setStreaming(tracker)
 	r.log.Info().Str("temporary_slot", slot).Str("start_lsn", start.String()).
 		Msg("dry run: printing the records of events committed from now on, from a temporary slot; nothing is published, and the configured slot is not touched")
 	if r.hooks.Running != nil {
 		r.hooks.Running()
 	}
-	return true, s.runToEnd(ctx)
+	return true, loop.Run(ctx)
 }
 
 // dryRunSlot names a dry run's temporary slot after the configured one and

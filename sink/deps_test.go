@@ -14,7 +14,7 @@ import (
 func TestKafkaFreePackagesImportNoKafka(t *testing.T) {
 	const module = "github.com/outbox-relay/outbox-relay/"
 	args := []string{"list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`}
-	for _, pkg := range []string{"sink", "dryrun", "pipeline", "relay", "poll", "messages", "progress", "event", "lsn"} {
+	for _, pkg := range []string{"sink", "engine", "dryrun", "pipeline", "relay", "poll", "messages", "progress", "event", "lsn"} {
 		args = append(args, module+pkg)
 	}
 	out, err := exec.Command("go", args...).CombinedOutput()
