@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"time"
 
@@ -21,7 +22,15 @@ type SlotReport struct {
 	// ago; both are absent before the first reading.
 	SlotReadAt     *time.Time `json:"slot_read_at,omitempty"`
 	SlotAgeSeconds *float64   `json:"slot_reading_age_seconds,omitempty"`
-	Relay          *Status    `json:"relay,omitempty"`
+	// WALRate is the server's WAL rate over the last minute, in bytes per
+	// second; absent until two readings a second apart.
+	WALRate *float64 `json:"wal_rate_bytes_per_second,omitempty"`
+	// TimeLeft is how long the slot would last if the relay confirmed
+	// nothing more (outbox_relay_slot_time_left_seconds), and TimeLeftLimit
+	// the server limit that gives it; both absent when no limit applies.
+	TimeLeft      *float64 `json:"time_left_seconds,omitempty"`
+	TimeLeftLimit string   `json:"time_left_limit,omitempty"`
+	Relay         *Status  `json:"relay,omitempty"`
 }
 
 // slotReport builds /slot from the poller's cached reading: a request
@@ -37,6 +46,14 @@ func (r *Relay) slotReport(now time.Time) SlotReport {
 	}
 	at, age := reading.at, now.Sub(reading.at).Seconds()
 	report.SlotReadAt, report.SlotAgeSeconds = &at, &age
+	if g := reading.guard; g != nil {
+		if g.RateOK {
+			report.WALRate = &g.Rate
+		}
+		if !math.IsInf(g.Left, 1) {
+			report.TimeLeft, report.TimeLeftLimit = &g.Left, g.Limit
+		}
+	}
 	return report
 }
 

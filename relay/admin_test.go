@@ -52,7 +52,7 @@ func TestSlotServesThePollersReading(t *testing.T) {
 
 	readAt := time.Now().Add(-3 * time.Second)
 	watch := r.newSlotWatch()
-	watch.noteReading(&replication.SlotInfo{Name: "outbox_relay", Plugin: "pgoutput", Active: true}, true, nil, readAt)
+	watch.noteReading(&replication.SlotInfo{Name: "outbox_relay", Plugin: "pgoutput", Active: true}, true, nil, readAt, nil)
 	watch.view.noteQuarantined(7)
 	report := get()
 	if report.SlotError != "" || report.Slot == nil || report.Slot.Name != "outbox_relay" || !report.Slot.Active {
@@ -68,7 +68,7 @@ func TestSlotServesThePollersReading(t *testing.T) {
 		t.Errorf("relay status %+v, want the poller's quarantine count", report.Relay)
 	}
 
-	watch.noteReading(nil, false, nil, time.Now())
+	watch.noteReading(nil, false, nil, time.Now(), nil)
 	if missing := get(); missing.Slot != nil || !strings.Contains(missing.SlotError, "does not exist") {
 		t.Errorf("a missing slot: %+v", missing)
 	}

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"math"
 
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -37,6 +38,7 @@ type Metrics struct {
 	RetentionFailures  prometheus.Counter
 	RetentionWatermark prometheus.Gauge
 	SlotWALStatus      *prometheus.GaugeVec
+	SlotTimeLeft       prometheus.Gauge
 
 	progress *progressMetrics
 	txn      *txnMetrics
@@ -63,7 +65,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RetentionFailures:  s.Counter("outbox_relay_retention_failures_total", "Retention cleanup passes that failed; each is retried at the next interval."),
 		RetentionWatermark: s.Gauge("outbox_relay_retention_cutoff_timestamp_seconds", "Rows created before this Unix time may be deleted by retention cleanup."),
 		SlotWALStatus:      s.GaugeVec("outbox_relay_slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost), 0 for the others.", "wal_status"),
+		SlotTimeLeft:       s.Gauge("outbox_relay_slot_time_left_seconds", "Seconds before PostgreSQL would invalidate the slot if the relay confirmed nothing more from now: safe_wal_size over the server's WAL rate of the last minute (max_slot_wal_keep_size) or, while nothing streams from the slot, what is left of idle_replication_slot_timeout; 0 once invalidated, +Inf when neither limit applies or the server writes no WAL."),
 	}
+	m.SlotTimeLeft.Set(math.Inf(1))
 	m.CommitToAck = s.Latency("outbox_relay_commit_to_ack_seconds", "From the transaction's commit time to Kafka's acknowledgement.")
 	m.CommitToReceive = s.Latency("outbox_relay_commit_to_receive_seconds", "From the transaction's commit time to the relay reading its first outbox row (PostgreSQL's share of commit_to_ack).")
 	m.progress = newProgressMetrics(reg)

@@ -61,8 +61,10 @@ type slotWatch struct {
 	admin      *replication.Admin
 	quarantine *store.Quarantine // nil until opened
 	walState   string            // the wal_status last logged about
-	failing    bool              // the last read failed, and that was logged
-	limitsRead bool              // the slot limits were read and warned about
+	limits     replication.SlotLimits
+	guard      walGuard
+	failing    bool // the last read failed, and that was logged
+	limitsRead bool // the slot limits were read and warned about
 
 	// What the slot's position says of the events the relay has not read
 	// (see slotView.unpublishedAge).
@@ -141,7 +143,16 @@ func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	if ctx.Err() != nil && err != nil {
 		return // shutting down, or the read took too long; try again later
 	}
-	p.noteReading(info, exists, err, time.Now())
+	var guard *guardReading
+	if err == nil && exists {
+		if end, perr := lsn.Parse(info.CurrentLSN); perr == nil {
+			p.guard.note(began, end)
+		}
+		g := p.guard.reading(info, p.limits, time.Now())
+		m.SlotTimeLeft.Set(g.Left)
+		guard = &g
+	}
+	p.noteReading(info, exists, err, time.Now(), guard)
 	if err != nil || !exists {
 		// Nobody can stream from a slot that cannot be read or is gone.
 		m.SlotActive.Set(0)
@@ -184,9 +195,10 @@ func (p *slotWatch) poll(ctx context.Context, every time.Duration) {
 	p.noteWALStatus(info, walStatus)
 }
 
-// noteReading keeps a reading, begun at at, for /slot.
-func (p *slotWatch) noteReading(info *replication.SlotInfo, exists bool, err error, at time.Time) {
-	reading := slotReading{info: info, at: at}
+// noteReading keeps a reading, begun at at, and what the guard said of
+// it, for /slot.
+func (p *slotWatch) noteReading(info *replication.SlotInfo, exists bool, err error, at time.Time, guard *guardReading) {
+	reading := slotReading{info: info, at: at, guard: guard}
 	switch {
 	case err != nil:
 		reading.err = pg.RedactError(err.Error(), p.cfg.DSN)
@@ -225,7 +237,7 @@ func (p *slotWatch) warnSlotLimits(ctx context.Context) {
 		p.log.Debug().Str("error", pg.RedactError(err.Error(), p.cfg.DSN)).Msg("cannot read the slot limits")
 		return
 	}
-	p.limitsRead = true
+	p.limitsRead, p.limits = true, limits
 	for _, w := range limits.Warnings() {
 		p.log.Warn().Msg(w)
 	}

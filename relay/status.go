@@ -39,9 +39,10 @@ type Status struct {
 
 // slotReading is the slot watch's last reading, served by /slot.
 type slotReading struct {
-	info *replication.SlotInfo
-	err  string // redacted; "" when the read worked
-	at   time.Time
+	info  *replication.SlotInfo
+	err   string // redacted; "" when the read worked
+	at    time.Time
+	guard *guardReading // nil when the slot could not be read
 }
 
 func (r *Relay) setState(state pipeline.State, err error) {

@@ -174,6 +174,9 @@ type SlotInfo struct {
 	// or idle_timeout (18).
 	InvalidationReason *string `json:"invalidation_reason,omitempty"`
 	Temporary          bool    `json:"temporary"`
+	// InactiveSince is when the slot was last released (PostgreSQL 17+),
+	// what idle_replication_slot_timeout counts from; nil while active.
+	InactiveSince *time.Time `json:"inactive_since,omitempty"`
 	// Synced marks, on a standby (PostgreSQL 17+), a slot copied from the
 	// primary by slot synchronisation.
 	Synced           *bool    `json:"synced,omitempty"`

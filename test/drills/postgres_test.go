@@ -2,7 +2,9 @@ package drills
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -157,6 +159,54 @@ func TestDrillReplicationConnectionCut(t *testing.T) {
 	}
 }
 
+// checkSlotTimeLeft writes WAL beside the streaming relay and checks its
+// guard: /slot's time left is safe_wal_size over the WAL rate it shows,
+// that rate is the server's (within what the minute it averages over and
+// the test's own span can differ by), and the metric says the same.
+func checkSlotTimeLeft(t *testing.T, w *world, relay *harness.Process) {
+	t.Helper()
+	base := relay.AdminURL(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("relay output:\n%s", relay.Output())
+		}
+	})
+	var doc struct {
+		Slot struct {
+			SafeWALSize *int64 `json:"safe_wal_size"`
+		} `json:"slot"`
+		WALRate  *float64 `json:"wal_rate_bytes_per_second"`
+		TimeLeft *float64 `json:"time_left_seconds"`
+		Limit    string   `json:"time_left_limit"`
+	}
+	from, began := w.DB.CurrentLSN(t), time.Now()
+	harness.WaitFor(t, time.Minute, "the slot's time left from max_slot_wal_keep_size in /slot", func() bool {
+		w.DB.Exec(t, "INSERT INTO filler (v) SELECT repeat('f', 1000) FROM generate_series(1, 10)")
+		_, body := harness.HTTPGet(t, base+"/slot")
+		doc.TimeLeft, doc.WALRate = nil, nil
+		if err := json.Unmarshal([]byte(body), &doc); err != nil {
+			t.Fatalf("/slot: %v\n%s", err, body)
+		}
+		return doc.TimeLeft != nil && doc.WALRate != nil && *doc.WALRate > 0 && time.Since(began) > 10*time.Second
+	})
+	written := w.DB.QueryInt64(t, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '"+from+"')::bigint")
+	serverRate := float64(written) / time.Since(began).Seconds()
+	if doc.Limit != "max_slot_wal_keep_size" || doc.Slot.SafeWALSize == nil {
+		t.Fatalf("/slot's time left comes from %q with safe_wal_size %v, want max_slot_wal_keep_size", doc.Limit, doc.Slot.SafeWALSize)
+	}
+	if want := max(float64(*doc.Slot.SafeWALSize), 0) / *doc.WALRate; math.Abs(*doc.TimeLeft-want) > 1e-6*want+1e-9 {
+		t.Errorf("/slot's time left %.3f s, want safe_wal_size %d / rate %.0f B/s = %.3f s", *doc.TimeLeft, *doc.Slot.SafeWALSize, *doc.WALRate, want)
+	}
+	if r := *doc.WALRate / serverRate; r < 0.1 || r > 10 {
+		t.Errorf("/slot's WAL rate %.0f B/s against %.0f B/s measured here: %.2f times", *doc.WALRate, serverRate, r)
+	}
+	// 1 MB at this rate lasts seconds: the metric must say a short time.
+	if left := harness.Metric(t, base, "outbox_relay_slot_time_left_seconds"); math.IsInf(left, 0) || left < 0 || left > 600 {
+		t.Errorf("outbox_relay_slot_time_left_seconds = %v with 1 MB kept at %.0f B/s", left, serverRate)
+	}
+	t.Logf("time left %.1f s: safe_wal_size %d B at %.0f B/s (server: %.0f B/s)", *doc.TimeLeft, *doc.Slot.SafeWALSize, *doc.WALRate, serverRate)
+}
+
 // TestDrillSlotInvalidated lets PostgreSQL invalidate the relay's slot
 // (max_slot_wal_keep_size exceeded while the relay was down: wal_status =
 // lost, and on 17+ invalidation_reason = wal_removed, which the relay must
@@ -176,10 +226,12 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	}})
 	w, _ := newKfakeWorld(t, pg)
 	conn := w.connect()
-	relay := w.startRelay()
+	relay := w.startRelay("--admin-addr", "127.0.0.1:0")
 	harness.WaitFor(t, time.Minute, "the relay's warning about max_slot_wal_keep_size", func() bool {
 		return strings.Contains(relay.Output(), "max_slot_wal_keep_size is 1 MB: the relay may be down or behind only for as long as the server takes to write 1 MB of WAL")
 	})
+	w.DB.Exec(t, "CREATE TABLE filler (id bigserial PRIMARY KEY, v text)")
+	checkSlotTimeLeft(t, w, relay)
 	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +248,6 @@ func TestDrillSlotInvalidated(t *testing.T) {
 	all, _ := w.Committed()
 	lost := append([]string(nil), all[len(delivered):]...)
 	w.Forget(lost) // the drill checks them separately
-	w.DB.Exec(t, "CREATE TABLE filler (id bigserial PRIMARY KEY, v text)")
 	harness.WaitFor(t, 3*time.Minute, "PostgreSQL invalidates the slot", func() bool {
 		w.DB.Exec(t, "INSERT INTO filler (v) SELECT repeat('f', 1000) FROM generate_series(1, 4000)")
 		w.DB.Exec(t, "SELECT pg_switch_wal()")

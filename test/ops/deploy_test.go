@@ -595,6 +595,22 @@ tests:
         alertname: OutboxRelaySlotReadingStale
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
 
+  # The slot's headroom: short for 10 minutes fires; no limit (+Inf) and
+  # a short spell do not.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_time_left_seconds{job="outbox-relay", instance="a"}'
+        values: '3600 3600 600x15'
+      - series: 'outbox_relay_slot_time_left_seconds{job="nolimit", instance="b"}'
+        values: 'Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf Inf'
+      - series: 'outbox_relay_slot_time_left_seconds{job="spell", instance="c"}'
+        values: '600x5 3600x12'
+    alert_rule_test:
+      - {eval_time: 8m, alertname: OutboxRelaySlotTimeLeftShort, exp_alerts: []}
+      - eval_time: 13m
+        alertname: OutboxRelaySlotTimeLeftShort
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+
   # Quarantine, down, WAL at risk, old events, restarts, permanent errors.
   - interval: 1m
     input_series:
