@@ -155,7 +155,6 @@ type Loop struct {
 	// keeps, and whether it is the last.
 	retried map[Position]int
 	held    map[string]bool
-	paused  bool
 	retries int64          // the sink's retries already taken
 	closing sync.WaitGroup // abandoned sinks being closed
 }
@@ -170,12 +169,6 @@ func New(cfg Config, src Source, snk sink.Sink) *Loop {
 	l.timer.Stop()
 	return l
 }
-
-// Sink is the sink the loop sends to now.
-func (l *Loop) Sink() sink.Sink { return l.sink }
-
-// Paused says the loop waits for Kafka and reads nothing.
-func (l *Loop) Paused() bool { return l.paused }
 
 // TakeRetries returns the sink's retries since the last call.
 func (l *Loop) TakeRetries() int64 {

@@ -42,7 +42,6 @@ func (l *Loop) waitForKafka(ctx context.Context, cause error) error {
 		l.closeSink(old, 5*time.Second)
 	}()
 	l.failure = nil
-	l.paused = true
 	if l.cfg.OnPause != nil {
 		l.cfg.OnPause(l.cfg.Clock.Now(), cause)
 	}
