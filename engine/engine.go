@@ -155,8 +155,12 @@ type Loop struct {
 	// keeps, and whether it is the last.
 	retried map[Position]int
 	held    map[string]bool
-	retries int64          // the sink's retries already taken
-	closing sync.WaitGroup // abandoned sinks being closed
+	retries int64 // the sink's retries already taken
+	// abandoned: waitForKafka handed the sink to a goroutine that closes
+	// it, so close must not close it again (sarama's client panics on a
+	// second, concurrent close).
+	abandoned bool
+	closing   sync.WaitGroup // abandoned sinks being closed
 }
 
 // New makes a session's loop on src and snk.
@@ -584,8 +588,10 @@ func (l *Loop) drain() error {
 func (l *Loop) close(graceful bool) {
 	l.timer.Stop()
 	l.src.Close(graceful)
-	if err := l.closeSink(l.sink, 5*time.Second); err != nil {
-		l.log.Warn().Err(err).Msg("abandoned the session's producer")
+	if !l.abandoned {
+		if err := l.closeSink(l.sink, 5*time.Second); err != nil {
+			l.log.Warn().Err(err).Msg("abandoned the session's producer")
+		}
 	}
 	if l.cfg.Quarantine != nil {
 		l.cfg.Quarantine.stop()

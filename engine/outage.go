@@ -34,6 +34,7 @@ func (l *Loop) kafkaRecoverable(err error) bool {
 func (l *Loop) waitForKafka(ctx context.Context, cause error) error {
 	log := l.log
 	old := l.sink
+	l.abandoned = true
 	l.closing.Add(1)
 	go func() {
 		// Abandoned: what it still holds was never settled, and is read

@@ -119,12 +119,13 @@ type Publisher struct {
 	admin    sarama.ClusterAdmin
 	producer sarama.AsyncProducer
 
-	input    chan sink.Item
-	outcomes chan sink.Outcome
-	retries  atomic.Int64
-	quit     chan struct{} // closed by Close: outcomes are no longer wanted
-	closing  sync.Once
-	workers  sync.WaitGroup
+	input        chan sink.Item
+	outcomes     chan sink.Outcome
+	retries      atomic.Int64
+	quit         chan struct{} // closed by Close: outcomes are no longer wanted
+	closing      sync.Once
+	adminClosing sync.Once
+	workers      sync.WaitGroup
 }
 
 // New connects to Kafka and starts the producer.
@@ -376,6 +377,8 @@ func (p *Publisher) Close(timeout time.Duration) error {
 		// in flight was never confirmed, so it is re-delivered later.
 		err = fmt.Errorf("close kafka producer: gave up after %s with records in flight", timeout)
 	}
-	p.admin.Close()
+	// Once: sarama's client panics on a second close, and a caller that
+	// abandons a sink may close it from two goroutines.
+	p.adminClosing.Do(func() { p.admin.Close() })
 	return err
 }

@@ -256,6 +256,7 @@ type fakeSink struct {
 	outcomes chan sink.Outcome
 	retries  atomic.Int64
 	closed   atomic.Bool
+	closes   atomic.Int64 // calls of Close: a real sink's client panics on a second
 	flushes  atomic.Int64 // flushes read
 
 	mu      sync.Mutex
@@ -294,6 +295,7 @@ func (k *fakeSink) Retries() int64                { return k.retries.Load() }
 // Close ends Outcomes, as a real sink does once it has drained; outcomes
 // a test reports after that are dropped.
 func (k *fakeSink) Close(time.Duration) error {
+	k.closes.Add(1)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if !k.closed.Swap(true) {
