@@ -96,7 +96,7 @@ func TestStatusLastAckComesFromOutcomes(t *testing.T) {
 
 // Issue 11.9: `quarantine replay` skipped the row checks, and an event
 // quarantined for a NULL aggregate_id replayed with the key "". Replay
-// refuses it like the read loop, before anything is sent (a nil store would
+// refuses it like the engine, before anything is sent (a nil store would
 // panic if replay tried to remove it from quarantine).
 func TestReplayChecksRowsLikeTheReadLoop(t *testing.T) {
 	kafka := harness.StartKfake(t)

@@ -35,7 +35,7 @@ const progressTimeout = 30 * time.Second
 // store and its writer, opened by the first session and closed when Run
 // returns, the key and timeline the last start decided, and what Kafka
 // last stored, for the status. Sessions take their part of it when they
-// start (feed, txnProgress); the read loop then notes what Kafka stored.
+// start (feed, txnProgress); the WAL reader then notes what Kafka stored.
 type progressKeeper struct {
 	cfg     Config
 	log     zerolog.Logger
@@ -271,7 +271,7 @@ type progressFeed struct {
 // an idle confirmation (a keepalive's WAL end with nothing in flight and
 // no transaction open) has no unacknowledged event before it either. So
 // the record never leads what Kafka holds. The writer decides when to
-// write; this never blocks the read loop. A nil feed offers nothing.
+// write; this never blocks the WAL reader. A nil feed offers nothing.
 func (f *progressFeed) offer(confirmed lsn.LSN, commitTime time.Time) {
 	if f == nil || confirmed == 0 {
 		return

@@ -73,7 +73,7 @@ type Config struct {
 	// TransactionalID overrides the exactly-once producer's transactional
 	// id, derived by default from the slot and the system identifier.
 	TransactionalID string
-	// ReadTick is how long the read loop waits, once a transaction ended
+	// ReadTick is how long the WAL reader waits, once a transaction ended
 	// and nothing more was read, before it reads again: at steady rates it
 	// gathers several transactions per wake-up and per produce request, at
 	// the cost of up to ReadTick of latency. Zero reads at once.
@@ -245,9 +245,9 @@ type Relay struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	hooks   Hooks
-	clock   clock // the wall clock; tests drive the read loop and restarts with a fake
+	clock   clock // the wall clock; tests drive the WAL reader and restarts with a fake
 
-	// report is what the read loops publish about their reading.
+	// report is what the WAL readers publish about their reading.
 	report readReport
 
 	// slot is what the slot watch's readings say of the slot's position.
@@ -264,7 +264,7 @@ type Relay struct {
 }
 
 // Hooks let the process around the relay react to its progress: Running
-// is called each time a session starts streaming, Alive from the read loop
+// is called each time a session starts streaming, Alive from the engine loop
 // at least once per StatusInterval while it makes progress.
 type Hooks = pipeline.Hooks
 

@@ -28,7 +28,7 @@ var ErrReplayRefused = errors.New("refused")
 
 // Replay publishes quarantined events again, with their original event_id,
 // key and headers, and marks each replayed, with its topic, only after
-// Kafka acknowledged it. An event that fails again, or fails the read loop's row
+// Kafka acknowledged it. An event that fails again, or fails the engine's row
 // checks, stays quarantined; a row whose content_problem is set is refused
 // (ErrReplayRefused), naming it. A replayed event lands after any later events
 // of its aggregate. The layout gives the records their shape, as `run`
@@ -64,7 +64,7 @@ func Replay(ctx context.Context, sinks Sinks, l *layout.Layout, quarantine *stor
 		}
 		// The quarantine table cannot hold a NULL (but for the payload of
 		// Debezium's layout), so a value the row lacked comes back empty;
-		// the sender's row check refuses it like the read loop's.
+		// the sender's row check refuses it like the engine's.
 		rec, err := sender.Send(ctx, event.Restore(&events[i].Stored, l))
 		if err != nil {
 			results[i].Err = err

@@ -8,7 +8,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/lsn"
 )
 
-// readReport is what the read loop publishes about its reading: the
+// readReport is what the WAL reader publishes about its reading: the
 // position read, the newest commit confirmed, whether it waits for Kafka,
 // and the last ack. The loop of the running session is its one writer,
 // on its own goroutine (a session marks it reading again before its loop
@@ -23,7 +23,7 @@ type readReport struct {
 	mu              sync.Mutex
 	received        lsn.LSN
 	confirmedCommit time.Time
-	// paused says the read loop waits for Kafka and reads nothing: the
+	// paused says the engine waits for Kafka and reads nothing: the
 	// tracker then knows nothing of the events committed meanwhile.
 	paused bool
 	// pausedAt is when the wait began, and kafkaErr the failure that

@@ -34,7 +34,7 @@ func (r Retention) validate() error {
 }
 
 // retainer deletes published outbox rows: one job of the relay, on a
-// goroutine of its own, that reads only the position the read loops
+// goroutine of its own, that reads only the position the WAL readers
 // publish.
 type retainer struct {
 	cfg     Config

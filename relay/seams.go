@@ -11,7 +11,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
-// walStream is where the read loop gets decoded replication messages and
+// walStream is where the WAL reader gets decoded replication messages and
 // where it reports positions; *replication.Stream is the real one. (A
 // source, in pipeline's sense, is the whole of what walSource runs.)
 type walStream interface {
@@ -58,7 +58,7 @@ type Sinks interface {
 	ReadProgress(ctx context.Context, topic string, key []byte) (rec progress.Record, found bool, err error)
 }
 
-// clock is the read loop's and the restart loop's time: the wall clock in
+// clock is the WAL reader's and the restart loop's time: the wall clock in
 // production, a fake one in tests so status and restart timing are
 // asserted exactly.
 type clock = pipeline.Clock

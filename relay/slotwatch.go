@@ -52,7 +52,7 @@ type slotWatch struct {
 	cfg     replication.Config
 	log     zerolog.Logger
 	metrics *Metrics
-	view    *slotView // what the watch found, for the relay's status and the read loop
+	view    *slotView // what the watch found, for the relay's status and the WAL reader
 	stream  func(now time.Time) (inFlight int, unpublishedAge float64)
 	// openQuarantine opens the quarantine table to count it; nil when
 	// events are never quarantined.

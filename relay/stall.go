@@ -21,7 +21,7 @@ func (r *Relay) kafkaStall(now time.Time) (stalled time.Duration, inFlight int) 
 }
 
 // stallOf is kafkaStall of the status as set (not as current derives it)
-// and the read loop's report.
+// and the WAL reader's report.
 func (r *Relay) stallOf(s Status, read readSnapshot, now time.Time) (stalled time.Duration, inFlight int) {
 	tracker := s.tracker
 	if tracker == nil || s.State != pipeline.StateStreaming || !read.draining.IsZero() {
@@ -51,7 +51,7 @@ func (r *Relay) stallReason(s Status, read readSnapshot, now time.Time) (string,
 
 // watchStall keeps the stall gauge and logs a stall when it starts, every
 // --kafka-stall-timeout while it lasts, and when it ends. It runs apart
-// from the read loop, so a loop blocked on Kafka is still reported.
+// from the engine loop, so a loop blocked on Kafka is still reported.
 func (r *Relay) watchStall(ctx context.Context, tick time.Duration) {
 	t := time.NewTicker(tick)
 	defer t.Stop()

@@ -71,7 +71,7 @@ func (r *Relay) setStreaming(t *lsn.Tracker) {
 // the quarantine table's count, and what the readings say of the slot's
 // position (the newest moment before which every committed transaction is
 // confirmed, and whether the last good reading found the slot behind the
-// WAL end). The slot watch writes it; the read loop and the status read
+// WAL end). The slot watch writes it; the WAL reader and the status read
 // it.
 type slotView struct {
 	mu          sync.Mutex
@@ -174,7 +174,7 @@ func (r *Relay) streamState(now time.Time) (inFlight int, unpublishedAge float64
 	return inFlight, r.slot.unpublishedAge(now, oldestAge, reading, read.confirmedCommit)
 }
 
-// current is the relay's status as set here, with what the read loop
+// current is the relay's status as set here, with what the WAL reader
 // reports applied to it: a loop that drains makes a streaming relay a
 // draining one, and a loop that waits for Kafka (paused, or stalled past
 // --kafka-stall-timeout) a waiting-for-kafka one with the cause as its

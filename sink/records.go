@@ -115,7 +115,7 @@ type Delivery struct {
 	At time.Time
 	// Record is the record the outcome is of. A caller whose records are
 	// not a WAL stream's (a poller's rows, a replay's list) finds which of
-	// its own it was by it, where the read loop goes by Txn.
+	// its own it was by it, where the engine goes by Txn.
 	Record Record
 }
 

@@ -57,7 +57,7 @@ func (s *batchSink) Close(time.Duration) error {
 	return nil
 }
 
-// The sender refuses a row the read loop would refuse before building
+// The sender refuses a row the engine would refuse before building
 // it, makes a sink with the batch limit a topic asks for, and hands every
 // outcome over before Wait returns.
 func TestSenderRemakesTheSinkWithTheBatchLimitAsked(t *testing.T) {
