@@ -41,6 +41,29 @@ func TestRecordFormat(t *testing.T) {
 	}
 }
 
+// TestRecoveryMark pins the mark a recovery of a lost slot leaves in the
+// record until it finishes; records without it read as before.
+func TestRecoveryMark(t *testing.T) {
+	since := time.Date(2026, 12, 3, 10, 0, 0, 5000, time.UTC)
+	r := Record{LSN: 0x10, Timeline: 2, CommitTime: since.Add(time.Hour), RecoverySince: since}
+	got := string(r.Marshal())
+	want := `{"version":1,"lsn":"0/10","timeline":2,"commit_time":"2026-12-03T11:00:00.000005Z","relay_version":"","recovery_since":"2026-12-03T10:00:00.000005Z"}`
+	if got != want {
+		t.Fatalf("Marshal:\n got %s\nwant %s", got, want)
+	}
+	back, err := Unmarshal([]byte(got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.RecoverySince.Equal(since) || !back.CommitTime.Equal(r.CommitTime) || back.LSN != r.LSN {
+		t.Fatalf("round trip: %+v", back)
+	}
+	plain, err := Unmarshal([]byte(`{"version":1,"lsn":"0/10","timeline":2,"relay_version":""}`))
+	if err != nil || !plain.RecoverySince.IsZero() {
+		t.Fatalf("a record without the mark: %+v, %v", plain, err)
+	}
+}
+
 func TestUnmarshalRejects(t *testing.T) {
 	for name, value := range map[string]string{
 		"newer version":   `{"version":2,"lsn":"0/1","timeline":1}`,
@@ -48,6 +71,7 @@ func TestUnmarshalRejects(t *testing.T) {
 		"bad lsn":         `{"version":1,"lsn":"16B3748","timeline":1}`,
 		"no timeline":     `{"version":1,"lsn":"0/1"}`,
 		"bad commit time": `{"version":1,"lsn":"0/1","timeline":1,"commit_time":"yesterday"}`,
+		"bad recovery":    `{"version":1,"lsn":"0/1","timeline":1,"recovery_since":"soon"}`,
 		"not json":        `0/16B3748`,
 	} {
 		if r, err := Unmarshal([]byte(value)); err == nil {

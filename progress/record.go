@@ -43,6 +43,11 @@ type Record struct {
 	// (at-least-once or exactly-once), for operators; empty in records of
 	// relays that did not write it. Nothing decides on it.
 	Delivery string
+	// RecoverySince is set while the relay recovers a lost slot from the
+	// outbox table: events committed after this time may be missing from
+	// Kafka until the recovery finishes. A start that finds it set runs the
+	// recovery again; the record written when it finishes has it zero.
+	RecoverySince time.Time
 }
 
 // ErrBadRecord marks a stored record that cannot be used: it does not
@@ -70,6 +75,9 @@ type wireRecord struct {
 	CommitTime   string `json:"commit_time,omitempty"`
 	RelayVersion string `json:"relay_version"`
 	Delivery     string `json:"delivery,omitempty"`
+	// RecoverySince is omitted when zero, so the records of a relay that
+	// never lost its slot read as before.
+	RecoverySince string `json:"recovery_since,omitempty"`
 }
 
 // Marshal encodes the record as its JSON value, e.g.
@@ -78,6 +86,9 @@ func (r Record) Marshal() []byte {
 	w := wireRecord{Version: Version, LSN: r.LSN.String(), Timeline: r.Timeline, RelayVersion: r.RelayVersion, Delivery: r.Delivery}
 	if !r.CommitTime.IsZero() {
 		w.CommitTime = r.CommitTime.UTC().Format(time.RFC3339Nano)
+	}
+	if !r.RecoverySince.IsZero() {
+		w.RecoverySince = r.RecoverySince.UTC().Format(time.RFC3339Nano)
 	}
 	b, err := json.Marshal(w)
 	if err != nil {
@@ -108,6 +119,11 @@ func Unmarshal(b []byte) (Record, error) {
 	if w.CommitTime != "" {
 		if r.CommitTime, err = time.Parse(time.RFC3339Nano, w.CommitTime); err != nil {
 			return Record{}, fmt.Errorf("decode progress record: commit_time: %w", err)
+		}
+	}
+	if w.RecoverySince != "" {
+		if r.RecoverySince, err = time.Parse(time.RFC3339Nano, w.RecoverySince); err != nil {
+			return Record{}, fmt.Errorf("decode progress record: recovery_since: %w", err)
 		}
 	}
 	return r, nil

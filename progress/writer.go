@@ -3,6 +3,7 @@ package progress
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -44,9 +45,11 @@ type Writer struct {
 	pending Record
 	dirty   bool // pending differs from what was last written
 	wake    chan struct{}
+	flushes chan chan error // Flush's requests, answered once the write ended
 	stop    chan struct{}
 	done    chan struct{}
 	closing sync.Once
+	lastErr error // the last write's error; only the loop touches it
 }
 
 // NewWriter starts a writer on the store; Close stops it. written, when
@@ -54,7 +57,7 @@ type Writer struct {
 // it must not wait for the writer.
 func NewWriter(s Store, every time.Duration, log zerolog.Logger, written func(Record)) *Writer {
 	w := &Writer{store: s, every: every, log: log, written: written,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), flushes: make(chan chan error), stop: make(chan struct{}), done: make(chan struct{})}
 	go w.loop()
 	return w
 }
@@ -75,6 +78,26 @@ func (w *Writer) Offer(key []byte, r Record) {
 	}
 }
 
+// Flush writes what is pending now and returns once the store took it, or
+// failed to: a record the caller then writes to the store itself lands
+// after every record offered before. ctx bounds the wait.
+func (w *Writer) Flush(ctx context.Context) error {
+	reply := make(chan error, 1)
+	select {
+	case w.flushes <- reply:
+	case <-w.done:
+		return nil // closed: nothing is pending any more
+	case <-ctx.Done():
+		return fmt.Errorf("flush the progress writer: %w", ctx.Err())
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("flush the progress writer: %w", ctx.Err())
+	}
+}
+
 // Close writes what is pending, waiting at most timeout, then stops the
 // writer. It does not close the store.
 func (w *Writer) Close(timeout time.Duration) {
@@ -89,27 +112,40 @@ func (w *Writer) Close(timeout time.Duration) {
 
 func (w *Writer) loop() {
 	defer close(w.done)
-	pause := time.NewTimer(0)
+	pause := time.NewTimer(w.every)
+	pause.Stop()
 	defer pause.Stop()
+	// While the interval after a write runs, wake is nil and resume is
+	// the timer's: at most one write per interval, however often
+	// positions move. A Flush does not wait for the interval.
+	wake, resume := w.wake, (<-chan time.Time)(nil)
 	failing := false
 	for {
 		select {
 		case <-w.stop:
 			w.flush(&failing)
 			return
-		case <-w.wake:
-		}
-		if w.flush(&failing) {
-			// At most one write per interval, however often positions move.
-			pause.Reset(w.every)
-			select {
-			case <-w.stop:
-				w.flush(&failing)
-				return
-			case <-pause.C:
+		case reply := <-w.flushes:
+			w.answer(reply, &failing)
+		case <-resume:
+			wake, resume = w.wake, nil
+		case <-wake:
+			if w.flush(&failing) {
+				pause.Reset(w.every)
+				wake, resume = nil, pause.C
 			}
 		}
 	}
+}
+
+// answer serves a Flush: it writes what is pending and replies with the
+// write's error, or nil when nothing was pending.
+func (w *Writer) answer(reply chan<- error, failing *bool) {
+	if w.flush(failing) {
+		reply <- w.lastErr
+		return
+	}
+	reply <- nil
 }
 
 // flush writes the pending record, if any, and reports whether it tried.
@@ -125,6 +161,7 @@ func (w *Writer) flush(failing *bool) bool {
 	w.dirty = false
 	w.mu.Unlock()
 	err := w.store.Write(key, rec)
+	w.lastErr = err
 	if err != nil {
 		w.mu.Lock()
 		if !w.dirty {
