@@ -48,6 +48,17 @@ type Config struct {
 
 	Republish Republish
 
+	// Snapshot, when set, is an exported snapshot (pg_export_snapshot, or
+	// a slot's): every read of the outbox table happens in it, so the
+	// comparison sees exactly the transactions it sees. A replication
+	// slot's snapshot makes the window end at the slot's consistent point.
+	Snapshot string
+	// HeldSince, when set, is a time the table must still hold a row from:
+	// a table whose oldest row is newer lost rows to a deletion that
+	// reached into the window, and Run fails with ErrWindowDeleted before
+	// republishing anything.
+	HeldSince time.Time
+
 	// Progress, when set, is called every ProgressEvery with what is done.
 	Progress      func(Progress)
 	ProgressEvery time.Duration
@@ -166,6 +177,10 @@ func orEmpty[T any](s *[]T) {
 // ErrBadWindow marks a window that cannot be compared.
 var ErrBadWindow = errors.New("bad window")
 
+// ErrWindowDeleted marks a window some of whose rows were deleted from the
+// table: what they held cannot be compared or republished.
+var ErrWindowDeleted = errors.New("rows of the window were deleted")
+
 // counters are what progress reports, updated by the workers.
 type counters struct {
 	phase   atomic.Pointer[string]
@@ -237,6 +252,9 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkHeld(cfg, oldest); err != nil {
+		return nil, err
+	}
 	// Records older than the oldest row (plus the margin) may belong to
 	// rows retention deleted, so only younger ones can be phantoms; an
 	// empty table vouches for no record at all.
@@ -288,6 +306,36 @@ func Run(ctx context.Context, cfg Config, log zerolog.Logger) (*Report, error) {
 	}
 	rep.Elapsed = time.Since(started)
 	return rep, nil
+}
+
+// CheckTable makes sure Run can compare cfg's window: the table and its
+// columns exist and can be read, and it still holds a row from
+// cfg.HeldSince. It changes nothing.
+func CheckTable(ctx context.Context, cfg Config) error {
+	table, err := openTable(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer table.close()
+	oldest, err := table.oldestRow(ctx)
+	if err != nil {
+		return err
+	}
+	return checkHeld(cfg, oldest)
+}
+
+// checkHeld fails when the table's oldest row, created at oldest (zero:
+// none), is newer than cfg.HeldSince.
+func checkHeld(cfg Config, oldest time.Time) error {
+	if cfg.HeldSince.IsZero() || !oldest.IsZero() && !oldest.After(cfg.HeldSince) {
+		return nil
+	}
+	found := "the table is empty"
+	if !oldest.IsZero() {
+		found = "its oldest row was created at " + oldest.UTC().Format(time.RFC3339Nano)
+	}
+	return fmt.Errorf("%w: %s must still hold a row created at or before %s, but %s: rows were deleted (by a retention job, a partition drop or by hand) past that point, so events of the window may be gone for good",
+		ErrWindowDeleted, cfg.Postgres.Table, cfg.HeldSince.UTC().Format(time.RFC3339Nano), found)
 }
 
 // reportProgress calls cfg.Progress on a ticker until the returned stop.

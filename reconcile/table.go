@@ -48,6 +48,12 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 		return nil, err
 	}
 	l := cfg.Postgres.OutboxLayout()
+	if cfg.Snapshot != "" {
+		if err := importSnapshot(ctx, conn, cfg.Snapshot); err != nil {
+			conn.Close(context.Background())
+			return nil, err
+		}
+	}
 	t := &table{conn: conn, cfg: cfg, outbox: outbox.Quoted(), outboxName: outbox, layout: l,
 		idColumn: quote(l.Column(layout.EventID)), createdColumn: quote(l.Column(layout.CreatedAt))}
 	t.inWindow = " WHERE " + t.createdColumn + " >= $1 AND " + t.createdColumn + " < $2"
@@ -83,6 +89,18 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 }
 
 func (t *table) close() { t.conn.Close(context.Background()) }
+
+// importSnapshot opens the read-only transaction every later query of the
+// connection runs in, on the exported snapshot.
+func importSnapshot(ctx context.Context, conn *pgx.Conn, snapshot string) error {
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return fmt.Errorf("begin the snapshot's transaction: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SET TRANSACTION SNAPSHOT "+pg.QuoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("import snapshot %s: %w", snapshot, err)
+	}
+	return nil
+}
 
 // quote quotes an identifier.
 func quote(name string) string { return pgx.Identifier{name}.Sanitize() }
@@ -293,13 +311,17 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 }
 
 // eachWindowRow streams the window's rows whole, oldest first, so events
-// of one aggregate are handed over in the order they were written.
+// of one aggregate are handed over in the order they were written: by
+// created_at (its transaction's start), then, within a transaction, by the
+// statement that inserted each row (cmin) and its place in the table
+// (ctid), the order in which one statement inserts its rows. The event id
+// is random and says nothing of order.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) error) error {
 	columns, payloadBinary, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
 		return err
 	}
-	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+t.inWindow+" ORDER BY "+t.createdColumn+", "+t.idColumn,
+	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+t.inWindow+" ORDER BY "+t.createdColumn+", cmin::text::bigint, ctid, "+t.idColumn,
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read the window's rows: %w", err)
