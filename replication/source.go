@@ -48,7 +48,7 @@ func (TableSource) check(ctx context.Context, a *Admin) error { return a.checkTa
 // GapAdvice sends the operator to reconcile, which finds the gap's events
 // in the table and republishes what Kafka lacks.
 func (TableSource) GapAdvice(since string) string {
-	return fmt.Sprintf("run `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them", since)
+	return fmt.Sprintf("run `outbox-relay reconcile --since %s --republish` to find the events of the gap and publish them; a relay started with --on-slot-lost recover does that by itself whenever its slot is lost", since)
 }
 
 func (TableSource) Migrate() string  { return "outbox-relay migrate" }
@@ -72,7 +72,8 @@ func (MessageSource) check(ctx context.Context, a *Admin) error {
 // gap's events, so only their writers can emit them again.
 func (MessageSource) GapAdvice(since string) string {
 	return fmt.Sprintf("the events of that gap (committed since %s) were logical decoding messages, which exist only in the WAL: no table holds them, and reconcile cannot find them. "+
-		"To deliver them, the services that emitted them must emit them again from their own records, or restore a backup taken before the gap and have them re-emitted from it; consumers dedupe a re-emitted event by its event_id", since)
+		"To deliver them, the services that emitted them must emit them again from their own records, or restore a backup taken before the gap and have them re-emitted from it; consumers dedupe a re-emitted event by its event_id. "+
+		"No relay setting does this for you: --on-slot-lost recover republishes from the rows of a table, and this source writes none", since)
 }
 
 func (MessageSource) Migrate() string  { return "outbox-relay migrate --source messages" }
