@@ -39,6 +39,11 @@ type Metrics struct {
 	RetentionWatermark prometheus.Gauge
 	SlotWALStatus      *prometheus.GaugeVec
 	SlotTimeLeft       prometheus.Gauge
+	// What --on-slot-lost recover did: recoveries by result, the events
+	// they republished, and how long the last one took.
+	SlotRecoveries          *prometheus.CounterVec
+	SlotRecoveryRepublished prometheus.Counter
+	SlotRecoverySeconds     prometheus.Gauge
 
 	progress *progressMetrics
 	txn      *txnMetrics
@@ -72,10 +77,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.CommitToReceive = s.Latency("outbox_relay_commit_to_receive_seconds", "From the transaction's commit time to the relay reading its first outbox row (PostgreSQL's share of commit_to_ack).")
 	m.progress = newProgressMetrics(reg)
 	m.txn = newTxnMetrics(reg)
+	m.SlotRecoveries = s.CounterVec("outbox_relay_slot_recoveries_total", "Recoveries of a lost replication slot from the outbox table (--on-slot-lost recover), by result: recovered, refused (the table cannot cover the gap; the relay stops) or failed (tried again at the next session).", "result")
+	m.SlotRecoveryRepublished = s.Counter("outbox_relay_slot_recovery_republished_events_total", "Events that recoveries of a lost slot republished from the outbox table, as Kafka lacked them.")
+	m.SlotRecoverySeconds = s.Gauge("outbox_relay_slot_recovery_duration_seconds", "How long the last recovery of a lost slot took, from finding the slot lost to the new slot ready to stream (0 until one ran).")
 	m.setWALStatus("")
-	// The reasons exist from the start, at 0, as the error classes do.
+	// The reasons and results exist from the start, at 0, as the error
+	// classes do.
 	for _, reason := range []string{skipOtherPrefix, skipNonTransactional} {
 		m.MessagesSkipped.WithLabelValues(reason)
+	}
+	for _, result := range []string{recoveryDone, recoveryRefused, recoveryFailed} {
+		m.SlotRecoveries.WithLabelValues(result)
 	}
 	return m
 }

@@ -59,7 +59,11 @@ type ProgressStatus struct {
 	LSN        string     `json:"lsn,omitempty"`
 	Timeline   uint32     `json:"timeline,omitempty"`
 	CommitTime *time.Time `json:"commit_time,omitempty"`
-	WrittenAt  *time.Time `json:"written_at,omitempty"`
+	// RecoverySince is set while a recovery of the lost slot (see
+	// --on-slot-lost) has not finished: events committed after it may be
+	// missing from Kafka until it does.
+	RecoverySince *time.Time `json:"recovery_since,omitempty"`
+	WrittenAt     *time.Time `json:"written_at,omitempty"`
 	// AgeSeconds is how long ago the stored position was written (0 when
 	// it was only read).
 	AgeSeconds float64 `json:"age_seconds"`
@@ -99,6 +103,12 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 	var stored *progress.Record
 	if found {
 		stored = &rec
+	}
+	if found && !rec.RecoverySince.IsZero() && !reset {
+		since := rec.RecoverySince.UTC().Format(time.RFC3339)
+		return 0, fmt.Errorf("%w: the progress record marks a recovery of the lost slot that began and did not finish, so events committed after %s may be missing from Kafka. "+
+			"Start with --on-slot-lost recover to finish it; or republish by hand with `outbox-relay reconcile --since %s --until 0s --republish` (run's connection flags) and then start once with --reset-progress, which clears the mark",
+			ErrRecoveryUnfinished, since, since)
 	}
 	d, err := decideStart(slotStart, slot.Created, stored, sys, reset)
 	if err != nil {
@@ -157,6 +167,29 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 	p.mu.Unlock()
 	p.metrics.started(d.Source)
 	return d.Start, nil
+}
+
+// writeNow stores rec for key at once, after every position offered
+// before: no older record the writer still holds can overwrite it.
+func (p *progressKeeper) writeNow(ctx context.Context, key []byte, rec progress.Record) error {
+	p.mu.Lock()
+	store, writer := p.store, p.writer
+	p.mu.Unlock()
+	if store == nil {
+		return errors.New("the progress topic is not open")
+	}
+	ctx, cancel := context.WithTimeout(ctx, progressTimeout)
+	defer cancel()
+	if writer != nil {
+		if err := writer.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	if _, err := await.Do(ctx, func() (struct{}, error) { return struct{}{}, store.Write(key, rec) }, func(struct{}) {}); err != nil {
+		return err
+	}
+	p.written(rec)
+	return nil
 }
 
 // remakeTopic answers a progress topic the brokers lost while this
@@ -225,10 +258,14 @@ func (p *progressKeeper) written(rec progress.Record) {
 
 func (p *progressKeeper) noteRecord(rec progress.Record) {
 	p.report.LSN, p.report.Timeline = rec.LSN.String(), rec.Timeline
-	p.report.CommitTime = nil
+	p.report.CommitTime, p.report.RecoverySince = nil, nil
 	if !rec.CommitTime.IsZero() {
 		t := rec.CommitTime
 		p.report.CommitTime = &t
+	}
+	if !rec.RecoverySince.IsZero() {
+		t := rec.RecoverySince
+		p.report.RecoverySince = &t
 	}
 }
 
@@ -241,7 +278,11 @@ func (p *progressKeeper) feed() *progressFeed {
 	if p.writer == nil || p.key == nil {
 		return nil
 	}
-	return &progressFeed{writer: p.writer, key: p.key, timeline: p.timeline, relayVersion: p.cfg.Progress.RelayVersion}
+	feed := &progressFeed{writer: p.writer, key: p.key, timeline: p.timeline, relayVersion: p.cfg.Progress.RelayVersion}
+	if c := p.report.CommitTime; c != nil {
+		feed.lastCommit = *c
+	}
+	return feed
 }
 
 // txnProgress is the progress record the Kafka transactions of the session
@@ -264,6 +305,11 @@ type progressFeed struct {
 	key          []byte
 	timeline     uint32
 	relayVersion string
+	// lastCommit is the commit time of the newest record known when the
+	// session started: an idle confirmation before the session confirms a
+	// transaction of its own still names the last commit Kafka holds,
+	// which a recovery of a lost slot starts its window from.
+	lastCommit time.Time
 }
 
 // offer hands the writer a position the tracker confirmed: every event of
@@ -275,6 +321,9 @@ type progressFeed struct {
 func (f *progressFeed) offer(confirmed lsn.LSN, commitTime time.Time) {
 	if f == nil || confirmed == 0 {
 		return
+	}
+	if commitTime.IsZero() {
+		commitTime = f.lastCommit
 	}
 	f.writer.Offer(f.key, progress.Record{LSN: confirmed, Timeline: f.timeline, CommitTime: commitTime, RelayVersion: f.relayVersion, Delivery: DeliveryAtLeastOnce})
 }
@@ -332,6 +381,9 @@ type ProgressReport struct {
 	// transaction as the events it covers: LSN is the last committed
 	// progress.
 	WrittenBy string `json:"written_by_delivery,omitempty"`
+	// RecoverySince is set while a recovery of the lost slot has not
+	// finished (see ProgressStatus).
+	RecoverySince *time.Time `json:"recovery_since,omitempty"`
 	// AgeSeconds is the age of the record's commit time.
 	AgeSeconds float64 `json:"age_seconds,omitempty"`
 	// NextStartSource is what a relay starting now would start from, or
@@ -370,6 +422,10 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 			rep.CommitTime = &t
 			rep.AgeSeconds = time.Since(t).Seconds()
 		}
+		if !rec.RecoverySince.IsZero() {
+			t := rec.RecoverySince
+			rep.RecoverySince = &t
+		}
 	}
 	d, err := decideStart(slotStart, false, stored, sys, false)
 	if err != nil {
@@ -382,5 +438,5 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 
 // isProgressFatal reports the progress errors retrying cannot fix.
 func isProgressFatal(err error) bool {
-	return errors.Is(err, ErrProgressAhead) || errors.Is(err, progress.ErrTopic) || errors.Is(err, progress.ErrBadRecord)
+	return errors.Is(err, ErrProgressAhead) || errors.Is(err, ErrRecoveryUnfinished) || errors.Is(err, progress.ErrTopic) || errors.Is(err, progress.ErrBadRecord)
 }

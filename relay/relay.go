@@ -54,6 +54,11 @@ type Config struct {
 	// RecreateLostSlot lets the relay drop and recreate a slot the server
 	// invalidated. Events in the lost WAL are not recovered.
 	RecreateLostSlot bool
+	// OnSlotLost is what a session does when the slot is lost:
+	// SlotLostStop (the default) or SlotLostRecover, which needs
+	// Recoverer and a table source.
+	OnSlotLost string
+	Recoverer  Recoverer
 
 	// OnPermanentError is what happens to an event Kafka will never
 	// accept: pipeline.OnPermanentQuarantine keeps it in the quarantine
@@ -157,6 +162,7 @@ func DefaultConfig() Config {
 		BackoffMin:        500 * time.Millisecond,
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  pipeline.OnPermanentQuarantine,
+		OnSlotLost:        SlotLostStop,
 		Retention:         DefaultRetention(),
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 
@@ -202,6 +208,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.validateProgressTopic(); err != nil {
+		return err
+	}
+	if err := c.validateOnSlotLost(); err != nil {
 		return err
 	}
 	return c.Retention.validate()
@@ -293,7 +302,7 @@ func IsFatal(err error) bool {
 	return pipeline.IsFatal(err) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) ||
 		errors.As(err, &perr) && perr.Class == sink.ClassPermanent ||
-		isProgressFatal(err)
+		isProgressFatal(err) || errors.Is(err, ErrSlotUnrecoverable)
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal
@@ -312,7 +321,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		background.Add(1)
 		go func() {
 			defer background.Done()
-			retention := &retainer{cfg: r.cfg, log: r.log, metrics: r.metrics, read: &r.report}
+			retention := &retainer{cfg: r.cfg, log: r.log, metrics: r.metrics, read: &r.report, stored: r.progress.lastCommit}
 			retention.run(bgCtx)
 		}()
 	}

@@ -41,12 +41,17 @@ type retainer struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	read    *readReport
+	// stored is the commit time of the last progress record Kafka holds;
+	// zero while none is known.
+	stored func() time.Time
 }
 
 // run deletes published rows in small batches until ctx ends. A row may
 // go only when it is older than the retention and older than the commit time
-// of the relay's confirmed position minus the margin: unconfirmed rows are
-// never deleted. (Deleting a row does not unpublish it, the relay reads the
+// of the relay's confirmed position, and of the progress record Kafka
+// holds, minus the margin: unconfirmed rows are never deleted, and a lost
+// slot's recovery, which reads from the progress record's commit time back
+// by the margin, always finds its window whole. (Deleting a row does not unpublish it, the relay reads the
 // WAL; the rule keeps the table a complete record of what may still need to
 // be reconciled or re-delivered.)
 func (r *retainer) run(ctx context.Context) {
@@ -61,8 +66,13 @@ func (r *retainer) run(ctx context.Context) {
 		case <-tick.C:
 		}
 		watermark := r.read.snapshot().confirmedCommit
+		if r.cfg.Progress.Topic != "" {
+			// Never past what Kafka's progress record holds: a lost
+			// slot's recovery reads the table from there.
+			watermark = earlier(watermark, r.stored())
+		}
 		if watermark.IsZero() {
-			log.Debug().Msg("no confirmed transaction yet in this process; deleting nothing")
+			log.Debug().Msg("no confirmed transaction, or no progress record, yet in this process; deleting nothing")
 			r.metrics.RetentionRuns.Inc()
 			continue
 		}
@@ -109,4 +119,16 @@ func (r *retainer) deleteBefore(ctx context.Context, cutoff time.Time) (int64, e
 	return store.DeleteCreatedBefore(ctx, conn, outbox, r.cfg.Replication.OutboxLayout(), cutoff, r.cfg.Retention.Batch, func(n int64) {
 		r.metrics.RetentionDeleted.Add(float64(n))
 	})
+}
+
+// earlier is the earlier of two times, zero when either is zero: a bound
+// that is not known yet allows nothing.
+func earlier(a, b time.Time) time.Time {
+	if a.IsZero() || b.IsZero() {
+		return time.Time{}
+	}
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

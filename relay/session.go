@@ -152,22 +152,38 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 	if err != nil {
 		return 0, 0, err
 	}
-	policy := r.slotPolicy()
-	policy.BeforeCreate = r.beforeSlotCreate
-	slot, err := admin.PrepareSlot(ctx, policy)
+	slot, sys, err := r.prepareSlot(ctx, admin, beforeResume)
 	if err != nil {
-		return 0, 0, err
-	}
-	r.logSlotCreated(ctx, admin, slot)
-	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := beforeResume(sys); err != nil {
 		return 0, 0, err
 	}
 	start, err = r.progress.resume(ctx, slot, sys) // where Kafka already holds everything, if later than the slot
 	return start, senderTimeout, err
+}
+
+// prepareSlot makes the slot ready to stream and returns where it starts:
+// PrepareSlot's policy, or under --on-slot-lost recover, a lost slot
+// replaced and its gap republished from the table. beforeResume runs once,
+// before the progress record is read, and in exactly-once mode before a
+// recovery reads Kafka.
+func (r *Relay) prepareSlot(ctx context.Context, admin *replication.Admin, beforeResume func(replication.System) error) (replication.SlotStart, replication.System, error) {
+	if r.cfg.OnSlotLost == SlotLostRecover {
+		slot, sys, recovered, err := r.recoverIfLost(ctx, admin, beforeResume)
+		if err != nil || recovered {
+			return slot, sys, err
+		}
+	}
+	policy := r.slotPolicy()
+	policy.BeforeCreate = r.beforeSlotCreate
+	slot, err := admin.PrepareSlot(ctx, policy)
+	if err != nil {
+		return slot, replication.System{}, err
+	}
+	r.logSlotCreated(ctx, admin, slot)
+	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
+	if err != nil {
+		return slot, sys, err
+	}
+	return slot, sys, beforeResume(sys)
 }
 
 // beforeSlotCreate checks Kafka before the relay creates its slot: that

@@ -133,6 +133,29 @@ func TestRunRefusesBadKafkaSettingsAtStartUp(t *testing.T) {
 	}
 }
 
+// --on-slot-lost recover is refused at start-up, with the reason, wherever
+// it could not keep its promise: a source with no table to republish from
+// (messages) or no slot to lose (poll), beside --recreate-lost-slot, which
+// gives the gap up, or with no progress topic to say where the gap starts.
+func TestOnSlotLostRefusesWhatItCannotRecover(t *testing.T) {
+	base := []string{"run", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", "", "--on-slot-lost", "recover"}
+	for _, tc := range []struct {
+		flags []string
+		named string
+	}{
+		{[]string{"--source", "messages", "--message-prefix", "outbox"}, "the messages source has none"},
+		{[]string{"--source", "poll"}, "--on-slot-lost recover with --source poll: poll mode needs no replication slot"},
+		{[]string{"--recreate-lost-slot"}, "--on-slot-lost recover and --recreate-lost-slot contradict each other"},
+		{[]string{"--progress-topic", ""}, "--on-slot-lost recover needs --progress-topic"},
+		{[]string{"--on-slot-lost", "retry"}, `--on-slot-lost "retry": use stop or recover`},
+	} {
+		code, _, stderr := runCaptured(append(base, tc.flags...)...)
+		if code != exitUsage || !strings.Contains(stderr, tc.named) {
+			t.Errorf("%v: exit %d, want %d naming %s:\n%s", tc.flags, code, exitUsage, tc.named, stderr)
+		}
+	}
+}
+
 // The settings every source shares are checked by one rule each, so both
 // sources refuse them the same way: the retention's and the policy for an
 // event the sink never accepts.

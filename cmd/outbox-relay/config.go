@@ -175,6 +175,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 func runFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
+	fs.StringVar(&c.OnSlotLost, "on-slot-lost", c.OnSlotLost, "what to do when the slot is invalidated, dropped, or missing after a failover: stop (and say what to run), or recover: make a new slot and republish from the outbox table every event since the progress record (back by --retention-margin) that Kafka lacks, then stream; see docs/slot-trouble.md")
 	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses; 0: 2000 at-least-once, 50000 exactly-once (whose acks wait for each Kafka transaction's commit)")
 	fs.Int64Var(&c.MaxInFlightBytes, "max-in-flight-bytes", c.MaxInFlightBytes, "record bytes sent and not yet acknowledged before reading pauses")
 	fs.DurationVar(&c.ReadTick, "read-tick", c.ReadTick, "while keeping up, wait this long after a transaction before reading again, so several go out per wake-up and produce request: less CPU at steady rates for up to this much latency (0: read at once)")
@@ -183,7 +184,7 @@ func runFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&c.Replication.MaxMessageBytes, "max-message-bytes", c.Replication.MaxMessageBytes, "the largest change the relay reads into memory, a message's content or an outbox row (it holds a few copies of each); a larger message's content, or a larger row's large values, are dropped unread as they stream by and the event quarantined by reference (WAL position, size, SHA-256; a row stays in its table). At least --kafka-max-message-bytes")
 	fs.DurationVar(&c.KafkaStallTimeout, "kafka-stall-timeout", c.KafkaStallTimeout, "how long events in flight may wait with no Kafka acknowledgement before /readyz says not ready and a warning is logged (again at this interval)")
 	fs.DurationVar(&c.Retention.After, "retention", 0, "delete published outbox rows inserted (--column-created-at) longer ago than this, e.g. 168h (0: never); every table source keeps this one rule")
-	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "WAL source: keep rows this much younger than the confirmed position's commit time, so a long transaction's rows are never deleted before they are confirmed; longer than your longest transaction (poll mode knows each row's publication and refuses it)")
+	fs.DurationVar(&c.Retention.Margin, "retention-margin", c.Retention.Margin, "WAL source: keep rows this much younger than the commit time of the confirmed position and of the progress record, so a long transaction's rows are never deleted before they are confirmed; longer than your longest transaction. --on-slot-lost recover reads the table this far back from the progress record (poll mode knows each row's publication and refuses it)")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "how often cleanup runs")
 	fs.IntVar(&c.Retention.Batch, "retention-batch", c.Retention.Batch, "rows deleted per transaction")
 	fs.BoolVar(&c.Retention.DryRun, "retention-dry-run", false, "log what cleanup would delete, delete nothing")
@@ -541,6 +542,9 @@ func (o *options) finish() error {
 func (o *options) relayConfig(log zerolog.Logger) relay.Config {
 	c := o.relay
 	c.Sinks = publisher.NewKafka(o.kafka, log)
+	if c.OnSlotLost == relay.SlotLostRecover && c.Replication.ReadsTable() {
+		c.Recoverer = newTableRecoverer(o, log)
+	}
 	return c
 }
 

@@ -118,6 +118,9 @@ func validateSource(o *options) (sourceSpec, error) {
 	if err := s.check(o); err != nil {
 		return s, err
 	}
+	if s.noSlot != "" && o.relay.OnSlotLost == relay.SlotLostRecover {
+		return s, fmt.Errorf("--on-slot-lost recover with --source %s: %s, so no slot can be lost; drop the flag", s.name, s.noSlot)
+	}
 	if s.atLeastOnce != "" && o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
 		return s, fmt.Errorf("--delivery exactly-once needs --source %s: %s", sourceNames(func(s sourceSpec) bool { return s.atLeastOnce == "" }), s.atLeastOnce)
 	}

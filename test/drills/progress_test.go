@@ -24,9 +24,27 @@ const progressTopic = "outbox-relay.progress"
 // be what proves the relay right.
 func storedProgress(t testing.TB, brokers []string, slot string) (lsn string, timeline int) {
 	t.Helper()
+	v := latestProgress(t, brokers, slot)
+	return v.LSN, v.Timeline
+}
+
+// progressValue is what the drills read of a progress record.
+type progressValue struct {
+	Version       int    `json:"version"`
+	LSN           string `json:"lsn"`
+	Timeline      int    `json:"timeline"`
+	CommitTime    string `json:"commit_time"`
+	RecoverySince string `json:"recovery_since"`
+}
+
+// latestProgress is storedProgress's whole record: the newest one for
+// slot, zero when there is none.
+func latestProgress(t testing.TB, brokers []string, slot string) progressValue {
+	t.Helper()
+	var latest progressValue
 	end := sumOffsets(endOffsets(t, brokers, []string{progressTopic})) // one partition
 	if end == 0 {
-		return "", 0
+		return latest
 	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(progressTopic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
@@ -47,18 +65,14 @@ func storedProgress(t testing.TB, brokers []string, slot string) (lsn string, ti
 			if !strings.HasPrefix(string(r.Key), slot+"@") {
 				return
 			}
-			var v struct {
-				Version  int    `json:"version"`
-				LSN      string `json:"lsn"`
-				Timeline int    `json:"timeline"`
-			}
+			var v progressValue
 			if err := json.Unmarshal(r.Value, &v); err != nil || v.Version != 1 {
 				t.Fatalf("progress record %q is not version 1 JSON: %v", r.Value, err)
 			}
-			lsn, timeline = v.LSN, v.Timeline
+			latest = v
 		})
 	}
-	return lsn, timeline
+	return latest
 }
 
 // waitProgressAt waits until the stored progress reaches at least lsn.

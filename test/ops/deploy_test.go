@@ -446,8 +446,10 @@ func TestAlertRules(t *testing.T) {
 			if _, err := time.ParseDuration(r.For); err != nil {
 				t.Errorf("%s: for %q: %v", r.Alert, r.For, err)
 			}
-			if s := r.Labels["severity"]; s != "critical" && s != "warning" {
-				t.Errorf("%s: labels.severity %q, want critical or warning", r.Alert, s)
+			// info: something the relay handled by itself that an operator
+			// should hear of, never a page.
+			if s := r.Labels["severity"]; s != "critical" && s != "warning" && s != "info" {
+				t.Errorf("%s: labels.severity %q, want critical, warning or info", r.Alert, s)
 			}
 			if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
 				t.Errorf("%s: needs annotations.summary and annotations.description", r.Alert)
@@ -571,6 +573,23 @@ tests:
       - eval_time: 4m
         alertname: OutboxRelaySlotGap
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: critical}}]
+
+  # A slot recovered by the relay itself is told, as information, at once;
+  # a refused recovery is not a recovered one (the relay stops and the
+  # down and not-streaming alerts page).
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slot_recoveries_total{job="outbox-relay", instance="a", result="recovered"}'
+        values: '0 0 0 1x10'
+      - series: 'outbox_relay_slot_recoveries_total{job="refused", instance="b", result="refused"}'
+        values: '0 0 0 1x10'
+      - series: 'outbox_relay_slot_recoveries_total{job="refused", instance="b", result="recovered"}'
+        values: '0x13'
+    alert_rule_test:
+      - {eval_time: 2m, alertname: OutboxRelaySlotRecovered, exp_alerts: []}
+      - eval_time: 4m
+        alertname: OutboxRelaySlotRecovered
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: info}}]
 
   # A cleanup that fails at every pass alerts; one failure does not.
   - interval: 1m
