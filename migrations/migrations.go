@@ -22,7 +22,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/store"
 )
 
-//go:embed *.sql poll/*.sql messages/*.sql
+//go:embed *.sql poll/*.sql poll_snapshot/*.sql messages/*.sql
 var files embed.FS
 
 // Names are the database objects the SQL creates.
@@ -36,6 +36,15 @@ type Names struct {
 	// Poll adds what poll mode needs (migrations/poll): its state table, the
 	// trigger that fills it, and its indexes.
 	Poll bool
+	// PollSnapshot adds what poll mode's snapshot strategy needs instead
+	// (migrations/poll_snapshot): two columns of the outbox table with
+	// their defaults, an index, the progress table and a notifying
+	// trigger. No state row per event.
+	PollSnapshot bool
+	// PollSnapshotQuiet leaves out the snapshot strategy's NOTIFY trigger
+	// (and drops it): PostgreSQL refuses PREPARE TRANSACTION in a
+	// transaction that notified.
+	PollSnapshotQuiet bool
 	// ExistingPublished marks the rows already in the outbox as published
 	// when poll mode starts tracking them, instead of pending.
 	ExistingPublished bool
@@ -106,10 +115,14 @@ func SQL(n Names) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	snap, err := store.PollSnapshotTable(table)
+	if err != nil {
+		return "", err
+	}
 	for _, extra := range []struct {
 		dir  string
 		used bool
-	}{{"poll", n.Poll}, {"messages", n.Messages}} {
+	}{{"poll", n.Poll}, {"poll_snapshot", n.PollSnapshot}, {"messages", n.Messages}} {
 		if !extra.used {
 			continue
 		}
@@ -126,8 +139,11 @@ func SQL(n Names) (string, error) {
 	}
 	column := func(f layout.Field) string { return pgx.Identifier{l.Column(f)}.Sanitize() }
 	existingPublishedAt := "NULL::timestamptz"
+	// The snapshot strategy's rows from before it have no transaction id;
+	// they are published first unless --poll-existing published.
+	existingPending := "EXISTS (SELECT 1 FROM " + table.Quoted() + " WHERE " + store.SnapshotXidColumn + " IS NULL)"
 	if n.ExistingPublished {
-		existingPublishedAt = "now()"
+		existingPublishedAt, existingPending = "now()", "false"
 	}
 	r := strings.NewReplacer(
 		"{{poll}}", poll.Quoted(),
@@ -139,6 +155,13 @@ func SQL(n Names) (string, error) {
 		"{{poll_quarantined_index}}", pgx.Identifier{poll.Name + "_quarantined_idx"}.Sanitize(),
 		"{{poll_track}}", pgx.Identifier{poll.Schema, poll.Name + "_track"}.Sanitize(),
 		"{{poll_trigger}}", pgx.Identifier{poll.Name + "_track"}.Sanitize(),
+		"{{snap}}", snap.Quoted(),
+		"{{snap_seq}}", pgx.Identifier{snap.Schema, snap.Name + "_seq"}.Sanitize(),
+		"{{snap_seq_literal}}", literal(pgx.Identifier{snap.Schema, snap.Name + "_seq"}.Sanitize()),
+		"{{snap_xid_index}}", pgx.Identifier{snap.Name + "_xid_idx"}.Sanitize(),
+		"{{snap_notify}}", pgx.Identifier{snap.Schema, snap.Name + "_notify"}.Sanitize(),
+		"{{existing_pending}}", existingPending,
+		"{{snap_notify_trigger}}", snapNotifyTrigger(n, table, snap),
 		"{{table_literal}}", literal(table.Quoted()),
 		"{{existing_published_at}}", existingPublishedAt,
 		"{{event_id}}", column(layout.EventID),
@@ -169,6 +192,45 @@ func SQL(n Names) (string, error) {
 		fmt.Fprintf(&b, "-- %s\n%s\n", name, r.Replace(string(body)))
 	}
 	return b.String(), nil
+}
+
+// untrackedBySnapshot counts the outbox rows with no transaction id, which
+// the snapshot strategy's progress row does not cover yet: all of them
+// before its columns exist.
+func untrackedBySnapshot(ctx context.Context, tx pgx.Tx, outbox store.Table) (int64, error) {
+	snap, err := store.PollSnapshotTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	var progressExists, columnExists bool
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+		EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = $3 AND NOT attisdropped)`,
+		snap.Quoted(), outbox.Quoted(), store.SnapshotXidColumn).Scan(&progressExists, &columnExists); err != nil {
+		return 0, fmt.Errorf("look up poll snapshot progress table %s: %w", snap, err)
+	}
+	if progressExists {
+		return 0, nil // counted when it was made
+	}
+	query := "SELECT count(*) FROM " + outbox.Quoted()
+	if columnExists {
+		query += " WHERE " + store.SnapshotXidColumn + " IS NULL"
+	}
+	var count int64
+	if err := tx.QueryRow(ctx, query).Scan(&count); err != nil {
+		return 0, fmt.Errorf("count outbox rows from before the snapshot strategy: %w", err)
+	}
+	return count, nil
+}
+
+// snapNotifyTrigger is the statement that puts the snapshot strategy's
+// NOTIFY trigger on the outbox, or with PollSnapshotQuiet takes it off.
+func snapNotifyTrigger(n Names, table, snap store.Table) string {
+	trigger := pgx.Identifier{snap.Name + "_notify"}.Sanitize()
+	if n.PollSnapshotQuiet {
+		return "DROP TRIGGER IF EXISTS " + trigger + " ON " + table.Quoted() + ";"
+	}
+	return "CREATE OR REPLACE TRIGGER " + trigger + " AFTER INSERT ON " + table.Quoted() + "\n    FOR EACH STATEMENT EXECUTE FUNCTION " +
+		pgx.Identifier{snap.Schema, snap.Name + "_notify"}.Sanitize() + "();"
 }
 
 // literal quotes s as an SQL string literal.
@@ -248,6 +310,21 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'lease_pid' AND NOT attisdropped)",
 				poll.Quoted()})
 	}
+	if n.PollSnapshot {
+		snap, err := store.PollSnapshotTable(outbox)
+		if err != nil {
+			return nil, err
+		}
+		objects = append(objects,
+			struct{ what, exists, arg string }{"columns " + store.SnapshotXidColumn + ", " + store.SnapshotSeqColumn + " of " + outbox.String(),
+				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = '" + store.SnapshotSeqColumn + "' AND NOT attisdropped)",
+				outbox.Quoted()},
+			struct{ what, exists, arg string }{"poll snapshot progress table " + snap.String(), tableExists, snap.Quoted()})
+		if !n.PollSnapshotQuiet {
+			objects = append(objects, struct{ what, exists, arg string }{"poll snapshot trigger on " + outbox.String(),
+				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", snap.Name + "_notify"})
+		}
+	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
 		if i == 0 && (n.ExternalTable || n.Messages) {
@@ -277,8 +354,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		if n.ExistingPublished {
 			state = "published, as --poll-existing published says"
 		}
-		objects = append(objects, struct{ what, exists, arg string }{
-			what: fmt.Sprintf("poll state of %d rows already in the outbox, marked %s", untracked, state)})
+		what := fmt.Sprintf("poll state of %d rows already in the outbox, marked %s", untracked, state)
+		if n.PollSnapshot {
+			what = fmt.Sprintf("the snapshot strategy's progress, with %d rows already in the outbox %s", untracked, state)
+		}
+		objects = append(objects, struct{ what, exists, arg string }{what: what})
 		existed = append(existed, false)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -295,10 +375,13 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 // untrackedRows counts the outbox rows poll mode does not track yet, which
 // the migration is about to add to its state table.
 func untrackedRows(ctx context.Context, tx pgx.Tx, n Names, outboxExists bool) (int64, error) {
+	outbox := store.Table{Schema: n.Schema, Name: n.Table}
+	if n.PollSnapshot && outboxExists {
+		return untrackedBySnapshot(ctx, tx, outbox)
+	}
 	if !n.Poll || !outboxExists {
 		return 0, nil
 	}
-	outbox := store.Table{Schema: n.Schema, Name: n.Table}
 	poll, err := store.PollStateTable(outbox)
 	if err != nil {
 		return 0, err

@@ -165,3 +165,70 @@ func TestSQLForExternalTable(t *testing.T) {
 		t.Fatalf("the relay's own layout no longer creates its table (%v)", err)
 	}
 }
+
+// The snapshot strategy's migration (issue 43) on a table with rows: it
+// adds the two columns without rewriting the table (its file stays the
+// same), gives new rows a transaction id and a sequence number, counts
+// the rows from before as pending, and a writer with INSERT on the outbox
+// alone can still insert. Applied again, it creates nothing and keeps the
+// progress; PollSnapshotQuiet takes the NOTIFY trigger off.
+func TestSQLForPollSnapshot(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	names := Names{Schema: `my schema`, Table: `out"box`, Publication: `pub`}
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA "my schema"`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(ctx, conn, names); err != nil {
+		t.Fatal(err)
+	}
+	table := `"my schema"."out""box"`
+	db.Exec(t, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload) SELECT gen_random_uuid(), 'a', i::text, 'e', '{}' FROM generate_series(1, 100) i`)
+	file := db.QueryString(t, `SELECT pg_relation_filenode('`+table+`')::text`)
+
+	names.PollSnapshot = true
+	created, err := Apply(ctx, conn, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 4 || !strings.Contains(created[3], "100 rows already in the outbox pending") {
+		t.Errorf("created %q: want the columns, the progress table, the trigger and the 100 rows from before named", created)
+	}
+	if got := db.QueryString(t, `SELECT pg_relation_filenode('`+table+`')::text`); got != file {
+		t.Errorf("the table's file went from %s to %s: adding the columns rewrote it", file, got)
+	}
+	db.Exec(t, `CREATE ROLE writer_only LOGIN; GRANT USAGE ON SCHEMA "my schema" TO writer_only; GRANT INSERT ON `+table+` TO writer_only`)
+	writer, err := pgx.Connect(ctx, pg.DSNFor("writer_only", "", db.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(ctx)
+	if _, err := writer.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'a', 'w', 'e', '{}')`); err != nil {
+		t.Fatalf("a writer with INSERT on the outbox alone: %v", err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM `+table+` WHERE outbox_relay_xid IS NOT NULL AND outbox_relay_seq IS NOT NULL`); n != 1 {
+		t.Errorf("%d new rows with a transaction id and a sequence number, want 1", n)
+	}
+	if db.QueryString(t, `SELECT existing_pending::text FROM "my schema"."out""box_poll_snapshot"`) != "true" {
+		t.Errorf("the rows from before are not pending in the progress row")
+	}
+	db.Exec(t, `UPDATE "my schema"."out""box_poll_snapshot" SET existing_pending = false`)
+
+	names.PollSnapshotQuiet = true
+	created, err = Apply(ctx, conn, names)
+	if err != nil || len(created) != 0 {
+		t.Errorf("applied again: created %q, %v; want nothing", created, err)
+	}
+	if db.QueryString(t, `SELECT existing_pending::text FROM "my schema"."out""box_poll_snapshot"`) != "false" {
+		t.Errorf("applying again reset the progress row")
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_trigger WHERE tgname = 'out"box_poll_snapshot_notify'`); n != 0 {
+		t.Errorf("PollSnapshotQuiet left the NOTIFY trigger on")
+	}
+}

@@ -55,6 +55,29 @@ func QuarantineTable(outbox, configured string) (Table, error) {
 // pollSuffix names poll mode's state table after its outbox table.
 const pollSuffix = "_poll"
 
+// pollSnapshotSuffix names the snapshot strategy's progress table after
+// its outbox table.
+const pollSnapshotSuffix = "_poll_snapshot"
+
+// The columns the snapshot strategy adds to the outbox table: each row's
+// transaction id and its insertion order.
+const (
+	SnapshotXidColumn = "outbox_relay_xid"
+	SnapshotSeqColumn = "outbox_relay_seq"
+)
+
+// PollSnapshotTable returns the snapshot strategy's progress table for an
+// outbox table: <table>_poll_snapshot in the same schema, refused past
+// PostgreSQL's 63-byte names as PollStateTable's is.
+func PollSnapshotTable(outbox Table) (Table, error) {
+	name := outbox.Name + pollSnapshotSuffix
+	if len(name) > 63 {
+		return Table{}, fmt.Errorf("--table %s: poll mode's snapshot strategy keeps its progress in %s, longer than PostgreSQL's 63-byte names: use an outbox table name of at most %d bytes",
+			outbox, name, 63-len(pollSnapshotSuffix))
+	}
+	return Table{Schema: outbox.Schema, Name: name}, nil
+}
+
 // PollStateTable returns poll mode's state table for an outbox table:
 // <table>_poll in the same schema. PostgreSQL would cut a name past 63
 // bytes and two outbox tables could then share one, so such a name is

@@ -1,0 +1,66 @@
+-- Poll mode's snapshot strategy (`--poll-strategy snapshot`), as Skytools'
+-- PgQ reads its queues: each outbox row records its transaction's id, and a
+-- poller reads, per batch, exactly the rows whose transactions became
+-- visible between the last snapshot it published and a new one. Nothing is
+-- written per event beyond the insert itself: the progress is one row,
+-- updated once per page of events.
+--
+-- The columns are added without a default and given one after: a volatile
+-- default in ADD COLUMN would rewrite the whole table. Rows inserted before
+-- keep NULLs; `--poll-existing` says whether they are published. ALTER
+-- TABLE waits for every transaction that inserted into the table to end,
+-- so every row without a transaction id is committed when this commits.
+CREATE SEQUENCE IF NOT EXISTS {{snap_seq}};
+-- Every writer's insert takes a number from it, and a writer needs INSERT
+-- on the outbox only: the numbers order rows and mean nothing else, so
+-- anyone may take one.
+GRANT USAGE ON SEQUENCE {{snap_seq}} TO PUBLIC;
+
+ALTER TABLE {{table}}
+    ADD COLUMN IF NOT EXISTS outbox_relay_xid xid8,
+    ADD COLUMN IF NOT EXISTS outbox_relay_seq bigint;
+-- pg_current_xact_id() is the top-level transaction's id, inside a
+-- savepoint too, which is what snapshots list. The sequence number is
+-- insertion order, the meaning of "earlier" for per-aggregate order within
+-- a batch, as in the lease strategy.
+ALTER TABLE {{table}}
+    ALTER COLUMN outbox_relay_xid SET DEFAULT pg_current_xact_id(),
+    ALTER COLUMN outbox_relay_seq SET DEFAULT nextval({{snap_seq_literal}});
+
+-- The one index a batch reads: its transactions' rows, by id.
+CREATE INDEX IF NOT EXISTS {{snap_xid_index}} ON {{table}} (outbox_relay_xid)
+    WHERE outbox_relay_xid IS NOT NULL;
+
+-- The progress: the last snapshot whose rows Kafka acknowledged (done),
+-- the window being published (window_end, and the last sequence number of
+-- it acknowledged), and the rows from before this migration still to
+-- publish. One row per outbox table.
+CREATE TABLE IF NOT EXISTS {{snap}} (
+    one                    boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    done                   pg_snapshot NOT NULL,
+    window_end             pg_snapshot,
+    window_after_seq       bigint,
+    existing_pending       boolean     NOT NULL,
+    existing_after_created timestamptz,
+    existing_after_id      text,
+    updated_at             timestamptz NOT NULL DEFAULT now()
+);
+-- Taken after ALTER TABLE's lock: every row with a transaction id visible
+-- in it is older than the column's default, so none exists yet.
+INSERT INTO {{snap}} (done, existing_pending)
+SELECT pg_current_snapshot(), {{existing_pending}}
+ON CONFLICT (one) DO NOTHING;
+
+-- A wake-up for the poller at commit, one per statement. It writes
+-- nothing. PostgreSQL refuses PREPARE TRANSACTION after a NOTIFY, so
+-- `migrate --poll-notify=false` leaves it out (and drops it) for writers
+-- that use two-phase commit; the poller then looks every --poll-interval.
+CREATE OR REPLACE FUNCTION {{snap_notify}}() RETURNS trigger LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $migrate$
+BEGIN
+    PERFORM pg_notify('outbox_relay_poll', {{table_literal}});
+    RETURN NULL;
+END
+$migrate$;
+
+{{snap_notify_trigger}}
