@@ -19,6 +19,9 @@ const (
 	// StatePolling is poll mode's running state.
 	StatePolling        State = "polling"
 	StateWaitingForSlot State = "waiting-for-slot"
+	// StateWaitingForLock: poll mode's snapshot strategy waits, as a
+	// standby, for the poller that holds the table's lock.
+	StateWaitingForLock State = "waiting-for-lock"
 	// StateWaitingForPromotion: --pg-dsn leads to a hot standby, which
 	// cannot serve the relay's slot until it is promoted.
 	StateWaitingForPromotion State = "waiting-for-promotion"
@@ -35,7 +38,7 @@ const (
 
 // States are every source's states.
 var States = []State{StateStarting, StateConnecting, StateStreaming, StatePolling, StateWaitingForSlot,
-	StateWaitingForPromotion, StateWaitingForKafka, StateBackingOff, StateDraining, StateStopped, StateFailed}
+	StateWaitingForLock, StateWaitingForPromotion, StateWaitingForKafka, StateBackingOff, StateDraining, StateStopped, StateFailed}
 
 // Status is what every source says of its state; a source's own document
 // embeds it.

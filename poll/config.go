@@ -40,6 +40,12 @@ type Config struct {
 	// marks, quarantines and deletes nothing.
 	DryRun DryRun
 
+	// Strategy is how a poller finds rows: StrategyLease claims them from
+	// the state table, with several pollers at once; StrategySnapshot reads
+	// them by transaction snapshots, one poller at a time, with no write
+	// per event (see snapshot.go).
+	Strategy string
+
 	// WorkerID names this poller in the leases it takes; the default is
 	// host:pid, unique among the pollers of one table.
 	WorkerID string
@@ -94,6 +100,7 @@ type Config struct {
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
+		Strategy:          StrategyLease,
 		WorkerID:          host + ":" + strconv.Itoa(os.Getpid()),
 		Batch:             500,
 		Lease:             3 * time.Minute,
@@ -118,15 +125,16 @@ func (c Config) Validate() error {
 	if c.Postgres.DSN == "" {
 		return errors.New("--pg-dsn is required")
 	}
-	outbox, err := store.ParseTable("--table", c.Postgres.Table)
-	if err != nil {
-		return err
-	}
-	if _, err := store.PollStateTable(outbox); err != nil {
+	if _, err := c.tables(); err != nil {
 		return err
 	}
 	if _, err := store.QuarantineTable(c.Postgres.Table, c.QuarantineTable); err != nil {
 		return err
+	}
+	switch c.Strategy {
+	case StrategyLease, StrategySnapshot:
+	default:
+		return fmt.Errorf("--poll-strategy %q: use %s or %s", c.Strategy, StrategyLease, StrategySnapshot)
 	}
 	switch {
 	case c.WorkerID == "":
@@ -151,7 +159,7 @@ func (c Config) Validate() error {
 	if c.Sinks == nil {
 		return errors.New("the poller has no sinks to publish to")
 	}
-	if bound, made := c.Sinks.Bound(); c.Lease < 2*bound {
+	if bound, made := c.Sinks.Bound(); c.Strategy == StrategyLease && c.Lease < 2*bound {
 		return fmt.Errorf("--poll-lease %s: must be at least %s, twice the longest a publish can take (%s), or rows still being published are claimed again by another poller",
 			c.Lease, 2*bound, made)
 	}
@@ -161,6 +169,8 @@ func (c Config) Validate() error {
 // tables are the tables a poller reads and writes.
 type tables struct {
 	outbox, state, quarantine store.Table
+	// snapshot is the snapshot strategy's progress table.
+	snapshot store.Table
 }
 
 func (c Config) tables() (tables, error) {
@@ -176,7 +186,13 @@ func (c Config) tables() (tables, error) {
 	if err != nil {
 		return tables{}, err
 	}
-	return tables{outbox: outbox, state: state, quarantine: quarantine}, nil
+	t := tables{outbox: outbox, state: state, quarantine: quarantine}
+	if c.Strategy == StrategySnapshot {
+		if t.snapshot, err = store.PollSnapshotTable(outbox); err != nil {
+			return tables{}, err
+		}
+	}
+	return t, nil
 }
 
 // Sinks makes the poller's sinks; publisher.Kafka is the real one.

@@ -28,6 +28,14 @@ type Metrics struct {
 	Claims        *prometheus.CounterVec
 	RowsClaimed   prometheus.Counter
 	InsertToAck   prometheus.Histogram
+
+	// The snapshot strategy's: how long ago its progress last moved, and
+	// how long the oldest transaction that holds a transaction id has been
+	// open (its rows, if any, are published once it commits; meanwhile it
+	// holds back vacuum, and every batch looks its id up).
+	SnapshotLag     prometheus.Gauge
+	SnapshotOldest  prometheus.Gauge
+	SnapshotWindows *prometheus.CounterVec
 }
 
 // NewMetrics registers the shared series and poll mode's own with reg;
@@ -46,6 +54,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Claims:           s.CounterVec("outbox_relay_poll_claims_total", "Claim statements run, by whether they found rows (rows, empty).", "result"),
 		RowsClaimed:      s.Counter("outbox_relay_poll_rows_claimed_total", "Rows claimed."),
 		InsertToAck:      s.Latency("outbox_relay_poll_insert_to_ack_seconds", "From the row's insert (a little before its commit) to Kafka's acknowledgement."),
+		SnapshotLag:      s.Gauge("outbox_relay_poll_snapshot_lag_seconds", "Snapshot strategy: seconds since its progress row last moved; it moves at least every --poll-interval while the poller keeps up."),
+		SnapshotOldest:   s.Gauge("outbox_relay_poll_snapshot_oldest_open_transaction_seconds", "Snapshot strategy: how long the oldest open transaction holding a transaction id (prepared ones included) has been open. Its rows are published once it commits, without holding back the rows of others."),
+		SnapshotWindows:  s.CounterVec("outbox_relay_poll_snapshot_windows_total", "Snapshot strategy: snapshots read, by whether their window held rows (rows, empty).", "result"),
+	}
+	for _, result := range []string{"rows", "empty"} {
+		m.SnapshotWindows.WithLabelValues(result)
 	}
 	for _, result := range []string{"rows", "empty"} {
 		m.Claims.WithLabelValues(result)

@@ -38,8 +38,14 @@ type Poller struct {
 	// at a time, use it.
 	dryRunAfter int64
 
+	// dryRunProgress is where a snapshot dry run printed to.
+	dryRunProgress *snapProgress
+
 	mu     sync.Mutex
 	status Status
+	// attempts counts the snapshot strategy's attempts per event id, for
+	// --max-attempts, across sessions.
+	attempts map[string]int
 }
 
 // Status is the poller's own view, served on /poll beside Stats.
@@ -139,6 +145,9 @@ func (s pollSource) SetState(state pipeline.State, err error) { s.p.setState(sta
 // batches are at most batchLimit bytes. polled says it got as far as
 // polling.
 func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err error) {
+	if p.cfg.Strategy == StrategySnapshot {
+		return p.snapshotSession(ctx, batchLimit)
+	}
 	if p.cfg.DryRun != nil {
 		return p.dryRunSession(ctx, &p.dryRunAfter)
 	}
@@ -154,13 +163,8 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	if err != nil {
 		return false, err
 	}
-	if err := pg.CheckNoWALRelay(ctx, conn, p.cfg.Postgres, p.cfg.Slot); err != nil {
+	if err := p.checkStart(ctx, conn); err != nil {
 		return false, err
-	}
-	if p.cfg.Retention.After > 0 {
-		if err := pg.CheckRetention(ctx, conn, p.cfg.Postgres); err != nil {
-			return false, err
-		}
 	}
 	if p.cfg.SessionCheck {
 		// On the claiming session: the lock lives exactly as long as the
@@ -179,20 +183,11 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	} else if n > 0 {
 		p.log.Info().Int64("rows", n).Str("worker_id", p.cfg.WorkerID).Msg("released this poller's earlier leases")
 	}
-	wake := make(chan struct{}, 1)
-	listenErr := make(chan error, 1)
-	if p.cfg.Notify {
-		listenCtx, stopListening := context.WithCancel(ctx)
-		stopped, err := p.listen(listenCtx, wake, listenErr)
-		if err != nil {
-			stopListening()
-			return false, err
-		}
-		defer func() {
-			stopListening()
-			<-stopped
-		}()
+	wake, listenErr, stopListening, err := p.startListening(ctx)
+	if err != nil {
+		return false, err
 	}
+	defer stopListening()
 
 	p.setState(pipeline.StatePolling, nil)
 	p.hooks.Running()
@@ -200,7 +195,11 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		Int("batch", p.cfg.Batch).Dur("lease", p.cfg.Lease).Bool("notify", p.cfg.Notify).Msg("polling")
 	houseErr := make(chan error, 1)
 	houseCtx, stopHousekeeping := context.WithCancel(ctx)
-	housekeeping, err := p.housekeep(houseCtx, houseErr)
+	housekeeping, err := p.housekeep(houseCtx, houseErr, func(conn *pgx.Conn) chores {
+		q := p.queriesOn(conn)
+		return chores{stats: func(ctx context.Context) error { return p.refreshStats(ctx, q) },
+			retain: func(ctx context.Context) error { return p.retain(ctx, q) }}
+	})
 	if err != nil {
 		stopHousekeeping()
 		return true, err
@@ -229,6 +228,18 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt,
 	}, f, pub)
 	return true, loop.Run(ctx)
+}
+
+// checkStart refuses to poll beside a WAL relay of the table, and checks
+// what retention needs when it is on.
+func (p *Poller) checkStart(ctx context.Context, conn *pgx.Conn) error {
+	if err := pg.CheckNoWALRelay(ctx, conn, p.cfg.Postgres, p.cfg.Slot); err != nil {
+		return err
+	}
+	if p.cfg.Retention.After > 0 {
+		return pg.CheckRetention(ctx, conn, p.cfg.Postgres)
+	}
+	return nil
 }
 
 // claimLoop claims batches and hands them to the engine through f until
@@ -333,17 +344,24 @@ func (p *Poller) dial(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// housekeep runs the statistics and retention on a connection of its own,
-// so that neither holds up a claim, until ctx ends. It reports a failure
-// on errc, and closes done once its goroutine is done. A statistics read
-// costs a pass over the backlog, so while the backlog is large it runs
-// less often: never more than a twentieth of the time.
-func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan struct{}, err error) {
+// chores are a session's periodic work on the housekeeping connection:
+// reading its statistics, and deleting old published rows.
+type chores struct {
+	stats, retain func(ctx context.Context) error
+}
+
+// housekeep runs the statistics and retention that chores makes for a
+// connection of its own, so that neither holds up a read, until ctx ends.
+// It reports a failure on errc, and closes done once its goroutine is
+// done. A statistics read may cost a pass over the backlog, so while the
+// backlog is large it runs less often: never more than a twentieth of the
+// time.
+func (p *Poller) housekeep(ctx context.Context, errc chan<- error, chores func(conn *pgx.Conn) chores) (done <-chan struct{}, err error) {
 	conn, err := p.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	q := p.queriesOn(conn)
+	work := chores(conn)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -360,12 +378,12 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error) (done <-chan 
 			now := time.Now()
 			var err error
 			if !now.Before(nextStats) {
-				err = p.refreshStats(ctx, q)
+				err = work.stats(ctx)
 				took := time.Since(now)
 				nextStats = now.Add(max(p.cfg.StatsInterval, 20*took))
 			}
 			if err == nil && p.cfg.Retention.After > 0 && !now.Before(nextRetention) {
-				err = p.retain(ctx, q)
+				err = work.retain(ctx)
 				nextRetention = now.Add(p.cfg.Retention.Interval)
 			}
 			if err != nil {
@@ -400,6 +418,26 @@ func (p *Poller) gather(ctx context.Context, lastClaim time.Time) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// startListening starts listen under --poll-notify: wake gets the
+// wake-ups, errs its failure, and stop ends it and waits for it. Without
+// --poll-notify nothing comes on either.
+func (p *Poller) startListening(ctx context.Context) (wake <-chan struct{}, errs <-chan error, stop func(), err error) {
+	wakeups, failures := make(chan struct{}, 1), make(chan error, 1)
+	if !p.cfg.Notify {
+		return wakeups, failures, func() {}, nil
+	}
+	listenCtx, stopListening := context.WithCancel(ctx)
+	stopped, err := p.listen(listenCtx, wakeups, failures)
+	if err != nil {
+		stopListening()
+		return nil, nil, nil, err
+	}
+	return wakeups, failures, func() {
+		stopListening()
+		<-stopped
+	}, nil
 }
 
 // listen opens a connection of its own that waits for the trigger's

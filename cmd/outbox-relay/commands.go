@@ -19,6 +19,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/migrations"
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
@@ -302,6 +303,9 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	source, err := validateSource(o)
 	if err != nil {
 		return usageError(stderr, "migrate", err, "")
+	}
+	if s := o.poll.Strategy; s != poll.StrategyLease && s != poll.StrategySnapshot {
+		return usageError(stderr, "migrate", fmt.Errorf("--poll-strategy %q: use %s or %s", s, poll.StrategyLease, poll.StrategySnapshot), "")
 	}
 	if o.pollExisting != "pending" && o.pollExisting != "published" {
 		return usageError(stderr, "migrate", fmt.Errorf("--poll-existing %q: use pending or published", o.pollExisting), "")

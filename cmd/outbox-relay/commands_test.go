@@ -156,6 +156,20 @@ func TestOnSlotLostRefusesWhatItCannotRecover(t *testing.T) {
 	}
 }
 
+// --poll-strategy takes lease or snapshot, on run and migrate alike, and
+// says so at start-up (exit 2).
+func TestPollStrategyIsChecked(t *testing.T) {
+	for _, args := range [][]string{
+		{"run", "--source", "poll", "--pg-dsn", deadDSN(t), "--kafka-brokers", "127.0.0.1:1", "--admin-addr", "", "--poll-strategy", "pgq"},
+		{"migrate", "--source", "poll", "--pg-dsn", deadDSN(t), "--poll-strategy", "pgq"},
+	} {
+		code, _, stderr := runCaptured(args...)
+		if code != exitUsage || !strings.Contains(stderr, `--poll-strategy "pgq": use lease or snapshot`) {
+			t.Errorf("%s: exit %d, want %d naming the strategies:\n%s", args[0], code, exitUsage, stderr)
+		}
+	}
+}
+
 // The settings every source shares are checked by one rule each, so both
 // sources refuse them the same way: the retention's and the policy for an
 // event the sink never accepts.

@@ -78,7 +78,7 @@ func commandFlags(command string) []flagGroup {
 	case "status":
 		// Kafka is optional here: with --kafka-brokers, status adds the
 		// progress kept in Kafka.
-		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, kafkaFlags, deliveryFlag, progressFlags}
+		return []flagGroup{sourceFlag, pollStrategyFlag, postgresFlags, layoutFlags, kafkaFlags, deliveryFlag, progressFlags}
 	case "quarantine list":
 		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, listFlags}
 	case "quarantine replay":

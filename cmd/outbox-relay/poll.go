@@ -17,25 +17,33 @@ import (
 	"github.com/outbox-relay/outbox-relay/relay"
 )
 
+// pollStrategyFlag is --poll-strategy, which run, migrate and status take.
+func pollStrategyFlag(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.poll.Strategy, "poll-strategy", o.poll.Strategy, "poll mode: lease (claim rows from a state table beside the outbox; several pollers share a table) or snapshot (read the rows of the transactions that became visible since the last snapshot published, as PgQ does: no write per event, one poller at a time with standbys); see docs/poll-mode.md")
+}
+
 func pollFlags(fs *flag.FlagSet, o *options) {
 	c := &o.poll
-	fs.IntVar(&c.Batch, "poll-batch", c.Batch, "poll mode: rows one claim takes")
-	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode: how long a claim keeps other pollers off its rows; must outlast a publish: at least 2 x (2 x --kafka-timeout + --kafka-retry-backoff-max)")
+	pollStrategyFlag(fs, o)
+	fs.IntVar(&c.Batch, "poll-batch", c.Batch, "poll mode: rows one claim (lease) or one page of a snapshot's rows (snapshot) takes")
+	fs.DurationVar(&c.Lease, "poll-lease", c.Lease, "poll mode, lease strategy: how long a claim keeps other pollers off its rows; must outlast a publish: at least 2 x (2 x --kafka-timeout + --kafka-retry-backoff-max)")
 	fs.DurationVar(&c.Interval, "poll-interval", c.Interval, "poll mode: how often an idle poller looks for rows when no notification woke it")
 	fs.DurationVar(&c.Tick, "poll-tick", c.Tick, "poll mode: least time between two claims while rows trickle in, so the commits within it go out together: less CPU on PostgreSQL per event for up to this much latency (0: claim at every wake-up)")
 	fs.BoolVar(&c.Notify, "poll-notify", c.Notify, "poll mode: wake on the trigger's NOTIFY at commit (turn off behind a transaction-mode pooler, which does not carry LISTEN)")
-	fs.BoolVar(&c.SessionCheck, "poll-session-check", c.SessionCheck, "poll mode: a lease is free as soon as the PostgreSQL session that took it is gone (its poller died), and a WAL relay sees that a poller runs; turn off behind a transaction-mode pooler, whose server sessions outlive the poller (leases then last --poll-lease)")
+	fs.BoolVar(&c.SessionCheck, "poll-session-check", c.SessionCheck, "poll mode, lease strategy: a lease is free as soon as the PostgreSQL session that took it is gone (its poller died), and a WAL relay sees that a poller runs; turn off behind a transaction-mode pooler, whose server sessions outlive the poller (leases then last --poll-lease)")
 	// The default is this process's host:pid, known only at run time: a
 	// flag.Func shows no default of its own, so -h prints the usage's
 	// "(default host:pid)" once instead of also this process's value.
-	fs.Func("poll-worker-id", "poll mode: this poller's `name` in its leases and on /poll, unique among the table's pollers; with --poll-session-check=false, a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)",
+	fs.Func("poll-worker-id", "poll mode, lease strategy: this poller's `name` in its leases and on /poll, unique among the table's pollers; with --poll-session-check=false, a stable one (e.g. the unit's instance) lets a restarted poller take back its own leases at once (default host:pid)",
 		func(v string) error { c.WorkerID = v; return nil })
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "poll mode: attempts of an event that keeps failing with retriable errors before it goes to the quarantine table")
-	fs.DurationVar(&c.BackoffMin, "poll-backoff-min", c.BackoffMin, "poll mode: first wait before an event's next attempt; doubled per attempt, with jitter")
-	fs.DurationVar(&c.BackoffMax, "poll-backoff-max", c.BackoffMax, "poll mode: longest wait between an event's attempts")
+	fs.DurationVar(&c.BackoffMin, "poll-backoff-min", c.BackoffMin, "poll mode, lease strategy: first wait before an event's next attempt; doubled per attempt, with jitter")
+	fs.DurationVar(&c.BackoffMax, "poll-backoff-max", c.BackoffMax, "poll mode, lease strategy: longest wait between an event's attempts")
 }
 
 func pollMigrateFlags(fs *flag.FlagSet, o *options) {
+	pollStrategyFlag(fs, o)
+	fs.BoolVar(&o.poll.Notify, "poll-notify", o.poll.Notify, "with --poll-strategy snapshot: put on the outbox the trigger whose NOTIFY wakes the poller at commit; false leaves it out (and drops it) for writers that use PREPARE TRANSACTION, which PostgreSQL refuses after a NOTIFY; the poller then looks every --poll-interval")
 	fs.StringVar(&o.pollExisting, "poll-existing", "pending", "with --source poll, the rows already in the outbox when poll mode first tracks them: pending (published again: duplicates, never loss) or published (another relay published them all, and is stopped)")
 }
 
@@ -91,6 +99,9 @@ func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	cfg := o.pollConfig(zerolog.Nop())
+	if cfg.Strategy == poll.StrategySnapshot {
+		return snapshotStatus(ctx, o, cfg, stdout, stderr)
+	}
 	stats, err := poll.ReadStatus(ctx, cfg)
 	if err != nil {
 		return failure(stderr, "status", err, cfg.Postgres.DSN)
@@ -104,6 +115,23 @@ func pollStatus(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		age := time.Since(*stats.OldestPending).Seconds()
 		report.OldestPendingAgeSeconds = &age
 	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(report)
+	return exitOK
+}
+
+// snapshotStatus is status --source poll --poll-strategy snapshot.
+func snapshotStatus(ctx context.Context, o *options, cfg poll.Config, stdout, stderr io.Writer) int {
+	st, err := poll.ReadSnapshotStatus(ctx, cfg)
+	if err != nil {
+		return failure(stderr, "status", err, cfg.Postgres.DSN)
+	}
+	report := struct {
+		Source   string `json:"source"`
+		Strategy string `json:"strategy"`
+		poll.SnapshotStatus
+	}{Source: o.source, Strategy: cfg.Strategy, SnapshotStatus: st}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	enc.Encode(report)

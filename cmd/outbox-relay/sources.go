@@ -13,6 +13,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/dryrun"
 	"github.com/outbox-relay/outbox-relay/messages"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/relay"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -68,7 +69,10 @@ func sources() []sourceSpec {
 			run:    runPoll,
 			dryRun: dryRunPoll,
 			status: pollStatus,
-			schema: func(_ *options, n *migrations.Names) { n.Poll = true },
+			schema: func(o *options, n *migrations.Names) {
+				n.Poll, n.PollSnapshot = o.poll.Strategy != poll.StrategySnapshot, o.poll.Strategy == poll.StrategySnapshot
+				n.PollSnapshotQuiet = n.PollSnapshot && !o.poll.Notify
+			},
 			// A team that polls may have no REPLICATION role to make one.
 			noSlot:      "poll mode needs no replication slot",
 			atLeastOnce: "a poller records what it published in PostgreSQL after Kafka's ack, and no Kafka transaction can include that write, so a crash between the two publishes the batch again; use --delivery at-least-once with consumers that dedupe by event_id",

@@ -185,7 +185,7 @@ func (n *systemdNotifier) observe(s pipeline.Status, now time.Time, backoffMax t
 		n.lastStatus = text
 		msgs = append(msgs, text)
 	}
-	if (s.State == pipeline.StateWaitingForSlot || s.State == pipeline.StateWaitingForPromotion) && !n.readySent {
+	if (s.State == pipeline.StateWaitingForSlot || s.State == pipeline.StateWaitingForLock || s.State == pipeline.StateWaitingForPromotion) && !n.readySent {
 		n.readySent = true
 		msgs = append([]string{"READY=1"}, msgs...)
 	}
@@ -206,7 +206,7 @@ func (n *systemdNotifier) loopTurning(s pipeline.Status, now time.Time, backoffM
 		in = 0 // the relay has not changed state since it was created
 	}
 	switch s.State {
-	case pipeline.StateBackingOff, pipeline.StateWaitingForSlot, pipeline.StateWaitingForPromotion:
+	case pipeline.StateBackingOff, pipeline.StateWaitingForSlot, pipeline.StateWaitingForLock, pipeline.StateWaitingForPromotion:
 		return in < backoffMax+watchdog
 	case pipeline.StateStarting, pipeline.StateConnecting:
 		return in < watchdog
@@ -221,7 +221,7 @@ func (n *systemdNotifier) loopTurning(s pipeline.Status, now time.Time, backoffM
 func statusText(s pipeline.Status) string {
 	text := string(s.State)
 	switch s.State {
-	case pipeline.StateWaitingForSlot:
+	case pipeline.StateWaitingForSlot, pipeline.StateWaitingForLock:
 		text = "standby: " + text
 		fallthrough
 	case pipeline.StateBackingOff, pipeline.StateWaitingForPromotion, pipeline.StateFailed:

@@ -386,6 +386,20 @@ func (p *Postgres) StopImmediate() error {
 	return p.stopLocked("immediate")
 }
 
+// ResetWAL runs pg_resetwal with args on the stopped cluster's data
+// directory, e.g. "-e", "1" to move the transaction id epoch on.
+func (p *Postgres) ResetWAL(args ...string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.serverRunning() {
+		return fmt.Errorf("pg_resetwal: the server is running; stop it first")
+	}
+	if out, err := p.pgRun("pg_resetwal", append(args, "-D", p.dataDir)...); err != nil {
+		return fmt.Errorf("pg_resetwal %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
 // Restart is Stop followed by Start.
 func (p *Postgres) Restart() error {
 	p.mu.Lock()

@@ -54,7 +54,7 @@ func printedRecords(t *testing.T, stdout string) []printedRecord {
 // temporary slot outlives the run), no poll row is claimed or marked, no
 // quarantine row is written, and Kafka gets no record and no topic.
 func TestDryRunPrintsRecordsAndWritesNothing(t *testing.T) {
-	for _, source := range []string{"wal", "messages", "poll"} {
+	for _, source := range []string{"wal", "messages", "poll", "poll-snapshot"} {
 		t.Run(source, func(t *testing.T) { testDryRun(t, source) })
 	}
 }
@@ -82,6 +82,11 @@ func testDryRun(t *testing.T, source string) {
 		e.Migrate()
 		slot = ""
 		args = e.Args("run", "--dry-run")
+	case "poll-snapshot":
+		e.Source = "poll"
+		e.Migrate("--poll-strategy", "snapshot")
+		slot = ""
+		args = e.Args("run", "--dry-run", "--poll-strategy", "snapshot")
 	}
 	// One topic exists, so its records name their partition; the others
 	// do not, and the dry run must not create them.
@@ -96,7 +101,9 @@ func testDryRun(t *testing.T, source string) {
 	}
 	conn := e.DB.Connect(t)
 	payload := func(n, agg int) string { return fmt.Sprintf(`{"n": %d, "agg": %d}`, n, agg) }
-	if source == "poll" {
+	polls := strings.HasPrefix(source, "poll")
+	progressBefore := ""
+	if polls {
 		// Rows pending before the dry run starts are printed too.
 		if err := e.WriteNumbered(conn, 0, 4, 3, 5, payload); err != nil {
 			t.Fatal(err)
@@ -106,8 +113,11 @@ func testDryRun(t *testing.T, source string) {
 	dry := harness.StartProcessSplit(t, e.Bin, args, []string{harness.LogLevelInfo})
 	dry.WaitForOutput(t, "dry run: printing", time.Minute)
 	first := 0
-	if source == "poll" {
+	if polls {
 		first = 12
+	}
+	if source == "poll-snapshot" {
+		progressBefore = e.DB.QueryString(t, "SELECT row(s.*)::text FROM outbox_events_poll_snapshot s")
 	}
 	if err := e.WriteNumbered(conn, first, 6, 3, 5, payload); err != nil {
 		t.Fatal(err)
@@ -154,7 +164,7 @@ func testDryRun(t *testing.T, source string) {
 	for i, id := range ids {
 		r := printed[i]
 		n := first + i
-		if source == "poll" {
+		if polls {
 			n = i
 		}
 		ev := harness.NumberedEvent(n, n%5, payload(n, n%5))
@@ -195,6 +205,11 @@ func testDryRun(t *testing.T, source string) {
 		if n := e.DB.QueryInt64(t, `SELECT count(*) FROM outbox_events_poll
 			WHERE published_at IS NOT NULL OR lease_holder IS NOT NULL OR attempts > 0 OR quarantined_at IS NOT NULL`); n != 0 {
 			t.Errorf("%d poll state rows were claimed or marked", n)
+		}
+	}
+	if source == "poll-snapshot" {
+		if after := e.DB.QueryString(t, "SELECT row(s.*)::text FROM outbox_events_poll_snapshot s"); after != progressBefore {
+			t.Errorf("the snapshot strategy's progress row changed from %s to %s", progressBefore, after)
 		}
 	}
 	if n := e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine"); n != 0 {

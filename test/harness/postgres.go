@@ -130,6 +130,15 @@ func (p *Postgres) StopImmediate(t testing.TB) {
 	}
 }
 
+// ResetWAL runs pg_resetwal with args on the stopped cluster, e.g. "-e",
+// "1" to move the transaction id epoch on.
+func (p *Postgres) ResetWAL(t testing.TB, args ...string) {
+	t.Helper()
+	if err := p.local.ResetWAL(args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Restart is Stop followed by Start.
 func (p *Postgres) Restart(t testing.TB) {
 	t.Helper()

@@ -20,7 +20,8 @@ import (
 var cluster *harness.Postgres
 
 func TestMain(m *testing.M) {
-	harness.MainWithPostgres(m, harness.PGOptions{}, func(pg *harness.Postgres) { cluster = pg })
+	// Prepared transactions: the snapshot strategy's tests prepare some.
+	harness.MainWithPostgres(m, harness.PGOptions{Settings: map[string]string{"max_prepared_transactions": "10"}}, func(pg *harness.Postgres) { cluster = pg })
 }
 
 // partitions is the partition count of every auto-created topic.

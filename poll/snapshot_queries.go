@@ -1,0 +1,347 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outbox-relay/outbox-relay/event"
+	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
+	"github.com/outbox-relay/outbox-relay/store"
+)
+
+// snapProgress is the snapshot strategy's progress row: every row whose
+// transaction is visible in Done is in Kafka; Window, when set, is the
+// snapshot being published, up to sequence number AfterSeq; and while
+// Existing is set, the rows from before the strategy (no transaction id)
+// are published first, in (created at, event id) order after
+// ExistingAfter.
+type snapProgress struct {
+	Done     string
+	Window   string
+	AfterSeq int64
+	Existing bool
+	// ExistingAfter is the last row from before the strategy published:
+	// its insert time (zero without that column) and event id.
+	ExistingAfterCreated time.Time
+	ExistingAfterID      string
+	UpdatedAt            time.Time
+}
+
+// windowSQL reads the rows of the transactions that became visible between
+// snapshot $1 and snapshot $2, after sequence number $3, in insertion
+// order. Those transactions are the ones $1 saw in progress, and those
+// that began at or after $1's xmax, that $2 sees committed: each part is
+// one lookup of the transaction id index (PgQ's batch query), however old
+// $1's oldest open transaction is. A transaction that commits late is in
+// the window in which it becomes visible, never behind a high-water mark.
+const windowSQL = `
+SELECT w.* FROM (
+    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+    WHERE o.{{xid}} = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
+      AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
+    UNION ALL
+    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+    WHERE o.{{xid}} >= pg_snapshot_xmax($1::pg_snapshot) AND o.{{xid}} < pg_snapshot_xmax($2::pg_snapshot)
+      AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
+) w ORDER BY 1`
+
+// existingSQL reads the rows from before the strategy, oldest first, after
+// the row ($1, $2).
+const existingSQL = `
+SELECT 0::bigint, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+WHERE o.{{xid}} IS NULL AND {{existing_after}}
+ORDER BY {{existing_order}}`
+
+// gaugesSQL reads what snapshotGauges reports. The backlog is the
+// committed rows the progress does not cover: those of its in-progress
+// transactions and later ones (an index range from its xmin), and the rows
+// from before the strategy while they are still to publish.
+const gaugesSQL = `
+SELECT extract(epoch FROM now() - s.updated_at)::float8,
+    coalesce(extract(epoch FROM now() - least(
+        (SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
+        (SELECT min(prepared) FROM pg_prepared_xacts)))::float8, 0),
+    w.n + CASE WHEN s.existing_pending THEN (SELECT count(*) FROM {{outbox}} o WHERE o.{{xid}} IS NULL) ELSE 0 END,
+    least(w.oldest, CASE WHEN s.existing_pending THEN (SELECT min({{created}}) FROM {{outbox}} o WHERE o.{{xid}} IS NULL) END)
+FROM {{snapshot}} s
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min({{created}}) AS oldest FROM {{outbox}} o
+    WHERE o.{{xid}} >= pg_snapshot_xmin(s.done) AND NOT pg_visible_in_snapshot(o.{{xid}}, s.done)
+      AND pg_xact_status(o.{{xid}}) = 'committed'
+) w`
+
+// snapQueries are the snapshot strategy's statements on an outbox table.
+type snapQueries struct {
+	t             tables
+	layout        *layout.Layout
+	window        string
+	existing      string
+	gauges        string
+	payloadBinary bool
+	// hasCreated says the table has the insert-time column.
+	hasCreated bool
+}
+
+// newSnapQueries checks what `migrate --poll-strategy snapshot` creates
+// and the privileges the poller needs, and builds the statements.
+func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout) (*snapQueries, error) {
+	if err := checkSnapTables(ctx, conn, t); err != nil {
+		return nil, err
+	}
+	columns, payloadBinary, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
+	if err != nil {
+		return nil, err
+	}
+	var hasCreated bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+		t.outbox.Quoted(), l.Column(layout.CreatedAt)).Scan(&hasCreated); err != nil {
+		return nil, fmt.Errorf("look up %s's columns: %w", t.outbox, err)
+	}
+	eventID := "o." + quoteIdent(l.Column(layout.EventID))
+	created, after, order := "NULL::timestamptz", eventID+"::text > $1::text", eventID+"::text"
+	if hasCreated {
+		c := "o." + quoteIdent(l.Column(layout.CreatedAt))
+		created = c
+		after = "(" + c + ", " + eventID + "::text) > ($1::timestamptz, $2::text)"
+		order = c + ", " + eventID + "::text"
+	}
+	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{columns}}", columns, "{{created}}", created,
+		"{{event_id}}", quoteIdent(l.Column(layout.EventID)), "{{xid}}", quoteIdent(store.SnapshotXidColumn),
+		"{{seq}}", quoteIdent(store.SnapshotSeqColumn), "{{existing_after}}", after, "{{existing_order}}", order)
+	return &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL),
+		payloadBinary: payloadBinary, hasCreated: hasCreated}, nil
+}
+
+// existingAfter are existingSQL's arguments: the last row from before the
+// strategy published, or nothing yet.
+func (q *snapQueries) existingAfter(p snapProgress) []any {
+	if !q.hasCreated {
+		return []any{p.ExistingAfterID}
+	}
+	if p.ExistingAfterID == "" {
+		return []any{"-infinity", ""}
+	}
+	return []any{p.ExistingAfterCreated, p.ExistingAfterID}
+}
+
+func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+// checkSnapTables names what migrate would have created and is missing,
+// and the privileges the poller lacks.
+func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
+	if err := pg.RequireSchemaUsage(ctx, conn, t.outbox.Schema, t.snapshot.Schema, t.quarantine.Schema); err != nil {
+		return err
+	}
+	var progress, columns, defaults bool
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+		(SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname IN ($3, $4) AND NOT attisdropped),
+		(SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4))`,
+		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.SnapshotSeqColumn).Scan(&progress, &columns, &defaults)
+	if err != nil {
+		return fmt.Errorf("look up the snapshot strategy's tables: %w", err)
+	}
+	if !progress || !columns || !defaults {
+		return fmt.Errorf("%w: the snapshot strategy's progress table %s, or the columns %s and %s of %s with their defaults, are missing: rows inserted now would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner",
+			pg.ErrPrecondition, t.snapshot, store.SnapshotXidColumn, store.SnapshotSeqColumn, t.outbox)
+	}
+	for _, need := range []struct {
+		table store.Table
+		privs []string
+	}{
+		{t.outbox, []string{"SELECT"}},
+		{t.snapshot, []string{"SELECT", "UPDATE"}},
+		{t.quarantine, []string{"SELECT", "INSERT", "UPDATE"}},
+	} {
+		if err := pg.RequireTablePrivileges(ctx, conn, need.table.Quoted(), need.privs, "poll mode's snapshot strategy"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leaseTriggerLeft says whether the lease strategy's trigger still writes
+// a state row per event into the table, which the snapshot strategy does
+// not read.
+func leaseTriggerLeft(ctx context.Context, conn *pgx.Conn, t tables) (bool, error) {
+	state, err := store.PollStateTable(t.outbox)
+	if err != nil {
+		return false, nil // no such name can exist
+	}
+	var left bool
+	err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled <> 'D')",
+		t.outbox.Quoted(), state.Name+"_track").Scan(&left)
+	if err != nil {
+		return false, fmt.Errorf("look up the lease strategy's trigger: %w", err)
+	}
+	return left, nil
+}
+
+// readSnapProgress reads the progress row.
+func readSnapProgress(ctx context.Context, conn *pgx.Conn, t tables) (snapProgress, error) {
+	var p snapProgress
+	var window, afterID *string
+	var afterSeq *int64
+	var afterCreated *time.Time
+	err := conn.QueryRow(ctx, `SELECT done::text, window_end::text, window_after_seq, existing_pending, existing_after_created,
+		existing_after_id, updated_at FROM `+t.snapshot.Quoted()).Scan(&p.Done, &window, &afterSeq, &p.Existing, &afterCreated, &afterID, &p.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, fmt.Errorf("%w: the snapshot strategy's progress table %s has no row: run `outbox-relay migrate --source poll --poll-strategy snapshot`, which writes it",
+			pg.ErrPrecondition, t.snapshot)
+	}
+	if err != nil {
+		return p, fmt.Errorf("read the snapshot strategy's progress from %s: %w", t.snapshot, err)
+	}
+	if window != nil {
+		p.Window = *window
+	}
+	if afterSeq != nil {
+		p.AfterSeq = *afterSeq
+	}
+	if afterCreated != nil {
+		p.ExistingAfterCreated = *afterCreated
+	}
+	if afterID != nil {
+		p.ExistingAfterID = *afterID
+	}
+	return p, nil
+}
+
+// writeSnapProgress stores p as the progress row.
+func writeSnapProgress(ctx context.Context, conn *pgx.Conn, t tables, p snapProgress) error {
+	var window, afterID *string
+	var afterSeq *int64
+	var afterCreated *time.Time
+	if p.Window != "" {
+		window, afterSeq = &p.Window, &p.AfterSeq
+	}
+	if p.Existing && p.ExistingAfterID != "" {
+		afterID = &p.ExistingAfterID
+		if !p.ExistingAfterCreated.IsZero() {
+			afterCreated = &p.ExistingAfterCreated
+		}
+	}
+	tag, err := conn.Exec(ctx, `UPDATE `+t.snapshot.Quoted()+` SET done = $1::pg_snapshot, window_end = $2::pg_snapshot, window_after_seq = $3,
+		existing_pending = $4, existing_after_created = $5, existing_after_id = $6, updated_at = now()`,
+		p.Done, window, afterSeq, p.Existing, afterCreated, afterID)
+	if err != nil {
+		return fmt.Errorf("record the snapshot strategy's progress in %s: %w", t.snapshot, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("%w: the snapshot strategy's progress row in %s is gone: run `outbox-relay migrate --source poll --poll-strategy snapshot`",
+			pg.ErrPrecondition, t.snapshot)
+	}
+	return nil
+}
+
+// snapRow is one outbox row a batch read.
+type snapRow struct {
+	seq     int64
+	created time.Time // zero without the column
+	eventID string
+	ev      event.Event
+}
+
+// scanSnapRow reads one row of windowSQL or existingSQL: three fixed
+// columns, then the event's, all text or NULL. The event's values are
+// copied from the row's raw text into one buffer: decoding each into a Go
+// value first took two allocations a column.
+func scanSnapRow(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (snapRow, error) {
+	var r snapRow
+	raw := rows.RawValues()
+	fields := rows.FieldDescriptions()
+	const fixed = 3
+	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
+	if len(raw) != fixed+eventColumns {
+		return r, fmt.Errorf("read outbox row: %d columns, want %d", len(raw), fixed+eventColumns)
+	}
+	types := rows.Conn().TypeMap()
+	var created pgtype.Timestamptz
+	for i, dst := range []any{&r.seq, &created, &r.eventID} {
+		if err := types.Scan(fields[i].DataTypeOID, fields[i].Format, raw[i], dst); err != nil {
+			return r, fmt.Errorf("read outbox row: column %d: %w", i+1, err)
+		}
+	}
+	if created.Valid {
+		r.created = created.Time
+	}
+	size := 0
+	for i, v := range raw[fixed:] {
+		if fields[fixed+i].DataTypeOID != pgtype.TextOID {
+			return r, fmt.Errorf("read outbox row: column %d is of type %d, want text", fixed+i+1, fields[fixed+i].DataTypeOID)
+		}
+		size += len(v)
+	}
+	buf := make([]byte, 0, size)
+	text := make([][]byte, eventColumns)
+	for i, v := range raw[fixed:] {
+		if v != nil { // NULL stays nil, an empty value does not
+			start := len(buf)
+			buf = append(buf, v...)
+			text[i] = buf[start:len(buf):len(buf)]
+		}
+	}
+	r.ev = event.OfColumns(l, text)
+	r.ev.PayloadBinary = payloadBinary
+	// As in the lease strategy: no commit time, the insert's instead.
+	r.ev.CommitTime = r.created
+	r.ev.Position = uint64(r.seq)
+	return r, nil
+}
+
+// SnapshotStatus is the snapshot strategy's progress, for the status
+// command.
+type SnapshotStatus struct {
+	// Done is the last snapshot whose transactions' rows are in Kafka.
+	Done string `json:"done_snapshot"`
+	// Window is the snapshot being published, up to WindowAfterSeq.
+	Window         string `json:"window_snapshot,omitempty"`
+	WindowAfterSeq int64  `json:"window_after_seq,omitempty"`
+	// ExistingPending: rows from before the strategy are still being
+	// published, first.
+	ExistingPending bool      `json:"existing_rows_pending"`
+	UpdatedAt       time.Time `json:"updated_at"`
+	// LagSeconds is how long ago the progress was last stored: at least
+	// every 10 s while the poller keeps up.
+	LagSeconds float64 `json:"lag_seconds"`
+	// Pending counts the committed rows Done does not cover: not
+	// published yet, or published since the progress was last stored.
+	Pending int64 `json:"pending_rows"`
+}
+
+// ReadSnapshotStatus reads the snapshot strategy's progress on a
+// short-lived connection; it needs no running poller.
+func ReadSnapshotStatus(ctx context.Context, cfg Config) (SnapshotStatus, error) {
+	t, err := cfg.tables()
+	if err != nil {
+		return SnapshotStatus{}, err
+	}
+	conn, err := pg.Dial(ctx, cfg.Postgres)
+	if err != nil {
+		return SnapshotStatus{}, err
+	}
+	defer conn.Close(context.Background())
+	q, err := newSnapQueries(ctx, conn, t, cfg.Postgres.OutboxLayout())
+	if err != nil {
+		return SnapshotStatus{}, err
+	}
+	p, err := readSnapProgress(ctx, conn, t)
+	if err != nil {
+		return SnapshotStatus{}, err
+	}
+	st := SnapshotStatus{Done: p.Done, Window: p.Window, WindowAfterSeq: p.AfterSeq, ExistingPending: p.Existing,
+		UpdatedAt: p.UpdatedAt, LagSeconds: time.Since(p.UpdatedAt).Seconds()}
+	var lag, oldest float64
+	var oldestPending *time.Time
+	if err := conn.QueryRow(ctx, q.gauges).Scan(&lag, &oldest, &st.Pending, &oldestPending); err != nil {
+		return st, fmt.Errorf("count the rows the snapshot strategy has not published: %w", err)
+	}
+	return st, nil
+}
