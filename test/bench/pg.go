@@ -12,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/migrations"
+	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -66,13 +67,13 @@ $$`
 // createDB creates a database with the outbox schema and the fill
 // procedure, and returns its DSN.
 func (b *bench) createDB(ctx context.Context, name string) (string, error) {
-	return createDatabase(ctx, b.pg, name, false)
+	return createDatabase(ctx, b.pg, name, "")
 }
 
 // createDatabase creates database name on pg with the outbox schema (and
-// poll mode's state table and trigger when poll is set) and the fill
+// what poll mode's strategy pollStrategy needs, if set) and the fill
 // procedure, and returns its DSN.
-func createDatabase(ctx context.Context, pg *harness.Postgres, name string, poll bool) (string, error) {
+func createDatabase(ctx context.Context, pg *harness.Postgres, name string, pollStrategy string) (string, error) {
 	admin, err := pgx.Connect(ctx, pg.DSN("postgres"))
 	if err != nil {
 		return "", err
@@ -90,7 +91,9 @@ func createDatabase(ctx context.Context, pg *harness.Postgres, name string, poll
 		return "", err
 	}
 	defer conn.Close(context.Background())
-	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication, Poll: poll}); err != nil {
+	names := migrations.Names{Schema: "public", Table: "outbox_events", Publication: publication,
+		Poll: pollStrategy == poll.StrategyLease, PollSnapshot: pollStrategy == poll.StrategySnapshot}
+	if _, err := migrations.Apply(ctx, conn, names); err != nil {
 		return "", err
 	}
 	for _, proc := range []string{fillProcedure, fillMessagesProcedure} {

@@ -172,7 +172,7 @@ func unmeasured(r Results, rows int, md, hist string) []string {
 		}
 	}
 
-	out = append(out, unmeasuredSources(r.Poll, "poll", []string{"wal", "poll"}, rows)...)
+	out = append(out, unmeasuredSources(r.Poll, "poll", []string{"wal", sourcePollLease, sourcePollSnapshot}, rows)...)
 	out = append(out, unmeasuredSources(r.Messages, "messages", []string{"wal", "messages"}, rows)...)
 	out = append(out, unmeasuredTracing(r.Tracing, rows)...)
 
@@ -212,7 +212,7 @@ func unmeasuredSources(p *PollResult, part string, sources []string, rows int) [
 		sized, idled := false, false
 		for _, s := range p.Sizes {
 			// The messages source has no outbox rows to count or size.
-			sized = sized || s.Source == source && (source == "messages" || s.Events > int64(rows) && s.OutboxBytes > 0) && (source != "poll" || s.StateBytes > 0)
+			sized = sized || s.Source == source && (source == "messages" || s.Events > int64(rows) && s.OutboxBytes > 0) && (pollStrategies[source] == "" || s.StateBytes > 0)
 		}
 		for _, i := range p.Idle {
 			idled = idled || i.Source == source && i.Seconds > 0 && i.PostgresCPUMsPS > 0

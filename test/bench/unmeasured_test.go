@@ -36,7 +36,7 @@ func measuredResults(rows int) Results {
 	for _, c := range inboxConsumers {
 		r.Inbox = append(r.Inbox, InboxResult{Broker: "kfake", Consumer: c.name, Events: rows, Seconds: 1, EventsPerSec: float64(rows), RatioToNaive: 1})
 	}
-	for _, source := range []string{"wal", "poll"} {
+	for _, source := range []string{"wal", sourcePollLease, sourcePollSnapshot} {
 		r.Poll = pollResultWith(r.Poll, source, rows)
 	}
 	for _, source := range []string{"wal", "messages"} {
@@ -60,7 +60,7 @@ func pollResultWith(p *PollResult, source string, rows int) *PollResult {
 		PollRun{Source: source, Phase: "500/s", Events: 1000, EventsPerSec: 500, P99Ms: 9, RelayCPUUsPerEvent: 40, PostgresCPUUsPerEvent: 60, WALBytesPerEvent: 900},
 		PollRun{Source: source, Phase: "catch-up", Events: rows, EventsPerSec: 9000, RelayCPUUsPerEvent: 20, PostgresCPUUsPerEvent: 30, WALBytesPerEvent: 100, FillWALBytesPerEvent: 700})
 	state := int64(0)
-	if source == "poll" {
+	if pollStrategies[source] != "" {
 		state = 8192
 	}
 	p.Sizes = append(p.Sizes, PollSize{Source: source, Events: int64(rows) + 1000, OutboxBytes: 1 << 20, StateBytes: state})
