@@ -274,8 +274,10 @@ func scanSnapRow(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (snapRow, 
 	}
 	size := 0
 	for i, v := range raw[fixed:] {
-		if fields[fixed+i].DataTypeOID != pgtype.TextOID {
-			return r, fmt.Errorf("read outbox row: column %d is of type %d, want text", fixed+i+1, fields[fixed+i].DataTypeOID)
+		// The layout casts every column that is not text or varchar,
+		// whose binary form is their text.
+		if oid := fields[fixed+i].DataTypeOID; oid != pgtype.TextOID && oid != pgtype.VarcharOID {
+			return r, fmt.Errorf("read outbox row: column %d is of type %d, want text or varchar", fixed+i+1, oid)
 		}
 		size += len(v)
 	}

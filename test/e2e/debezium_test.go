@@ -186,25 +186,35 @@ func TestDebeziumLayoutPublishesRouterRecords(t *testing.T) {
 	}
 }
 
-// Poll mode reads a Debezium table through the same mapping: the trigger
-// and the claim use its columns (id, aggregatetype, aggregateid), and the
-// records are the router's, byte for byte as the WAL path sends them.
+// Poll mode reads a Debezium table through the same mapping, with either
+// strategy: the lease strategy's trigger and claim, or the snapshot
+// strategy's columns added to that table, use its columns (id,
+// aggregatetype, aggregateid), and the records are the router's, byte for
+// byte as the WAL path sends them. A row written before migrate is
+// published too.
 func TestDebeziumLayoutPollMode(t *testing.T) {
-	e := newEnv(t)
-	e.DB.Exec(t, debeziumTable)
-	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
-		('order', 'o-1', 'OrderPlaced', '{"total": 12.5}', 'acme')`) // before migrate: tracked by it
-	harness.Migrate(t, e.Bin, []string{"migrate", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--outbox-layout", "debezium", "--header-columns", "tenant"})
-	p := harness.StartProcess(t, e.Bin, []string{"run", "--source", "poll", "--pg-dsn", e.DB.DSN(), "--kafka-brokers", e.Kafka.BrokerList(),
-		"--admin-addr", "", "--outbox-layout", "debezium", "--header-columns", "tenant"}, []string{harness.LogLevelInfo})
-	p.WaitForOutput(t, `"message":"polling"`, time.Minute)
-	e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
-		('order', 'o-1', 'OrderPaid', NULL, 'acme'),
-		('customer', 'c-1', 'Nothing', 'null', NULL)`)
-	e.checkRouterRecords()
-	harness.WaitFor(t, 30*time.Second, "every row marked published", func() bool {
-		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
-	})
+	for _, strategy := range []string{"lease", "snapshot"} {
+		t.Run(strategy, func(t *testing.T) {
+			e := newEnv(t)
+			e.DB.Exec(t, debeziumTable)
+			e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+				('order', 'o-1', 'OrderPlaced', '{"total": 12.5}', 'acme')`) // before migrate: tracked by it
+			flags := []string{"--pg-dsn", e.DB.DSN(), "--source", "poll", "--poll-strategy", strategy, "--outbox-layout", "debezium", "--header-columns", "tenant"}
+			harness.Migrate(t, e.Bin, append([]string{"migrate"}, flags...))
+			p := harness.StartProcess(t, e.Bin, append([]string{"run", "--kafka-brokers", e.Kafka.BrokerList(), "--admin-addr", ""}, flags...),
+				[]string{harness.LogLevelInfo})
+			p.WaitForOutput(t, `"message":"polling"`, time.Minute)
+			e.DB.Exec(t, `INSERT INTO outbox_events (aggregatetype, aggregateid, type, payload, tenant) VALUES
+				('order', 'o-1', 'OrderPaid', NULL, 'acme'),
+				('customer', 'c-1', 'Nothing', 'null', NULL)`)
+			e.checkRouterRecords()
+			if strategy == "lease" {
+				harness.WaitFor(t, 30*time.Second, "every row marked published", func() bool {
+					return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
+				})
+			}
+		})
+	}
 }
 
 // Poll-mode retention on a Debezium table deletes published rows by the
