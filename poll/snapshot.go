@@ -60,7 +60,7 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 		return false, err
 	} else if left {
 		p.log.Warn().Str("table", p.t.outbox.String()).
-			Msg("the lease strategy's trigger still writes a state row per event, which the snapshot strategy does not read: once no lease poller runs, drop it (DROP TRIGGER ... ON the outbox table; see docs/poll-mode.md)")
+			Msg("the lease strategy's trigger still writes a state row per event, which the snapshot strategy does not read: once no lease poller runs, drop it (DROP TRIGGER ... ON the outbox table; see docs/poll-snapshot.md)")
 	}
 	progress, err := readSnapProgress(ctx, ctl, p.t)
 	if err != nil {
