@@ -41,11 +41,13 @@ type Poller struct {
 	// dryRunProgress is where a snapshot dry run printed to.
 	dryRunProgress *snapProgress
 
+	// failedAttempts counts the snapshot strategy's failed attempts per
+	// event id, for --max-attempts, across sessions. Only the engine's
+	// goroutine of the one session running touches it.
+	failedAttempts map[string]int
+
 	mu     sync.Mutex
 	status Status
-	// attempts counts the snapshot strategy's attempts per event id, for
-	// --max-attempts, across sessions.
-	attempts map[string]int
 }
 
 // Status is the poller's own view, served on /poll beside Stats.

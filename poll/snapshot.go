@@ -84,7 +84,7 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 	defer stopListening()
 	readCtx, stopReads := context.WithCancel(ctx)
 	defer stopReads()
-	src := &snapSource{p: p, q: q, ctl: ctl, stored: progress, storedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
+	src := &snapSource{p: p, ctl: ctl, stored: progress, storedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
 		reader: &snapReader{conn: read, q: q, batch: p.cfg.Batch, pos: progress}, wake: wake, listenErr: listenErr}
 	loopCfg := engine.Config{Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout, MaxAttempts: p.cfg.MaxAttempts,
 		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt}
@@ -251,7 +251,6 @@ func (p *Poller) snapshotRetain(ctx context.Context, conn *pgx.Conn) error {
 // events are sent twice: re-delivery is bounded by one page).
 type snapSource struct {
 	p      *Poller
-	q      *snapQueries
 	ctl    *pgx.Conn
 	reader *snapReader
 	dryRun bool
@@ -328,7 +327,7 @@ func (s *snapSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 	for i := range rows {
 		r := &rows[i]
 		r.ev.Txn = s.base + engine.Position(i)
-		s.events = append(s.events, engine.Event{Event: &r.ev, Attempts: s.p.attempt(r.eventID)})
+		s.events = append(s.events, engine.Event{Event: &r.ev, Attempts: 1 + s.p.failedAttempts[r.eventID]})
 	}
 	s.unsettled, s.failed, s.firstFailure = len(rows), 0, ""
 	if len(rows) == s.reader.batch {
@@ -420,10 +419,13 @@ func (s *snapSource) Settle(pos engine.Position, f engine.Fate) error {
 	switch {
 	case f.Acked:
 		s.p.metrics.observeAck(f.Delivery, r.created)
-		s.p.forget(r.eventID)
+		s.p.settled(r.eventID)
 	case f.Quarantined:
-		s.p.forget(r.eventID)
+		s.p.settled(r.eventID)
 	default:
+		if f.Err != nil {
+			s.p.failedAttempt(r.eventID)
+		}
 		if s.failed++; s.firstFailure == "" {
 			s.firstFailure = "never sent"
 			if f.Err != nil {
@@ -499,23 +501,22 @@ func (s *snapSource) Close(bool) {
 	s.reader.close()
 }
 
-// attempt counts one more attempt of an event, for --max-attempts; the
-// count lives as long as the process, across sessions.
-func (p *Poller) attempt(eventID string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.attempts == nil {
-		p.attempts = map[string]int{}
+// failedAttempt counts a failed attempt of an event, for --max-attempts:
+// the next read of its page sends it as attempt count+1. Only events of a
+// failed page are counted, so the map is empty while Kafka takes
+// everything and costs each event one lookup.
+func (p *Poller) failedAttempt(eventID string) {
+	if p.failedAttempts == nil {
+		p.failedAttempts = map[string]int{}
 	}
-	p.attempts[eventID]++
-	return p.attempts[eventID]
+	p.failedAttempts[eventID]++
 }
 
-// forget drops an event's count once it is settled for good.
-func (p *Poller) forget(eventID string) {
-	p.mu.Lock()
-	delete(p.attempts, eventID)
-	p.mu.Unlock()
+// settled drops an event's count once it is acked or quarantined.
+func (p *Poller) settled(eventID string) {
+	if len(p.failedAttempts) > 0 {
+		delete(p.failedAttempts, eventID)
+	}
 }
 
 // snapReader reads pages of windows through a cursor, on a connection of
@@ -610,7 +611,7 @@ func (r *snapReader) fetch(ctx context.Context) ([]snapRow, error) {
 		return nil, fmt.Errorf("read the window's rows from %s: %w", r.q.t.outbox, err)
 	}
 	defer rows.Close()
-	var out []snapRow
+	out := make([]snapRow, 0, r.batch)
 	for rows.Next() {
 		row, err := scanSnapRow(rows, r.q.layout, r.q.payloadBinary)
 		if err != nil {

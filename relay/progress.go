@@ -258,15 +258,15 @@ func (p *progressKeeper) written(rec progress.Record) {
 
 func (p *progressKeeper) noteRecord(rec progress.Record) {
 	p.report.LSN, p.report.Timeline = rec.LSN.String(), rec.Timeline
-	p.report.CommitTime, p.report.RecoverySince = nil, nil
-	if !rec.CommitTime.IsZero() {
-		t := rec.CommitTime
-		p.report.CommitTime = &t
+	p.report.CommitTime, p.report.RecoverySince = timeOrNil(rec.CommitTime), timeOrNil(rec.RecoverySince)
+}
+
+// timeOrNil is t for a JSON report, nil (left out) when t is zero.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
 	}
-	if !rec.RecoverySince.IsZero() {
-		t := rec.RecoverySince
-		p.report.RecoverySince = &t
-	}
+	return &t
 }
 
 // feed is the at-least-once writer's part in the session resume just
@@ -417,14 +417,9 @@ func ReadProgress(ctx context.Context, cfg Config, slotStart lsn.LSN) (*Progress
 	if found {
 		stored = &rec
 		rep.LSN, rep.RecordTLI, rep.WrittenBy = rec.LSN.String(), rec.Timeline, rec.Delivery
-		if !rec.CommitTime.IsZero() {
-			t := rec.CommitTime
-			rep.CommitTime = &t
-			rep.AgeSeconds = time.Since(t).Seconds()
-		}
-		if !rec.RecoverySince.IsZero() {
-			t := rec.RecoverySince
-			rep.RecoverySince = &t
+		rep.CommitTime, rep.RecoverySince = timeOrNil(rec.CommitTime), timeOrNil(rec.RecoverySince)
+		if rep.CommitTime != nil {
+			rep.AgeSeconds = time.Since(rec.CommitTime).Seconds()
 		}
 	}
 	d, err := decideStart(slotStart, false, stored, sys, false)

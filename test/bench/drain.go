@@ -289,11 +289,7 @@ func (b *bench) startRelay(dsn, slot string, br *broker, topic string, v variant
 	}
 	args = append(args, strings.Fields(b.o.extraRelayArg)...)
 	args = append(args, extra...)
-	bin := b.relayBin
-	if v.bin != "" {
-		bin = v.bin
-	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(b.binOf(v), args...)
 	// The bench's own environment must not configure the relay.
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "OUTBOX_RELAY_") {

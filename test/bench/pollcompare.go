@@ -179,13 +179,17 @@ func (b *bench) compareSources(ctx context.Context, part string, sources []strin
 	return res, nil
 }
 
+// binOf is variant v's relay binary.
+func (b *bench) binOf(v variant) string {
+	if v.bin != "" {
+		return v.bin
+	}
+	return b.relayBin
+}
+
 // hasFlag says whether variant v's relay takes `run --flag`.
 func (b *bench) hasFlag(v variant, flag string) bool {
-	bin := b.relayBin
-	if v.bin != "" {
-		bin = v.bin
-	}
-	out, _ := exec.Command(bin, "run", "-h").CombinedOutput()
+	out, _ := exec.Command(b.binOf(v), "run", "-h").CombinedOutput()
 	return strings.Contains(string(out), "-"+flag+" ")
 }
 

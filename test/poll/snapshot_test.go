@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/outbox-relay/outbox-relay/test/harness"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // snapshotFlags select the snapshot strategy.
@@ -41,6 +42,11 @@ func (e *env) startSnapPoller(extra ...string) *harness.Process {
 // dead tuples the poller left in tables other than the outbox.
 func (e *env) progressWrites() (updates, deadElsewhere int64) {
 	e.T.Helper()
+	// A backend reports its statistics at its exit at the latest: wait
+	// for the poller's to end.
+	harness.WaitFor(e.T, 30*time.Second, "the poller's sessions end", func() bool {
+		return e.DB.QueryInt64(e.T, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'outbox-relay'") == 0
+	})
 	e.DB.Exec(e.T, "SELECT pg_stat_force_next_flush()")
 	updates = e.DB.QueryInt64(e.T, "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox_events_poll_snapshot'")
 	deadElsewhere = e.DB.QueryInt64(e.T, "SELECT coalesce(sum(n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables WHERE relname NOT IN ('outbox_events', 'outbox_events_poll_snapshot')")
@@ -260,6 +266,35 @@ func TestSnapshotMigratePublishesExistingRows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An event Kafka keeps refusing with a retriable error ends its page's
+// session at each attempt; at its --max-attempts-th attempt it goes to the
+// quarantine table with that count, the other aggregate's event beside it
+// is published, and the line moves on.
+func TestSnapshotRetriableFailuresQuarantineAtMaxAttempts(t *testing.T) {
+	e := newSnapEnv(t)
+	fault := e.Kafka.FailProduceTo("outbox.event.flaky", -1, kerr.NotEnoughReplicas.Code)
+	defer fault.Remove()
+	poller := e.startSnapPoller("--max-attempts", "3")
+	conn := e.DB.Connect(t)
+	if err := e.Commit(context.Background(), conn, []harness.OutboxEvent{
+		{AggregateType: "flaky", AggregateID: "f-1", EventType: "Tried", Payload: `{}`},
+		{AggregateType: "steady", AggregateID: "s-1", EventType: "Tried", Payload: `{}`},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := e.Committed()
+	harness.WaitFor(t, time.Minute, "the flaky event is quarantined after its attempts", func() bool {
+		return e.DB.QueryInt64(t, "SELECT count(*) FROM outbox_quarantine WHERE event_id = $1 AND error_class = 'retriable'", ids[0]) == 1
+	})
+	e.checkQuarantineAttempts(poller, ids[0], 3)
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.steady$`, ids[1:], time.Minute)
+	later := harness.NewUUID()
+	if _, err := conn.Exec(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'steady', 's-2', 'After', '{}')`, later); err != nil {
+		t.Fatal(err)
+	}
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.steady$`, []string{ids[1], later}, time.Minute)
 }
 
 // A second poller of the table waits as a standby, and takes over once the
