@@ -314,8 +314,12 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 // of one aggregate are handed over in the order they were written: by
 // created_at (its transaction's start), then, within a transaction, by the
 // statement that inserted each row (cmin) and its place in the table
-// (ctid), the order in which one statement inserts its rows. The event id
-// is random and says nothing of order.
+// (ctid). The event id is random and says nothing of order. Neither is
+// sure: WAL replay sets every row's cmin to 0, so on a promoted standby
+// only ctid is left, and a row goes wherever free space is, so a small
+// row can land before a larger one inserted earlier. The table has no
+// column that orders one transaction's rows; until it has one, two events
+// of one aggregate in one transaction may go out of order here.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) error) error {
 	columns, payloadBinary, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
