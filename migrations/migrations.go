@@ -10,12 +10,14 @@ package migrations
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pg"
@@ -64,11 +66,11 @@ type Names struct {
 // ownTable are the migrations that create or change the relay's own outbox
 // table; they are left out for an external table. A new migration that
 // touches the outbox table belongs here.
-var ownTable = map[string]bool{"001_outbox.sql": true}
+var ownTable = map[string]bool{"001_outbox.sql": true, "007_outbox_order.sql": true}
 
 // tableSource are the migrations that only a source reading an outbox
 // table needs; the messages source has its own publication instead.
-var tableSource = map[string]bool{"001_outbox.sql": true, "001_outbox_publication.sql": true}
+var tableSource = map[string]bool{"001_outbox.sql": true, "001_outbox_publication.sql": true, "007_outbox_order.sql": true}
 
 // QuarantineTable returns the quarantine table.
 func (n Names) QuarantineTable() (store.Table, error) {
@@ -155,6 +157,8 @@ func SQL(n Names) (string, error) {
 		"{{poll_quarantined_index}}", pgx.Identifier{poll.Name + "_quarantined_idx"}.Sanitize(),
 		"{{poll_track}}", pgx.Identifier{poll.Schema, poll.Name + "_track"}.Sanitize(),
 		"{{poll_trigger}}", pgx.Identifier{poll.Name + "_track"}.Sanitize(),
+		"{{order_seq}}", store.OrderSequence(table).Quoted(),
+		"{{order_seq_literal}}", literal(store.OrderSequence(table).Quoted()),
 		"{{snap}}", snap.Quoted(),
 		"{{snap_seq}}", pgx.Identifier{snap.Schema, snap.Name + "_seq"}.Sanitize(),
 		"{{snap_seq_literal}}", literal(pgx.Identifier{snap.Schema, snap.Name + "_seq"}.Sanitize()),
@@ -293,8 +297,12 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		{"columns raw, raw_size, raw_sha256, raw_lsn, content_problem of " + quarantine.String(),
 			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'content_problem' AND NOT attisdropped)",
 			quarantine.Quoted()},
+		// And an outbox table from before rows were numbered gets this.
+		{"column " + store.OrderColumn + " of " + outbox.String(),
+			"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = '" + store.OrderColumn + "' AND NOT attisdropped)",
+			outbox.Quoted()},
 	}
-	const quarantineTable, replayColumns, payloadBytesColumn, rawColumns, pollStateTable = 2, 3, 4, 5, 6 // in objects
+	const quarantineTable, replayColumns, payloadBytesColumn, rawColumns, orderColumn, pollStateTable = 2, 3, 4, 5, 6, 7 // in objects
 	if n.Poll {
 		poll, err := store.PollStateTable(outbox)
 		if err != nil {
@@ -315,9 +323,14 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		if err != nil {
 			return nil, err
 		}
+		// The relay's own table has its order column from 007_outbox_order.
+		snapColumns := "column " + store.SnapshotXidColumn
+		if n.ExternalTable {
+			snapColumns = "columns " + store.SnapshotXidColumn + ", " + store.OrderColumn
+		}
 		objects = append(objects,
-			struct{ what, exists, arg string }{"columns " + store.SnapshotXidColumn + ", " + store.SnapshotSeqColumn + " of " + outbox.String(),
-				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = '" + store.SnapshotSeqColumn + "' AND NOT attisdropped)",
+			struct{ what, exists, arg string }{snapColumns + " of " + outbox.String(),
+				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = '" + store.SnapshotXidColumn + "' AND NOT attisdropped)",
 				outbox.Quoted()},
 			struct{ what, exists, arg string }{"poll snapshot progress table " + snap.String(), tableExists, snap.Quoted()})
 		if !n.PollSnapshotQuiet {
@@ -327,13 +340,16 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 	}
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
-		if i == 0 && (n.ExternalTable || n.Messages) {
+		if (i == 0 || i == orderColumn) && (n.ExternalTable || n.Messages) {
 			existed[i] = true // checked above, or not needed; never created here
 			continue
 		}
 		if err := tx.QueryRow(ctx, o.exists, o.arg).Scan(&existed[i]); err != nil {
 			return nil, fmt.Errorf("look up %s: %w", o.what, err)
 		}
+	}
+	if !existed[0] {
+		existed[orderColumn] = true // a new outbox table comes with it
 	}
 	if !existed[quarantineTable] {
 		// A new table comes with them: not worth a line of their own.
@@ -347,6 +363,10 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		return nil, err
 	}
 	if _, err := tx.Exec(ctx, script); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			return nil, fmt.Errorf("apply migrations: %w (lock_timeout ran out: changing a table waits for the transactions using it to end, and they did not in time; nothing was changed: run migrate again, at a quieter time or with a longer lock_timeout)", err)
+		}
 		return nil, fmt.Errorf("apply migrations: %w (migrate must run as the owner of the schema; migrate --print-sql prints the SQL for running it with your own tool)", err)
 	}
 	if untracked > 0 {

@@ -152,8 +152,9 @@ func TestSQLForExternalTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(script, `TABLE IF NOT EXISTS "public"."outbox"`) || strings.Contains(script, "ON \"public\".\"outbox\" (created_at)") {
-		t.Fatalf("the script creates the outbox table or its index:\n%s", script)
+	if strings.Contains(script, `TABLE IF NOT EXISTS "public"."outbox"`) || strings.Contains(script, "ON \"public\".\"outbox\" (created_at)") ||
+		strings.Contains(script, "ADD COLUMN outbox_relay_seq") {
+		t.Fatalf("the script creates or changes the outbox table:\n%s", script)
 	}
 	for _, want := range []string{`CREATE PUBLICATION "outbox_relay" FOR TABLE "public"."outbox"`, `CREATE TABLE IF NOT EXISTS "public"."outbox_quarantine"`, "ALTER COLUMN payload DROP NOT NULL"} {
 		if !strings.Contains(script, want) {
@@ -230,5 +231,96 @@ func TestSQLForPollSnapshot(t *testing.T) {
 	}
 	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_trigger WHERE tgname = 'out"box_poll_snapshot_notify'`); n != 0 {
 		t.Errorf("PollSnapshotQuiet left the NOTIFY trigger on")
+	}
+}
+
+// Issue 42: an outbox table from before its rows were numbered gets the
+// order column without a rewrite (its file stays the same), rows from
+// before keep NULL, new rows are numbered in insertion order, and a
+// writer with INSERT on the outbox alone can still insert. A column the
+// snapshot strategy numbered with its own sequence keeps that sequence:
+// starting over from another would break the order it holds.
+func TestOrderColumnOnAnOlderTable(t *testing.T) {
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	names := Names{Schema: "public", Table: "outbox", Publication: "pub"}
+	if _, err := Apply(ctx, conn, names); err != nil {
+		t.Fatal(err)
+	}
+	// The table as migrate left it before the column existed.
+	db.Exec(t, `ALTER TABLE outbox DROP COLUMN outbox_relay_seq`)
+	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_class WHERE relname = 'outbox_outbox_relay_seq'`); n != 0 {
+		t.Fatalf("dropping the column left its sequence behind")
+	}
+	insert := `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) SELECT gen_random_uuid(), 'a', i::text, 'e', '{}' FROM generate_series(1, 3) i`
+	db.Exec(t, insert)
+	file := db.QueryString(t, `SELECT pg_relation_filenode('outbox')::text`)
+
+	// A writer's open transaction holds the change off; with a lock
+	// timeout migrate gives up, changes nothing, and says what to do.
+	writing, err := pgx.Connect(ctx, db.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writing.Close(ctx)
+	open, err := writing.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open.Exec(ctx, insert); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SET lock_timeout = '200ms'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(ctx, conn, names); err == nil || !strings.Contains(err.Error(), "lock_timeout ran out") || !strings.Contains(err.Error(), "run migrate again") {
+		t.Fatalf("migrate behind a writer's open transaction: %v; want the lock timeout explained", err)
+	}
+	if err := open.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_attribute WHERE attrelid = 'outbox'::regclass AND attname = 'outbox_relay_seq' AND NOT attisdropped`); n != 0 {
+		t.Fatalf("the migrate that gave up left the column behind")
+	}
+
+	created, err := Apply(ctx, conn, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 1 || created[0] != "column outbox_relay_seq of public.outbox" {
+		t.Errorf("created %q: want the order column alone", created)
+	}
+	if got := db.QueryString(t, `SELECT pg_relation_filenode('outbox')::text`); got != file {
+		t.Errorf("the table's file went from %s to %s: adding the column rewrote it", file, got)
+	}
+	db.Exec(t, `CREATE ROLE writer_only LOGIN; GRANT INSERT ON outbox TO writer_only`)
+	writer, err := pgx.Connect(ctx, pg.DSNFor("writer_only", "", db.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer writer.Close(ctx)
+	if _, err := writer.Exec(ctx, insert); err != nil {
+		t.Fatalf("a writer with INSERT on the outbox alone: %v", err)
+	}
+	if got := db.QueryString(t, `SELECT string_agg(coalesce(outbox_relay_seq::text, '-'), ',' ORDER BY ctid) FROM outbox`); got != "-,-,-,-,-,-,1,2,3" {
+		t.Errorf("order column %s, want the 6 rows from before unnumbered and the 3 new ones numbered 1 to 3", got)
+	}
+
+	// A snapshot strategy deployment whose column came from its own sequence.
+	db.Exec(t, `CREATE SEQUENCE outbox_poll_snapshot_seq START 1000;
+		ALTER TABLE outbox ALTER COLUMN outbox_relay_seq SET DEFAULT nextval('outbox_poll_snapshot_seq')`)
+	names.PollSnapshot = true
+	if _, err := Apply(ctx, conn, names); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.QueryString(t, `SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+		WHERE d.adrelid = 'outbox'::regclass AND a.attname = 'outbox_relay_seq'`); got != "nextval('outbox_poll_snapshot_seq'::regclass)" {
+		t.Errorf("the order column's default became %s: a numbered column must keep its sequence", got)
 	}
 }

@@ -114,7 +114,7 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 	}
 	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{columns}}", columns, "{{created}}", created,
 		"{{event_id}}", quoteIdent(l.Column(layout.EventID)), "{{xid}}", quoteIdent(store.SnapshotXidColumn),
-		"{{seq}}", quoteIdent(store.SnapshotSeqColumn), "{{existing_after}}", after, "{{existing_order}}", order)
+		"{{seq}}", quoteIdent(store.OrderColumn), "{{existing_after}}", after, "{{existing_order}}", order)
 	return &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL),
 		payloadBinary: payloadBinary, hasCreated: hasCreated}, nil
 }
@@ -144,13 +144,13 @@ func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 		(SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname IN ($3, $4) AND NOT attisdropped),
 		(SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4))`,
-		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.SnapshotSeqColumn).Scan(&progress, &columns, &defaults)
+		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.OrderColumn).Scan(&progress, &columns, &defaults)
 	if err != nil {
 		return fmt.Errorf("look up the snapshot strategy's tables: %w", err)
 	}
 	if !progress || !columns || !defaults {
 		return fmt.Errorf("%w: the snapshot strategy's progress table %s, or the columns %s and %s of %s with their defaults, are missing: rows inserted now would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner",
-			pg.ErrPrecondition, t.snapshot, store.SnapshotXidColumn, store.SnapshotSeqColumn, t.outbox)
+			pg.ErrPrecondition, t.snapshot, store.SnapshotXidColumn, store.OrderColumn, t.outbox)
 	}
 	for _, need := range []struct {
 		table store.Table

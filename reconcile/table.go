@@ -36,6 +36,8 @@ type table struct {
 	idColumn, createdColumn string
 	// inWindow narrows a query on the outbox table to the window.
 	inWindow string
+	// order sorts the window's rows oldest first (see eachWindowRow).
+	order string
 }
 
 func openTable(ctx context.Context, cfg Config) (*table, error) {
@@ -65,6 +67,10 @@ func openTable(ctx context.Context, cfg Config) (*table, error) {
 			pg.ErrPrecondition, t.outbox, l.Column(layout.EventID), err)
 	}
 	if err := t.checkCreatedColumn(ctx); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	if t.order, err = t.rowOrder(ctx); err != nil {
 		conn.Close(context.Background())
 		return nil, err
 	}
@@ -310,22 +316,38 @@ func (t *table) splitQuarantined(ctx context.Context, absent sortedIDs) (missing
 	return missing, quarantined, replayed, nil
 }
 
-// eachWindowRow streams the window's rows whole, oldest first, so events
-// of one aggregate are handed over in the order they were written: by
-// created_at (its transaction's start), then, within a transaction, by the
-// statement that inserted each row (cmin) and its place in the table
-// (ctid). The event id is random and says nothing of order. Neither is
-// sure: WAL replay sets every row's cmin to 0, so on a promoted standby
-// only ctid is left, and a row goes wherever free space is, so a small
-// row can land before a larger one inserted earlier. The table has no
-// column that orders one transaction's rows; until it has one, two events
-// of one aggregate in one transaction may go out of order here.
+// rowOrder is the ORDER BY that hands over the window's rows oldest
+// first, so events of one aggregate go out in the order they were written.
+// The table's insertion number (store.OrderColumn) says it; the event id is
+// random and says nothing. Rows from before the table had that column, and
+// a table without it, fall back to created_at (the transaction's start),
+// the statement that inserted each row (cmin) and its place in the table
+// (ctid). Within one transaction that fallback is not sure: WAL replay sets
+// every row's cmin to 0, so on a promoted standby only ctid is left, and
+// ctid follows free space, so a small row can land on a page before a
+// larger one inserted just ahead of it.
+func (t *table) rowOrder(ctx context.Context) (string, error) {
+	var numbered bool
+	if err := t.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)`, t.outbox, store.OrderColumn).Scan(&numbered); err != nil {
+		return "", fmt.Errorf("look up %s.%s: %w", t.outbox, store.OrderColumn, err)
+	}
+	fallback := t.createdColumn + ", cmin::text::bigint, ctid, " + t.idColumn
+	if !numbered {
+		return fallback, nil
+	}
+	// Rows without a number are older than every numbered one: migrate
+	// added the column under a lock that waited for their transactions.
+	return quote(store.OrderColumn) + " NULLS FIRST, " + fallback, nil
+}
+
+// eachWindowRow streams the window's rows whole, oldest first.
 func (t *table) eachWindowRow(ctx context.Context, fn func(ev *event.Event) error) error {
 	columns, payloadBinary, err := store.EventColumns(ctx, t.conn, t.outboxName, t.layout, "")
 	if err != nil {
 		return err
 	}
-	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+t.inWindow+" ORDER BY "+t.createdColumn+", cmin::text::bigint, ctid, "+t.idColumn,
+	rows, err := t.conn.Query(ctx, "SELECT "+columns+" FROM "+t.outbox+t.inWindow+" ORDER BY "+t.order,
 		t.cfg.Since, t.cfg.Until)
 	if err != nil {
 		return fmt.Errorf("read the window's rows: %w", err)

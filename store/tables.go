@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -59,12 +60,32 @@ const pollSuffix = "_poll"
 // its outbox table.
 const pollSnapshotSuffix = "_poll_snapshot"
 
-// The columns the snapshot strategy adds to the outbox table: each row's
-// transaction id and its insertion order.
-const (
-	SnapshotXidColumn = "outbox_relay_xid"
-	SnapshotSeqColumn = "outbox_relay_seq"
-)
+// SnapshotXidColumn is the column the snapshot strategy adds to the outbox
+// table: each row's transaction id.
+const SnapshotXidColumn = "outbox_relay_xid"
+
+// OrderColumn numbers the outbox table's rows in insertion order, from a
+// sequence. It is the only record of which of one transaction's rows came
+// first once the table has been through WAL replay; the snapshot strategy
+// and republishing read it.
+const OrderColumn = "outbox_relay_seq"
+
+// orderSequenceSuffix names the sequence behind OrderColumn after its
+// outbox table.
+const orderSequenceSuffix = "_outbox_relay_seq"
+
+// OrderSequence returns the sequence that numbers an outbox table's rows:
+// <table>_outbox_relay_seq in the same schema. A table name too long for
+// that is cut, as PostgreSQL would cut it; two tables that then share the
+// sequence still number their rows in insertion order.
+func OrderSequence(outbox Table) Table {
+	name := outbox.Name
+	for len(name)+len(orderSequenceSuffix) > 63 {
+		_, size := utf8.DecodeLastRuneInString(name)
+		name = name[:len(name)-size]
+	}
+	return Table{Schema: outbox.Schema, Name: name + orderSequenceSuffix}
+}
 
 // PollSnapshotTable returns the snapshot strategy's progress table for an
 // outbox table: <table>_poll_snapshot in the same schema, refused past

@@ -10,22 +10,32 @@
 -- keep NULLs; `--poll-existing` says whether they are published. ALTER
 -- TABLE waits for every transaction that inserted into the table to end,
 -- so every row without a transaction id is committed when this commits.
-CREATE SEQUENCE IF NOT EXISTS {{snap_seq}};
--- Every writer's insert takes a number from it, and a writer needs INSERT
--- on the outbox only: the numbers order rows and mean nothing else, so
--- anyone may take one.
-GRANT USAGE ON SEQUENCE {{snap_seq}} TO PUBLIC;
-
 ALTER TABLE {{table}}
     ADD COLUMN IF NOT EXISTS outbox_relay_xid xid8,
     ADD COLUMN IF NOT EXISTS outbox_relay_seq bigint;
 -- pg_current_xact_id() is the top-level transaction's id, inside a
--- savepoint too, which is what snapshots list. The sequence number is
--- insertion order, the meaning of "earlier" for per-aggregate order within
--- a batch, as in the lease strategy.
+-- savepoint too, which is what snapshots list.
 ALTER TABLE {{table}}
-    ALTER COLUMN outbox_relay_xid SET DEFAULT pg_current_xact_id(),
-    ALTER COLUMN outbox_relay_seq SET DEFAULT nextval({{snap_seq_literal}});
+    ALTER COLUMN outbox_relay_xid SET DEFAULT pg_current_xact_id();
+-- The sequence number is insertion order, the meaning of "earlier" for
+-- per-aggregate order within a batch, as in the lease strategy. The
+-- relay's own table is numbered already (007_outbox_order.sql), and a
+-- column numbered by one sequence must not start over from another: the
+-- progress row holds a number. So only a column without a default, which
+-- another tool's table has, gets this one.
+DO $migrate$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                   WHERE d.adrelid = {{table_literal}}::regclass AND a.attname = 'outbox_relay_seq') THEN
+        CREATE SEQUENCE IF NOT EXISTS {{snap_seq}};
+        -- Every writer's insert takes a number from it, and a writer needs
+        -- INSERT on the outbox only: the numbers order rows and mean
+        -- nothing else, so anyone may take one.
+        GRANT USAGE ON SEQUENCE {{snap_seq}} TO PUBLIC;
+        ALTER TABLE {{table}} ALTER COLUMN outbox_relay_seq SET DEFAULT nextval({{snap_seq_literal}});
+    END IF;
+END
+$migrate$;
 
 -- The one index a batch reads: its transactions' rows, by id.
 CREATE INDEX IF NOT EXISTS {{snap_xid_index}} ON {{table}} (outbox_relay_xid)

@@ -57,14 +57,7 @@ func (e *env) stopRelay(p *harness.Process) {
 // their ids.
 func (e *env) commit(n int, aggregateType string) []string {
 	e.T.Helper()
-	if e.conn == nil {
-		conn, err := pgx.Connect(context.Background(), e.DB.DSN())
-		if err != nil {
-			e.T.Fatalf("connect: %v", err)
-		}
-		e.T.Cleanup(func() { conn.Close(context.Background()) })
-		e.conn = conn
-	}
+	e.connect()
 	before := e.CommittedCount()
 	for i := 0; i < n; i++ {
 		ev := harness.OutboxEvent{AggregateType: aggregateType, AggregateID: fmt.Sprintf("%s-%d", aggregateType, i%3),
@@ -78,6 +71,20 @@ func (e *env) commit(n int, aggregateType string) []string {
 	}
 	ids, _ := e.Committed()
 	return ids[before:]
+}
+
+// connect opens the test's own connection once.
+func (e *env) connect() {
+	e.T.Helper()
+	if e.conn != nil {
+		return
+	}
+	conn, err := pgx.Connect(context.Background(), e.DB.DSN())
+	if err != nil {
+		e.T.Fatalf("connect: %v", err)
+	}
+	e.T.Cleanup(func() { conn.Close(context.Background()) })
+	e.conn = conn
 }
 
 // consumeAll waits until the independent consumer has every id.

@@ -320,3 +320,82 @@ func TestRepublishWithoutOptionalColumns(t *testing.T) {
 		}
 	}
 }
+
+// Issue 42: a CI run of the promotion drill saw two events of one
+// aggregate, written in one transaction, republished in reverse order.
+// Republishing read a window by created_at, cmin and ctid; WAL replay sets
+// cmin to 0 and ctid follows free space. One statement gives its rows one
+// cmin on a primary too, so this reproduces it without a standby: page 0 is
+// left with room for a small row only, page 1 with room for a large one,
+// and one INSERT writes a large event then a small one of one aggregate.
+// The small row lands on page 0, before the large one. Republishing now
+// reads the table's insertion number.
+func TestRepublishKeepsInsertOrderWithinAStatement(t *testing.T) {
+	e := newEnv(t)
+	e.Migrate("--skip-slot") // no slot: every row is missing from Kafka
+	insert := func(aggregate, eventType string, pad int) string {
+		return fmt.Sprintf(`(gen_random_uuid(), 'order', '%s', '%s', jsonb_build_object('pad', repeat('x', %d)))`, aggregate, eventType, pad)
+	}
+	fill := func(n int) {
+		rows := make([]string, n)
+		for i := range rows {
+			rows[i] = insert(fmt.Sprintf("fill-%d", e.CommittedCount()+i), "Filled", fillerPad)
+		}
+		e.commitStatement(rows)
+	}
+	fill(fillersPerPage)                 // page 0, full but for a small row
+	fill(fillersPerPage - 1)             // page 1, with room for one large row
+	e.DB.Exec(t, "VACUUM outbox_events") // the free space map learns both
+	written := e.commitStatement([]string{insert("order-x", "Large", largePad), insert("order-x", "Small", smallPad)})
+
+	var largeFirst bool
+	if err := e.conn.QueryRow(context.Background(), `SELECT (SELECT ctid FROM outbox_events WHERE event_id = $1)
+		< (SELECT ctid FROM outbox_events WHERE event_id = $2)`, written[0], written[1]).Scan(&largeFirst); err != nil {
+		t.Fatal(err)
+	}
+	if largeFirst {
+		t.Fatal("the small row did not land before the large one: the test no longer builds the case it is for")
+	}
+
+	code, rep := e.reconcile("--since", "1h", "--until", "0s", "--republish")
+	ids, order := e.Committed()
+	if code != 0 || rep.Republished != int64(len(ids)) {
+		t.Fatalf("reconcile --republish exited %d with %d republished, want 0 and %d: %+v", code, rep.Republished, len(ids), rep)
+	}
+	harness.CheckPerAggregateOrder(t, e.consumeAll(ids), order)
+}
+
+// The sizes that shape the pages in TestRepublishKeepsInsertOrderWithinAStatement.
+const (
+	fillersPerPage = 5
+	fillerPad      = 1400
+	largePad       = 1800
+	smallPad       = 100
+)
+
+// commitStatement inserts rows (VALUES lists) in one statement and records
+// their events in the order written.
+func (e *env) commitStatement(values []string) []string {
+	e.T.Helper()
+	e.connect()
+	rows, err := e.conn.Query(context.Background(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+		VALUES `+strings.Join(values, ", ")+` RETURNING event_id::text, aggregate_id, event_type`)
+	if err != nil {
+		e.T.Fatalf("insert: %v", err)
+	}
+	var ids []string
+	var events []harness.OutboxEvent
+	for rows.Next() {
+		var id string
+		var ev harness.OutboxEvent
+		if err := rows.Scan(&id, &ev.AggregateID, &ev.EventType); err != nil {
+			e.T.Fatalf("insert: %v", err)
+		}
+		ids, events = append(ids, id), append(events, ev)
+	}
+	if err := rows.Err(); err != nil {
+		e.T.Fatalf("insert: %v", err)
+	}
+	e.Record(ids, events)
+	return ids
+}
