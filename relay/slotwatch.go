@@ -294,36 +294,42 @@ func (r *Relay) logSlotCreated(ctx context.Context, admin *replication.Admin, sl
 		}
 		r.log.Error().Str("lsn", slot.LSN.String()).Msg(msg)
 	}
-	if !slot.Created {
-		return
+	if slot.Created {
+		LogNewSlot(ctx, r.log, admin, r.cfg.Replication, slot.LSN)
 	}
-	if messages {
+}
+
+// LogNewSlot says what a slot just created at at means for what was
+// committed before it: `run` and `migrate` both make slots, and a slot made
+// over rows of a lost one hides their gap unless this says so.
+func LogNewSlot(ctx context.Context, log zerolog.Logger, admin *replication.Admin, cfg replication.Config, at lsn.LSN) {
+	if !cfg.ReadsTable() {
 		// No table to count: what committed before the slot is gone from
 		// reach, and only the writers can say whether any of it mattered.
-		r.log.Info().Str("lsn", slot.LSN.String()).
+		log.Info().Str("lsn", at.String()).
 			Msg("created the replication slot; messages committed before it existed are in no slot and are not published (run `outbox-relay migrate --source messages` at deploy time so the slot exists before services emit)")
 		return
 	}
-	ev := r.log.Info()
+	ev := log.Info()
 	rows, err := admin.ExistingRows(ctx)
 	switch {
 	case err != nil:
 		// The relay's role need not read the table; the slot exists
 		// either way, so say what could not be checked and go on.
-		ev = r.log.Warn().AnErr("count_error", err)
+		ev = log.Warn().AnErr("count_error", err)
 	case rows.Count > 0:
 		// Rows an earlier slot published are in the count too, so the
 		// count alone proves nothing was missed or lost; the newest row's
 		// age says how likely it is that something was.
-		ev = r.log.Warn().Int64("rows_in_table", rows.Count)
+		ev = log.Warn().Int64("rows_in_table", rows.Count)
 		if !rows.NewestCreated.IsZero() {
 			ev = ev.Time("newest_row_created_at", rows.NewestCreated).
 				Str("newest_row_age", time.Since(rows.NewestCreated).Round(time.Second).String()).
 				Str("reconcile_command", reconcileCommand(rows.OldestCreated, time.Now()))
 		}
 	}
-	ev.Str("lsn", slot.LSN.String()).
-		Msg("created the replication slot; rows committed before it existed are not published by it (rows_in_table counts every row, including any an earlier slot published; run `outbox-relay migrate` at deploy time so the slot exists before services write)")
+	ev.Str("lsn", at.String()).
+		Msg("created the replication slot; rows committed before it existed are not published by it. rows_in_table counts them, including any an earlier slot published: if an earlier slot was lost (dropped, or a failover to a server without it), run reconcile_command to find what Kafka lacks and add --republish to send it; for a new table, create the slot before services write")
 }
 
 // reconcileCommand is the command that finds, among the rows committed

@@ -422,8 +422,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
 	}
-	log.Info().Str("slot", o.relay.Replication.Slot).Str("lsn", at.String()).
-		Msg("created the replication slot; every event committed from now on will be published")
+	relay.LogNewSlot(ctx, log.With().Str("slot", o.relay.Replication.Slot).Logger(), admin, o.relay.Replication, at)
 	return exitOK
 }
 

@@ -273,24 +273,43 @@ func TestPhantomAndDuplicateAreReported(t *testing.T) {
 	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, append(ids, phantom), time.Minute)
 }
 
-// A relay that has to create its slot while the table holds rows logs the
-// reconcile command for them; run as logged, it finds exactly the rows the
-// new slot will never deliver.
+// Whatever creates the slot while the table holds rows, a relay or
+// `migrate`, logs the reconcile command for them; run as logged, it finds
+// exactly the rows the new slot will never deliver. `migrate` once said
+// only "every event committed from now on will be published": run at a
+// deploy after a failover, it made a slot over the lost one's gap without
+// a word, and a relay with --on-slot-lost recover then found a slot and
+// nothing to recover.
 func TestNewSlotLogsReconcileCommand(t *testing.T) {
-	e := newEnv(t)
-	e.Migrate("--skip-slot")
-	lost := e.commit(3, "order")
-	relay := e.StartRelay()
-	published := e.commit(2, "order")
-	e.consumeAll(published)
+	for _, maker := range []string{"run", "migrate"} {
+		t.Run(maker, func(t *testing.T) {
+			e := newEnv(t)
+			e.Migrate("--skip-slot")
+			lost := e.commit(3, "order")
+			var out string
+			if maker == "migrate" {
+				code, migrated := harness.RunCommand(t, e.Bin, e.command("migrate", "--slot-only"))
+				if code != 0 {
+					t.Fatalf("migrate --slot-only exited %d:\n%s", code, migrated)
+				}
+				out = migrated
+			}
+			relay := e.StartRelay()
+			published := e.commit(2, "order")
+			e.consumeAll(published)
+			if maker == "run" {
+				out = relay.Output()
+			}
 
-	m := regexp.MustCompile(`"reconcile_command":"outbox-relay reconcile --since (\S+) --until (\S+) `).FindStringSubmatch(relay.Output())
-	if m == nil {
-		t.Fatalf("the relay created the slot without naming the reconcile command:\n%s", relay.Output())
-	}
-	code, rep := e.reconcile("--since", m[1], "--until", m[2])
-	if code != 3 || !sameSet(rep.Missing, lost) {
-		t.Fatalf("the logged command exited %d listing %v; want 3 and exactly %v", code, rep.Missing, lost)
+			m := regexp.MustCompile(`"rows_in_table":3,.*"reconcile_command":"outbox-relay reconcile --since (\S+) --until (\S+) `).FindStringSubmatch(out)
+			if m == nil {
+				t.Fatalf("%s created the slot without naming the 3 rows and the reconcile command:\n%s", maker, out)
+			}
+			code, rep := e.reconcile("--since", m[1], "--until", m[2])
+			if code != 3 || !sameSet(rep.Missing, lost) {
+				t.Fatalf("the logged command exited %d listing %v; want 3 and exactly %v", code, rep.Missing, lost)
+			}
+		})
 	}
 }
 
