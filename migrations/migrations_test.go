@@ -12,6 +12,26 @@ import (
 
 func TestMain(m *testing.M) { harness.Main(m) }
 
+// testDatabase starts a server of the test's own, and returns it, a
+// database on it and a connection to that database.
+func testDatabase(t *testing.T) (*harness.Postgres, *harness.PGDatabase, *pgx.Conn) {
+	t.Helper()
+	pg := harness.StartPostgres(t, harness.PGOptions{})
+	db := pg.CreateTestDatabase(t)
+	return pg, db, connect(t, db.DSN())
+}
+
+// connect opens a connection the test closes at its end.
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 func TestSQLQuotesNames(t *testing.T) {
 	sql, err := SQL(Names{Schema: "sales", Table: `odd"name`, Publication: "pub'x"})
 	if err != nil {
@@ -62,14 +82,8 @@ func TestSQLRefusesBadNames(t *testing.T) {
 // The SQL for odd names runs on a real server, twice (it must be
 // idempotent), and creates exactly the objects named.
 func TestSQLAppliesWithOddNames(t *testing.T) {
-	pg := harness.StartPostgres(t, harness.PGOptions{})
-	db := pg.CreateTestDatabase(t)
+	_, db, conn := testDatabase(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	names := Names{Schema: `my schema`, Table: `out"box events`, Publication: `pub 'one'`, Quarantine: `my schema.refused "events"`}
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA "my schema"`); err != nil {
 		t.Fatal(err)
@@ -174,14 +188,8 @@ func TestSQLForExternalTable(t *testing.T) {
 // alone can still insert. Applied again, it creates nothing and keeps the
 // progress; PollSnapshotQuiet takes the NOTIFY trigger off.
 func TestSQLForPollSnapshot(t *testing.T) {
-	pg := harness.StartPostgres(t, harness.PGOptions{})
-	db := pg.CreateTestDatabase(t)
+	pg, db, conn := testDatabase(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	names := Names{Schema: `my schema`, Table: `out"box`, Publication: `pub`}
 	if _, err := conn.Exec(ctx, `CREATE SCHEMA "my schema"`); err != nil {
 		t.Fatal(err)
@@ -205,12 +213,7 @@ func TestSQLForPollSnapshot(t *testing.T) {
 		t.Errorf("the table's file went from %s to %s: adding the columns rewrote it", file, got)
 	}
 	db.Exec(t, `CREATE ROLE writer_only LOGIN; GRANT USAGE ON SCHEMA "my schema" TO writer_only; GRANT INSERT ON `+table+` TO writer_only`)
-	writer, err := pgx.Connect(ctx, pg.DSNFor("writer_only", "", db.Name()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writer.Close(ctx)
-	if _, err := writer.Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'a', 'w', 'e', '{}')`); err != nil {
+	if _, err := connect(t, pg.DSNFor("writer_only", "", db.Name())).Exec(ctx, `INSERT INTO `+table+` (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES (gen_random_uuid(), 'a', 'w', 'e', '{}')`); err != nil {
 		t.Fatalf("a writer with INSERT on the outbox alone: %v", err)
 	}
 	if n := db.QueryInt64(t, `SELECT count(*) FROM `+table+` WHERE outbox_relay_xid IS NOT NULL AND outbox_relay_seq IS NOT NULL`); n != 1 {
@@ -241,14 +244,8 @@ func TestSQLForPollSnapshot(t *testing.T) {
 // snapshot strategy numbered with its own sequence keeps that sequence:
 // starting over from another would break the order it holds.
 func TestOrderColumnOnAnOlderTable(t *testing.T) {
-	pg := harness.StartPostgres(t, harness.PGOptions{})
-	db := pg.CreateTestDatabase(t)
+	pg, db, conn := testDatabase(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
 	names := Names{Schema: "public", Table: "outbox", Publication: "pub"}
 	if _, err := Apply(ctx, conn, names); err != nil {
 		t.Fatal(err)
@@ -264,12 +261,7 @@ func TestOrderColumnOnAnOlderTable(t *testing.T) {
 
 	// A writer's open transaction holds the change off; with a lock
 	// timeout migrate gives up, changes nothing, and says what to do.
-	writing, err := pgx.Connect(ctx, db.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writing.Close(ctx)
-	open, err := writing.Begin(ctx)
+	open, err := connect(t, db.DSN()).Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,12 +292,7 @@ func TestOrderColumnOnAnOlderTable(t *testing.T) {
 		t.Errorf("the table's file went from %s to %s: adding the column rewrote it", file, got)
 	}
 	db.Exec(t, `CREATE ROLE writer_only LOGIN; GRANT INSERT ON outbox TO writer_only`)
-	writer, err := pgx.Connect(ctx, pg.DSNFor("writer_only", "", db.Name()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer writer.Close(ctx)
-	if _, err := writer.Exec(ctx, insert); err != nil {
+	if _, err := connect(t, pg.DSNFor("writer_only", "", db.Name())).Exec(ctx, insert); err != nil {
 		t.Fatalf("a writer with INSERT on the outbox alone: %v", err)
 	}
 	if got := db.QueryString(t, `SELECT string_agg(coalesce(outbox_relay_seq::text, '-'), ',' ORDER BY ctid) FROM outbox`); got != "-,-,-,-,-,-,1,2,3" {
