@@ -43,10 +43,11 @@ type Names struct {
 	// their defaults, an index, the progress table and a notifying
 	// trigger. No state row per event.
 	PollSnapshot bool
-	// PollSnapshotQuiet leaves out the snapshot strategy's NOTIFY trigger
-	// (and drops it): PostgreSQL refuses PREPARE TRANSACTION in a
-	// transaction that notified.
-	PollSnapshotQuiet bool
+	// PollQuiet leaves out poll mode's NOTIFY: the snapshot strategy's
+	// trigger that only notifies is dropped, and the lease strategy's
+	// tracking trigger records rows without notifying. PostgreSQL refuses
+	// PREPARE TRANSACTION in a transaction that notified.
+	PollQuiet bool
 	// ExistingPublished marks the rows already in the outbox as published
 	// when poll mode starts tracking them, instead of pending.
 	ExistingPublished bool
@@ -166,6 +167,7 @@ func SQL(n Names) (string, error) {
 		"{{snap_notify}}", pgx.Identifier{snap.Schema, snap.Name + "_notify"}.Sanitize(),
 		"{{existing_pending}}", existingPending,
 		"{{snap_notify_trigger}}", snapNotifyTrigger(n, table, snap),
+		"{{poll_notify}}", pollNotify(n, table),
 		"{{table_literal}}", literal(table.Quoted()),
 		"{{existing_published_at}}", existingPublishedAt,
 		"{{event_id}}", column(layout.EventID),
@@ -226,11 +228,20 @@ func untrackedBySnapshot(ctx context.Context, tx pgx.Tx, outbox store.Table) (in
 	return count, nil
 }
 
+// pollNotify is the lease strategy's trigger's wake-up for the pollers,
+// or with PollQuiet a line that says why there is none.
+func pollNotify(n Names, table store.Table) string {
+	if n.PollQuiet {
+		return "-- No NOTIFY (migrate --poll-notify=false): writers PREPARE TRANSACTION."
+	}
+	return "PERFORM pg_notify('outbox_relay_poll', " + literal(table.Quoted()) + ");"
+}
+
 // snapNotifyTrigger is the statement that puts the snapshot strategy's
-// NOTIFY trigger on the outbox, or with PollSnapshotQuiet takes it off.
+// NOTIFY trigger on the outbox, or with PollQuiet takes it off.
 func snapNotifyTrigger(n Names, table, snap store.Table) string {
 	trigger := pgx.Identifier{snap.Name + "_notify"}.Sanitize()
-	if n.PollSnapshotQuiet {
+	if n.PollQuiet {
 		return "DROP TRIGGER IF EXISTS " + trigger + " ON " + table.Quoted() + ";"
 	}
 	return "CREATE OR REPLACE TRIGGER " + trigger + " AFTER INSERT ON " + table.Quoted() + "\n    FOR EACH STATEMENT EXECUTE FUNCTION " +
@@ -333,7 +344,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 				"SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = '" + store.SnapshotXidColumn + "' AND NOT attisdropped)",
 				outbox.Quoted()},
 			struct{ what, exists, arg string }{"poll snapshot progress table " + snap.String(), tableExists, snap.Quoted()})
-		if !n.PollSnapshotQuiet {
+		if !n.PollQuiet {
 			objects = append(objects, struct{ what, exists, arg string }{"poll snapshot trigger on " + outbox.String(),
 				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", snap.Name + "_notify"})
 		}

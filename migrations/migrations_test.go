@@ -186,7 +186,7 @@ func TestSQLForExternalTable(t *testing.T) {
 // same), gives new rows a transaction id and a sequence number, counts
 // the rows from before as pending, and a writer with INSERT on the outbox
 // alone can still insert. Applied again, it creates nothing and keeps the
-// progress; PollSnapshotQuiet takes the NOTIFY trigger off.
+// progress; PollQuiet takes the NOTIFY trigger off.
 func TestSQLForPollSnapshot(t *testing.T) {
 	pg, db, conn := testDatabase(t)
 	ctx := context.Background()
@@ -224,7 +224,7 @@ func TestSQLForPollSnapshot(t *testing.T) {
 	}
 	db.Exec(t, `UPDATE "my schema"."out""box_poll_snapshot" SET existing_pending = false`)
 
-	names.PollSnapshotQuiet = true
+	names.PollQuiet = true
 	created, err = Apply(ctx, conn, names)
 	if err != nil || len(created) != 0 {
 		t.Errorf("applied again: created %q, %v; want nothing", created, err)
@@ -233,7 +233,7 @@ func TestSQLForPollSnapshot(t *testing.T) {
 		t.Errorf("applying again reset the progress row")
 	}
 	if n := db.QueryInt64(t, `SELECT count(*) FROM pg_trigger WHERE tgname = 'out"box_poll_snapshot_notify'`); n != 0 {
-		t.Errorf("PollSnapshotQuiet left the NOTIFY trigger on")
+		t.Errorf("PollQuiet left the NOTIFY trigger on")
 	}
 }
 

@@ -43,7 +43,7 @@ func pollFlags(fs *flag.FlagSet, o *options) {
 
 func pollMigrateFlags(fs *flag.FlagSet, o *options) {
 	pollStrategyFlag(fs, o)
-	fs.BoolVar(&o.poll.Notify, "poll-notify", o.poll.Notify, "with --poll-strategy snapshot: put on the outbox the trigger whose NOTIFY wakes the poller at commit; false leaves it out (and drops it) for writers that use PREPARE TRANSACTION, which PostgreSQL refuses after a NOTIFY; the poller then looks every --poll-interval")
+	fs.BoolVar(&o.poll.Notify, "poll-notify", o.poll.Notify, "poll mode: a NOTIFY at every commit that inserts into the outbox wakes the pollers; false leaves it out (the lease strategy's trigger records rows without it; the snapshot strategy's trigger, which only notifies, is dropped) for writers that use PREPARE TRANSACTION, which PostgreSQL refuses after a NOTIFY; run the pollers with --poll-notify=false too, and they look every --poll-interval")
 	fs.StringVar(&o.pollExisting, "poll-existing", "pending", "with --source poll, the rows already in the outbox when poll mode first tracks them: pending (published again: duplicates, never loss) or published (another relay published them all, and is stopped)")
 }
 

@@ -71,7 +71,7 @@ func sources() []sourceSpec {
 			status: pollStatus,
 			schema: func(o *options, n *migrations.Names) {
 				n.Poll, n.PollSnapshot = o.poll.Strategy != poll.StrategySnapshot, o.poll.Strategy == poll.StrategySnapshot
-				n.PollSnapshotQuiet = n.PollSnapshot && !o.poll.Notify
+				n.PollQuiet = !o.poll.Notify
 			},
 			// A team that polls may have no REPLICATION role to make one.
 			noSlot:      "poll mode needs no replication slot",

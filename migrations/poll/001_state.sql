@@ -54,7 +54,10 @@ CREATE INDEX IF NOT EXISTS {{poll_quarantined_index}} ON {{poll}} (seq)
     WHERE quarantined_at IS NOT NULL AND published_at IS NULL;
 
 -- One statement-level trigger: one INSERT ... SELECT per statement, and one
--- wake-up for pollers, delivered by PostgreSQL at commit.
+-- wake-up for pollers, delivered by PostgreSQL at commit. PostgreSQL
+-- refuses PREPARE TRANSACTION after a NOTIFY, so `migrate
+-- --poll-notify=false` leaves the wake-up out for writers that use
+-- two-phase commit; the pollers then look every --poll-interval.
 -- SECURITY DEFINER: a writer needs INSERT on the outbox only, not rights on
 -- the state table; every name inside is schema-qualified, and the search
 -- path is pinned so no writer's schema can stand in for one.
@@ -63,7 +66,7 @@ CREATE OR REPLACE FUNCTION {{poll_track}}() RETURNS trigger LANGUAGE plpgsql
 BEGIN
     INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id)
     SELECT nextval({{poll_seq_literal}}), {{event_id}}, {{aggregate_type}}, {{aggregate_id}} FROM outbox_relay_new_rows;
-    PERFORM pg_notify('outbox_relay_poll', {{table_literal}});
+    {{poll_notify}}
     RETURN NULL;
 END
 $migrate$;

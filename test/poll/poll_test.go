@@ -683,3 +683,63 @@ func TestPollRefusesTheRowsTheWALPathRefuses(t *testing.T) {
 		}
 	}
 }
+
+// Writers that use two-phase commit: PostgreSQL refuses PREPARE
+// TRANSACTION in a transaction that sent a NOTIFY, and the lease
+// strategy's trigger notified on every insert, so such a writer could not
+// commit any business change with its event (the first PREPARE below shows
+// it). `migrate --poll-notify=false` now makes the trigger record rows
+// without the NOTIFY, on a table migrated before too; the poller looks
+// every --poll-interval, publishes a prepared transaction's event once
+// COMMIT PREPARED makes it visible, and never one rolled back.
+func TestLeasePreparedTransactionsWithoutNotify(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t)
+	insert := `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'order', $2, 'E', '{}')`
+	tx, err := e.DB.Connect(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, insert, harness.NewUUID(), "agg-notified"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE TRANSACTION 'outbox_relay_lease_notified'"); err == nil || !strings.Contains(err.Error(), "NOTIFY") {
+		t.Fatalf("PREPARE TRANSACTION after an insert into an outbox whose trigger notifies: %v, want PostgreSQL's refusal naming NOTIFY", err)
+	}
+
+	e.Migrate("--poll-notify=false")
+	e.startPoller("--poll-notify=false", "--poll-interval", "100ms")
+	inPrepared, inAborted, beside, after := harness.NewUUID(), harness.NewUUID(), harness.NewUUID(), harness.NewUUID()
+	conn := e.DB.Connect(t)
+	for _, stmt := range []struct {
+		sql  string
+		args []any
+	}{
+		{"BEGIN", nil},
+		{insert, []any{inPrepared, "agg-prepared"}},
+		{"PREPARE TRANSACTION 'outbox_relay_lease_commit'", nil},
+		{"BEGIN", nil},
+		{insert, []any{inAborted, "agg-prepared"}},
+		{"PREPARE TRANSACTION 'outbox_relay_lease_abort'", nil},
+		{insert, []any{beside, "agg-beside"}},
+	} {
+		if _, err := conn.Exec(ctx, stmt.sql, stmt.args...); err != nil {
+			t.Fatalf("%s: %v", stmt.sql, err)
+		}
+	}
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{beside}, time.Minute)
+	e.DB.Exec(t, "COMMIT PREPARED 'outbox_relay_lease_commit'")
+	e.DB.Exec(t, "ROLLBACK PREPARED 'outbox_relay_lease_abort'")
+	if _, err := conn.Exec(ctx, insert, after, "agg-after"); err != nil {
+		t.Fatal(err)
+	}
+	records := harness.ConsumeEventIDs(t, e.Kafka.Brokers(), `^outbox\.event\.`, []string{beside, inPrepared, after}, time.Minute)
+	for _, r := range records {
+		if r.EventID() == inAborted {
+			t.Errorf("event %s of a rolled-back prepared transaction was published", inAborted)
+		}
+	}
+	if len(records) != 3 {
+		t.Errorf("%d records for 3 events", len(records))
+	}
+}
