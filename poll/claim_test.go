@@ -101,6 +101,12 @@ type planNode struct {
 	IndexName   string     `json:"Index Name"`
 	Alias       string     `json:"Alias"`
 	Plans       []planNode `json:"Plans"`
+	// Set by EXPLAIN ANALYZE.
+	RelationName string  `json:"Relation Name"`
+	ActualRows   float64 `json:"Actual Rows"`
+	ActualLoops  float64 `json:"Actual Loops"`
+	// RowsRemoved are the rows a scan read and its filter dropped.
+	RowsRemoved float64 `json:"Rows Removed by Filter"`
 }
 
 // find returns the first node, n or below it, that match holds for.

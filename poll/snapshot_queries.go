@@ -60,9 +60,12 @@ WHERE o.{{xid}} IS NULL AND {{existing_after}}
 ORDER BY {{existing_order}}`
 
 // gaugesSQL reads what snapshotGauges reports. The backlog is the
-// committed rows the progress does not cover: those of its in-progress
-// transactions and later ones (an index range from its xmin), and the rows
-// from before the strategy while they are still to publish.
+// committed rows the progress does not cover, found as a window finds
+// them: those of its in-progress transactions, by id, and the later ones,
+// an index range from its xmax; plus the rows from before the strategy
+// while they are still to publish. Not a range from its xmin, which would
+// read every row inserted since the oldest transaction open when the
+// progress was taken, however long ago, at every reading.
 const gaugesSQL = `
 SELECT extract(epoch FROM now() - s.updated_at)::float8,
     coalesce(extract(epoch FROM now() - least(
@@ -72,9 +75,13 @@ SELECT extract(epoch FROM now() - s.updated_at)::float8,
     least(w.oldest, CASE WHEN s.existing_pending THEN (SELECT min({{created}}) FROM {{outbox}} o WHERE o.{{xid}} IS NULL) END)
 FROM {{snapshot}} s
 CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min({{created}}) AS oldest FROM {{outbox}} o
-    WHERE o.{{xid}} >= pg_snapshot_xmin(s.done) AND NOT pg_visible_in_snapshot(o.{{xid}}, s.done)
-      AND pg_xact_status(o.{{xid}}) = 'committed'
+    SELECT count(*) AS n, min(p.created) AS oldest FROM (
+        SELECT {{created}} AS created FROM {{outbox}} o
+        WHERE o.{{xid}} = ANY (ARRAY(SELECT pg_snapshot_xip(s.done))) AND pg_xact_status(o.{{xid}}) = 'committed'
+        UNION ALL
+        SELECT {{created}} FROM {{outbox}} o
+        WHERE o.{{xid}} >= pg_snapshot_xmax(s.done) AND pg_xact_status(o.{{xid}}) = 'committed'
+    ) p
 ) w`
 
 // snapQueries are the snapshot strategy's statements on an outbox table.
