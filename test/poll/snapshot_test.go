@@ -497,3 +497,24 @@ func TestSnapshotWindowAcrossTheEpoch(t *testing.T) {
 		t.Errorf("%d records for %d events", len(records), e.CommittedCount())
 	}
 }
+
+// A window with rows is stored as done as soon as its last page is acked.
+// Its end was stored with the empty windows, at most every 10 s; until
+// then the stored progress was the one from before the window, and every
+// row of it, all published, counted as pending (the gauges, `status`).
+func TestSnapshotStoresAWindowsEndAtOnce(t *testing.T) {
+	e := newSnapEnv(t)
+	conn := e.DB.Connect(t)
+	if _, err := e.CommitBulk(context.Background(), conn, "order", 2000); err != nil {
+		t.Fatal(err)
+	}
+	e.startSnapPoller("--poll-batch", "500")
+	e.ConsumeAll(time.Minute)
+	harness.WaitFor(t, 5*time.Second, "the finished window's end stored (less than the 10 s between stores of empty windows)", func() bool {
+		return e.DB.QueryString(t, "SELECT (window_end IS NULL)::text FROM outbox_events_poll_snapshot") == "true"
+	})
+	code, out := harness.RunCommand(t, e.Bin, []string{"status", "--source", "poll", "--poll-strategy", "snapshot", "--pg-dsn", e.DB.DSN()})
+	if code != 0 || !strings.Contains(out, `"pending_rows": 0`) {
+		t.Errorf("status exited %d, want 0 pending rows once everything is published:\n%s", code, out)
+	}
+}
