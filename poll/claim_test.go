@@ -21,12 +21,7 @@ import (
 // pending, against 14 ms).
 func TestClaimPlanReadsPendingRowsInOrderWhateverTheStatistics(t *testing.T) {
 	ctx := context.Background()
-	cluster := harness.StartPostgres(t, harness.PGOptions{})
-	db := cluster.CreateTestDatabase(t)
-	conn := db.Connect(t)
-	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay", Poll: true}); err != nil {
-		t.Fatal(err)
-	}
+	db, conn, cfg, tabs := migratedOutbox(t, StrategyLease)
 	db.Exec(t, "ALTER TABLE outbox_events_poll SET (autovacuum_enabled = false)")
 	insert := `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
 		SELECT gen_random_uuid(), 'order', (g % 1000)::text, 'created', '{}' FROM generate_series(1, 50000) g`
@@ -35,11 +30,6 @@ func TestClaimPlanReadsPendingRowsInOrderWhateverTheStatistics(t *testing.T) {
 	db.Exec(t, "VACUUM ANALYZE outbox_events_poll") // all published, none pending
 	db.Exec(t, insert)
 
-	cfg := Config{Postgres: pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}}
-	tabs, err := cfg.tables()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, settings := range []string{plannerSettings, claimPlannerSettings} {
 		if _, err := conn.Exec(ctx, settings); err != nil {
 			t.Fatal(err)
@@ -74,6 +64,26 @@ func TestClaimPlanReadsPendingRowsInOrderWhateverTheStatistics(t *testing.T) {
 	if scan := plan.find(func(n *planNode) bool { return n.Alias == "outbox_events_poll" && n.NodeType != "ModifyTable" }); scan == nil || scan.IndexName != "outbox_events_poll_pkey" {
 		t.Errorf("marking rows published does not find them by the primary key:\n%s", text)
 	}
+}
+
+// migratedOutbox starts a server of the test's own and migrates a
+// database on it for poll mode's strategy, returning the database, a
+// connection, the poller's configuration and its tables.
+func migratedOutbox(t *testing.T, strategy string) (*harness.PGDatabase, *pgx.Conn, Config, tables) {
+	t.Helper()
+	db := harness.StartPostgres(t, harness.PGOptions{}).CreateTestDatabase(t)
+	conn := db.Connect(t)
+	names := migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay",
+		Poll: strategy == StrategyLease, PollSnapshot: strategy == StrategySnapshot}
+	if _, err := migrations.Apply(context.Background(), conn, names); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Postgres: pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}, Strategy: strategy}
+	tabs, err := cfg.tables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, conn, cfg, tabs
 }
 
 // explain prepares sql as name and returns the generic plan of execute.

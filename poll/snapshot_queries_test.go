@@ -7,10 +7,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outbox-relay/outbox-relay/migrations"
-	"github.com/outbox-relay/outbox-relay/pg"
-	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
 // The pending-rows gauges are read every few seconds. They counted the
@@ -24,17 +20,7 @@ import (
 // rows by id, and the rows from its xmax.
 func TestSnapshotGaugesReadOnlyWhatTheProgressDoesNotCover(t *testing.T) {
 	ctx := context.Background()
-	cluster := harness.StartPostgres(t, harness.PGOptions{})
-	db := cluster.CreateTestDatabase(t)
-	conn := db.Connect(t)
-	if _, err := migrations.Apply(ctx, conn, migrations.Names{Schema: "public", Table: "outbox_events", Publication: "outbox_relay", PollSnapshot: true}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Postgres: pg.Config{DSN: db.DSN(), Table: "public.outbox_events"}, Strategy: StrategySnapshot}
-	tabs, err := cfg.tables()
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, conn, cfg, tabs := migratedOutbox(t, StrategySnapshot)
 	q, err := newSnapQueries(ctx, conn, tabs, cfg.Postgres.OutboxLayout())
 	if err != nil {
 		t.Fatal(err)
