@@ -317,9 +317,10 @@ func (s *snapSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 		// A window with no rows only moves Done: stored at most every
 		// emptyStoreEvery, so an idle outbox in a busy database costs no
 		// write a second. A restart then looks at those windows again.
-		// The end of a window with rows is stored at once: until then the
-		// stored Done is the one from before the window, and every row of
-		// the window, published or not, would count as pending.
+		// The end of a window with rows (whose last page was full, so this
+		// read found it ended) is stored at once: until then the stored
+		// Done is the one from before the window, and every row of the
+		// window, published or not, would count as pending.
 		if s.target.Window == "" && s.stored.Window == "" && s.target.Existing == s.stored.Existing && time.Since(s.storedAt) < emptyStoreEvery {
 			return engine.Read{}, nil
 		}

@@ -91,23 +91,24 @@ func OrderSequence(outbox Table) Table {
 // outbox table: <table>_poll_snapshot in the same schema, refused past
 // PostgreSQL's 63-byte names as PollStateTable's is.
 func PollSnapshotTable(outbox Table) (Table, error) {
-	name := outbox.Name + pollSnapshotSuffix
-	if len(name) > 63 {
-		return Table{}, fmt.Errorf("--table %s: poll mode's snapshot strategy keeps its progress in %s, longer than PostgreSQL's 63-byte names: use an outbox table name of at most %d bytes",
-			outbox, name, 63-len(pollSnapshotSuffix))
-	}
-	return Table{Schema: outbox.Schema, Name: name}, nil
+	return besideOutbox(outbox, pollSnapshotSuffix, "poll mode's snapshot strategy keeps its progress")
 }
 
 // PollStateTable returns poll mode's state table for an outbox table:
-// <table>_poll in the same schema. PostgreSQL would cut a name past 63
-// bytes and two outbox tables could then share one, so such a name is
-// refused.
+// <table>_poll in the same schema.
 func PollStateTable(outbox Table) (Table, error) {
-	name := outbox.Name + pollSuffix
+	return besideOutbox(outbox, pollSuffix, "poll mode keeps its state")
+}
+
+// besideOutbox names a table of the relay's after its outbox table, in
+// its schema. PostgreSQL would cut a name past 63 bytes and two outbox
+// tables could then share one, so such a name is refused; what says what
+// the table is for.
+func besideOutbox(outbox Table, suffix, what string) (Table, error) {
+	name := outbox.Name + suffix
 	if len(name) > 63 {
-		return Table{}, fmt.Errorf("--table %s: poll mode keeps its state in %s, longer than PostgreSQL's 63-byte names: use an outbox table name of at most %d bytes",
-			outbox, name, 63-len(pollSuffix))
+		return Table{}, fmt.Errorf("--table %s: %s in %s, longer than PostgreSQL's 63-byte names: use an outbox table name of at most %d bytes",
+			outbox, what, name, 63-len(suffix))
 	}
 	return Table{Schema: outbox.Schema, Name: name}, nil
 }
