@@ -30,6 +30,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/propagation"
@@ -300,6 +302,10 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 		if strings.ContainsRune(f.value, 0) {
 			return row{}, fmt.Errorf("event %s: %s holds a NUL byte, which PostgreSQL text cannot store", id, f.name)
 		}
+		if !utf8.ValidString(f.value) {
+			return row{}, fmt.Errorf("event %s: %s is not UTF-8 at byte %d, which PostgreSQL text cannot store (it would abort the whole transaction)",
+				id, f.name, invalidUTF8At([]byte(f.value)))
+		}
 	}
 	if r.schemaVersion == 0 {
 		r.schemaVersion = 1
@@ -314,9 +320,17 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 		r.payload, r.raw = append([]byte{}, ev.Payload...), true
 	case len(ev.Payload) == 0 || !json.Valid(ev.Payload):
 		return row{}, fmt.Errorf("event %s: Payload is not a JSON document (the relay publishes the payload column, jsonb); for bytes, set ContentType", id)
+	case !utf8.Valid(ev.Payload):
+		// encoding/json accepts any byte inside a string; PostgreSQL
+		// does not, and would abort the whole transaction.
+		return row{}, fmt.Errorf("event %s: Payload is not UTF-8 at byte %d, which a JSON payload column cannot store (PostgreSQL would abort the whole transaction); "+
+			"fix the text, or for bytes set ContentType", id, invalidUTF8At(ev.Payload))
 	default:
-		if at := nulEscape(ev.Payload); at >= 0 {
+		if at, esc := badEscape(ev.Payload); at >= 0 && esc == `\u0000` {
 			return row{}, fmt.Errorf("event %s: Payload holds the escape \\u0000 at byte %d, which jsonb cannot store (PostgreSQL would abort the whole transaction); drop the NUL character or encode it another way", id, at)
+		} else if at >= 0 {
+			return row{}, fmt.Errorf("event %s: Payload holds the escape %s at byte %d, a lone surrogate (half of a UTF-16 pair without its other half), which is no character "+
+				"and which jsonb refuses (PostgreSQL would abort the whole transaction); fix the encoder that wrote it", id, esc, at)
 		}
 		r.payload = string(ev.Payload)
 	}
@@ -365,21 +379,57 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 	return r, nil
 }
 
-// nulEscape returns the offset of the first \u0000 escape in the valid
-// JSON document doc, or -1. In valid JSON a backslash appears only inside a
-// string and always starts an escape, so skipping each escape's second byte
-// tells `\u0000` from an escaped backslash followed by "u0000".
-func nulEscape(doc []byte) int {
+// badEscape returns the offset and text of the first escape in the valid
+// JSON document doc that jsonb refuses: \u0000, or a lone surrogate (a
+// high one not followed by a low one, or a low one alone); -1 if none. In
+// valid JSON a backslash appears only inside a string and always starts an
+// escape, so skipping each escape's second byte tells `\u0000` from an
+// escaped backslash followed by "u0000".
+func badEscape(doc []byte) (int, string) {
+	unicode := func(i int) (rune, bool) {
+		if i+6 > len(doc) || doc[i] != '\\' || doc[i+1] != 'u' {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(string(doc[i+2:i+6]), 16, 16)
+		return rune(n), err == nil
+	}
 	for i := 0; i < len(doc)-1; i++ {
 		if doc[i] != '\\' {
 			continue
 		}
-		if doc[i+1] == 'u' && i+6 <= len(doc) && string(doc[i+2:i+6]) == "0000" {
+		r, ok := unicode(i)
+		if !ok {
+			i++
+			continue
+		}
+		switch {
+		case r == 0:
+			return i, string(doc[i : i+6])
+		case utf16.IsSurrogate(r) && r < 0xdc00:
+			if low, ok := unicode(i + 6); ok && low >= 0xdc00 && low <= 0xdfff {
+				i += 11
+				continue
+			}
+			return i, string(doc[i : i+6])
+		case utf16.IsSurrogate(r):
+			return i, string(doc[i : i+6])
+		}
+		i += 5
+	}
+	return -1, ""
+}
+
+// invalidUTF8At returns the offset of the first byte of b that is not
+// part of valid UTF-8.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
 			return i
 		}
-		i++
+		i += n
 	}
-	return -1
+	return len(b)
 }
 
 // errReserved says which header a row may not set.
@@ -396,6 +446,11 @@ func checkHeader(name, value string) error {
 	}
 	if strings.ContainsRune(name, 0) || strings.ContainsRune(value, 0) {
 		return fmt.Errorf("header %q holds a NUL byte, which jsonb cannot store", name)
+	}
+	// encoding/json would turn such bytes into U+FFFD without a word.
+	if !utf8.ValidString(name) || !utf8.ValidString(value) {
+		return fmt.Errorf("header %q is not UTF-8 (name or value), which the headers column (jsonb) cannot store; "+
+			"encode binary values as text (base64, hex)", strings.ToValidUTF8(name, "\uFFFD"))
 	}
 	return nil
 }
