@@ -54,6 +54,12 @@ func (ib *Inbox) handleValid(ctx context.Context, db Beginner, events []Event, h
 		if ctx.Err() != nil {
 			return nil, err
 		}
+		if endedBySQL(err) {
+			// What the handler's COMMIT took with it is settled (see
+			// settleEndedTx); the events after it come again.
+			ib.countFailure(err)
+			return nil, err
+		}
 	}
 	results := make([]Result, 0, len(events))
 	for i := range events {
@@ -139,14 +145,14 @@ func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h H
 		wrote = true
 		if v == nil || ev.Version == 0 {
 			if err := ib.run(ctxOf(ctx, spans, i), tx, ev, h); err != nil {
-				return nil, nil, err
+				return nil, nil, ib.settleEndedTx(ctx, db, events, fresh, i, v, err)
 			}
 			results[i] = Result{Outcome: Applied}
 			continue
 		}
 		res, missing, err := ib.applyVersioned(ctxOf(ctx, spans, i), tx, v, ev, h)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, ib.settleEndedTx(ctx, db, events, fresh, i, v, err)
 		}
 		results[i] = res
 		if missing != nil {
@@ -166,6 +172,55 @@ func (ib *Inbox) applyInTx(ctx context.Context, db Beginner, events []Event, h H
 		return nil, nil, fmt.Errorf("event %s: commit: %w", events[0].ID, err)
 	}
 	return results, reports, nil
+}
+
+// settleEndedTx returns err, the error of event i's handler, after setting
+// right what a COMMIT that handler sent as SQL took with it: the records
+// of the batch's later events, whose handlers never ran (they are
+// deleted, so those events come again), and the versions applied up to
+// and including event i (stored, so the next versions apply). A ROLLBACK
+// took everything back, and an error of any other kind left nothing
+// committed: then there is nothing to settle.
+func (ib *Inbox) settleEndedTx(ctx context.Context, db Beginner, events []Event, fresh []bool, i int, v *versionState, err error) error {
+	if !endedBySQL(err) {
+		return err
+	}
+	fail := func(what string, cause error) error {
+		return fmt.Errorf("%w; then %s: %w (the records of events after %s may be committed without their effects: "+
+			"delete them from %s for consumer %s)", err, what, cause, events[i].ID, ib.tables.processed(), ib.cfg.Consumer)
+	}
+	tx, berr := db.Begin(ctx)
+	if berr != nil {
+		return fail("begin", berr)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	var committed bool
+	if qerr := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+ib.tables.processed()+` WHERE consumer = $1 AND event_id = $2)`,
+		ib.cfg.Consumer, events[i].ID).Scan(&committed); qerr != nil {
+		return fail("look for its record", qerr)
+	}
+	if !committed {
+		return err
+	}
+	var later []string
+	for j := i + 1; j < len(events); j++ {
+		if fresh[j] {
+			later = append(later, events[j].ID)
+		}
+	}
+	if _, xerr := tx.Exec(ctx, `DELETE FROM `+ib.tables.processed()+` WHERE consumer = $1 AND event_id = ANY($2)`,
+		ib.cfg.Consumer, later); xerr != nil {
+		return fail("take back the later events' records", xerr)
+	}
+	if v != nil {
+		if serr := ib.storeVersions(ctx, tx, v); serr != nil {
+			return fail("store the versions it applied", serr)
+		}
+	}
+	if cerr := tx.Commit(ctx); cerr != nil {
+		return fail("commit", cerr)
+	}
+	return err
 }
 
 // record inserts the processed-event records of events in one statement
@@ -246,20 +301,33 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	})
 	insert := `INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
 		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`
-	lock := `SELECT version, EXISTS (SELECT 1 FROM ` + ib.tables.parked() + `
-			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)
-		FROM ` + ib.tables.versions() + `
+	lock := `SELECT version FROM ` + ib.tables.versions() + `
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`
+	// Its own statement, after the lock: under READ COMMITTED a statement
+	// that waited for the lock re-reads the locked row, but the rest of it
+	// keeps the snapshot from before the wait, and would miss an event the
+	// lock's holder parked. (Under REPEATABLE READ the snapshot is the
+	// transaction's; there, park writes the version row, so a waiter fails
+	// with a serialization error and its retry sees the parked event.)
+	parked := `SELECT EXISTS (SELECT 1 FROM ` + ib.tables.parked() + `
+		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)`
 	batch := &pgx.Batch{}
 	for _, a := range aggs {
 		batch.Queue(insert, ib.cfg.Consumer, a.typ, a.id)
 		batch.Queue(lock, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
 			var version int64
-			var parked bool
-			if err := row.Scan(&version, &parked); err != nil {
+			if err := row.Scan(&version); err != nil {
 				return err
 			}
-			v.applied[a], v.parked[a] = version, parked
+			v.applied[a] = version
+			return nil
+		})
+		batch.Queue(parked, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
+			var p bool
+			if err := row.Scan(&p); err != nil {
+				return err
+			}
+			v.parked[a] = p
 			return nil
 		})
 	}
@@ -289,15 +357,26 @@ func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState,
 			return Result{Outcome: Stale}, nil, nil
 		}
 		v.parked[a] = true
+		// The version row is written though its version stays: a
+		// transaction under REPEATABLE READ that waits for its lock then
+		// fails with a serialization error instead of applying the
+		// predecessor with a snapshot that misses this event.
+		v.changed[a] = true
 		return Result{Outcome: Parked}, missing, nil
 	}
 	if err := ib.run(ctx, tx, ev, h); err != nil {
+		if endedBySQL(err) {
+			v.applied[a], v.changed[a] = ev.Version, true
+		}
 		return Result{}, nil, err
 	}
 	last, released := ev.Version, 0
 	if v.parked[a] {
 		var err error
 		if released, last, err = ib.release(ctx, tx, ev, h); err != nil {
+			if endedBySQL(err) {
+				v.applied[a], v.changed[a] = last, true
+			}
 			return Result{}, nil, err
 		}
 	}

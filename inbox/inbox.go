@@ -49,7 +49,10 @@ import (
 
 // Handler applies one event using tx, the transaction that also records
 // it. It must do all its database work through tx and must not commit or
-// roll it back. An error rolls back the record and every effect.
+// roll it back (tx.Commit and tx.Rollback return ErrHandlerEndedTx, and a
+// COMMIT or ROLLBACK sent as SQL fails the event). An error rolls back the
+// record and every effect; so does a statement that failed while the
+// handler returned nil, since it aborted the transaction.
 type Handler func(ctx context.Context, tx pgx.Tx, ev Event) error
 
 // Beginner starts a transaction: *pgx.Conn, *pgxpool.Pool and pgx.Tx
@@ -212,9 +215,49 @@ func (ib *Inbox) Handle(ctx context.Context, db Beginner, ev Event, h Handler) (
 	return res[0], nil
 }
 
+// ErrHandlerEndedTx is returned, wrapped and naming the event, when a
+// handler committed or rolled back the transaction it was given: that
+// transaction also records the batch's events, so ending it early would
+// record events whose handlers never ran. The handler's tx.Commit and
+// tx.Rollback are refused with it; a COMMIT or ROLLBACK sent as SQL is
+// noticed when the handler returns.
+var ErrHandlerEndedTx = errors.New("the handler ended the inbox's transaction (commit or rollback); leave that to the inbox, " +
+	"and for a step that may fail on its own use a savepoint (tx.Begin) and roll that back")
+
+// errSwallowed is a handler's nil return over a statement that failed.
+var errSwallowed = errors.New("returned nil, but a statement in its transaction failed, which aborted the transaction; " +
+	"return that statement's error, or run the statement in a savepoint (tx.Begin) and roll that back")
+
+// handlerTx is the transaction a handler gets: the inbox's own, which
+// only the inbox may end.
+type handlerTx struct {
+	pgx.Tx
+	ended bool
+}
+
+func (t *handlerTx) Commit(context.Context) error   { t.ended = true; return ErrHandlerEndedTx }
+func (t *handlerTx) Rollback(context.Context) error { t.ended = true; return ErrHandlerEndedTx }
+
 func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, ev Event, h Handler) error {
-	if err := h(ctx, tx, ev); err != nil {
+	htx := &handlerTx{Tx: tx}
+	err := h(ctx, htx, ev)
+	// The connection's transaction status, as of the last answer the
+	// server sent: no round trip.
+	status := byte('T')
+	if c := tx.Conn(); c != nil {
+		status = c.PgConn().TxStatus()
+	}
+	switch {
+	case status == 'I':
+		// A COMMIT or ROLLBACK sent as SQL: the server's transaction is
+		// gone, whatever pgx believes.
+		return &handlerError{id: ev.ID, err: ErrHandlerEndedTx, endedBySQL: true}
+	case htx.ended:
+		return &handlerError{id: ev.ID, err: ErrHandlerEndedTx}
+	case err != nil:
 		return &handlerError{id: ev.ID, err: err}
+	case status == 'E':
+		return &handlerError{id: ev.ID, err: errSwallowed}
 	}
 	return nil
 }
@@ -224,10 +267,20 @@ func (ib *Inbox) run(ctx context.Context, tx pgx.Tx, ev Event, h Handler) error 
 type handlerError struct {
 	id  string
 	err error
+	// endedBySQL: the handler's SQL ended the transaction, which may have
+	// committed the batch's records with it.
+	endedBySQL bool
 }
 
 func (e *handlerError) Error() string { return fmt.Sprintf("event %s: handler: %v", e.id, e.err) }
 func (e *handlerError) Unwrap() error { return e.err }
+
+// endedBySQL reports whether err says a handler ended the transaction
+// through SQL.
+func endedBySQL(err error) bool {
+	var he *handlerError
+	return errors.As(err, &he) && he.endedBySQL
+}
 
 // park keeps an event until its predecessor arrives, and reports the
 // aggregate when its oldest parked event has waited past the limit. It
@@ -292,7 +345,7 @@ func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (i
 			next.Headers[string(keys[i])] = string(values[i])
 		}
 		if err := ib.run(ctx, tx, next, h); err != nil {
-			return 0, 0, err
+			return released, next.Version, err
 		}
 		released++
 		last = next.Version
