@@ -67,11 +67,12 @@ type Names struct {
 // ownTable are the migrations that create or change the relay's own outbox
 // table; they are left out for an external table. A new migration that
 // touches the outbox table belongs here.
-var ownTable = map[string]bool{"001_outbox.sql": true, "007_outbox_order.sql": true}
+var ownTable = map[string]bool{"001_outbox.sql": true, "007_outbox_order.sql": true, "008_outbox_stamp.sql": true}
 
 // tableSource are the migrations that only a source reading an outbox
 // table needs; the messages source has its own publication instead.
-var tableSource = map[string]bool{"001_outbox.sql": true, "001_outbox_publication.sql": true, "007_outbox_order.sql": true}
+var tableSource = map[string]bool{"001_outbox.sql": true, "001_outbox_publication.sql": true, "007_outbox_order.sql": true,
+	"008_outbox_stamp.sql": true, "009_slots.sql": true}
 
 // QuarantineTable returns the quarantine table.
 func (n Names) QuarantineTable() (store.Table, error) {
@@ -168,6 +169,7 @@ func SQL(n Names) (string, error) {
 		"{{existing_pending}}", existingPending,
 		"{{snap_notify_trigger}}", snapNotifyTrigger(n, table, snap),
 		"{{poll_notify}}", pollNotify(n, table),
+		"{{stamp}}", stampSQL(table),
 		"{{table_literal}}", literal(table.Quoted()),
 		"{{existing_published_at}}", existingPublishedAt,
 		"{{event_id}}", column(layout.EventID),
@@ -178,6 +180,7 @@ func SQL(n Names) (string, error) {
 		"{{aggregate_id_literal}}", literal(l.Column(layout.AggregateID)),
 		"{{created_at_literal}}", literal(l.Column(layout.CreatedAt)),
 		"{{quarantine}}", quarantine.Quoted(),
+		"{{slots}}", store.SlotRegistry(table).Quoted(),
 		"{{table}}", table.Quoted(),
 		// Named after the table, and quoted whole: a name with a space or
 		// a quote must not break the DDL.
@@ -246,6 +249,53 @@ func snapNotifyTrigger(n Names, table, snap store.Table) string {
 	}
 	return "CREATE OR REPLACE TRIGGER " + trigger + " AFTER INSERT ON " + table.Quoted() + "\n    FOR EACH STATEMENT EXECUTE FUNCTION " +
 		pgx.Identifier{snap.Schema, snap.Name + "_notify"}.Sanitize() + "();"
+}
+
+// stampSQL (re)makes the trigger that overwrites, on every inserted row,
+// the columns the relay owns that the table has: outbox_relay_seq from its
+// default's sequence (insertion order, which republishing and the
+// snapshot strategy read), and outbox_relay_xid with the inserting
+// transaction's id (which the snapshot strategy reads). A default alone
+// is what the writer leaves out; an ORM that inserts every mapped column,
+// an INSERT ... SELECT * copy or a copy tool fills it with NULL or a stale
+// value instead. The function is built from the columns present, so one
+// trigger serves the WAL path's table and the snapshot strategy's, and
+// running either migration again keeps what the other added. Not SECURITY
+// DEFINER and no pinned search path: it names every object by OID or with
+// pg_catalog, and the writer's role may use the sequence (granted to
+// PUBLIC where migrate made it). ENABLE ALWAYS: it fires under
+// session_replication_role = replica too, as a copy by logical
+// replication runs, whose rows carry another server's transaction ids.
+func stampSQL(table store.Table) string {
+	trigger := store.StampTrigger(table)
+	function := pgx.Identifier{table.Schema, trigger}.Sanitize()
+	r := strings.NewReplacer("{{table_literal}}", literal(table.Quoted()),
+		"{{function_literal}}", literal(function), "{{trigger_literal}}", literal(pgx.Identifier{trigger}.Sanitize()),
+		"{{xid_literal}}", literal(store.SnapshotXidColumn), "{{seq_literal}}", literal(store.OrderColumn))
+	return r.Replace(`DO $migrate$
+DECLARE
+    body text := '';
+    seq oid;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass AND attname = {{xid_literal}} AND NOT attisdropped) THEN
+        body := body || format('NEW.%I := pg_catalog.pg_current_xact_id(); ', {{xid_literal}});
+    END IF;
+    SELECT dep.refobjid INTO seq FROM pg_attrdef d
+        JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+        JOIN pg_depend dep ON dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid AND dep.refclassid = 'pg_class'::regclass
+        JOIN pg_class c ON c.oid = dep.refobjid AND c.relkind = 'S'
+        WHERE d.adrelid = {{table_literal}}::regclass AND a.attname = {{seq_literal}} AND NOT a.attisdropped;
+    IF seq IS NOT NULL THEN
+        body := body || format('NEW.%I := pg_catalog.nextval(%s::pg_catalog.oid::pg_catalog.regclass); ', {{seq_literal}}, seq);
+    END IF;
+    IF body = '' THEN
+        RETURN;
+    END IF;
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %L', {{function_literal}}, 'BEGIN ' || body || 'RETURN NEW; END');
+    EXECUTE format('CREATE OR REPLACE TRIGGER %s BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', {{trigger_literal}}, {{table_literal}}, {{function_literal}});
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %s', {{table_literal}}, {{trigger_literal}});
+END
+$migrate$;`)
 }
 
 // literal quotes s as an SQL string literal.

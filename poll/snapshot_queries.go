@@ -146,18 +146,26 @@ func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 	if err := pg.RequireSchemaUsage(ctx, conn, t.outbox.Schema, t.snapshot.Schema, t.quarantine.Schema); err != nil {
 		return err
 	}
-	var progress, columns, defaults bool
+	var progress, columns, defaults, stamp bool
 	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
 		(SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname IN ($3, $4) AND NOT attisdropped),
 		(SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
-		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4))`,
-		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.OrderColumn).Scan(&progress, &columns, &defaults)
+		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4)),
+		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $5 AND tgenabled <> 'D')`,
+		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.OrderColumn, store.StampTrigger(t.outbox)).Scan(&progress, &columns, &defaults, &stamp)
 	if err != nil {
 		return fmt.Errorf("look up the snapshot strategy's tables: %w", err)
 	}
 	if !progress || !columns || !defaults {
 		return fmt.Errorf("%w: the snapshot strategy's progress table %s, or the columns %s and %s of %s with their defaults, are missing: rows inserted now would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner",
 			pg.ErrPrecondition, t.snapshot, store.SnapshotXidColumn, store.OrderColumn, t.outbox)
+	}
+	if !stamp {
+		// Without it a row inserted with an explicit NULL or stale
+		// transaction id would be in no window: never published, never
+		// counted.
+		return fmt.Errorf("%w: the trigger %s of %s, which stamps every row with its transaction's id, is missing or disabled: a row a writer inserts with %s set (an ORM that inserts every column) would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner, or enable the trigger",
+			pg.ErrPrecondition, store.StampTrigger(t.outbox), t.outbox, store.SnapshotXidColumn)
 	}
 	for _, need := range []struct {
 		table store.Table

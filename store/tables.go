@@ -53,6 +53,17 @@ func QuarantineTable(outbox, configured string) (Table, error) {
 	return Table{Schema: t.Schema, Name: DefaultQuarantineName}, nil
 }
 
+// SlotRegistryName is the table, in the outbox table's schema, where the
+// relay records each replication slot it made (migrations/009_slots.sql).
+const SlotRegistryName = "outbox_relay_slots"
+
+// SlotRegistry returns the table that records the slots made for an
+// outbox table: outbox_relay_slots in its schema, shared by the schema's
+// outbox tables, one row a slot.
+func SlotRegistry(outbox Table) Table {
+	return Table{Schema: outbox.Schema, Name: SlotRegistryName}
+}
+
 // pollSuffix names poll mode's state table after its outbox table.
 const pollSuffix = "_poll"
 
@@ -63,6 +74,12 @@ const pollSnapshotSuffix = "_poll_snapshot"
 // SnapshotXidColumn is the column the snapshot strategy adds to the outbox
 // table: each row's transaction id.
 const SnapshotXidColumn = "outbox_relay_xid"
+
+// StampTrigger names the outbox table's BEFORE INSERT trigger, and its
+// function in the table's schema, that sets OrderColumn and
+// SnapshotXidColumn on every row whatever the INSERT gave them (see
+// migrations/008_outbox_stamp.sql).
+func StampTrigger(outbox Table) string { return outbox.Name + "_outbox_relay_stamp" }
 
 // OrderColumn numbers the outbox table's rows in insertion order, from a
 // sequence. It is the only record of which of one transaction's rows came
