@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -69,6 +70,12 @@ func Parse(headers []Header, value []byte) (Event, error) {
 // In every format the version is the aggregate_version header, which the
 // relay passes through as the writer set it. Any Kafka client works: pass
 // its key, headers and value.
+//
+// A record it refuses can never be read, however often it is tried: no
+// event id, a version that is no positive integer, a structured CloudEvent
+// that is no JSON, or an id or type with a NUL byte or bytes that are not
+// UTF-8. Both adapters set such a record aside (Records.Raw) so its
+// partition goes on.
 func ParseRecord(key []byte, headers []Header, value []byte) (Event, error) {
 	ev := Event{Payload: value, Headers: make(map[string]string, len(headers))}
 	for _, h := range headers {
@@ -98,6 +105,13 @@ func ParseRecord(key []byte, headers []Header, value []byte) (Event, error) {
 	}
 	if ev.ID == "" {
 		return Event{}, ErrNoEventID
+	}
+	for _, f := range [...]struct{ name, value string }{
+		{"event id", ev.ID}, {"aggregate type", ev.AggregateType}, {"aggregate id", ev.AggregateID}, {"event type", ev.EventType},
+	} {
+		if strings.ContainsRune(f.value, 0) || !utf8.ValidString(f.value) {
+			return Event{}, fmt.Errorf("record's %s %q holds a NUL byte or bytes that are not UTF-8, which the inbox's text columns cannot store", f.name, f.value)
+		}
 	}
 	if v, ok := ev.Headers[VersionHeader]; ok {
 		n, err := strconv.ParseInt(v, 10, 64)

@@ -104,6 +104,11 @@ type Config struct {
 	// --republish window, a consumer reset to an old offset). Prune
 	// refuses to run without it.
 	RetentionFloor time.Duration
+	// OnUnparsable, if set, is called (outside any transaction) for each
+	// record set aside because no event could be read from it, once it is
+	// in the unparsable table: alert from here, or from the
+	// inbox_unparsable_records_total counter.
+	OnUnparsable func(rec RawRecord, err error)
 	// Metrics, if set, counts outcomes.
 	Metrics *Metrics
 	// Now is the clock for parked events and the missing limit; default
@@ -356,4 +361,15 @@ func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (i
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// missingTableHint says what to do when a statement failed because a
+// table is missing (SQLSTATE 42P01): tables a newer version added are
+// created by applying SQL again.
+func missingTableHint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return " (apply inbox.SQL again: it creates the tables this version added, and leaves existing ones as they are)"
+	}
+	return ""
 }

@@ -3,6 +3,8 @@ package inbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -19,13 +21,31 @@ type Records struct {
 	// Failed, if set, is called for each failed attempt at record i; the
 	// record is retried.
 	Failed func(i int, err error)
+	// Raw, if set, returns record i as it arrived. Then a record Parse
+	// refuses is set aside (see Unparsable) and counted, and the records
+	// after it go on; without Raw it is retried like a failure, for ever,
+	// since parsing it again gives the same answer.
+	Raw func(i int) RawRecord
+}
+
+// RawRecord is one Kafka record as it arrived, with where it came from.
+type RawRecord struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []Header
 }
 
 // ApplyInOrder applies recs through HandleBatch and retries from the first
 // record that failed, with backoff from 1 ms doubling to retryMax (default
 // 5 s), until every record is applied or ctx ends. A record of a partition
 // is thus never applied before the records ahead of it, and never skipped:
-// one that can never succeed stops its partition. It returns nil once all
+// one that can never succeed stops its partition. A record no event can
+// be read from is the exception when recs.Raw is set: it is kept in the
+// unparsable table (and counted, and reported to Config.OnUnparsable),
+// and the records after it go on. It returns nil once all
 // are applied, and ctx's error, joined with the last failure, when ctx
 // ended first.
 func (ib *Inbox) ApplyInOrder(ctx context.Context, db Beginner, recs Records, h Handler, retryMax time.Duration) error {
@@ -45,17 +65,32 @@ func (ib *Inbox) ApplyInOrder(ctx context.Context, db Beginner, recs Records, h 
 			}
 			events = append(events, ev)
 		}
-		results, err := ib.HandleBatch(ctx, db, events, h)
-		if len(results) > 0 {
-			recs.Applied(done, done+len(results))
-			done += len(results)
-			wait = time.Millisecond
-		}
-		if err == nil {
-			err = parseErr
-		}
-		if err == nil {
-			continue
+		var err error
+		if len(events) == 0 && parseErr != nil && recs.Raw != nil {
+			// The record at done can never be read: set it aside, in a
+			// transaction of its own, before its offset is marked.
+			if err = ib.setAside(ctx, db, recs.Raw(done), parseErr); err == nil {
+				recs.Applied(done, done+1)
+				done++
+				wait = time.Millisecond
+				continue
+			}
+		} else {
+			var results []Result
+			results, err = ib.HandleBatch(ctx, db, events, h)
+			if len(results) > 0 {
+				recs.Applied(done, done+len(results))
+				done += len(results)
+				wait = time.Millisecond
+			}
+			// A record that cannot be parsed is a failure only where it
+			// cannot be set aside; otherwise the next round does.
+			if err == nil && recs.Raw == nil {
+				err = parseErr
+			}
+			if err == nil {
+				continue
+			}
 		}
 		if ctx.Err() != nil {
 			return errors.Join(ctx.Err(), err)
@@ -71,6 +106,50 @@ func (ib *Inbox) ApplyInOrder(ctx context.Context, db Beginner, recs Records, h 
 		case <-t.C:
 		}
 		wait = min(2*wait, retryMax)
+	}
+	return nil
+}
+
+// setAside keeps rec, which could not be parsed (parseErr), in the
+// unparsable table, byte for byte: bytea keeps a NUL byte and bytes that
+// are not UTF-8, which text cannot hold. A record set aside before (a
+// re-delivery) is left as it is.
+func (ib *Inbox) setAside(ctx context.Context, db Beginner, rec RawRecord, parseErr error) error {
+	keys := make([][]byte, len(rec.Headers))
+	values := make([][]byte, len(rec.Headers))
+	for i, h := range rec.Headers {
+		keys[i], values[i] = h.Key, h.Value
+		if keys[i] == nil {
+			keys[i] = []byte{}
+		}
+		if values[i] == nil {
+			values[i] = []byte{}
+		}
+	}
+	// The error quotes the record's own bytes at times; text holds
+	// neither a NUL byte nor bytes that are not UTF-8.
+	msg := strings.ToValidUTF8(strings.ReplaceAll(parseErr.Error(), "\x00", `\x00`), "\uFFFD")
+	where := fmt.Sprintf("%s partition %d offset %d", rec.Topic, rec.Partition, rec.Offset)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("set aside unparsable record at %s (%w): begin: %w", where, parseErr, err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.unparsable()+`
+		(consumer, topic, partition, "offset", record_key, record_value, header_keys, header_values, error, set_aside_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
+		ib.cfg.Consumer, rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, keys, values, msg, ib.cfg.Now())
+	if err != nil {
+		return fmt.Errorf("set aside unparsable record at %s (%w): %w%s", where, parseErr, err, missingTableHint(err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("set aside unparsable record at %s (%w): commit: %w", where, parseErr, err)
+	}
+	if tag.RowsAffected() > 0 {
+		ib.m.unparsable.Add(1)
+		if ib.cfg.OnUnparsable != nil {
+			ib.cfg.OnUnparsable(rec, parseErr)
+		}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 // registry; Counts reads the same numbers without one.
 type Metrics struct {
 	applied, duplicates, staleVersions, gaps, handlerErrors, missingReports atomic.Int64
+	unparsable, skipped                                                     atomic.Int64
 	missing                                                                 atomic.Int64
 	occurredToApplied                                                       prometheus.Histogram
 	collectors                                                              []prometheus.Collector
@@ -26,6 +27,8 @@ type Counts struct {
 	HandlerErrors             int64 // handler calls that failed (each rolled back)
 	MissingReports            int64 // predecessors reported missing past the limit
 	MissingPredecessors       int64 // aggregates waiting past the limit at the last Overdue call
+	Unparsable                int64 // records set aside because no event could be read from them
+	SkippedVersions           int64 // versions an operator declared missing for good (SkipMissing)
 }
 
 // NewMetrics returns the collectors for one consumer; the consumer name is
@@ -51,6 +54,8 @@ func NewMetrics(consumer string) *Metrics {
 	counter("inbox_version_gaps_total", "Events that arrived before their aggregate's previous version (held back or refused).", &m.gaps, nil)
 	counter("inbox_handler_errors_total", "Handler calls that returned an error; each rolled back its record and effect.", &m.handlerErrors, nil)
 	counter("inbox_missing_predecessor_reports_total", "Times an event waited on a predecessor longer than the limit.", &m.missingReports, nil)
+	counter("inbox_unparsable_records_total", "Records no event could be read from, set aside in the unparsable table so their partition goes on.", &m.unparsable, nil)
+	counter("inbox_versions_skipped_total", "Aggregate versions an operator declared missing for good (SkipMissing).", &m.skipped, nil)
 	m.collectors = append(m.collectors, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "inbox_missing_predecessors", ConstLabels: labels,
 		Help: "Aggregates whose next version has been missing longer than the limit, at the last check.",
@@ -87,5 +92,6 @@ func (m *Metrics) Counts() Counts {
 		Applied: m.applied.Load(), Duplicates: m.duplicates.Load(), StaleVersions: m.staleVersions.Load(),
 		VersionGaps: m.gaps.Load(), HandlerErrors: m.handlerErrors.Load(),
 		MissingReports: m.missingReports.Load(), MissingPredecessors: m.missing.Load(),
+		Unparsable: m.unparsable.Load(), SkippedVersions: m.skipped.Load(),
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Tables names the inbox's tables: Prefix + "_processed", "_versions" and
-// "_parked", in Schema.
+// Tables names the inbox's tables: Prefix + "_processed", "_versions",
+// "_parked", "_unparsable" and "_skipped", in Schema.
 type Tables struct {
 	Schema string // default public
 	Prefix string // default inbox
@@ -25,7 +25,7 @@ func (t Tables) withDefaults() Tables {
 }
 
 func (t Tables) validate() error {
-	for _, p := range []string{t.Schema, t.Prefix + "_processed"} {
+	for _, p := range []string{t.Schema, t.Prefix + "_unparsable"} {
 		if len(p) > 63 || strings.ContainsRune(p, 0) {
 			return fmt.Errorf("inbox tables %s.%s_*: names must be at most 63 bytes with no NUL byte", t.Schema, t.Prefix)
 		}
@@ -44,9 +44,11 @@ func (t Tables) name(suffix string) string {
 	return pgx.Identifier{t.Schema, t.Prefix + "_" + suffix}.Sanitize()
 }
 
-func (t Tables) processed() string { return t.name("processed") }
-func (t Tables) versions() string  { return t.name("versions") }
-func (t Tables) parked() string    { return t.name("parked") }
+func (t Tables) processed() string  { return t.name("processed") }
+func (t Tables) versions() string   { return t.name("versions") }
+func (t Tables) parked() string     { return t.name("parked") }
+func (t Tables) unparsable() string { return t.name("unparsable") }
+func (t Tables) skipped() string    { return t.name("skipped") }
 
 // SQL returns the DDL of the inbox's tables, safe to run more than once.
 // Apply it with your own migration tool, in the database that holds the
@@ -66,6 +68,8 @@ func SQL(t Tables) (string, error) {
 		"{{processed}}", t.processed(),
 		"{{versions}}", t.versions(),
 		"{{parked}}", t.parked(),
+		"{{unparsable}}", t.unparsable(),
+		"{{skipped}}", t.skipped(),
 		"{{parked_literal}}", "'"+strings.ReplaceAll(t.parked(), "'", "''")+"'",
 		"{{processed_at_idx}}", pgx.Identifier{t.Prefix + "_processed_at_idx"}.Sanitize(),
 		"{{upgrade}}", upgradeQuote,
@@ -107,6 +111,36 @@ CREATE TABLE IF NOT EXISTS {{parked}} (
     header_keys    bytea[]     NOT NULL,
     header_values  bytea[]     NOT NULL,
     parked_at      timestamptz NOT NULL,
+    PRIMARY KEY (consumer, aggregate_type, aggregate_id, version)
+);
+
+-- Records no event can be read from (no event id in any record format, a
+-- version header that is no positive integer, a structured CloudEvent that
+-- is no JSON), set aside so their partition goes on: each as it arrived,
+-- byte for byte, with where it was and why it could not be read.
+CREATE TABLE IF NOT EXISTS {{unparsable}} (
+    consumer      text        NOT NULL,
+    topic         text        NOT NULL,
+    partition     integer     NOT NULL,
+    "offset"      bigint      NOT NULL,
+    record_key    bytea,
+    record_value  bytea,
+    header_keys   bytea[]     NOT NULL,
+    header_values bytea[]     NOT NULL,
+    error         text        NOT NULL,
+    set_aside_at  timestamptz NOT NULL,
+    PRIMARY KEY (consumer, topic, partition, "offset")
+);
+
+-- Versions an operator declared will never come (SkipMissing), so the
+-- events parked behind them could be applied.
+CREATE TABLE IF NOT EXISTS {{skipped}} (
+    consumer       text        NOT NULL,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    version        bigint      NOT NULL,
+    reason         text        NOT NULL,
+    skipped_at     timestamptz NOT NULL,
     PRIMARY KEY (consumer, aggregate_type, aggregate_id, version)
 );
 

@@ -53,9 +53,12 @@ type Consumer struct {
 	// marked, and it is retried with backoff (1 ms doubling to RetryMax)
 	// until it succeeds or ctx ends, so records of a partition are never
 	// applied out of order. Only that partition waits (it is paused); the
-	// others go on. A record that can never succeed stops its partition:
-	// make the handler park it somewhere and return nil if that is what
-	// you want.
+	// others go on. A record whose handler can never succeed stops its
+	// partition: make the handler keep it somewhere and return nil if that
+	// is what you want. A record no event can be read from
+	// (inbox.ParseRecord refuses it) never reaches a handler: it is set
+	// aside in the inbox's unparsable table, counted, and its partition
+	// goes on.
 	OnError func(rec *kgo.Record, err error)
 	// OnClientError, if set, is called with each retriable error of a
 	// poll (a broker or the group coordinator out of reach, a rebalance)
@@ -259,6 +262,10 @@ func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) {
 			if c.OnError != nil {
 				c.OnError(recs[i], err)
 			}
+		},
+		Raw: func(i int) inbox.RawRecord {
+			r := recs[i]
+			return inbox.RawRecord{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Headers: headers(r)}
 		},
 	}, c.Handler, c.RetryMax)
 }

@@ -106,9 +106,12 @@ type Handler struct {
 	// that failed; the records before it in its batch are applied and
 	// marked, and it is retried with backoff (1 ms doubling to RetryMax)
 	// until it succeeds or the session ends, so records of a partition are
-	// never applied out of order. A record that can never succeed stops its
-	// partition: make the handler park it somewhere and return nil if that
-	// is what you want.
+	// never applied out of order. A record whose handler can never succeed
+	// stops its partition: make the handler keep it somewhere and return
+	// nil if that is what you want. A record no event can be read from
+	// (inbox.ParseRecord refuses it) never reaches a handler: it is set
+	// aside in the inbox's unparsable table, counted, and its partition
+	// goes on.
 	OnError func(msg *sarama.ConsumerMessage, err error)
 	// RetryMax caps the backoff; default 5 s.
 	RetryMax time.Duration
@@ -125,8 +128,16 @@ type Handler struct {
 // partition (Config.ChannelBufferSize), so a larger batch seldom fills.
 const DefaultMaxBatch = 256
 
-// Setup implements sarama.ConsumerGroupHandler.
-func (h *Handler) Setup(sarama.ConsumerGroupSession) error { return nil }
+// Setup implements sarama.ConsumerGroupHandler. It refuses a Handler
+// without its Inbox, DB or Handler, so the group's Consume returns that
+// error at once instead of a panic on the first record.
+func (h *Handler) Setup(sarama.ConsumerGroupSession) error {
+	if h.Inbox == nil || h.DB == nil || h.Handler == nil {
+		return fmt.Errorf("inboxsarama: Handler.Inbox, DB and Handler must all be set (Inbox %t, DB %t, Handler %t)",
+			h.Inbox != nil, h.DB != nil, h.Handler != nil)
+	}
+	return nil
+}
 
 // Cleanup implements sarama.ConsumerGroupHandler.
 func (h *Handler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
@@ -215,6 +226,10 @@ func (h *Handler) apply(ctx context.Context, sess sarama.ConsumerGroupSession, m
 			if h.OnError != nil {
 				h.OnError(msgs[i], err)
 			}
+		},
+		Raw: func(i int) inbox.RawRecord {
+			m := msgs[i]
+			return inbox.RawRecord{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Headers: headers(m)}
 		},
 	}, h.Handler, h.RetryMax)
 }
