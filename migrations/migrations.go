@@ -142,12 +142,9 @@ func SQL(n Names) (string, error) {
 		l = layout.Relay
 	}
 	column := func(f layout.Field) string { return pgx.Identifier{l.Column(f)}.Sanitize() }
-	existingPublishedAt := "NULL::timestamptz"
-	// The snapshot strategy's rows from before it have no transaction id;
-	// they are published first unless --poll-existing published.
-	existingPending := "EXISTS (SELECT 1 FROM " + table.Quoted() + " WHERE " + store.SnapshotXidColumn + " IS NULL)"
+	existingPublishedAt, existingPublished := "NULL::timestamptz", "false"
 	if n.ExistingPublished {
-		existingPublishedAt, existingPending = "now()", "false"
+		existingPublishedAt, existingPublished = "now()", "true"
 	}
 	r := strings.NewReplacer(
 		"{{poll}}", poll.Quoted(),
@@ -166,7 +163,7 @@ func SQL(n Names) (string, error) {
 		"{{snap_seq_literal}}", literal(pgx.Identifier{snap.Schema, snap.Name + "_seq"}.Sanitize()),
 		"{{snap_xid_index}}", pgx.Identifier{snap.Name + "_xid_idx"}.Sanitize(),
 		"{{snap_notify}}", pgx.Identifier{snap.Schema, snap.Name + "_notify"}.Sanitize(),
-		"{{existing_pending}}", existingPending,
+		"{{existing_published}}", existingPublished,
 		"{{snap_notify_trigger}}", snapNotifyTrigger(n, table, snap),
 		"{{poll_notify}}", pollNotify(n, table),
 		"{{stamp}}", stampSQL(table),
@@ -438,6 +435,19 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		what := fmt.Sprintf("poll state of %d rows already in the outbox, marked %s", untracked, state)
 		if n.PollSnapshot {
 			what = fmt.Sprintf("the snapshot strategy's progress, with %d rows already in the outbox %s", untracked, state)
+			if n.ExistingPublished {
+				l := n.Layout
+				if l == nil {
+					l = layout.Relay
+				}
+				byLease, err := leasePending(ctx, tx, outbox, l.Column(layout.EventID))
+				if err != nil {
+					return nil, err
+				}
+				if byLease >= 0 {
+					what += fmt.Sprintf(", except the %d the lease strategy's state table holds as pending: they are published first, in its order", byLease)
+				}
+			}
 		}
 		objects = append(objects, struct{ what, exists, arg string }{what: what})
 		existed = append(existed, false)
@@ -451,6 +461,35 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 		}
 	}
 	return created, nil
+}
+
+// leasePending counts the outbox rows without a transaction id that the
+// lease strategy's state table holds as pending, which the snapshot
+// strategy publishes first under --poll-existing published; -1 when the
+// table has no lease state table.
+func leasePending(ctx context.Context, tx pgx.Tx, outbox store.Table, eventID string) (int64, error) {
+	poll, err := store.PollStateTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	var exists bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", poll.Quoted()).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("look up poll state table %s: %w", poll, err)
+	}
+	if !exists {
+		return -1, nil
+	}
+	snap, err := store.PollSnapshotTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	var count int64
+	if err := tx.QueryRow(ctx, "SELECT CASE WHEN existing_pending THEN (SELECT count(*) FROM "+poll.Quoted()+" s JOIN "+outbox.Quoted()+
+		" o ON o."+pgx.Identifier{eventID}.Sanitize()+" = s.event_id WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o."+store.SnapshotXidColumn+" IS NULL) ELSE 0 END FROM "+
+		snap.Quoted()).Scan(&count); err != nil {
+		return 0, fmt.Errorf("count the rows the lease strategy holds as pending: %w", err)
+	}
+	return count, nil
 }
 
 // untrackedRows counts the outbox rows poll mode does not track yet, which

@@ -562,10 +562,10 @@ func (r *snapReader) next(ctx context.Context) (rows []snapRow, after snapProgre
 	}
 	switch {
 	case r.pos.Existing && last:
-		r.pos.Existing, r.pos.ExistingAfterCreated, r.pos.ExistingAfterID = false, time.Time{}, ""
+		r.pos.Existing, r.pos.ExistingAfterCreated, r.pos.ExistingAfterID, r.pos.ExistingAfterSeq = false, time.Time{}, "", 0
 	case r.pos.Existing:
 		end := rows[len(rows)-1]
-		r.pos.ExistingAfterCreated, r.pos.ExistingAfterID = end.created, end.eventID
+		r.pos.ExistingAfterCreated, r.pos.ExistingAfterID, r.pos.ExistingAfterSeq = end.created, end.eventID, end.seq
 	case last:
 		r.pos.Done, r.pos.Window, r.pos.AfterSeq = r.pos.Window, "", 0
 	default:
@@ -581,7 +581,9 @@ func (r *snapReader) open(ctx context.Context) (opened bool, err error) {
 	query, args := r.q.window, []any(nil)
 	switch {
 	case r.pos.Existing:
-		query, args = r.q.existing, r.q.existingAfter(r.pos)
+		if query, args, err = r.q.existingQuery(r.pos); err != nil {
+			return false, err
+		}
 	case r.pos.Window == "":
 		var now string
 		if err := r.conn.QueryRow(ctx, "SELECT pg_current_snapshot()::text").Scan(&now); err != nil {

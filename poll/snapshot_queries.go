@@ -21,12 +21,18 @@ import (
 // snapshot being published, up to sequence number AfterSeq; and while
 // Existing is set, the rows from before the strategy (no transaction id)
 // are published first, in (created at, event id) order after
-// ExistingAfter.
+// ExistingAfter. ExistingByLease says the lease strategy's state table
+// picks those rows, as it holds them pending, and orders them by its seq
+// (ExistingAfterSeq) instead.
 type snapProgress struct {
 	Done     string
 	Window   string
 	AfterSeq int64
 	Existing bool
+	// ExistingByLease: a switch from the lease strategy; the rows from
+	// before are those its state table holds as pending, in its order.
+	ExistingByLease  bool
+	ExistingAfterSeq int64
 	// ExistingAfter is the last row from before the strategy published:
 	// its insert time (zero without that column) and event id.
 	ExistingAfterCreated time.Time
@@ -59,6 +65,15 @@ SELECT 0::bigint, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}}
 WHERE o.{{xid}} IS NULL AND {{existing_after}}
 ORDER BY {{existing_order}}`
 
+// existingLeaseSQL reads the rows from before the strategy that the lease
+// strategy's state table holds as pending (neither published nor
+// quarantined), in its insertion order, after its seq $1: a switch from
+// the lease strategy publishes what it had not, and only that.
+const existingLeaseSQL = `
+SELECT s.seq, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{state}} s JOIN {{outbox}} o ON o.{{event_id}} = s.event_id
+WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o.{{xid}} IS NULL AND s.seq > $1
+ORDER BY s.seq`
+
 // gaugesSQL reads what snapshotGauges reports. The backlog is the
 // committed rows the progress does not cover, found as a window finds
 // them: those of its in-progress transactions, by id, and the later ones,
@@ -71,8 +86,8 @@ SELECT extract(epoch FROM now() - s.updated_at)::float8,
     coalesce(extract(epoch FROM now() - least(
         (SELECT min(xact_start) FROM pg_stat_activity WHERE backend_xid IS NOT NULL),
         (SELECT min(prepared) FROM pg_prepared_xacts)))::float8, 0),
-    w.n + CASE WHEN s.existing_pending THEN (SELECT count(*) FROM {{outbox}} o WHERE o.{{xid}} IS NULL) ELSE 0 END,
-    least(w.oldest, CASE WHEN s.existing_pending THEN (SELECT min({{created}}) FROM {{outbox}} o WHERE o.{{xid}} IS NULL) END)
+    w.n + CASE WHEN s.existing_pending THEN (SELECT count(*) {{existing_rows}}) ELSE 0 END,
+    least(w.oldest, CASE WHEN s.existing_pending THEN (SELECT min({{created}}) {{existing_rows}}) END)
 FROM {{snapshot}} s
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(p.created) AS oldest FROM (
@@ -86,10 +101,13 @@ CROSS JOIN LATERAL (
 
 // snapQueries are the snapshot strategy's statements on an outbox table.
 type snapQueries struct {
-	t             tables
-	layout        *layout.Layout
-	window        string
-	existing      string
+	t        tables
+	layout   *layout.Layout
+	window   string
+	existing string
+	// existingLease is existingLeaseSQL; empty when the table has no
+	// lease state table.
+	existingLease string
 	gauges        string
 	payloadBinary bool
 	// hasCreated says the table has the insert-time column.
@@ -106,9 +124,9 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 	if err != nil {
 		return nil, err
 	}
-	var hasCreated bool
-	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
-		t.outbox.Quoted(), l.Column(layout.CreatedAt)).Scan(&hasCreated); err != nil {
+	var hasCreated, hasLeaseState bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped), to_regclass($3) IS NOT NULL",
+		t.outbox.Quoted(), l.Column(layout.CreatedAt), t.state.Quoted()).Scan(&hasCreated, &hasLeaseState); err != nil {
 		return nil, fmt.Errorf("look up %s's columns: %w", t.outbox, err)
 	}
 	eventID := "o." + quoteIdent(l.Column(layout.EventID))
@@ -119,11 +137,37 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 		after = "(" + c + ", " + eventID + "::text) > ($1::timestamptz, $2::text)"
 		order = c + ", " + eventID + "::text"
 	}
-	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{columns}}", columns, "{{created}}", created,
-		"{{event_id}}", quoteIdent(l.Column(layout.EventID)), "{{xid}}", quoteIdent(store.SnapshotXidColumn),
+	eventIDColumn, xid := quoteIdent(l.Column(layout.EventID)), quoteIdent(store.SnapshotXidColumn)
+	existingRows := "FROM " + t.outbox.Quoted() + " o WHERE o." + xid + " IS NULL"
+	if hasLeaseState {
+		// The rows the existing pass has still to read.
+		existingRows = "FROM " + t.outbox.Quoted() + " o WHERE o." + xid + " IS NULL AND (NOT s.existing_by_lease_state OR EXISTS (SELECT 1 FROM " +
+			t.state.Quoted() + " ps WHERE ps.event_id = o." + eventIDColumn +
+			" AND ps.published_at IS NULL AND ps.quarantined_at IS NULL AND ps.seq > coalesce(s.existing_after_seq, 0)))"
+	}
+	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{state}}", t.state.Quoted(),
+		"{{columns}}", columns, "{{created}}", created,
+		"{{event_id}}", eventIDColumn, "{{xid}}", xid, "{{existing_rows}}", existingRows,
 		"{{seq}}", quoteIdent(store.OrderColumn), "{{existing_after}}", after, "{{existing_order}}", order)
-	return &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL),
-		payloadBinary: payloadBinary, hasCreated: hasCreated}, nil
+	q := &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL),
+		payloadBinary: payloadBinary, hasCreated: hasCreated}
+	if hasLeaseState {
+		q.existingLease = r.Replace(existingLeaseSQL)
+	}
+	return q, nil
+}
+
+// existingQuery is the query of the rows from before the strategy, and
+// its arguments: the last such row published, or nothing yet.
+func (q *snapQueries) existingQuery(p snapProgress) (string, []any, error) {
+	if !p.ExistingByLease {
+		return q.existing, q.existingAfter(p), nil
+	}
+	if q.existingLease == "" {
+		return "", nil, fmt.Errorf("%w: the lease strategy's state table %s, which says which rows from before the snapshot strategy are still to publish, is gone before they all were: restore it, or, if every row of %s without an %s was published, run `UPDATE %s SET existing_pending = false`",
+			pg.ErrPrecondition, q.t.state, q.t.outbox, store.SnapshotXidColumn, q.t.snapshot)
+	}
+	return q.existingLease, []any{p.ExistingAfterSeq}, nil
 }
 
 // existingAfter are existingSQL's arguments: the last row from before the
@@ -147,7 +191,7 @@ func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 		return err
 	}
 	var progress, columns, defaults, stamp bool
-	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'existing_after_seq'),
 		(SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname IN ($3, $4) AND NOT attisdropped),
 		(SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4)),
@@ -203,10 +247,11 @@ func leaseTriggerLeft(ctx context.Context, conn *pgx.Conn, t tables) (bool, erro
 func readSnapProgress(ctx context.Context, conn *pgx.Conn, t tables) (snapProgress, error) {
 	var p snapProgress
 	var window, afterID *string
-	var afterSeq *int64
+	var afterSeq, existingAfterSeq *int64
 	var afterCreated *time.Time
 	err := conn.QueryRow(ctx, `SELECT done::text, window_end::text, window_after_seq, existing_pending, existing_after_created,
-		existing_after_id, updated_at FROM `+t.snapshot.Quoted()).Scan(&p.Done, &window, &afterSeq, &p.Existing, &afterCreated, &afterID, &p.UpdatedAt)
+		existing_after_id, updated_at, existing_by_lease_state, existing_after_seq FROM `+t.snapshot.Quoted()).
+		Scan(&p.Done, &window, &afterSeq, &p.Existing, &afterCreated, &afterID, &p.UpdatedAt, &p.ExistingByLease, &existingAfterSeq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, fmt.Errorf("%w: the snapshot strategy's progress table %s has no row: run `outbox-relay migrate --source poll --poll-strategy snapshot`, which writes it",
 			pg.ErrPrecondition, t.snapshot)
@@ -226,14 +271,20 @@ func readSnapProgress(ctx context.Context, conn *pgx.Conn, t tables) (snapProgre
 	if afterID != nil {
 		p.ExistingAfterID = *afterID
 	}
+	if existingAfterSeq != nil {
+		p.ExistingAfterSeq = *existingAfterSeq
+	}
 	return p, nil
 }
 
 // writeSnapProgress stores p as the progress row.
 func writeSnapProgress(ctx context.Context, conn *pgx.Conn, t tables, p snapProgress) error {
 	var window, afterID *string
-	var afterSeq *int64
+	var afterSeq, existingAfterSeq *int64
 	var afterCreated *time.Time
+	if p.Existing && p.ExistingAfterSeq != 0 {
+		existingAfterSeq = &p.ExistingAfterSeq
+	}
 	if p.Window != "" {
 		window, afterSeq = &p.Window, &p.AfterSeq
 	}
@@ -244,8 +295,8 @@ func writeSnapProgress(ctx context.Context, conn *pgx.Conn, t tables, p snapProg
 		}
 	}
 	tag, err := conn.Exec(ctx, `UPDATE `+t.snapshot.Quoted()+` SET done = $1::pg_snapshot, window_end = $2::pg_snapshot, window_after_seq = $3,
-		existing_pending = $4, existing_after_created = $5, existing_after_id = $6, updated_at = now()`,
-		p.Done, window, afterSeq, p.Existing, afterCreated, afterID)
+		existing_pending = $4, existing_after_created = $5, existing_after_id = $6, existing_after_seq = $7, updated_at = now()`,
+		p.Done, window, afterSeq, p.Existing, afterCreated, afterID, existingAfterSeq)
 	if err != nil {
 		return fmt.Errorf("record the snapshot strategy's progress in %s: %w", t.snapshot, err)
 	}

@@ -55,11 +55,41 @@ CREATE TABLE IF NOT EXISTS {{snap}} (
     existing_after_id      text,
     updated_at             timestamptz NOT NULL DEFAULT now()
 );
+-- A switch from the lease strategy: its state table says which rows from
+-- before were published (existing_by_lease_state), and its pending ones
+-- are published first, in its order (its seq, after existing_after_seq).
+-- Added apart, for a progress table from before: a constant default
+-- changes no row.
+ALTER TABLE {{snap}}
+    ADD COLUMN IF NOT EXISTS existing_by_lease_state boolean NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS existing_after_seq      bigint;
 -- Taken after ALTER TABLE's lock: every row with a transaction id visible
--- in it is older than the column's default, so none exists yet.
-INSERT INTO {{snap}} (done, existing_pending)
-SELECT pg_current_snapshot(), {{existing_pending}}
-ON CONFLICT (one) DO NOTHING;
+-- in it is older than the column's default, so none exists yet, and
+-- every row without one is committed.
+--
+-- --poll-existing published means "published" as far as anyone knows: a
+-- row the lease strategy's state table holds as pending (neither
+-- published nor quarantined) is still pending, and is published first;
+-- only rows it has no state for are taken as published on the operator's
+-- word. Without this, a switch from the lease strategy lost every event
+-- written between the lease pollers' stop and this migration.
+DO $migrate$
+DECLARE
+    by_lease boolean := {{existing_published}} AND to_regclass({{poll_literal}}) IS NOT NULL;
+    pending  boolean := false;
+BEGIN
+    IF NOT {{existing_published}} THEN
+        pending := EXISTS (SELECT 1 FROM {{table}} WHERE outbox_relay_xid IS NULL);
+    ELSIF by_lease THEN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s s JOIN %s o ON o.%I = s.event_id
+            WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o.outbox_relay_xid IS NULL)',
+            {{poll_literal}}, {{table_literal}}, {{event_id_literal}}) INTO pending;
+    END IF;
+    INSERT INTO {{snap}} (done, existing_pending, existing_by_lease_state)
+    SELECT pg_current_snapshot(), pending, by_lease
+    ON CONFLICT (one) DO NOTHING;
+END
+$migrate$;
 
 -- A wake-up for the poller at commit, one per statement. It writes
 -- nothing. PostgreSQL refuses PREPARE TRANSACTION after a NOTIFY, so
