@@ -16,7 +16,8 @@ type Metrics struct {
 	*pipeline.Metrics
 
 	// QuarantinedTotal counts the events this poller quarantined; the
-	// shared Quarantined gauge is the table's count.
+	// shared Quarantined gauge is the quarantine table's count of events
+	// waiting for a replay (see Poller.countQuarantined).
 	QuarantinedTotal prometheus.Counter
 
 	Pending       prometheus.Gauge
@@ -85,7 +86,6 @@ func (m *Metrics) observeAck(d sink.Delivery, insertedAt time.Time) {
 
 func (m *Metrics) observeStats(s Stats, now time.Time) {
 	m.Pending.Set(float64(s.Pending))
-	m.Quarantined.Set(float64(s.Quarantined))
 	m.Leased.Set(float64(s.Leased))
 	m.Waiting.Set(float64(s.BackingOff))
 	age := 0.0

@@ -53,14 +53,22 @@ type Poller struct {
 // Status is the poller's own view, served on /poll beside Stats.
 type Status struct {
 	pipeline.Status
-	WorkerID string `json:"worker_id"`
-	// LastClaimAt is when the last claim ran, empty or not.
+	WorkerID string `json:"worker_id,omitempty"`
+	// Strategy is --poll-strategy: lease or snapshot.
+	Strategy string `json:"strategy"`
+	// LastClaimAt is when the lease strategy's last claim ran, empty or
+	// not.
 	LastClaimAt *time.Time `json:"last_claim_at,omitempty"`
+	// LastReadAt is when the snapshot strategy last read a page of a
+	// window, or looked for a new one; it claims nothing.
+	LastReadAt *time.Time `json:"last_read_at,omitempty"`
 	// LastAckAt is when Kafka last acknowledged a record of this poller.
 	LastAckAt *time.Time `json:"last_ack_at,omitempty"`
-	// Stats is the table's state as last read, every few seconds.
-	Stats       *Stats     `json:"stats,omitempty"`
-	StatsReadAt *time.Time `json:"stats_read_at,omitempty"`
+	// Stats is the table's state as last read, every few seconds (the
+	// lease strategy's; Snapshot is the snapshot strategy's).
+	Stats       *Stats          `json:"stats,omitempty"`
+	Snapshot    *SnapshotGauges `json:"snapshot,omitempty"`
+	StatsReadAt *time.Time      `json:"stats_read_at,omitempty"`
 }
 
 // New returns a poller for a validated configuration.
@@ -75,7 +83,11 @@ func New(cfg Config, log zerolog.Logger, metrics *Metrics, hooks Hooks) (*Poller
 		}
 	}
 	p := &Poller{cfg: cfg, t: t, log: log, metrics: metrics, hooks: hooks,
-		status: Status{Status: pipeline.Status{State: pipeline.StateStarting}, WorkerID: cfg.WorkerID}}
+		status: Status{Status: pipeline.Status{State: pipeline.StateStarting}, Strategy: cfg.Strategy}}
+	if cfg.Strategy != StrategySnapshot {
+		// The snapshot strategy takes no leases to name a worker in.
+		p.status.WorkerID = cfg.WorkerID
+	}
 	metrics.SetState(pipeline.StateStarting)
 	return p, nil
 }
@@ -199,7 +211,12 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	houseCtx, stopHousekeeping := context.WithCancel(ctx)
 	housekeeping, err := p.housekeep(houseCtx, houseErr, func(conn *pgx.Conn) chores {
 		q := p.queriesOn(conn)
-		return chores{stats: func(ctx context.Context) error { return p.refreshStats(ctx, q) },
+		return chores{stats: func(ctx context.Context) error {
+			if err := p.refreshStats(ctx, q); err != nil {
+				return err
+			}
+			return p.countQuarantined(ctx, quarantine)
+		},
 			retain: func(ctx context.Context) error { return p.retain(ctx, q) }}
 	})
 	if err != nil {
@@ -493,6 +510,18 @@ func (p *Poller) refreshStats(ctx context.Context, q *queries) error {
 	now := time.Now()
 	p.metrics.observeStats(stats, now)
 	p.update(func(s *Status) { s.Stats, s.StatsReadAt = &stats, &now })
+	return nil
+}
+
+// countQuarantined sets outbox_relay_quarantined_events from the
+// quarantine table, as the WAL path does: the events in it that wait for
+// a replay, for either strategy.
+func (p *Poller) countQuarantined(ctx context.Context, q *store.Quarantine) error {
+	n, err := q.Count(ctx)
+	if err != nil {
+		return err
+	}
+	p.metrics.Quarantined.Set(float64(n))
 	return nil
 }
 

@@ -113,7 +113,12 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 	houseErr := make(chan error, 1)
 	houseCtx, stopHousekeeping := context.WithCancel(ctx)
 	housekeeping, err := p.housekeep(houseCtx, houseErr, func(conn *pgx.Conn) chores {
-		return chores{stats: func(ctx context.Context) error { return p.snapshotGauges(ctx, conn, q) },
+		return chores{stats: func(ctx context.Context) error {
+			if err := p.snapshotGauges(ctx, conn, q); err != nil {
+				return err
+			}
+			return p.countQuarantined(ctx, qstore)
+		},
 			retain: func(ctx context.Context) error { return p.snapshotRetain(ctx, conn) }}
 	})
 	if err != nil {
@@ -200,7 +205,24 @@ func (p *Poller) snapshotGauges(ctx context.Context, conn *pgx.Conn, q *snapQuer
 		age = max(now.Sub(*oldestPending).Seconds(), 0)
 	}
 	p.metrics.OldestPending.Set(age)
+	g := SnapshotGauges{Pending: pending, OldestPendingInsertedAt: oldestPending, LagSeconds: max(lag, 0), OldestOpenTransactionSeconds: max(oldest, 0)}
+	p.update(func(st *Status) { st.Snapshot, st.StatsReadAt = &g, &now })
 	return nil
+}
+
+// SnapshotGauges is the snapshot strategy's state as /poll shows it, in
+// its own words: it claims and leases nothing.
+type SnapshotGauges struct {
+	// Pending counts the committed rows the stored progress does not
+	// cover yet.
+	Pending                 int64      `json:"pending_rows"`
+	OldestPendingInsertedAt *time.Time `json:"oldest_pending_inserted_at,omitempty"`
+	// LagSeconds is how long ago the progress row last moved.
+	LagSeconds float64 `json:"progress_lag_seconds"`
+	// OldestOpenTransactionSeconds is how long the oldest open
+	// transaction holding an id has been open; its rows wait for its
+	// commit.
+	OldestOpenTransactionSeconds float64 `json:"oldest_open_transaction_seconds"`
 }
 
 // snapshotRetain deletes rows inserted longer ago than the retention
@@ -362,7 +384,7 @@ func (s *snapSource) read(ctx context.Context) snapPage {
 		return page
 	}
 	readAt := s.lastRead
-	s.p.update(func(st *Status) { st.LastClaimAt = &readAt })
+	s.p.update(func(st *Status) { st.LastReadAt = &readAt })
 	s.p.metrics.observeClaim(len(page.rows))
 	if page.opened {
 		result := "rows"

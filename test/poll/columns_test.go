@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
 
@@ -106,4 +108,53 @@ func insertArgs(insert, id, earlier string) []any {
 		return []any{id, earlier}
 	}
 	return []any{id}
+}
+
+// Issue 51, item 9: the snapshot strategy's /poll said `last_claim_at`, a
+// lease word, for a strategy that claims nothing, and it never set
+// outbox_relay_quarantined_events, so the alert on it could not fire for
+// it. /poll now speaks of reads and of the snapshot's own state, and
+// both strategies set the gauge from the quarantine table, as the WAL
+// path does.
+func TestPollQuarantinedGaugeAndAdminWordsForEachStrategy(t *testing.T) {
+	for _, strategy := range []string{"lease", "snapshot"} {
+		t.Run(strategy, func(t *testing.T) {
+			var e *env
+			if strategy == "snapshot" {
+				e = newSnapEnv(t)
+			} else {
+				e = newEnv(t)
+			}
+			fault := e.Kafka.FailProduceTo("outbox.event.poison", -1, kerr.TopicAuthorizationFailed.Code)
+			defer fault.Remove()
+			p := e.startPoller("--poll-strategy", strategy)
+			if err := e.Commit(t.Context(), e.DB.Connect(t), []harness.OutboxEvent{
+				{AggregateType: "poison", AggregateID: "p-1", EventType: "Refused", Payload: `{}`},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			harness.WaitFor(t, 30*time.Second, "outbox_relay_quarantined_events counts the refused event", func() bool {
+				return harness.Metric(t, p.AdminURL(t), "outbox_relay_quarantined_events") == 1
+			})
+			_, body := harness.HTTPGet(t, p.AdminURL(t)+"/poll")
+			want, unwanted := []string{`"strategy": "lease"`, `"last_claim_at"`, `"worker_id"`}, []string{`"last_read_at"`}
+			if strategy == "snapshot" {
+				want, unwanted = []string{`"strategy": "snapshot"`, `"last_read_at"`}, []string{`"last_claim_at"`, `"worker_id"`, `"leased"`}
+				harness.WaitFor(t, 30*time.Second, "/poll shows the snapshot's state", func() bool {
+					_, body = harness.HTTPGet(t, p.AdminURL(t)+"/poll")
+					return strings.Contains(body, `"pending_rows": 0`)
+				})
+			}
+			for _, w := range want {
+				if !strings.Contains(body, w) {
+					t.Errorf("/poll lacks %s:\n%s", w, body)
+				}
+			}
+			for _, u := range unwanted {
+				if strings.Contains(body, u) {
+					t.Errorf("/poll of the %s strategy says %s:\n%s", strategy, u, body)
+				}
+			}
+		})
+	}
 }
