@@ -74,28 +74,44 @@ func RequireTablePrivileges(ctx context.Context, conn Querier, quotedTable strin
 // the column the cleanup would fail at every interval behind a ready
 // relay.
 func CheckRetention(ctx context.Context, conn Querier, cfg Config) error {
-	schema, table, err := SplitTable(cfg.Table)
-	if err != nil {
+	if err := CheckCreatedAt(ctx, conn, cfg, "--retention deletes rows by the time they were inserted", "or leave --retention unset"); err != nil {
 		return err
 	}
-	quoted := QuoteIdent(schema) + "." + QuoteIdent(table)
-	l := cfg.OutboxLayout()
-	col := l.Column(layout.CreatedAt)
+	return RequireTablePrivileges(ctx, conn, QuotedTable(cfg.Table), []string{"SELECT", "DELETE"}, "--retention")
+}
+
+// QuotedTable quotes schema.table for SQL and messages; a name that does
+// not split is returned as it is, for the query that fails on it to say so.
+func QuotedTable(name string) string {
+	schema, table, err := SplitTable(name)
+	if err != nil {
+		return name
+	}
+	return QuoteIdent(schema) + "." + QuoteIdent(table)
+}
+
+// CheckCreatedAt verifies that the outbox table has the column that dates
+// a row (--column-created-at) with a time type: what needs it says why,
+// and instead what else the operator can do. A missing or mistyped column
+// is a flag problem (layout.ErrColumnMapping), found at start.
+func CheckCreatedAt(ctx context.Context, conn Querier, cfg Config, what, instead string) error {
+	quoted := QuotedTable(cfg.Table)
+	col := cfg.OutboxLayout().Column(layout.CreatedAt)
 	var typ string
-	err = conn.QueryRow(ctx, `
+	err := conn.QueryRow(ctx, `
 		SELECT format_type(CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE a.atttypid END, NULL)
 		FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, quoted, col).Scan(&typ)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %w: --retention deletes rows by the time they were inserted, but the outbox table %s.%s has no column %s: name the table's insert-time column with --column-created-at, add one (ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now()), or leave --retention unset",
-			ErrPrecondition, layout.ErrColumnMapping, schema, table, QuoteIdent(col), quoted, QuoteIdent(col))
+		return fmt.Errorf("%w: %w: %s, but the outbox table %s has no column %s: name the table's insert-time column with --column-created-at, add one (ALTER TABLE %s ADD COLUMN %s timestamptz NOT NULL DEFAULT now()), %s",
+			ErrPrecondition, layout.ErrColumnMapping, what, quoted, QuoteIdent(col), quoted, QuoteIdent(col), instead)
 	}
 	if err != nil {
 		return fmt.Errorf("read column %s of %s: %w", col, quoted, err)
 	}
 	if typ != "timestamp with time zone" && typ != "timestamp without time zone" {
-		return fmt.Errorf("%w: %w: --retention dates rows by column %s of %s, which is %s, not a timestamp: name the insert-time column with --column-created-at, or leave --retention unset",
-			ErrPrecondition, layout.ErrColumnMapping, QuoteIdent(col), quoted, typ)
+		return fmt.Errorf("%w: %w: %s, and column %s of %s is %s, not a timestamp: name the insert-time column with --column-created-at, %s",
+			ErrPrecondition, layout.ErrColumnMapping, what, QuoteIdent(col), quoted, typ, instead)
 	}
-	return RequireTablePrivileges(ctx, conn, quoted, []string{"SELECT", "DELETE"}, "--retention")
+	return nil
 }

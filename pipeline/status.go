@@ -30,6 +30,10 @@ const (
 	// longer than --kafka-stall-timeout; nothing is read meanwhile, or
 	// what was sent waits for its ack.
 	StateWaitingForKafka State = "waiting-for-kafka"
+	// StateRecovering: the WAL path makes a new slot and republishes,
+	// from the outbox table, what Kafka lacks of what the old one (or no
+	// slot) left behind; Status.Detail says how far it is.
+	StateRecovering State = "recovering"
 	StateBackingOff      State = "backing-off"
 	StateDraining        State = "draining"
 	StateStopped         State = "stopped"
@@ -38,7 +42,7 @@ const (
 
 // States are every source's states.
 var States = []State{StateStarting, StateConnecting, StateStreaming, StatePolling, StateWaitingForSlot,
-	StateWaitingForLock, StateWaitingForPromotion, StateWaitingForKafka, StateBackingOff, StateDraining, StateStopped, StateFailed}
+	StateWaitingForLock, StateWaitingForPromotion, StateWaitingForKafka, StateRecovering, StateBackingOff, StateDraining, StateStopped, StateFailed}
 
 // Status is what every source says of its state; a source's own document
 // embeds it.
@@ -50,12 +54,16 @@ type Status struct {
 	LastError   string     `json:"last_error"`
 	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 	Since       time.Time  `json:"state_since"`
+	// Detail says how far a long state has come (recovering: the phase
+	// and the rows done); empty otherwise.
+	Detail string `json:"detail,omitempty"`
 }
 
 // Set moves to state at now; a non-nil err becomes LastError.
 func (s *Status) Set(state State, err error, now time.Time) {
 	if s.State != state {
 		s.Since = now
+		s.Detail = ""
 	}
 	s.State = state
 	if err != nil {

@@ -132,17 +132,22 @@ func partitionRanges(client sarama.Client, topics []string, from time.Time) (ran
 			if err != nil {
 				return nil, nil, fmt.Errorf("high watermark of %s/%d: %w", topic, p, err)
 			}
-			start, err := client.GetOffset(topic, p, from.UnixMilli())
+			oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
+			if err != nil {
+				return nil, nil, fmt.Errorf("log start of %s/%d: %w", topic, p, err)
+			}
+			// A window with no start (a whole table) reads the whole log:
+			// a timestamp before 1970 is no timestamp to Kafka.
+			start := oldest
+			if from.UnixMilli() > 0 {
+				start, err = client.GetOffset(topic, p, from.UnixMilli())
+			}
 			if err != nil {
 				return nil, nil, fmt.Errorf("offset for %s of %s/%d: %w (the brokers must support offsets by timestamp, Kafka 0.10.1+)",
 					from.UTC().Format(time.RFC3339), topic, p, err)
 			}
 			if start < 0 || start > hwm {
 				start = hwm // no record at or after from
-			}
-			oldest, err := client.GetOffset(topic, p, sarama.OffsetOldest)
-			if err != nil {
-				return nil, nil, fmt.Errorf("log start of %s/%d: %w", topic, p, err)
 			}
 			ranges = append(ranges, partitionRange{topic: topic, partition: p, from: start, to: hwm,
 				truncated: oldest > 0 && start <= oldest})

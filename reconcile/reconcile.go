@@ -100,6 +100,9 @@ type Phantom struct {
 type Failure struct {
 	EventID EventID `json:"event_id"`
 	Error   string  `json:"error"`
+	// Permanent says Kafka refused the event for good (an invalid topic, a
+	// record too large): sending it again cannot help.
+	Permanent bool `json:"permanent,omitempty"`
 }
 
 // Report is the outcome of a comparison.

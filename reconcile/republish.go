@@ -36,7 +36,9 @@ type republisher struct {
 	mu    sync.Mutex
 	state []uint8
 	errs  map[int]string
-	acks  *counters
+	// permanent marks the failures Kafka refused for good.
+	permanent map[int]bool
+	acks      *counters
 }
 
 // indexOf is the place in the missing list of a record's event; only
@@ -68,7 +70,7 @@ func (r *republisher) outcome(o sink.Outcome) {
 		perr = &sink.Error{Class: perr.Class, EventID: perr.EventID, Topic: perr.Topic, Partition: perr.Partition,
 			Err: fmt.Errorf("%w; and it could not be quarantined: %v", perr.Err, err)}
 	}
-	r.fail(r.indexOf(o.Record), sink.Explain(perr))
+	r.fail(r.indexOf(o.Record), sink.Explain(perr), perr.Class == sink.ClassPermanent)
 }
 
 // failure is what the quarantine table keeps of why an event failed.
@@ -84,10 +86,15 @@ func (r *republisher) quarantined(i int, perr *sink.Error) {
 		Msg("event quarantined: Kafka will not accept it; fix the cause, then `outbox-relay quarantine replay`")
 }
 
-func (r *republisher) fail(i int, msg string) {
+// fail takes a missing event's failure; permanent says retrying cannot
+// fix it.
+func (r *republisher) fail(i int, msg string, permanent bool) {
 	r.mu.Lock()
 	r.state[i] = failed
 	r.errs[i] = msg
+	if permanent {
+		r.permanent[i] = true
+	}
 	r.mu.Unlock()
 }
 
@@ -95,7 +102,7 @@ func (r *republisher) fail(i int, msg string) {
 // report's republish fields. Only acknowledged events count as republished.
 func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress *counters, log zerolog.Logger) error {
 	r := &republisher{missing: rep.Missing, log: log, state: make([]uint8, len(rep.Missing)),
-		errs: map[int]string{}, acks: progress}
+		errs: map[int]string{}, permanent: map[int]bool{}, acks: progress}
 	if cfg.Republish.Quarantine && cfg.Quarantine.Name != "" {
 		q, err := store.OpenQuarantine(ctx, cfg.Postgres, cfg.Quarantine, store.ForRelay)
 		if err != nil {
@@ -142,7 +149,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			r.fail(i, sink.Explain(err))
+			r.fail(i, sink.Explain(err), errors.As(err, &perr) && perr.Class == sink.ClassPermanent)
 		}
 		return nil
 	})
@@ -167,7 +174,7 @@ func republish(ctx context.Context, cfg Config, t *table, rep *Report, progress 
 		case quarantinedNow:
 			rep.RepublishQuarantined = append(rep.RepublishQuarantined, r.missing[i])
 		case failed:
-			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i], Error: r.errs[i]})
+			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i], Error: r.errs[i], Permanent: r.permanent[i]})
 		case sent:
 			rep.RepublishFailed = append(rep.RepublishFailed, Failure{EventID: r.missing[i],
 				Error: "no acknowledgement from Kafka in time; run reconcile again"})

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/outbox-relay/outbox-relay/pipeline"
+	"github.com/outbox-relay/outbox-relay/replication"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -44,6 +45,9 @@ type Metrics struct {
 	SlotRecoveries          *prometheus.CounterVec
 	SlotRecoveryRepublished prometheus.Counter
 	SlotRecoverySeconds     prometheus.Gauge
+	// SlotsMade counts the slots this relay made, by what the table held
+	// before them (the existing_rows of the slot's record).
+	SlotsMade *prometheus.CounterVec
 
 	progress *progressMetrics
 	txn      *txnMetrics
@@ -80,6 +84,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.SlotRecoveries = s.CounterVec("outbox_relay_slot_recoveries_total", "Recoveries of a lost replication slot from the outbox table (--on-slot-lost recover), by result: recovered, refused (the table cannot cover the gap; the relay stops) or failed (tried again at the next session).", "result")
 	m.SlotRecoveryRepublished = s.Counter("outbox_relay_slot_recovery_republished_events_total", "Events that recoveries of a lost slot republished from the outbox table, as Kafka lacked them.")
 	m.SlotRecoverySeconds = s.Gauge("outbox_relay_slot_recovery_duration_seconds", "How long the last recovery of a lost slot took, from finding the slot lost to the new slot ready to stream (0 until one ran).")
+	m.SlotsMade = s.CounterVec("outbox_relay_slots_created_total", "Replication slots the relay made, by what became of the rows the outbox table held before each: none (the table was empty), unchecked (the role may not read the table), published (--existing-rows published or --recreate-lost-slot: not published by the slot, and any Kafka lacks are lost), pending (--existing-rows pending republished those Kafka lacked) or recovered (--on-slot-lost recover republished the lost slot's gap).", "existing_rows")
 	m.setWALStatus("")
 	// The reasons and results exist from the start, at 0, as the error
 	// classes do.
@@ -88,6 +93,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, result := range []string{recoveryDone, recoveryRefused, recoveryFailed} {
 		m.SlotRecoveries.WithLabelValues(result)
+	}
+	for _, existing := range []string{replication.ExistingNone, replication.ExistingUnchecked, replication.ExistingPublished, replication.ExistingPending, replication.ExistingRecovered} {
+		m.SlotsMade.WithLabelValues(existing)
 	}
 	return m
 }

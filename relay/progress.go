@@ -98,7 +98,7 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 		rec, found, err = progress.Record{}, false, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, badRecordAdvice(err)
 	}
 	var stored *progress.Record
 	if found {
@@ -107,7 +107,7 @@ func (p *progressKeeper) resume(ctx context.Context, slot replication.SlotStart,
 	if found && !rec.RecoverySince.IsZero() && !reset {
 		since := rec.RecoverySince.UTC().Format(time.RFC3339)
 		return 0, fmt.Errorf("%w: the progress record marks a recovery of the lost slot that began and did not finish, so events committed after %s may be missing from Kafka. "+
-			"Start with --on-slot-lost recover to finish it; or republish by hand with `outbox-relay reconcile --since %s --until 0s --republish` (run's connection flags) and then start once with --reset-progress, which clears the mark",
+			"Start with --on-slot-lost recover (or once with --existing-rows pending, which compares the whole table) to finish it; or republish by hand with `outbox-relay reconcile --since %s --until 0s --republish` (run's connection flags: the slot the recovery made exists already, so nothing written meanwhile is missed) and then start once with --reset-progress, which clears the mark",
 			ErrRecoveryUnfinished, since, since)
 	}
 	d, err := decideStart(slotStart, slot.Created, stored, sys, reset)

@@ -23,8 +23,8 @@ func (r *Relay) publicationGoneError(err error) error {
 			err, slot, r.cfg.Replication.Publication, slot, r.cfg.Replication.GapAdvice(since))
 	}
 	return fmt.Errorf("%w. PostgreSQL decodes each change with the catalog of its time, so slot %q can never pass the changes written while publication %q was missing, even once the publication exists again; the relay will not drop the slot by itself. "+
-		"The way out: stop every relay of this slot; drop it with SELECT pg_drop_replication_slot('%s'); run `outbox-relay migrate` (it creates the publication if missing, and a new slot from now); start the relay; "+
-		"then, a minute or more after the new slot exists, run `outbox-relay reconcile --since %s --republish` (with run's connection flags; its window ends a minute ago by default) to publish the events committed between the last position Kafka holds and the new slot",
+		"The way out: stop every relay of this slot; drop it with SELECT pg_drop_replication_slot('%s'); run `outbox-relay migrate --skip-slot` (it creates the publication if missing); "+
+		"start the relay once with --on-slot-lost recover: it makes a new slot and, before it streams, republishes from the outbox table every event committed since %s that Kafka lacks (if it refuses, it names the next choice)",
 		err, slot, r.cfg.Replication.Publication, slot, since)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/replication"
 )
@@ -19,9 +20,27 @@ const (
 	SlotLostRecover = "recover"
 )
 
+// What a session does with the rows already in the outbox table when it
+// must make a slot that no record covers (--existing-rows): a first start
+// over rows written before the relay ran, or a slot whose history is lost.
+const (
+	// ExistingRowsRefuse stops and names the choices.
+	ExistingRowsRefuse = "refuse"
+	// ExistingRowsPending makes the slot with its snapshot and republishes
+	// every row of the table Kafka lacks, as a recovery of the whole table.
+	ExistingRowsPending = replication.ExistingPending
+	// ExistingRowsPublished makes the slot and publishes nothing committed
+	// before it.
+	ExistingRowsPublished = replication.ExistingPublished
+)
+
 // ErrSlotUnrecoverable marks a lost slot whose gap the outbox table cannot
 // cover: retrying cannot fix it, the operator must.
 var ErrSlotUnrecoverable = errors.New("the lost slot cannot be recovered from the outbox table")
+
+// ErrRecoveryHalted marks a recovery stopped by an event Kafka refuses for
+// good, under --on-permanent-error halt.
+var ErrRecoveryHalted = errors.New("the recovery of the lost slot halted on an event Kafka refuses")
 
 // ErrRecoveryUnfinished marks a progress record left marked by a recovery
 // that did not finish, met by a relay that may not recover.
@@ -50,6 +69,9 @@ type RecoveryWindow struct {
 	// rows of the window were deleted.
 	HeldSince time.Time
 	Snapshot  string
+	// Progress, when set, is told how far the recovery is: its phase, and
+	// the rows or records done of the total.
+	Progress func(phase string, done, total int64)
 }
 
 // RecoveryReport is what a recovery found and did.
@@ -59,6 +81,9 @@ type RecoveryReport struct {
 	// why the first of them was not.
 	Failed       int64
 	FirstFailure string
+	// Permanent says a failure was a refusal for good (an invalid topic, a
+	// record too large), which retrying cannot fix.
+	Permanent bool
 }
 
 // Results of a recovery, the label of outbox_relay_slot_recoveries_total.
@@ -67,6 +92,29 @@ const (
 	recoveryRefused = "refused"
 	recoveryFailed  = "failed"
 )
+
+// validateExistingRows refuses an --existing-rows the configuration
+// cannot serve.
+func (c Config) validateExistingRows() error {
+	switch c.ExistingRows {
+	case ExistingRowsRefuse, "":
+		return nil
+	case ExistingRowsPending, ExistingRowsPublished:
+	default:
+		return fmt.Errorf("--existing-rows %q: use %s, %s or %s", c.ExistingRows, ExistingRowsRefuse, ExistingRowsPending, ExistingRowsPublished)
+	}
+	switch {
+	case !c.Replication.ReadsTable():
+		return fmt.Errorf("--existing-rows %s with the messages source: it has no table whose rows a new slot could leave behind; drop the flag", c.ExistingRows)
+	case c.DryRun != nil:
+		return fmt.Errorf("--existing-rows %s with --dry-run: a dry run streams from a temporary slot and makes no slot of its own; drop one of them", c.ExistingRows)
+	case c.ExistingRows == ExistingRowsPending && c.RecreateLostSlot:
+		return errors.New("--existing-rows pending and --recreate-lost-slot contradict each other: pending republishes what the lost slot left behind, --recreate-lost-slot gives it up. Keep one")
+	case c.ExistingRows == ExistingRowsPending && c.Recoverer == nil:
+		return errors.New("--existing-rows pending: the relay has nothing to republish with")
+	}
+	return nil
+}
 
 // validateOnSlotLost refuses a recovery the configuration cannot serve.
 func (c Config) validateOnSlotLost() error {
@@ -90,39 +138,80 @@ func (c Config) validateOnSlotLost() error {
 	return nil
 }
 
-// slotLoss is why a session recovers the slot instead of streaming it.
+// What a slot loss is, for what each choice does about it.
+type lossKind int
+
+const (
+	// lossUnfinished: the progress record marks a recovery that did not
+	// finish.
+	lossUnfinished lossKind = iota
+	// lossInvalidated: the server invalidated the slot.
+	lossInvalidated
+	// lossMissing: the slot is missing, and something says it existed:
+	// this process streamed from it, Kafka holds progress for it, or its
+	// record in PostgreSQL says it was made.
+	lossMissing
+	// lossUnrecorded: the slot is missing, nothing says it existed, and
+	// the table holds rows: a first start over rows written before the
+	// relay ran, or a history lost with its record.
+	lossUnrecorded
+)
+
+// slotLoss is why a session may not simply stream the slot, or make it.
 type slotLoss struct {
+	kind   lossKind
 	reason string
 	// drop: the slot exists (invalidated, or made by a recovery that did
 	// not finish) and is dropped before the new one is made.
 	drop bool
 	// record is the progress record found, if any.
 	record *progress.Record
+	// made is the slot's record in PostgreSQL, if one says it was made.
+	made *replication.SlotRecord
+	// wholeTable: --existing-rows pending compares every row of the table
+	// with Kafka, whatever says where the gap starts.
+	wholeTable bool
 }
 
-// findSlotLoss says whether the slot is lost: invalidated, missing once
-// this process streamed from it or once Kafka holds progress for it, or
-// left by a recovery that did not finish. nil when the slot can be used,
-// or made for the first time.
-func (r *Relay) findSlotLoss(ctx context.Context, admin *replication.Admin, sys replication.System) (*slotLoss, error) {
+// findSlotLoss says whether the slot is lost: invalidated, missing while
+// anything durable says it existed, missing over rows that nothing says
+// were published, or left by a recovery that did not finish. nil when the
+// slot can be streamed, or made with nothing left behind; existing then
+// says what the table held, for the record of a slot made now.
+func (r *Relay) findSlotLoss(ctx context.Context, admin *replication.Admin, sys replication.System) (loss *slotLoss, existing string, err error) {
 	info, exists, err := admin.Slot(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	store, err := r.progress.open(ctx)
+	hist, err := admin.History(ctx)
 	if err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	if !exists {
+		// Everything that can be checked is checked before a slot is
+		// made or recovered: a start that fails after leaves it holding
+		// WAL. This also opens the progress store read below.
+		if err := r.beforeSlotCreate(ctx); err != nil {
+			return nil, "", err
+		}
 	}
 	readCtx, cancel := context.WithTimeout(ctx, progressTimeout)
 	defer cancel()
+	store, err := r.progress.open(ctx)
+	if err != nil {
+		return nil, "", err
+	}
 	rec, found, err := store.Latest(readCtx, progress.Key(r.cfg.Replication.Slot, sys.ID))
 	if errors.Is(err, progress.ErrTopicMissing) {
 		err, found = nil, false // resume makes the topic again; no record says nothing was streamed
 	}
-	if err != nil {
-		return nil, err
+	if errors.Is(err, progress.ErrBadRecord) && r.cfg.Progress.Reset {
+		err, found = nil, false // --reset-progress overwrites it
 	}
-	loss := &slotLoss{}
+	if err != nil {
+		return nil, "", badRecordAdvice(err)
+	}
+	loss = &slotLoss{made: hist.Record}
 	if found {
 		loss.record = &rec
 	}
@@ -131,56 +220,147 @@ func (r *Relay) findSlotLoss(ctx context.Context, admin *replication.Admin, sys 
 	r.mu.Unlock()
 	switch {
 	case found && !rec.RecoverySince.IsZero():
-		loss.reason, loss.drop = "a recovery of the slot began and did not finish", exists
+		loss.kind, loss.reason, loss.drop = lossUnfinished, "a recovery of the slot began and did not finish", exists
 	case exists && info.Lost():
-		loss.reason, loss.drop = "the slot was invalidated ("+info.Invalidation()+")", true
-	case !exists && streamed:
-		loss.reason = "the slot disappeared while this relay streamed from it: dropped, or PostgreSQL failed over to a server without it"
-	case !exists && found:
-		loss.reason = "the slot is missing although Kafka holds progress for it: dropped, or PostgreSQL failed over to a server without it"
+		loss.kind, loss.reason, loss.drop = lossInvalidated, "the slot was invalidated ("+info.Invalidation()+")", true
+	case exists:
+		if hist.Record == nil && !hist.NoRegistry {
+			existing = replication.ExistingAdopted
+		}
+		return nil, existing, nil
+	case streamed:
+		loss.kind, loss.reason = lossMissing, fmt.Sprintf("replication slot %q no longer exists although this relay streamed from it (the last commit it confirmed: %s): it was dropped, or PostgreSQL failed over to a server without it",
+			r.cfg.Replication.Slot, formatCommit(r.lastKnownCommit()))
+	case found:
+		loss.kind, loss.reason = lossMissing, "the slot is missing although Kafka holds progress for it: dropped, or PostgreSQL failed over to a server without it"
 	default:
-		return nil, nil
+		why, existing, err := admin.WhyNotMake(ctx, hist)
+		if err != nil || why == "" {
+			return nil, existing, err
+		}
+		loss.kind, loss.reason = lossUnrecorded, why
+		if hist.Record != nil {
+			loss.kind = lossMissing
+		}
 	}
-	return loss, nil
+	return loss, "", nil
 }
 
-// recoverIfLost recovers the slot when it is lost (see findSlotLoss) and
-// says whether it did; a slot that is not lost is left to PrepareSlot.
-// The recovery runs under a lock of the slot's, so that two relays that
-// find it lost at once take turns: the second finds it recovered. Its
-// beforeResume runs before the recovery, as in exactly-once mode it fences
-// every older producer before Kafka is read.
-func (r *Relay) recoverIfLost(ctx context.Context, admin *replication.Admin, beforeResume func(replication.System) error) (slot replication.SlotStart, sys replication.System, recovered bool, err error) {
+// formatCommit is a commit time for a message; "unknown" when zero.
+func formatCommit(t time.Time) string {
+	if t.IsZero() {
+		return "unknown"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// badRecordAdvice adds to an unusable progress record's error what the
+// operator can do.
+func badRecordAdvice(err error) error {
+	if !errors.Is(err, progress.ErrBadRecord) {
+		return err
+	}
+	return fmt.Errorf("%w. The relay will not guess where Kafka's progress is: start it once with --reset-progress, which starts from the slot's own position and overwrites the record (events after that position are sent again; none is skipped)", err)
+}
+
+// prepareTableSlot readies the slot of a table source. A slot that exists
+// and is sound, or one made over a table with nothing in it, is left to
+// PrepareSlot (handled false). A lost one, or one that would be made over
+// rows no record covers, is what --existing-rows and --on-slot-lost
+// decide: made over them (published), recovered from the table (pending,
+// or recover), or refused with the choices. beforeResume runs once,
+// before the progress record is read, and in exactly-once mode before a
+// recovery reads Kafka.
+func (r *Relay) prepareTableSlot(ctx context.Context, admin *replication.Admin, beforeResume func(replication.System) error) (slot replication.SlotStart, sys replication.System, existing string, handled bool, err error) {
 	sys, err = replication.IdentifySystem(ctx, r.cfg.Replication)
 	if err != nil {
-		return slot, sys, false, err
+		return slot, sys, "", false, err
 	}
-	loss, err := r.findSlotLoss(ctx, admin, sys)
+	loss, existing, err := r.findSlotLoss(ctx, admin, sys)
 	if err != nil || loss == nil {
-		return slot, sys, false, err
+		return slot, sys, existing, false, err
+	}
+	choice := r.cfg.ExistingRows
+	switch {
+	case choice == ExistingRowsPublished && loss.kind != lossUnfinished,
+		choice == ExistingRowsPending, r.cfg.OnSlotLost == SlotLostRecover:
+	case loss.kind == lossInvalidated || loss.kind == lossUnfinished:
+		// As before --existing-rows: PrepareSlot refuses an invalidated
+		// slot (or recreates it under --recreate-lost-slot), and resume
+		// refuses an unfinished recovery's mark, each with its advice.
+		return slot, sys, "", false, nil
+	default:
+		err := replication.LostHistoryError(r.cfg.Replication, loss.reason, false)
+		if loss.kind == lossMissing {
+			err = fmt.Errorf("%w: %w", replication.ErrSlotMissing, err)
+		}
+		return slot, sys, "", true, err
 	}
 	locked, err := admin.LockRecovery(ctx)
 	if err != nil {
-		return slot, sys, false, err
+		return slot, sys, "", true, err
 	}
 	if !locked {
-		return slot, sys, false, fmt.Errorf("%w: another relay is recovering replication slot %q (%s)", replication.ErrSlotBusy, r.cfg.Replication.Slot, loss.reason)
+		return slot, sys, "", true, fmt.Errorf("%w: another relay is recovering replication slot %q (%s)", replication.ErrSlotBusy, r.cfg.Replication.Slot, loss.reason)
 	}
 	// Read again under the lock: the relay that held it may have just
-	// recovered the slot.
-	if loss, err = r.findSlotLoss(ctx, admin, sys); err != nil || loss == nil {
-		return slot, sys, false, err
+	// made the slot.
+	if loss, existing, err = r.findSlotLoss(ctx, admin, sys); err != nil || loss == nil {
+		return slot, sys, existing, false, err
 	}
 	if err := beforeResume(sys); err != nil {
-		return slot, sys, false, err
+		return slot, sys, "", true, err
 	}
+	if choice == ExistingRowsPublished && loss.kind != lossUnfinished {
+		slot, err = r.makeSlotOver(ctx, admin, loss)
+		return slot, sys, "", true, err
+	}
+	loss.wholeTable = choice == ExistingRowsPending
 	if slot, err = r.recoverSlot(ctx, admin, sys, loss); err != nil {
-		return slot, sys, false, err
+		return slot, sys, "", true, err
 	}
 	// Again: the start is checked against the server's WAL end, which the
 	// new slot's position is past.
 	sys, err = replication.IdentifySystem(ctx, r.cfg.Replication)
-	return slot, sys, true, err
+	return slot, sys, "", true, err
+}
+
+// makeSlotOver makes the slot over what the lost one (or no slot) left
+// behind, publishing none of it: --existing-rows published, the
+// operator's choice. It is loud about it, and records it.
+func (r *Relay) makeSlotOver(ctx context.Context, admin *replication.Admin, loss *slotLoss) (replication.SlotStart, error) {
+	if err := r.beforeSlotCreate(ctx); err != nil {
+		return replication.SlotStart{}, err
+	}
+	if loss.drop {
+		if err := admin.DropSlot(ctx); err != nil {
+			return replication.SlotStart{}, err
+		}
+	}
+	before, err := admin.Clock(ctx)
+	if err != nil {
+		return replication.SlotStart{}, err
+	}
+	at, err := admin.CreateSlot(ctx)
+	if err != nil {
+		return replication.SlotStart{}, err
+	}
+	r.recordSlot(ctx, admin, replication.SlotRecord{LSN: at, CreatedAt: before, CreatedBy: "run", ExistingRows: replication.ExistingPublished})
+	r.log.Error().Str("loss", loss.reason).Str("lsn", at.String()).Time("slot_created_at", before).
+		Msg("made the replication slot over rows it has no record of publishing, as --existing-rows published says: events committed before slot_created_at that Kafka lacks are NOT published. If that was not meant, find them with `outbox-relay reconcile --since <a time before the loss> --until <slot_created_at>` and add --republish (see docs/slot-trouble.md)")
+	return replication.SlotStart{LSN: at, Created: true}, nil
+}
+
+// recordSlot writes the record of a slot made now, and counts it. A
+// record that cannot be written only weakens what a later loss can tell,
+// so it is a warning, not a stop.
+func (r *Relay) recordSlot(ctx context.Context, admin *replication.Admin, rec replication.SlotRecord) {
+	if rec.ExistingRows != replication.ExistingAdopted {
+		r.metrics.SlotsMade.WithLabelValues(rec.ExistingRows).Inc()
+	}
+	if err := admin.RecordSlot(ctx, rec); err != nil {
+		r.log.Warn().Err(err).Msg("cannot record the replication slot in PostgreSQL: should it be lost, the relay cannot tell that from a first start and will stop and ask")
+	}
 }
 
 // recoverSlot replaces a lost slot and republishes its gap: it marks the
@@ -191,13 +371,20 @@ func (r *Relay) recoverIfLost(ctx context.Context, admin *replication.Admin, bef
 // streams from the new slot afterwards, so an aggregate's gap events go
 // before its new ones. In exactly-once mode the session's producer was
 // made first: it fenced every older one, so the comparison reads no
-// transaction that could still commit.
+// transaction that could still commit. Meanwhile the state is recovering,
+// with how far it is, and the watchdog is pinged: the new slot waits for
+// every transaction open when it is made, and a window can hold millions
+// of rows.
 func (r *Relay) recoverSlot(ctx context.Context, admin *replication.Admin, sys replication.System, loss *slotLoss) (replication.SlotStart, error) {
 	began := time.Now()
+	r.setState(pipeline.StateRecovering, nil)
+	r.setDetail("recovering the lost slot: " + loss.reason)
+	stopPings := r.pingWhileRecovering(ctx)
 	start, rep, since, err := r.recoverGap(ctx, admin, sys, loss)
+	stopPings()
 	m := r.metrics
 	switch {
-	case errors.Is(err, ErrSlotUnrecoverable):
+	case errors.Is(err, ErrSlotUnrecoverable) || IsFatal(err):
 		m.SlotRecoveries.WithLabelValues(recoveryRefused).Inc()
 		return start, err
 	case err != nil:
@@ -208,11 +395,38 @@ func (r *Relay) recoverSlot(ctx context.Context, admin *replication.Admin, sys r
 	m.SlotRecoveries.WithLabelValues(recoveryDone).Inc()
 	m.SlotRecoveryRepublished.Add(float64(rep.Republished))
 	m.SlotRecoverySeconds.Set(took.Seconds())
-	r.log.Warn().Str("loss", loss.reason).Time("window_since", since).Str("slot_lsn", start.LSN.String()).
+	r.log.Warn().Str("loss", loss.reason).Time("window_since", since).Bool("whole_table", loss.wholeTable).Str("slot_lsn", start.LSN.String()).
 		Int64("rows_checked", rep.RowsChecked).Int64("found_in_kafka", rep.Found).Int64("missing", rep.Missing).
 		Int64("republished", rep.Republished).Int64("quarantined", rep.Quarantined).Dur("took", took).
 		Msg("recovered the lost replication slot: a new slot streams everything committed after slot_lsn, and every event of the window committed before it that Kafka lacked was republished from the outbox table; nothing for the operator to do (see docs/slot-trouble.md)")
 	return start, nil
+}
+
+// pingWhileRecovering tells the process around the relay, every status
+// interval until stopped, that the recovery is still at work.
+func (r *Relay) pingWhileRecovering(ctx context.Context) (stop func()) {
+	if r.hooks.Alive == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(r.cfg.StatusInterval)
+		defer tick.Stop()
+		for {
+			r.hooks.Alive()
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // recoverGap is recoverSlot's work; since is the window's start.
@@ -227,8 +441,11 @@ func (r *Relay) recoverGap(ctx context.Context, admin *replication.Admin, sys re
 		return start, rep, since, err
 	}
 	key := progress.Key(r.cfg.Replication.Slot, sys.ID)
-	if loss.record == nil || loss.record.RecoverySince.IsZero() {
+	if loss.record == nil || loss.record.RecoverySince.IsZero() || loss.wholeTable {
 		mark := progress.Record{Timeline: sys.Timeline, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.DeliveryMode(), RecoverySince: since}
+		if since.IsZero() {
+			mark.RecoverySince = wholeTableSince
+		}
 		if loss.record != nil {
 			mark.LSN, mark.Timeline, mark.CommitTime = loss.record.LSN, loss.record.Timeline, loss.record.CommitTime
 		}
@@ -236,26 +453,44 @@ func (r *Relay) recoverGap(ctx context.Context, admin *replication.Admin, sys re
 			return start, rep, since, fmt.Errorf("mark the progress record as recovering: %w", err)
 		}
 	}
-	r.log.Warn().Str("loss", loss.reason).Time("window_since", since).Bool("drop_first", loss.drop).
-		Msg("the replication slot is lost; recovering it from the outbox table (--on-slot-lost recover): a new slot, then every event of the window that Kafka lacks")
+	msg := "the replication slot is lost; recovering it from the outbox table (--on-slot-lost recover): a new slot, then every event of the window that Kafka lacks"
+	if loss.wholeTable {
+		msg = "the replication slot is lost, or was never made over the rows the table holds; making a new slot, then republishing every row of the table that Kafka lacks (--existing-rows pending)"
+	}
+	r.log.Warn().Str("loss", loss.reason).Time("window_since", since).Bool("whole_table", loss.wholeTable).Bool("drop_first", loss.drop).Msg(msg)
 	if loss.drop {
 		if err := admin.DropSlot(ctx); err != nil {
 			return start, rep, since, err
 		}
 	}
+	r.setDetail("recovering the lost slot: making the new slot (it waits for the transactions open now to end)")
 	snap, err := admin.CreateSlotWithSnapshot(ctx)
 	if err != nil {
 		return start, rep, since, err
 	}
 	defer snap.Close()
-	rep, err = r.cfg.Recoverer.Recover(ctx, RecoveryWindow{Since: since, Until: snap.Before.Add(time.Hour), HeldSince: held, Snapshot: snap.Snapshot})
+	rep, err = r.cfg.Recoverer.Recover(ctx, RecoveryWindow{Since: since, Until: snap.Before.Add(time.Hour), HeldSince: held, Snapshot: snap.Snapshot,
+		Progress: func(phase string, done, total int64) {
+			r.setDetail(fmt.Sprintf("recovering the lost slot: %s %d of %d", phase, done, total))
+		}})
 	snap.Close()
 	if err != nil {
 		return start, rep, since, err
 	}
 	if rep.Failed > 0 {
-		return start, rep, since, fmt.Errorf("%d of the %d events Kafka lacked were not delivered (first: %s)", rep.Failed, rep.Missing, rep.FirstFailure)
+		err := fmt.Errorf("%d of the %d events Kafka lacked were not delivered (first: %s)", rep.Failed, rep.Missing, rep.FirstFailure)
+		if rep.Permanent && r.cfg.OnPermanentError == pipeline.OnPermanentHalt {
+			// Retrying republishes the same window to the same refusal:
+			// halt means stop, as on the streaming path.
+			return start, rep, since, fmt.Errorf("%w: %w. --on-permanent-error halt stops here; fix the event (or start with --on-permanent-error quarantine to set it aside) and start again: the recovery resumes from its mark", ErrRecoveryHalted, err)
+		}
+		return start, rep, since, err
 	}
+	existing := replication.ExistingRecovered
+	if loss.wholeTable {
+		existing = replication.ExistingPending
+	}
+	r.recordSlot(ctx, admin, replication.SlotRecord{LSN: snap.LSN, CreatedAt: snap.Before, CreatedBy: "run", ExistingRows: existing})
 	// Kafka now holds every event committed before the new slot's
 	// consistent point: that is the progress, and the mark goes.
 	done := progress.Record{LSN: snap.LSN, Timeline: sys.Timeline, CommitTime: snap.Before, RelayVersion: r.cfg.Progress.RelayVersion, Delivery: r.cfg.DeliveryMode()}
@@ -265,22 +500,36 @@ func (r *Relay) recoverGap(ctx context.Context, admin *replication.Admin, sys re
 	return replication.SlotStart{LSN: snap.LSN, Created: true}, rep, since, nil
 }
 
+// wholeTableSince is the recovery mark of --existing-rows pending, which
+// has no window start: a time before any row, that a record can carry.
+var wholeTableSince = time.Unix(0, 0).UTC()
+
 // recoveryWindow is where the gap starts, reaching back by the retention
 // margin for transactions that were open across it, and the commit time
-// of the last transaction Kafka is known to hold. A recovery that did not
-// finish keeps the start it chose.
+// of the last transaction Kafka is known to hold (zero: nothing says). A
+// recovery that did not finish keeps the start it chose; --existing-rows
+// pending takes the whole table. Without a progress record, the slot's
+// record says since when its events may be missing: since it was made.
 func (r *Relay) recoveryWindow(loss *slotLoss) (since, held time.Time, err error) {
+	if loss.wholeTable {
+		return time.Time{}, time.Time{}, nil
+	}
 	if loss.record != nil && !loss.record.RecoverySince.IsZero() {
+		if loss.record.RecoverySince.Equal(wholeTableSince) {
+			return time.Time{}, time.Time{}, nil
+		}
 		return loss.record.RecoverySince, loss.record.CommitTime, nil
 	}
 	last := r.lastKnownCommit()
 	if loss.record != nil {
 		last = later(last, loss.record.CommitTime)
 	}
+	if last.IsZero() && loss.made != nil {
+		return loss.made.CreatedAt.Add(-r.cfg.Retention.Margin), time.Time{}, nil
+	}
 	if last.IsZero() {
-		return since, held, fmt.Errorf("%w: %s, and neither the progress topic nor this process knows the commit time of the last event Kafka holds, so the relay cannot tell where the gap starts. "+
-			"Find it by hand: run `outbox-relay reconcile --since <a time before the loss> --until 0s --republish` with run's connection flags; then start once with --on-slot-lost stop (adding --recreate-lost-slot if the slot is invalidated)",
-			ErrSlotUnrecoverable, loss.reason)
+		return since, held, fmt.Errorf("%w: %w", ErrSlotUnrecoverable,
+			replication.LostHistoryError(r.cfg.Replication, loss.reason+"; neither a progress record, nor this process, nor a record of the slot says where the gap starts", false))
 	}
 	return last.Add(-r.cfg.Retention.Margin), last, nil
 }

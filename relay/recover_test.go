@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/outbox-relay/outbox-relay/progress"
+	"github.com/outbox-relay/outbox-relay/replication"
 )
 
 // The window a recovery of a lost slot compares starts at the commit time
@@ -38,8 +39,28 @@ func TestRecoveryWindow(t *testing.T) {
 		"a record with no commit": {reason: "dropped", record: &progress.Record{LSN: 0x100, Timeline: 1}},
 	} {
 		_, _, err := r.recoveryWindow(loss)
-		if !errors.Is(err, ErrSlotUnrecoverable) || !IsFatal(err) || !strings.Contains(err.Error(), "outbox-relay reconcile --since") {
+		if !errors.Is(err, ErrSlotUnrecoverable) || !IsFatal(err) || !strings.Contains(err.Error(), "--existing-rows pending") {
 			t.Errorf("%s: %v; want a refusal the operator can act on", name, err)
+		}
+	}
+
+	// With no progress record, the slot's own record says since when its
+	// events may be missing: since it was made, back by the margin.
+	made := commit.Add(-24 * time.Hour)
+	since, held, err = r.recoveryWindow(&slotLoss{reason: "dropped", made: &replication.SlotRecord{CreatedAt: made}})
+	if err != nil || !since.Equal(made.Add(-30*time.Minute)) || !held.IsZero() {
+		t.Errorf("from the slot's record: since %v, held %v, %v; want %v and none", since, held, err, made.Add(-30*time.Minute))
+	}
+
+	// --existing-rows pending takes the whole table, and so does a start
+	// that finds the mark it left.
+	for name, loss := range map[string]*slotLoss{
+		"pending":             {reason: "dropped", wholeTable: true, record: &progress.Record{CommitTime: commit}},
+		"pending, unfinished": {reason: "unfinished", record: &progress.Record{CommitTime: commit, RecoverySince: wholeTableSince}},
+	} {
+		since, held, err := r.recoveryWindow(loss)
+		if err != nil || !since.IsZero() || !held.IsZero() {
+			t.Errorf("%s: since %v, held %v, %v; want the whole table", name, since, held, err)
 		}
 	}
 }

@@ -59,6 +59,11 @@ type Config struct {
 	// Recoverer and a table source.
 	OnSlotLost string
 	Recoverer  Recoverer
+	// ExistingRows is what to do with the rows already in the table when
+	// a slot must be made that no record covers (--existing-rows):
+	// ExistingRowsRefuse (the default), ExistingRowsPending or
+	// ExistingRowsPublished.
+	ExistingRows string
 
 	// OnPermanentError is what happens to an event Kafka will never
 	// accept: pipeline.OnPermanentQuarantine keeps it in the quarantine
@@ -163,6 +168,7 @@ func DefaultConfig() Config {
 		BackoffMax:        30 * time.Second,
 		OnPermanentError:  pipeline.OnPermanentQuarantine,
 		OnSlotLost:        SlotLostStop,
+		ExistingRows:      ExistingRowsRefuse,
 		Retention:         DefaultRetention(),
 		Progress:          ProgressOptions{Topic: progress.DefaultTopic},
 
@@ -211,6 +217,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.validateOnSlotLost(); err != nil {
+		return err
+	}
+	if err := c.validateExistingRows(); err != nil {
 		return err
 	}
 	return c.Retention.validate()
@@ -302,7 +311,8 @@ func IsFatal(err error) bool {
 	return pipeline.IsFatal(err) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrPublicationGone) ||
 		errors.As(err, &perr) && perr.Class == sink.ClassPermanent ||
-		isProgressFatal(err) || errors.Is(err, ErrSlotUnrecoverable)
+		isProgressFatal(err) || errors.Is(err, ErrSlotUnrecoverable) || errors.Is(err, replication.ErrExistingRows) ||
+		errors.Is(err, ErrRecoveryHalted)
 }
 
 // Run streams until ctx ends (returning nil after a clean drain) or a fatal

@@ -145,6 +145,13 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 			return 0, 0, err
 		}
 	}
+	if r.cfg.Recoverer != nil {
+		// Found now, not when a slot is lost: by then the refusal would
+		// name a flag the operator should have fixed at deploy time.
+		if err := admin.CheckRepublish(ctx); err != nil {
+			return 0, 0, err
+		}
+	}
 	if err := beforeSlot(); err != nil {
 		return 0, 0, err
 	}
@@ -166,19 +173,40 @@ func (r *Relay) prepare(ctx context.Context, beforeSlot func() error, beforeResu
 // before the progress record is read, and in exactly-once mode before a
 // recovery reads Kafka.
 func (r *Relay) prepareSlot(ctx context.Context, admin *replication.Admin, beforeResume func(replication.System) error) (replication.SlotStart, replication.System, error) {
-	if r.cfg.OnSlotLost == SlotLostRecover {
-		slot, sys, recovered, err := r.recoverIfLost(ctx, admin, beforeResume)
-		if err != nil || recovered {
+	existing := ""
+	if r.cfg.Replication.ReadsTable() {
+		slot, sys, found, handled, err := r.prepareTableSlot(ctx, admin, beforeResume)
+		if err != nil || handled {
 			return slot, sys, err
 		}
+		existing = found
 	}
 	policy := r.slotPolicy()
 	policy.BeforeCreate = r.beforeSlotCreate
+	before := time.Now()
+	if existing != "" && existing != replication.ExistingAdopted {
+		// The slot is missing, and findSlotLoss checked Kafka already.
+		policy.BeforeCreate = nil
+		var err error
+		if before, err = admin.Clock(ctx); err != nil {
+			return replication.SlotStart{}, replication.System{}, err
+		}
+	}
 	slot, err := admin.PrepareSlot(ctx, policy)
 	if err != nil {
 		return slot, replication.System{}, err
 	}
 	r.logSlotCreated(ctx, admin, slot)
+	switch {
+	case slot.RecreatedLost:
+		r.recordSlot(ctx, admin, replication.SlotRecord{LSN: slot.LSN, CreatedAt: before, CreatedBy: "run", ExistingRows: replication.ExistingPublished})
+	case slot.Created && existing != "":
+		r.recordSlot(ctx, admin, replication.SlotRecord{LSN: slot.LSN, CreatedAt: before, CreatedBy: "run", ExistingRows: existing})
+	case existing == replication.ExistingAdopted:
+		// A slot older than its record: made by an earlier version, or
+		// by a process killed before it wrote the record.
+		r.recordSlot(ctx, admin, replication.SlotRecord{LSN: slot.LSN, CreatedAt: before, CreatedBy: "adopted", ExistingRows: existing})
+	}
 	sys, err := replication.IdentifySystem(ctx, r.cfg.Replication)
 	if err != nil {
 		return slot, sys, err

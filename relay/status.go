@@ -58,6 +58,13 @@ func (r *Relay) setState(state pipeline.State, err error) {
 	}
 }
 
+// setDetail says how far the current state has come.
+func (r *Relay) setDetail(detail string) {
+	r.mu.Lock()
+	r.status.Detail = detail
+	r.mu.Unlock()
+}
+
 func (r *Relay) setStreaming(t *lsn.Tracker) {
 	r.mu.Lock()
 	r.status.tracker = t

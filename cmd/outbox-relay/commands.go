@@ -300,6 +300,13 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if o.slotOnly && o.skipSlot {
 		return usageError(stderr, "migrate", errors.New("--slot-only and --skip-slot contradict each other: give one of them"), "")
 	}
+	switch o.relay.ExistingRows {
+	case relay.ExistingRowsRefuse, relay.ExistingRowsPublished:
+	case relay.ExistingRowsPending:
+		return usageError(stderr, "migrate", errors.New("--existing-rows pending: migrate does not publish, so it cannot republish what Kafka lacks; start `outbox-relay run --existing-rows pending` instead, which makes the slot"), "")
+	default:
+		return usageError(stderr, "migrate", fmt.Errorf("--existing-rows %q: use %s or %s", o.relay.ExistingRows, relay.ExistingRowsRefuse, relay.ExistingRowsPublished), "")
+	}
 	source, err := validateSource(o)
 	if err != nil {
 		return usageError(stderr, "migrate", err, "")
@@ -407,22 +414,71 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	for _, w := range limits.Warnings() {
 		log.Warn().Str("slot", o.relay.Replication.Slot).Msg(w)
 	}
+	return migrateSlot(ctx, o, admin, log, stderr)
+}
+
+// migrateSlot makes the slot, when it is missing and nothing says it
+// was lost or that the table holds rows no slot covered; records a slot an
+// earlier version made; and otherwise leaves it to the relay, which can
+// republish, unless --existing-rows published says to make it anyway.
+func migrateSlot(ctx context.Context, o *options, admin *replication.Admin, log zerolog.Logger, stderr io.Writer) int {
+	dsn := o.relay.Replication.DSN
+	slotLog := log.With().Str("slot", o.relay.Replication.Slot).Logger()
 	info, exists, err := admin.Slot(ctx)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
 	}
+	hist, err := admin.History(ctx)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
+	}
+	tableSource := o.relay.Replication.ReadsTable()
 	if exists {
 		if err := admin.CheckSlot(ctx, info); err != nil {
 			return failure(stderr, "migrate", err, dsn)
 		}
-		log.Info().Str("slot", info.Name).Msg("replication slot exists")
+		if tableSource && hist.Record == nil && !hist.NoRegistry {
+			at, _ := info.Confirmed()
+			now, err := admin.Clock(ctx)
+			if err == nil {
+				err = admin.RecordSlot(ctx, replication.SlotRecord{LSN: at, CreatedAt: now, CreatedBy: "adopted", ExistingRows: replication.ExistingAdopted})
+			}
+			if err != nil {
+				slotLog.Warn().Err(err).Msg("cannot record the replication slot in PostgreSQL")
+			}
+		}
+		slotLog.Info().Msg("replication slot exists")
 		return exitOK
+	}
+	existing := ""
+	if tableSource {
+		why, found, err := admin.WhyNotMake(ctx, hist)
+		if err != nil {
+			return failure(stderr, "migrate", err, dsn)
+		}
+		existing = found
+		if why != "" {
+			if o.relay.ExistingRows != relay.ExistingRowsPublished {
+				return failure(stderr, "migrate", fmt.Errorf("the schema is up to date, and the slot was not made: %w", replication.LostHistoryError(o.relay.Replication, why, true)), dsn)
+			}
+			existing = replication.ExistingPublished
+			slotLog.Error().Str("why", why).Msg("making the replication slot over rows no record says were published, as --existing-rows published says: events committed before it that Kafka lacks are NOT published")
+		}
+	}
+	before, err := admin.Clock(ctx)
+	if err != nil {
+		return failure(stderr, "migrate", err, dsn)
 	}
 	at, err := admin.CreateSlot(ctx)
 	if err != nil {
 		return failure(stderr, "migrate", err, dsn)
 	}
-	relay.LogNewSlot(ctx, log.With().Str("slot", o.relay.Replication.Slot).Logger(), admin, o.relay.Replication, at)
+	if tableSource {
+		if err := admin.RecordSlot(ctx, replication.SlotRecord{LSN: at, CreatedAt: before, CreatedBy: "migrate", ExistingRows: existing}); err != nil {
+			slotLog.Warn().Err(err).Msg("cannot record the replication slot in PostgreSQL: should it be lost, the relay cannot tell that from a first start and will stop and ask")
+		}
+	}
+	relay.LogNewSlot(ctx, slotLog, admin, o.relay.Replication, at)
 	return exitOK
 }
 

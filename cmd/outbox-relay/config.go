@@ -175,6 +175,7 @@ func kafkaFlags(fs *flag.FlagSet, o *options) {
 func runFlags(fs *flag.FlagSet, o *options) {
 	c := &o.relay
 	fs.BoolVar(&c.RecreateLostSlot, "recreate-lost-slot", false, "drop and recreate a slot the server invalidated; events in the lost WAL are NOT delivered")
+	existingRowsFlag(fs, o, true)
 	fs.StringVar(&c.OnSlotLost, "on-slot-lost", c.OnSlotLost, "what to do when the slot is invalidated, dropped, or missing after a failover: stop (and say what to run), or recover: make a new slot and republish from the outbox table every event since the progress record (back by --retention-margin) that Kafka lacks, then stream; see docs/slot-trouble.md")
 	fs.IntVar(&c.MaxInFlightEvents, "max-in-flight-events", c.MaxInFlightEvents, "events sent and not yet acknowledged before reading pauses; 0: 2000 at-least-once, 50000 exactly-once (whose acks wait for each Kafka transaction's commit)")
 	fs.Int64Var(&c.MaxInFlightBytes, "max-in-flight-bytes", c.MaxInFlightBytes, "record bytes sent and not yet acknowledged before reading pauses")
@@ -216,7 +217,18 @@ func publishFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&c.OnPermanentError, "on-permanent-error", c.OnPermanentError, "what to do with an event Kafka will never accept: quarantine (keep it in the quarantine table and go on) or halt")
 }
 
+// existingRowsFlag is what a slot made over rows no record covers does
+// with them: run and migrate both make slots.
+func existingRowsFlag(fs *flag.FlagSet, o *options, run bool) {
+	usage := "when a slot must be made that no record in PostgreSQL covers, while the outbox table holds rows (a first start over rows written before the relay ran, or a slot lost with its history): refuse (stop and say so), pending (make the slot with its snapshot, republish every row Kafka lacks, then stream; needs SELECT on the table), or published (make the slot and publish nothing from before it: any event Kafka lacks is lost); see docs/slot-trouble.md"
+	if !run {
+		usage = "when the slot is missing and a record in PostgreSQL says it existed, or the outbox table holds rows no record covers: refuse (make everything but the slot, exit 1 and say why; the relay then decides), or published (make the slot and publish nothing from before it: any event Kafka lacks is lost). pending is run's alone; see docs/slot-trouble.md"
+	}
+	fs.StringVar(&o.relay.ExistingRows, "existing-rows", o.relay.ExistingRows, usage)
+}
+
 func migrateFlags(fs *flag.FlagSet, o *options) {
+	existingRowsFlag(fs, o, false)
 	fs.BoolVar(&o.printSQL, "print-sql", false, "print the SQL and exit, for teams that run their own migration tool: the tables, publication and slot; with --skip-slot without the slot, with --slot-only the slot alone")
 	fs.BoolVar(&o.skipSlot, "skip-slot", false, "do not create the replication slot (create it later with the relay's role)")
 	fs.BoolVar(&o.slotOnly, "slot-only", false, "only create the replication slot (run as the relay's REPLICATION role)")
@@ -542,7 +554,7 @@ func (o *options) finish() error {
 func (o *options) relayConfig(log zerolog.Logger) relay.Config {
 	c := o.relay
 	c.Sinks = publisher.NewKafka(o.kafka, log)
-	if c.OnSlotLost == relay.SlotLostRecover && c.Replication.ReadsTable() {
+	if (c.OnSlotLost == relay.SlotLostRecover || c.ExistingRows == relay.ExistingRowsPending) && c.Replication.ReadsTable() {
 		c.Recoverer = newTableRecoverer(o, log)
 	}
 	return c

@@ -42,10 +42,17 @@ func (t tableRecoverer) Check(ctx context.Context, w relay.RecoveryWindow) error
 
 func (t tableRecoverer) Recover(ctx context.Context, w relay.RecoveryWindow) (relay.RecoveryReport, error) {
 	cfg := t.window(w)
-	cfg.ProgressEvery = 10 * time.Second
+	// Often, for the relay's status; the log gets every tenth.
+	cfg.ProgressEvery = time.Second
+	reports := 0
 	cfg.Progress = func(p reconcile.Progress) {
-		t.log.Info().Str("phase", p.Phase).Int64("done", p.Done).Int64("total", p.Total).Str("waiting_on", p.WaitingOn).
-			Dur("elapsed", p.Elapsed).Msg("recovering the lost slot")
+		if w.Progress != nil {
+			w.Progress(p.Phase, p.Done, p.Total)
+		}
+		if reports++; reports%10 == 0 {
+			t.log.Info().Str("phase", p.Phase).Int64("done", p.Done).Int64("total", p.Total).Str("waiting_on", p.WaitingOn).
+				Dur("elapsed", p.Elapsed).Msg("recovering the lost slot")
+		}
 	}
 	rep, err := reconcile.Run(ctx, cfg, t.log)
 	if err != nil {
@@ -60,20 +67,24 @@ func (t tableRecoverer) Recover(ctx context.Context, w relay.RecoveryWindow) (re
 	}
 	out := relay.RecoveryReport{RowsChecked: rep.RowsChecked, Found: rep.Found, Missing: int64(len(rep.Missing)),
 		Republished: rep.Republished, Quarantined: int64(len(rep.RepublishQuarantined)), Failed: int64(len(rep.RepublishFailed))}
-	if len(rep.RepublishFailed) > 0 {
-		out.FirstFailure = rep.RepublishFailed[0].EventID.String() + ": " + rep.RepublishFailed[0].Error
+	for _, f := range rep.RepublishFailed {
+		if out.FirstFailure == "" || f.Permanent && !out.Permanent {
+			out.FirstFailure = f.EventID.String() + ": " + f.Error
+		}
+		out.Permanent = out.Permanent || f.Permanent
 	}
 	return out, nil
 }
 
 // refusal marks what retrying cannot fix as a recovery the table cannot
-// serve, with what the operator can do instead.
+// serve, with what the operator can do instead. Each way out makes the new
+// slot before it reads the table, so nothing written meanwhile is missed.
 func (t tableRecoverer) refusal(err error, w relay.RecoveryWindow) error {
 	if err == nil || !errors.Is(err, reconcile.ErrWindowDeleted) && !errors.Is(err, pg.ErrPrecondition) {
 		return err
 	}
-	since := w.Since.UTC().Format(time.RFC3339)
-	return fmt.Errorf("%w: %w. Republish what the table still holds by hand, `outbox-relay reconcile --since %s --until 0s --republish` with run's connection flags, "+
-		"then start once with --on-slot-lost stop --reset-progress (adding --recreate-lost-slot if the slot is invalidated); events whose rows are gone can only come from the services that wrote them",
-		relay.ErrSlotUnrecoverable, err, since)
+	return fmt.Errorf("%w: %w. Ways out, each of which makes the new slot before it reads the table, so events written meanwhile are not missed: "+
+		"fix what is named above and start again; or start once with --existing-rows pending, which compares every row the table still holds with Kafka and republishes those it lacks; "+
+		"or with --existing-rows published, which makes the slot and publishes nothing from before it. Events whose rows are gone can only come from the services that wrote them",
+		relay.ErrSlotUnrecoverable, err)
 }

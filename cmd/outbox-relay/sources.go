@@ -125,6 +125,9 @@ func validateSource(o *options) (sourceSpec, error) {
 	if s.noSlot != "" && o.relay.OnSlotLost == relay.SlotLostRecover {
 		return s, fmt.Errorf("--on-slot-lost recover with --source %s: %s, so no slot can be lost; drop the flag", s.name, s.noSlot)
 	}
+	if s.noSlot != "" && o.relay.ExistingRows != relay.ExistingRowsRefuse && o.relay.ExistingRows != "" {
+		return s, fmt.Errorf("--existing-rows %s with --source %s: %s, so it never makes one over the table's rows; drop the flag (--poll-existing says what the snapshot strategy does with them)", o.relay.ExistingRows, s.name, s.noSlot)
+	}
 	if s.atLeastOnce != "" && o.relay.DeliveryMode() == relay.DeliveryExactlyOnce {
 		return s, fmt.Errorf("--delivery exactly-once needs --source %s: %s", sourceNames(func(s sourceSpec) bool { return s.atLeastOnce == "" }), s.atLeastOnce)
 	}

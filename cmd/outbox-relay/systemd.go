@@ -228,6 +228,10 @@ func statusText(s pipeline.Status) string {
 		if s.LastError != "" {
 			text += ": " + s.LastError
 		}
+	case pipeline.StateRecovering:
+		if s.Detail != "" {
+			text = s.Detail
+		}
 	}
 	text = strings.Join(strings.Fields(text), " ")
 	if len(text) > 200 {
