@@ -34,10 +34,10 @@ const (
 	// from the outbox table, what Kafka lacks of what the old one (or no
 	// slot) left behind; Status.Detail says how far it is.
 	StateRecovering State = "recovering"
-	StateBackingOff      State = "backing-off"
-	StateDraining        State = "draining"
-	StateStopped         State = "stopped"
-	StateFailed          State = "failed"
+	StateBackingOff State = "backing-off"
+	StateDraining   State = "draining"
+	StateStopped    State = "stopped"
+	StateFailed     State = "failed"
 )
 
 // States are every source's states.
