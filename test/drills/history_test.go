@@ -1,10 +1,13 @@
 package drills
 
 import (
+	"context"
 	mrand "math/rand/v2"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -221,4 +224,48 @@ func TestDrillRecoverHaltsOnARefusedGapEvent(t *testing.T) {
 		t.Errorf("%d recoveries begun, want 1", n)
 	}
 	t.Logf("halted with exit %d: %s", code, lastLogMessage(p.Output()))
+}
+
+// Issue 51.9: a progress record that does not decode stopped the relay
+// without naming --reset-progress, the one way past it. It must name it,
+// and following it must stream with nothing lost.
+func TestUnusableProgressRecordNamesResetProgress(t *testing.T) {
+	rng := newRand(t)
+	w, _ := newKfakeWorld(t, shared)
+	conn := w.connect()
+	relay := w.startRelay()
+	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
+		t.Fatal(err)
+	}
+	w.waitSettled(time.Minute)
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("relay exited %d (%v) on SIGTERM, want 0", code, err)
+	}
+	sysID := w.DB.QueryString(t, "SELECT system_identifier::text FROM pg_control_system()")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.Brokers...), kgo.DefaultProduceTopic(progressTopic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte(w.Slot + "@" + sysID), Value: []byte("{not json")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.writeTxns(conn, rng, 10, 5, 20); err != nil {
+		t.Fatal(err)
+	}
+
+	p := w.startRelayNoWait()
+	code, err := p.Wait(2 * time.Minute)
+	if err != nil {
+		p.Kill()
+		t.Fatalf("the relay went on with a progress record it cannot read: %v\n%s", err, harness.LastLines(p.Output(), 10))
+	}
+	if out := p.Output(); code != 1 || !strings.Contains(out, "unusable progress record") || !strings.Contains(out, "--reset-progress") {
+		t.Fatalf("an unusable progress record: exit %d, want 1 naming --reset-progress:\n%s", code, harness.LastLines(out, 10))
+	}
+	t.Logf("refused with exit %d: %s", code, lastLogMessage(p.Output()))
+	w.startRelay("--reset-progress")
+	w.checkDelivery(w.waitSettled(time.Minute))
 }
