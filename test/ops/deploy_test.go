@@ -591,6 +591,22 @@ tests:
         alertname: OutboxRelaySlotRecovered
         exp_alerts: [{exp_labels: {job: outbox-relay, severity: info}}]
 
+  # A slot made over rows by choice, or unchecked, warns at once; one made
+  # over an empty table, or recovering the rows, does not.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_slots_created_total{job="outbox-relay", instance="a", existing_rows="published"}'
+        values: '0 0 0 1x10'
+      - series: 'outbox_relay_slots_created_total{job="fine", instance="b", existing_rows="none"}'
+        values: '0 0 0 1x10'
+      - series: 'outbox_relay_slots_created_total{job="fine", instance="b", existing_rows="pending"}'
+        values: '0 0 0 1x10'
+    alert_rule_test:
+      - {eval_time: 2m, alertname: OutboxRelaySlotMadeOverUnpublishedRows, exp_alerts: []}
+      - eval_time: 4m
+        alertname: OutboxRelaySlotMadeOverUnpublishedRows
+        exp_alerts: [{exp_labels: {job: outbox-relay, severity: warning}}]
+
   # A cleanup that fails at every pass alerts; one failure does not.
   - interval: 1m
     input_series:
