@@ -267,6 +267,19 @@ type versionState struct {
 	parked map[aggregate]bool
 	// changed: the aggregates whose applied version the batch moved.
 	changed map[aggregate]bool
+	// untyped: the aggregate whose versions an event without an
+	// aggregate type uses, by its id.
+	untyped map[string]aggregate
+}
+
+// keyOf is the aggregate whose versions ev uses.
+func (v *versionState) keyOf(ev Event) aggregate {
+	if ev.AggregateType == "" {
+		if a, ok := v.untyped[ev.AggregateID]; ok {
+			return a
+		}
+	}
+	return aggregate{ev.AggregateType, ev.AggregateID}
 }
 
 // lockVersions reads the applied version of every aggregate the batch's new
@@ -274,34 +287,65 @@ type versionState struct {
 // fixed order, so two consumers handling the same aggregate at once (a
 // rebalance) take turns; and it notes which of them have parked events.
 //
-// It sends one statement pair per aggregate, pipelined in one round trip,
-// rather than one statement over arrays: each is a primary-key lookup
+// The versions of an aggregate are kept under its type and id, and a
+// record that carries no aggregate type (CloudEvents, Debezium's shape)
+// must find the same row as the relay's format did, or a switch of
+// --record-format would park every aggregate's next event for ever. So an
+// event without a type takes the row of its id whatever the type (there
+// must be one type per id: two are refused as ambiguous), and gets a row
+// under the empty type only when its id has none; an event with a type
+// whose row is missing takes over the empty type's row of its id, with its
+// parked events, so switching back is seamless too.
+//
+// It sends one statement triple per aggregate, pipelined in one round
+// trip, rather than one statement over arrays: each is an index lookup
 // whatever the table's statistics say, while a join against an unnested
 // array was planned as a scan of all the consumer's versions when the
 // statistics were older than the table (a new consumer draining a backlog).
 func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fresh []bool) (*versionState, error) {
-	v := &versionState{applied: map[aggregate]int64{}, parked: map[aggregate]bool{}, changed: map[aggregate]bool{}}
-	var aggs []aggregate
+	v := &versionState{applied: map[aggregate]int64{}, parked: map[aggregate]bool{}, changed: map[aggregate]bool{}, untyped: map[string]aggregate{}}
+	var typed []aggregate
+	var untyped []string
+	seen := map[aggregate]bool{}
 	for i, ev := range events {
 		a := aggregate{ev.AggregateType, ev.AggregateID}
-		if _, seen := v.applied[a]; seen || !fresh[i] || ev.Version == 0 {
+		if seen[a] || !fresh[i] || ev.Version == 0 {
 			continue
 		}
-		v.applied[a] = 0
-		aggs = append(aggs, a)
+		seen[a] = true
+		if a.typ == "" {
+			untyped = append(untyped, a.id)
+		} else {
+			typed = append(typed, a)
+		}
 	}
-	if len(aggs) == 0 {
+	if len(typed) == 0 && len(untyped) == 0 {
 		return v, nil
 	}
-	slices.SortFunc(aggs, func(x, y aggregate) int {
+	slices.SortFunc(typed, func(x, y aggregate) int {
 		if c := strings.Compare(x.typ, y.typ); c != 0 {
 			return c
 		}
 		return strings.Compare(x.id, y.id)
 	})
-	insert := `INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
-		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`
-	lock := `SELECT version FROM ` + ib.tables.versions() + `
+	slices.Sort(untyped)
+	// A typed aggregate's row, created if missing: from the empty type's
+	// row of its id, if there is one, which it replaces (its parked events
+	// move along), else at version 0.
+	insertTyped := `WITH untyped AS (
+			DELETE FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3
+			AND NOT EXISTS (SELECT 1 FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)
+			RETURNING version
+		)
+		INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
+		SELECT $1, $2, $3, COALESCE((SELECT version FROM untyped), 0) ON CONFLICT DO NOTHING`
+	// The parked events of a taken-over row follow it, in a statement of
+	// their own: the one above may have waited for the row's lock, and
+	// would not see what its holder parked (see parkedTyped).
+	moveTyped := `UPDATE ` + ib.tables.parked() + ` SET aggregate_type = $2
+		WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3
+		AND NOT EXISTS (SELECT 1 FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3)`
+	lockTyped := `SELECT version FROM ` + ib.tables.versions() + `
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`
 	// Its own statement, after the lock: under READ COMMITTED a statement
 	// that waited for the lock re-reads the locked row, but the rest of it
@@ -309,12 +353,22 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	// lock's holder parked. (Under REPEATABLE READ the snapshot is the
 	// transaction's; there, park writes the version row, so a waiter fails
 	// with a serialization error and its retry sees the parked event.)
-	parked := `SELECT EXISTS (SELECT 1 FROM ` + ib.tables.parked() + `
+	parkedTyped := `SELECT EXISTS (SELECT 1 FROM ` + ib.tables.parked() + `
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)`
+	// An untyped aggregate's row: any of its id, or one under the empty
+	// type when its id has none.
+	insertUntyped := `INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
+		SELECT $1, '', $2, 0 WHERE NOT EXISTS (SELECT 1 FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_id = $2)
+		ON CONFLICT DO NOTHING`
+	lockUntyped := `SELECT aggregate_type, version FROM ` + ib.tables.versions() + `
+		WHERE consumer = $1 AND aggregate_id = $2 ORDER BY aggregate_type FOR UPDATE`
+	parkedUntyped := `SELECT DISTINCT aggregate_type FROM ` + ib.tables.parked() + ` WHERE consumer = $1 AND aggregate_id = $2`
+
 	batch := &pgx.Batch{}
-	for _, a := range aggs {
-		batch.Queue(insert, ib.cfg.Consumer, a.typ, a.id)
-		batch.Queue(lock, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
+	for _, a := range typed {
+		batch.Queue(insertTyped, ib.cfg.Consumer, a.typ, a.id)
+		batch.Queue(moveTyped, ib.cfg.Consumer, a.typ, a.id)
+		batch.Queue(lockTyped, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
 			var version int64
 			if err := row.Scan(&version); err != nil {
 				return err
@@ -322,7 +376,7 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 			v.applied[a] = version
 			return nil
 		})
-		batch.Queue(parked, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
+		batch.Queue(parkedTyped, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
 			var p bool
 			if err := row.Scan(&p); err != nil {
 				return err
@@ -331,15 +385,68 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 			return nil
 		})
 	}
+	var ambiguous error
+	for _, id := range untyped {
+		batch.Queue(insertUntyped, ib.cfg.Consumer, id)
+		batch.Queue(lockUntyped, ib.cfg.Consumer, id).Query(func(rows pgx.Rows) error {
+			var types []string
+			var versions []int64
+			for rows.Next() {
+				var typ string
+				var version int64
+				if err := rows.Scan(&typ, &version); err != nil {
+					return err
+				}
+				types, versions = append(types, typ), append(versions, version)
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			// The empty type sorts first; a typed row wins over it.
+			k := len(types) - 1
+			switch {
+			case k < 0:
+				return fmt.Errorf("no version row for aggregate id %q", id)
+			case k >= 2 || (k == 1 && types[0] != ""):
+				if ambiguous == nil {
+					ambiguous = fmt.Errorf("aggregate id %q has versions under the aggregate types %q: a record without an aggregate type "+
+						"(CloudEvents, Debezium's shape) cannot tell which it belongs to; keep aggregate ids unique across aggregate types, "+
+						"or turn CheckVersions off for this consumer", id, types)
+				}
+				return nil
+			}
+			a := aggregate{types[k], id}
+			v.untyped[id] = a
+			if _, typedToo := v.applied[a]; !typedToo {
+				v.applied[a] = versions[k]
+			}
+			return nil
+		})
+		batch.Queue(parkedUntyped, ib.cfg.Consumer, id).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var typ string
+				if err := rows.Scan(&typ); err != nil {
+					return err
+				}
+				if a, ok := v.untyped[id]; ok && a.typ == typ {
+					v.parked[a] = true
+				}
+			}
+			return rows.Err()
+		})
+	}
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return nil, fmt.Errorf("event %s: read versions: %w", events[0].ID, err)
+		return nil, fmt.Errorf("event %s: read versions: %w%s", events[0].ID, err, missingTableHint(err))
+	}
+	if ambiguous != nil {
+		return nil, fmt.Errorf("event %s: %w", events[0].ID, ambiguous)
 	}
 	return v, nil
 }
 
 // applyVersioned applies, skips or parks one new event with a version.
 func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState, ev Event, h Handler) (Result, *Missing, error) {
-	a := aggregate{ev.AggregateType, ev.AggregateID}
+	a := v.keyOf(ev)
 	applied := v.applied[a]
 	switch {
 	case ev.Version <= applied:
@@ -349,7 +456,7 @@ func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState,
 			return Result{}, nil, fmt.Errorf("event %s: %s %s version %d arrived after version %d: %w",
 				ev.ID, ev.AggregateType, ev.AggregateID, ev.Version, applied, ErrVersionGap)
 		}
-		parked, missing, err := ib.park(ctx, tx, ev, applied)
+		parked, missing, err := ib.park(ctx, tx, a, ev, applied)
 		if err != nil {
 			return Result{}, nil, err
 		}
@@ -373,7 +480,7 @@ func (ib *Inbox) applyVersioned(ctx context.Context, tx pgx.Tx, v *versionState,
 	last, released := ev.Version, 0
 	if v.parked[a] {
 		var err error
-		if released, last, err = ib.release(ctx, tx, ev, h); err != nil {
+		if released, last, err = ib.release(ctx, tx, a, ev.Version, ev.ID, h); err != nil {
 			if endedBySQL(err) {
 				v.applied[a], v.changed[a] = last, true
 			}

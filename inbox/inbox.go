@@ -293,7 +293,7 @@ func endedBySQL(err error) bool {
 // parked with the same version: versions are unique per aggregate, so the
 // writer broke its contract, and the later event is as stale as one whose
 // version was applied already.
-func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (bool, *Missing, error) {
+func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, a aggregate, ev Event, applied int64) (bool, *Missing, error) {
 	// bytea keeps every byte of a header (a Go string may hold any), and
 	// a nil payload stays NULL, so the event comes back as it arrived.
 	keys := make([][]byte, 0, len(ev.Headers))
@@ -305,17 +305,17 @@ func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (
 	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.parked()+`
 		(consumer, aggregate_type, aggregate_id, version, event_id, event_type, payload, header_keys, header_values, parked_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, ev.Version, ev.ID, ev.EventType, ev.Payload, keys, values, now)
+		ib.cfg.Consumer, a.typ, a.id, ev.Version, ev.ID, ev.EventType, ev.Payload, keys, values, now)
 	if err != nil {
 		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil, nil
 	}
-	m := Missing{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Applied: applied}
+	m := Missing{AggregateType: a.typ, AggregateID: a.id, Applied: applied}
 	if err := tx.QueryRow(ctx, `SELECT min(version), min(parked_at) FROM `+ib.tables.parked()+`
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
-		ib.cfg.Consumer, ev.AggregateType, ev.AggregateID).Scan(&m.Waiting, &m.Since); err != nil {
+		ib.cfg.Consumer, a.typ, a.id).Scan(&m.Waiting, &m.Since); err != nil {
 		return false, nil, fmt.Errorf("event %s: park: %w", ev.ID, err)
 	}
 	if now.Sub(m.Since) < ib.cfg.MissingAfter {
@@ -324,26 +324,28 @@ func (ib *Inbox) park(ctx context.Context, tx pgx.Tx, ev Event, applied int64) (
 	return true, &m, nil
 }
 
-// release applies, in order, the parked successors that ev makes
-// contiguous, and returns how many and the last version applied.
-func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, ev Event, h Handler) (int, int64, error) {
-	last := ev.Version
+// release applies, in order, the parked successors of aggregate a's
+// version (applied by event id, or skipped), and returns how many and the
+// last version applied. A released event is handed to the handler with
+// a's type, the one its versions are kept under.
+func (ib *Inbox) release(ctx context.Context, tx pgx.Tx, a aggregate, version int64, id string, h Handler) (int, int64, error) {
+	last := version
 	released := 0
 	for {
-		next := Event{AggregateType: ev.AggregateType, AggregateID: ev.AggregateID, Version: last + 1}
+		next := Event{AggregateType: a.typ, AggregateID: a.id, Version: last + 1}
 		var keys, values [][]byte
 		err := tx.QueryRow(ctx, `DELETE FROM `+ib.tables.parked()+`
 			WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND version = $4
 			RETURNING event_id, event_type, payload, header_keys, header_values`,
-			ib.cfg.Consumer, ev.AggregateType, ev.AggregateID, next.Version).Scan(&next.ID, &next.EventType, &next.Payload, &keys, &values)
+			ib.cfg.Consumer, a.typ, a.id, next.Version).Scan(&next.ID, &next.EventType, &next.Payload, &keys, &values)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return released, last, nil
 		}
 		if err != nil {
-			return 0, 0, fmt.Errorf("event %s: release version %d: %w", ev.ID, next.Version, err)
+			return 0, 0, fmt.Errorf("event %s: release version %d: %w", id, next.Version, err)
 		}
 		if len(keys) != len(values) {
-			return 0, 0, fmt.Errorf("event %s: release version %d: %d header keys, %d values", ev.ID, next.Version, len(keys), len(values))
+			return 0, 0, fmt.Errorf("event %s: release version %d: %d header keys, %d values", id, next.Version, len(keys), len(values))
 		}
 		next.Headers = make(map[string]string, len(keys))
 		for i := range keys {

@@ -72,6 +72,8 @@ func SQL(t Tables) (string, error) {
 		"{{skipped}}", t.skipped(),
 		"{{parked_literal}}", "'"+strings.ReplaceAll(t.parked(), "'", "''")+"'",
 		"{{processed_at_idx}}", pgx.Identifier{t.Prefix + "_processed_at_idx"}.Sanitize(),
+		"{{versions_id_idx}}", pgx.Identifier{t.Prefix + "_versions_id_idx"}.Sanitize(),
+		"{{parked_id_idx}}", pgx.Identifier{t.Prefix + "_parked_id_idx"}.Sanitize(),
 		"{{upgrade}}", upgradeQuote,
 	).Replace(ddl), nil
 }
@@ -113,6 +115,13 @@ CREATE TABLE IF NOT EXISTS {{parked}} (
     parked_at      timestamptz NOT NULL,
     PRIMARY KEY (consumer, aggregate_type, aggregate_id, version)
 );
+
+-- A record without an aggregate type (CloudEvents, Debezium's shape) finds
+-- its aggregate's versions and parked events by the id alone. On a large
+-- versions table, create these with CREATE INDEX CONCURRENTLY (same names)
+-- before applying the rest, so consumers are not held up meanwhile.
+CREATE INDEX IF NOT EXISTS {{versions_id_idx}} ON {{versions}} (consumer, aggregate_id);
+CREATE INDEX IF NOT EXISTS {{parked_id_idx}} ON {{parked}} (consumer, aggregate_id);
 
 -- Records no event can be read from (no event id in any record format, a
 -- version header that is no positive integer, a structured CloudEvent that

@@ -72,7 +72,7 @@ func (ib *Inbox) SkipMissing(ctx context.Context, db Beginner, aggregateType, ag
 		ib.cfg.Consumer, aggregateType, aggregateID, applied+1, through, reason, ib.cfg.Now()); err != nil {
 		return Skip{}, fmt.Errorf("%s: record the skip: %w%s", what, err, missingTableHint(err))
 	}
-	released, last, err := ib.release(ctx, tx, Event{ID: "(skip)", AggregateType: aggregateType, AggregateID: aggregateID, Version: through}, h)
+	released, last, err := ib.release(ctx, tx, aggregate{aggregateType, aggregateID}, through, "(skip)", h)
 	if err != nil {
 		var he *handlerError
 		if errors.As(err, &he) {

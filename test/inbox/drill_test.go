@@ -432,3 +432,80 @@ func TestDrillSkipMissingWhileConsuming(t *testing.T) {
 	c := metrics.Counts()
 	t.Logf("%d events written, %d versions skipped, %d parked on arrival, %d applied", len(aggs)*rounds-len(skip), c.SkippedVersions, c.VersionGaps, c.Applied)
 }
+
+// recordIn is the event of aggregate agg at version v as the relay writes
+// it in format: relay (its own headers), cloudevents (binary mode) or
+// debezium (the id header, the key as the aggregate id). The writer's
+// aggregate_version header travels in every format.
+func (w *world) recordIn(format, agg string, v int) *kgo.Record {
+	rec := w.record(agg, v)
+	id := fmt.Sprintf("%s-v%d", agg, v)
+	version := kgo.RecordHeader{Key: "aggregate_version", Value: []byte(fmt.Sprint(v))}
+	switch format {
+	case "cloudevents":
+		rec.Headers = []kgo.RecordHeader{
+			{Key: "ce_specversion", Value: []byte("1.0")}, {Key: "ce_id", Value: []byte(id)},
+			{Key: "ce_source", Value: []byte("/billing")}, {Key: "ce_type", Value: []byte("Credited")},
+			{Key: "ce_subject", Value: []byte(agg)}, {Key: "content-type", Value: []byte("application/json")}, version,
+		}
+	case "debezium":
+		rec.Headers = []kgo.RecordHeader{{Key: "id", Value: []byte(id)}, version}
+	}
+	return rec
+}
+
+// Changing --record-format while consumers check versions parked the next
+// event of every existing aggregate for ever (issue 55, item 4): the
+// formats without an aggregate type keyed versions under an empty type.
+// The drill switches the writer from the relay's format to CloudEvents,
+// then to Debezium's shape, then back, every four rounds, with the
+// members running, each adapter in turn; aggregates are born in each
+// period. Every event must take effect once, in order, nothing parked.
+func TestDrillRecordFormatSwitchedUnderRunningConsumers(t *testing.T) {
+	for _, name := range []string{"inboxsarama", "inboxkgo"} {
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, 3)
+			const rounds = 16
+			formats := []string{"relay", "cloudevents", "debezium", "relay"}
+			start, last := map[string]int{}, map[string]int{}
+			var aggs []string
+			for i := range 40 {
+				// A quarter of the aggregates are born in each period.
+				agg := fmt.Sprintf("acct-%03d", i)
+				aggs = append(aggs, agg)
+				start[agg] = 1 + 4*(i%4)
+				last[agg] = rounds - start[agg] + 1
+			}
+			metrics := inbox.NewMetrics("billing")
+			ib, err := inbox.New(inbox.Config{Consumer: "billing", CheckVersions: true, Metrics: metrics})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := w.members(2, adapters[name], "billing", ib, slowEffect)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			err = w.write(ctx, rounds, 300*time.Millisecond, func(round int) []*kgo.Record {
+				var recs []*kgo.Record
+				for _, agg := range aggs {
+					if v := round - start[agg] + 1; v >= 1 {
+						recs = append(recs, w.recordIn(formats[(round-1)/4], agg, v))
+					}
+				}
+				return recs
+			}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			harness.WaitFor(t, 2*time.Minute, "the members' offsets reach the end", func() bool { return w.caughtUp("billing") })
+			if err := stop(); err != nil {
+				t.Errorf("members: %v", err)
+			}
+			w.checkApplied(last, nil)
+			if n := w.db.QueryInt64(t, `SELECT count(*) FROM inbox_versions WHERE aggregate_type = ''`); n != 0 {
+				t.Errorf("%d aggregates' versions left under the empty type after the switch back", n)
+			}
+			c := metrics.Counts()
+			t.Logf("%s: %d applied, %d parked on arrival, %d duplicates skipped", name, c.Applied, c.VersionGaps, c.Duplicates+c.StaleVersions)
+		})
+	}
+}
