@@ -346,6 +346,7 @@ func (r *Relay) makeSlotOver(ctx context.Context, admin *replication.Admin, loss
 		return replication.SlotStart{}, err
 	}
 	r.recordSlot(ctx, admin, replication.SlotRecord{LSN: at, CreatedAt: before, CreatedBy: "run", ExistingRows: replication.ExistingPublished})
+	LogNewSlot(ctx, r.log, admin, r.cfg.Replication, at)
 	r.log.Error().Str("loss", loss.reason).Str("lsn", at.String()).Time("slot_created_at", before).
 		Msg("made the replication slot over rows it has no record of publishing, as --existing-rows published says: events committed before slot_created_at that Kafka lacks are NOT published. If that was not meant, find them with `outbox-relay reconcile --since <a time before the loss> --until <slot_created_at>` and add --republish (see docs/slot-trouble.md)")
 	return replication.SlotStart{LSN: at, Created: true}, nil

@@ -14,7 +14,7 @@ func TestPeriodicCheckExportsMissingEvents(t *testing.T) {
 	e := newEnv(t)
 	e.Migrate("--skip-slot")
 	lost := e.commit(3, "order") // no slot yet: never published
-	e.Migrate()
+	e.Migrate("--existing-rows", "published")
 	started := time.Now()
 	relay := e.StartRelay("--admin-addr", "127.0.0.1:0",
 		"--reconcile-every", "200ms", "--reconcile-window", "1h", "--reconcile-settle", "0s")
