@@ -153,21 +153,25 @@ func LostHistoryError(cfg Config, why string, pendingNeedsRun bool) error {
 
 // WhyNotMake says why a slot that does not exist may not be made without
 // the operator's choice: its record says it existed, or the table holds
-// rows that no record covers. "" when it may be made, with what the table
+// rows that no record covers. An empty table needs no choice: a new slot
+// misses nothing a recovery could find. "" when it may be made, with what the table
 // held (ExistingNone or ExistingUnchecked) for the new slot's record.
 func (a *Admin) WhyNotMake(ctx context.Context, hist SlotHistory) (why, existing string, err error) {
-	if r := hist.Record; r != nil {
-		return fmt.Sprintf("it does not exist, although %s made it at %s (consistent point %s) and recorded that in %s: it was dropped, or PostgreSQL failed over to a server without it, so events committed since may be in no slot",
-			r.CreatedBy, r.CreatedAt.UTC().Format(time.RFC3339), r.LSN, store.SlotRegistryName), "", nil
-	}
 	rows, known, err := a.RowsBefore(ctx)
 	switch {
 	case err != nil:
 		return "", "", err
-	case !known:
-		return "", ExistingUnchecked, nil
-	case rows.Count == 0:
+	case known && rows.Count == 0:
+		// Whatever a lost slot left behind is in the table or nowhere: an
+		// empty table leaves nothing to republish, whatever the record says.
 		return "", ExistingNone, nil
+	}
+	if r := hist.Record; r != nil {
+		return fmt.Sprintf("it does not exist, although %s made it at %s (consistent point %s) and recorded that in %s: it was dropped, or PostgreSQL failed over to a server without it, so events committed since may be in no slot",
+			r.CreatedBy, r.CreatedAt.UTC().Format(time.RFC3339), r.LSN, store.SlotRegistryName), "", nil
+	}
+	if !known {
+		return "", ExistingUnchecked, nil
 	}
 	newest := ""
 	if !rows.NewestCreated.IsZero() {

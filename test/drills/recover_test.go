@@ -175,16 +175,19 @@ func TestDrillRecoverAfterPromotionWithoutSlot(t *testing.T) {
 // (here by hand, as a retention job run past the relay's progress would),
 // the table cannot cover the gap. The relay must stop, say exactly that and
 // what to do, and leave no new slot holding WAL and no mark in the
-// progress record.
+// progress record. Issue 51.7: what it says to do is then followed
+// literally while a writer commits 200 events/s throughout. Its old advice
+// (reconcile up to now, then a new slot) lost the 716 events committed
+// between the two; --existing-rows pending makes the slot first.
 func TestDrillRecoverRefusesDeletedWindow(t *testing.T) {
 	rng := newRand(t)
 	w, _ := newKfakeWorld(t, shared)
 	conn := w.connect()
 	publishThenDropSlot(t, w, conn, rng)
 	w.DB.Exec(t, "DELETE FROM outbox_events")
-	if err := w.writeTxns(conn, rng, 3, 5, 20); err != nil { // rows newer than the progress
-		t.Fatal(err)
-	}
+	pw := startPacedWriter(w, w.connect(), mrand.New(mrand.NewPCG(rng.Uint64(), 1)), 10*time.Millisecond, 2, 50, false)
+	defer pw.halt()
+	harness.WaitFor(t, time.Minute, "100 events newer than the progress", func() bool { return pw.events.Load() >= 100 })
 
 	p := w.startRelayNoWait(recoverFlags...)
 	code, err := p.Wait(2 * time.Minute)
@@ -196,7 +199,7 @@ func TestDrillRecoverRefusesDeletedWindow(t *testing.T) {
 		t.Errorf("relay exited %d on a gap the table cannot cover, want 1", code)
 	}
 	for _, want := range []string{"cannot be recovered from the outbox table", "rows were deleted", "its oldest row was created at",
-		"outbox-relay reconcile --since", "--on-slot-lost stop --reset-progress"} {
+		"--existing-rows pending", "--existing-rows published"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("the refusal does not say %q:\n%s", want, harness.LastLines(out, 20))
 		}
@@ -211,6 +214,13 @@ func TestDrillRecoverRefusesDeletedWindow(t *testing.T) {
 		t.Errorf("the refusal marked the progress record as recovering since %s", rec.RecoverySince)
 	}
 	t.Logf("refused with exit %d: %s", code, lastLogMessage(out))
+
+	// The way out it names, as an operator would type it: the same command
+	// with --existing-rows pending added.
+	relay := w.startRelayNoWait(append(recoverFlags, "--existing-rows", "pending")...)
+	back := waitRecovered(t, relay, 0, time.Now())
+	writeOnAfterRecovery(t, pw)
+	checkRecovered(t, w, relay, "at-least-once", back)
 }
 
 // TestDrillRecoverKilledMidway SIGKILLs the relay in the middle of a

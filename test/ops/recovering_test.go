@@ -44,6 +44,48 @@ func TestNotifyWatchdogWhileRecovering(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A writer at about 50 events/s throughout: the recovery must leave
+	// none of its events behind, those committed while the new slot
+	// waits included.
+	stopWriting := make(chan struct{})
+	written := make(chan []string, 1)
+	go func() {
+		var ids []string
+		defer func() { written <- ids }()
+		conn, err := pgx.Connect(ctx, e.DB.DSN())
+		if err != nil {
+			t.Errorf("writer: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopWriting:
+				return
+			case <-tick.C:
+			}
+			id := harness.NewUUID()
+			if _, err := conn.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload)
+				VALUES ($1, 'order', 'written-on', 'Happened', '{}')`, id); err != nil {
+				t.Errorf("writer: %v", err)
+				return
+			}
+			ids = append(ids, id)
+		}
+	}()
+	writerStopped := false
+	stopWriter := func() []string {
+		if writerStopped {
+			return nil
+		}
+		writerStopped = true
+		close(stopWriting)
+		return <-written
+	}
+	defer stopWriter()
+
 	sock := listenNotify(t)
 	p := e.start(e.argsAs(e.DB.DSN(), "run", "--on-slot-lost", "recover", "--status-interval", "250ms"), sock.env(watchdog)...)
 	base := p.AdminURL(t)
@@ -84,7 +126,10 @@ func TestNotifyWatchdogWhileRecovering(t *testing.T) {
 		t.Fatal(err)
 	}
 	harness.WaitFor(t, time.Minute, "READY=1 once recovered", func() bool { return sock.count("READY=1") > 0 })
-	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, ids, time.Minute)
+	harness.WaitFor(t, time.Minute, "the writer goes on after the recovery", func() bool { return time.Since(waiting) > 6*watchdog })
+	during := stopWriter()
+	t.Logf("%d events before the loss, %d written by the writer meanwhile", len(ids), len(during))
+	harness.ConsumeEventIDs(t, e.Kafka.Brokers(), topics, append(ids, during...), time.Minute)
 	if !strings.Contains(p.Output(), "recovered the lost replication slot") {
 		t.Errorf("no recovery logged:\n%s", harness.LastLines(p.Output(), 10))
 	}
