@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // HandleBatch applies events, a run of records of one partition in their
@@ -297,8 +298,8 @@ func (v *versionState) keyOf(ev Event) aggregate {
 // whose row is missing takes over the empty type's row of its id, with its
 // parked events, so switching back is seamless too.
 //
-// It sends one statement triple per aggregate, pipelined in one round
-// trip, rather than one statement over arrays: each is an index lookup
+// It sends a few statements per aggregate, pipelined in one round trip,
+// rather than one statement over arrays: each is an index lookup
 // whatever the table's statistics say, while a join against an unnested
 // array was planned as a scan of all the consumer's versions when the
 // statistics were older than the table (a new consumer draining a backlog).
@@ -330,21 +331,16 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	})
 	slices.Sort(untyped)
 	// A typed aggregate's row, created if missing: from the empty type's
-	// row of its id, if there is one, which it replaces (its parked events
-	// move along), else at version 0.
+	// row of its id, if there is one, which it replaces (it says so, and
+	// its parked events follow it below), else at version 0.
 	insertTyped := `WITH untyped AS (
 			DELETE FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3
 			AND NOT EXISTS (SELECT 1 FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3)
 			RETURNING version
 		)
 		INSERT INTO ` + ib.tables.versions() + ` (consumer, aggregate_type, aggregate_id, version)
-		SELECT $1, $2, $3, COALESCE((SELECT version FROM untyped), 0) ON CONFLICT DO NOTHING`
-	// The parked events of a taken-over row follow it, in a statement of
-	// their own: the one above may have waited for the row's lock, and
-	// would not see what its holder parked (see parkedTyped).
-	moveTyped := `UPDATE ` + ib.tables.parked() + ` SET aggregate_type = $2
-		WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3
-		AND NOT EXISTS (SELECT 1 FROM ` + ib.tables.versions() + ` WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3)`
+		SELECT $1, $2, $3, COALESCE((SELECT version FROM untyped), 0) ON CONFLICT DO NOTHING
+		RETURNING EXISTS (SELECT 1 FROM untyped)`
 	lockTyped := `SELECT version FROM ` + ib.tables.versions() + `
 		WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`
 	// Its own statement, after the lock: under READ COMMITTED a statement
@@ -365,9 +361,20 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	parkedUntyped := `SELECT DISTINCT aggregate_type FROM ` + ib.tables.parked() + ` WHERE consumer = $1 AND aggregate_id = $2`
 
 	batch := &pgx.Batch{}
+	var tookOver []aggregate
 	for _, a := range typed {
-		batch.Queue(insertTyped, ib.cfg.Consumer, a.typ, a.id)
-		batch.Queue(moveTyped, ib.cfg.Consumer, a.typ, a.id)
+		batch.Queue(insertTyped, ib.cfg.Consumer, a.typ, a.id).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var took bool
+				if err := rows.Scan(&took); err != nil {
+					return err
+				}
+				if took {
+					tookOver = append(tookOver, a)
+				}
+			}
+			return rows.Err()
+		})
 		batch.Queue(lockTyped, ib.cfg.Consumer, a.typ, a.id).QueryRow(func(row pgx.Row) error {
 			var version int64
 			if err := row.Scan(&version); err != nil {
@@ -440,6 +447,26 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	}
 	if ambiguous != nil {
 		return nil, fmt.Errorf("event %s: %w", events[0].ID, ambiguous)
+	}
+	if len(tookOver) > 0 {
+		// Rare (once per aggregate after a switch back to a format with
+		// types), so a round trip of its own, after the locks: the insert
+		// may have waited for the empty type's row, whose holder may have
+		// parked events meanwhile.
+		move := `UPDATE ` + ib.tables.parked() + ` SET aggregate_type = $2
+			WHERE consumer = $1 AND aggregate_type = '' AND aggregate_id = $3`
+		batch := &pgx.Batch{}
+		for _, a := range tookOver {
+			batch.Queue(move, ib.cfg.Consumer, a.typ, a.id).Exec(func(tag pgconn.CommandTag) error {
+				if tag.RowsAffected() > 0 {
+					v.parked[a] = true
+				}
+				return nil
+			})
+		}
+		if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+			return nil, fmt.Errorf("event %s: move parked events to their aggregate type: %w", events[0].ID, err)
+		}
 	}
 	return v, nil
 }

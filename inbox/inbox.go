@@ -16,9 +16,16 @@
 // aggregate_version header the writer in package outbox sets): a version
 // already applied is skipped, one that skips a version is held back until
 // its predecessor arrives (or refused), and a predecessor missing for
-// longer than a limit is reported. A held event is kept as it arrived, its
+// longer than a limit is reported; SkipMissing releases what waits for a
+// version that will never come. A held event is kept as it arrived, its
 // payload and headers byte for byte (SQL upgrades tables an older version
-// created).
+// created). Records without an aggregate type (CloudEvents, Debezium's
+// shape) use the versions of their aggregate id, so a switch of record
+// format keeps every aggregate's order.
+//
+// A record no event can be read from is set aside in a table of its own,
+// byte for byte, and its partition goes on (ApplyInOrder with
+// Records.Raw, as both adapters do).
 //
 // A record whose headers carry a W3C traceparent (the relay writes its
 // own span's there when tracing is on) is handled under a consumer span,
