@@ -197,16 +197,7 @@ func TestDrillRecoverHaltsOnARefusedGapEvent(t *testing.T) {
 	rng := newRand(t)
 	w, _ := newKfakeWorld(t, shared)
 	flags := append([]string{"--on-permanent-error", "halt"}, recoverFlags...)
-	conn := w.connect()
-	relay := w.startRelay(flags...)
-	if err := w.writeTxns(conn, rng, 20, 5, 20); err != nil {
-		t.Fatal(err)
-	}
-	w.waitSettled(time.Minute)
-	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
-		t.Fatalf("relay exited %d (%v) on SIGTERM, want 0", code, err)
-	}
-	w.DB.DropSlot(t, w.Slot)
+	publishThenDropSlot(t, w, w.connect(), rng, flags...)
 	const bad = "0b5c9d3e-0000-4000-8000-00000000bad1"
 	w.DB.Exec(t, "INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'no/such topic', '1', 'Refused', '{}')", bad)
 

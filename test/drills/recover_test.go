@@ -297,10 +297,14 @@ func TestDrillRecoverKilledMidway(t *testing.T) {
 // publishThenDropSlot runs a recovering relay until Kafka holds 100 events
 // and the progress record covers them, stops it with SIGTERM, and drops
 // its slot while no relay runs: the next relay finds the slot missing and
-// Kafka holding progress for it.
-func publishThenDropSlot(t *testing.T, w *world, conn *pgx.Conn, rng *mrand.Rand) {
+// Kafka holding progress for it. The relay runs with flags, recoverFlags
+// when none are given.
+func publishThenDropSlot(t *testing.T, w *world, conn *pgx.Conn, rng *mrand.Rand, flags ...string) {
 	t.Helper()
-	relay := w.startRelay(recoverFlags...)
+	if len(flags) == 0 {
+		flags = recoverFlags
+	}
+	relay := w.startRelay(flags...)
 	if err := w.writeTxns(conn, rng, 20, 5, 20); err != nil {
 		t.Fatal(err)
 	}
