@@ -637,6 +637,12 @@ func (l *Layout) MissingNamedColumns(has func(column string) bool) []string {
 // lacks (present says which it has), is read as NULL, as the stream does.
 // quote quotes an identifier.
 func (l *Layout) SelectList(present map[string]bool, quote func(string) string) string {
+	return strings.Join(l.SelectExprs(present, quote), ", ")
+}
+
+// SelectExprs is SelectList's expressions, one per field, then one per
+// header column.
+func (l *Layout) SelectExprs(present map[string]bool, quote func(string) string) []string {
 	exprs := make([]string, 0, int(NumFields)+len(l.HeaderColumns))
 	for f := Field(0); f < NumFields; f++ {
 		col := l.Column(f)
@@ -649,5 +655,5 @@ func (l *Layout) SelectList(present map[string]bool, quote func(string) string) 
 	for _, h := range l.HeaderColumns {
 		exprs = append(exprs, quote(h.Column)+"::text")
 	}
-	return strings.Join(exprs, ", ")
+	return exprs
 }

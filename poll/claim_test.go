@@ -39,7 +39,7 @@ func TestClaimPlanReadsPendingRowsInOrderWhateverTheStatistics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, text := explain(t, conn, "claim(int, text, bigint, bool)", q.claim, "claim(500, 'w', 60000, true)")
+	plan, text := explain(t, conn, "claim(int, text, bigint, bool, bigint, int)", q.claim, "claim(500, 'w', 60000, true, 16777216, 67108864)")
 	picked := plan.find(func(n *planNode) bool { return n.SubplanName == "CTE picked" })
 	if picked == nil {
 		t.Fatalf("no CTE picked in the claim's plan:\n%s", text)

@@ -51,6 +51,13 @@ type Config struct {
 	WorkerID string
 	// Batch is how many rows one claim takes.
 	Batch int
+	// MaxInFlightBytes is --max-in-flight-bytes, the WAL source's bound
+	// on what it holds: a claim or a page takes a share of it in bytes,
+	// so memory is bounded by it, not by the backlog (see size.go).
+	MaxInFlightBytes int64
+	// MaxMessageBytes is --max-message-bytes: a row whose values are
+	// larger is quarantined by reference, its values never read.
+	MaxMessageBytes int
 	// Lease is how long a claim keeps other pollers off its rows. It must
 	// outlast a publish (see Sinks.Bound): a lease that expires while its
 	// rows are still in flight lets another poller publish them too (a
@@ -103,6 +110,8 @@ func DefaultConfig() Config {
 		Strategy:          StrategyLease,
 		WorkerID:          host + ":" + strconv.Itoa(os.Getpid()),
 		Batch:             500,
+		MaxInFlightBytes:  64 << 20,
+		MaxMessageBytes:   64 << 20,
 		Lease:             3 * time.Minute,
 		Interval:          time.Second,
 		Tick:              5 * time.Millisecond,

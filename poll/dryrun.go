@@ -69,7 +69,7 @@ func (s *peekSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 		return engine.Read{}, nil
 	}
 	s.p.hooks.Alive()
-	rows, err := s.q.peekBatch(ctx, *s.after, s.p.cfg.Batch)
+	rows, err := s.q.peekBatch(ctx, *s.after, s.p.cfg.Batch, s.p.cfg.MaxMessageBytes)
 	if err != nil {
 		return engine.Read{}, err
 	}
@@ -82,7 +82,11 @@ func (s *peekSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 			continue // deleted from the outbox while pending: nothing to send
 		}
 		rows[i].ev.Txn = engine.Position(i)
-		s.events = append(s.events, engine.Event{Event: &rows[i].ev})
+		e := engine.Event{Event: &rows[i].ev}
+		if limit := s.p.cfg.MaxMessageBytes; rows[i].size > int64(limit) {
+			oversize(&e, rows[i].size, limit, leaseOversizeHeld(s.p.t))
+		}
+		s.events = append(s.events, e)
 	}
 	s.pending = len(s.events)
 	if len(rows) > 0 && s.pending == 0 {

@@ -120,7 +120,11 @@ func (f *flow) start(rows []claimed) (engine.Read, error) {
 			continue // marked as gone with the batch
 		}
 		r.ev.Txn = f.base + engine.Position(i)
-		f.events = append(f.events, engine.Event{Event: &r.ev, Attempts: r.attempts, Hold: r.aggKey})
+		e := engine.Event{Event: &r.ev, Attempts: r.attempts, Hold: r.aggKey}
+		if limit := f.w.p.cfg.MaxMessageBytes; r.size > int64(limit) {
+			oversize(&e, r.size, limit, leaseOversizeHeld(f.w.p.t))
+		}
+		f.events = append(f.events, e)
 	}
 	if reclaimed > 0 {
 		p := f.w.p

@@ -289,7 +289,7 @@ func (p *Poller) claimLoop(ctx context.Context, w *worker, f *flow, wake <-chan 
 			return err
 		default:
 		}
-		if len(rows) == p.cfg.Batch {
+		if w.full {
 			continue // a backlog: claim again at once
 		}
 		if err := f.settle(ctx, &inFlight, houseErr); err != nil || ctx.Err() != nil {

@@ -18,7 +18,12 @@ import (
 
 // claimSQL claims up to $1 rows in one short transaction (the statement
 // alone), in insertion order, leasing them to $2 for $3 milliseconds, and
-// returns them joined with their outbox rows.
+// returns them joined with their outbox rows. `bounded` keeps the longest
+// prefix (at least one row) whose values add up to $5 bytes at most, so a
+// batch of large rows holds no more than its share of
+// --max-in-flight-bytes; a row over $6 bytes (--max-message-bytes) counts
+// for nothing there, and its values are never read (NULL), so that it is
+// quarantined by reference.
 //
 // Per-aggregate order: a row is claimed only when no earlier row of its
 // aggregate is unpublished, unless that earlier row is claimed in the same
@@ -49,7 +54,7 @@ import (
 // session ($4 false: none, and the lease lasts until it expires).
 const claimSQL = `
 WITH ` + liveSessionsCTE + `, picked AS (
-    SELECT s.seq, s.aggregate_type, s.aggregate_id, s.lease_holder IS NOT NULL AS reclaimed
+    SELECT s.seq, s.event_id, s.aggregate_type, s.aggregate_id, s.lease_holder IS NOT NULL AS reclaimed
     FROM {{state}} s
     WHERE s.published_at IS NULL AND s.quarantined_at IS NULL
       AND s.seq >= (SELECT h.seq FROM {{state}} h WHERE h.published_at IS NULL AND h.quarantined_at IS NULL ORDER BY h.seq LIMIT 1)
@@ -65,22 +70,31 @@ WITH ` + liveSessionsCTE + `, picked AS (
     LIMIT $1
     FOR UPDATE OF s SKIP LOCKED
 ), ready AS (
-    SELECT p.seq, p.reclaimed FROM picked p
+    SELECT p.seq, p.event_id, p.reclaimed FROM picked p
     WHERE NOT EXISTS (
         SELECT 1 FROM {{state}} e
         WHERE e.aggregate_type = p.aggregate_type AND e.aggregate_id = p.aggregate_id
           AND e.seq < p.seq AND e.published_at IS NULL
           AND e.seq NOT IN (SELECT seq FROM picked)
         OFFSET 0)
+), sized AS (
+    SELECT r.seq, r.reclaimed, {{size}} AS size
+    FROM ready r LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = r.event_id) o ON true
+), bounded AS (
+    SELECT b.seq, b.reclaimed, b.size FROM (
+        SELECT z.*, row_number() OVER w AS n, sum(CASE WHEN z.size > $6 THEN 0 ELSE z.size END) OVER w AS upto
+        FROM sized z WINDOW w AS (ORDER BY z.seq)) b
+    WHERE b.n = 1 OR b.upto <= $5
 ), claimed AS (
     UPDATE {{state}} s
     SET lease_holder = $2, lease_expires_at = now() + $3 * interval '1 millisecond', attempts = s.attempts + 1,
         lease_pid = CASE WHEN $4 THEN pg_backend_pid() END,
         lease_backend_start = CASE WHEN $4 THEN (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) a) END
-    FROM ready WHERE s.seq = ready.seq
-    RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, ready.reclaimed
+    FROM bounded WHERE s.seq = bounded.seq
+    RETURNING s.seq, s.event_id, s.attempts, s.inserted_at, bounded.reclaimed, bounded.size
 )
-SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.{{event_id}} IS NOT NULL, c.event_id::text, {{columns}}
+SELECT c.seq, c.attempts, c.inserted_at, c.reclaimed, o.{{event_id}} IS NOT NULL, c.event_id::text, c.size,
+    (SELECT count(*) FROM sized) > (SELECT count(*) FROM bounded), {{guarded}}
 FROM claimed c LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = c.event_id) o ON true
 ORDER BY c.seq`
 
@@ -112,7 +126,14 @@ type claimed struct {
 	// published; its poller may still publish it too.
 	reclaimed bool
 	// gone: the outbox row was deleted while its state said pending.
-	gone    bool
+	gone bool
+	// size is the row's values' bytes; over --max-message-bytes, they
+	// were not read.
+	size int64
+	// cut: the claim left rows out for the batch's byte bound, so more
+	// are pending (a backlog) though the batch has fewer rows than
+	// --poll-batch.
+	cut     bool
 	ev      event.Event
 	eventID string
 	aggKey  string // aggregate type and id, to keep order within a batch
@@ -138,15 +159,16 @@ func newQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Layout,
 	if err := checkTables(ctx, conn, t); err != nil {
 		return nil, err
 	}
-	columns, payloadBinary, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
+	exprs, payloadBinary, err := store.EventColumnExprs(ctx, conn, t.outbox, l, "o")
 	if err != nil {
 		return nil, err
 	}
-	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
-		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize(),
+	sized := newSizedColumns(exprs)
+	claim := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{size}}", sized.size,
+		"{{guarded}}", sized.guarded("c.size > $6"), "{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize(),
 		"{{lease_dead_s}}", leaseDead("s"), "{{lease_dead_e}}", leaseDead("e")).Replace(claimSQL)
-	peek := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{columns}}", columns,
-		"{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize()).Replace(peekSQL)
+	peek := strings.NewReplacer("{{state}}", t.state.Quoted(), "{{outbox}}", t.outbox.Quoted(), "{{size}}", sized.size,
+		"{{guarded}}", sized.guarded(sized.size+" > $3"), "{{event_id}}", pgx.Identifier{l.Column(layout.EventID)}.Sanitize()).Replace(peekSQL)
 	return &queries{conn: conn, t: t, layout: l, claim: claim, peek: peek, workerID: workerID, sessionCheck: sessionCheck,
 		payloadBinary: payloadBinary}, nil
 }
@@ -205,20 +227,20 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 // a dry run's read. It ignores leases and backoffs, which say when a row
 // is sent, not what is sent.
 const peekSQL = `
-SELECT s.seq, s.attempts, s.inserted_at, false, o.{{event_id}} IS NOT NULL, s.event_id::text, {{columns}}
+SELECT s.seq, s.attempts, s.inserted_at, false, o.{{event_id}} IS NOT NULL, s.event_id::text, {{size}}, false, {{guarded}}
 FROM {{state}} s LEFT JOIN LATERAL (SELECT * FROM {{outbox}} o WHERE o.{{event_id}} = s.event_id) o ON true
 WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND s.seq > $1
 ORDER BY s.seq
 LIMIT $2`
 
 // peekBatch reads up to n pending rows after sequence number after.
-func (q *queries) peekBatch(ctx context.Context, after int64, n int) ([]claimed, error) {
-	return q.queryClaimed(ctx, "read pending rows from", q.peek, after, n)
+func (q *queries) peekBatch(ctx context.Context, after int64, n, maxMessageBytes int) ([]claimed, error) {
+	return q.queryClaimed(ctx, "read pending rows from", q.peek, after, n, maxMessageBytes)
 }
 
 // claimBatch leases up to n rows.
-func (q *queries) claimBatch(ctx context.Context, n int, lease time.Duration) ([]claimed, error) {
-	return q.queryClaimed(ctx, "claim rows from", q.claim, n, q.workerID, lease.Milliseconds(), q.sessionCheck)
+func (q *queries) claimBatch(ctx context.Context, n int, bytes int64, maxMessageBytes int, lease time.Duration) ([]claimed, error) {
+	return q.queryClaimed(ctx, "claim rows from", q.claim, n, q.workerID, lease.Milliseconds(), q.sessionCheck, bytes, maxMessageBytes)
 }
 
 // queryClaimed runs a statement that returns rows as claimSQL does; what
@@ -252,7 +274,7 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (claimed, 
 	if err != nil {
 		return c, fmt.Errorf("read claimed row: %w", err)
 	}
-	const fixed = 6
+	const fixed = 8
 	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
 	if len(values) != fixed+eventColumns {
 		return c, fmt.Errorf("read claimed row: %d columns, want %d", len(values), fixed+eventColumns)
@@ -266,6 +288,8 @@ func scanClaimed(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (claimed, 
 	c.reclaimed, ok[3] = values[3].(bool)
 	present, ok[4] = values[4].(bool)
 	c.eventID, ok[5] = values[5].(string)
+	c.size, ok[6] = values[6].(int64)
+	c.cut, ok[7] = values[7].(bool)
 	for i, good := range ok {
 		if !good {
 			return c, fmt.Errorf("read claimed row: column %d is %T", i+1, values[i])

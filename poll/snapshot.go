@@ -85,7 +85,8 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 	readCtx, stopReads := context.WithCancel(ctx)
 	defer stopReads()
 	src := &snapSource{p: p, ctl: ctl, stored: progress, storedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
-		reader: &snapReader{conn: read, q: q, batch: p.cfg.Batch, pos: progress}, wake: wake, listenErr: listenErr}
+		reader: &snapReader{conn: read, q: q, batch: p.cfg.Batch, pos: progress, bytes: pageBytes(p.cfg.MaxInFlightBytes, snapshotPagesHeld),
+			maxMessage: int64(p.cfg.MaxMessageBytes)}, wake: wake, listenErr: listenErr}
 	loopCfg := engine.Config{Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout, MaxAttempts: p.cfg.MaxAttempts,
 		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt}
 	if p.cfg.DryRun != nil {
@@ -353,14 +354,22 @@ func (s *snapSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 	for i := range rows {
 		r := &rows[i]
 		r.ev.Txn = s.base + engine.Position(i)
-		s.events = append(s.events, engine.Event{Event: &r.ev, Attempts: 1 + s.p.failedAttempts[r.eventID]})
+		e := engine.Event{Event: &r.ev, Attempts: 1 + s.p.failedAttempts[r.eventID]}
+		if limit := s.p.cfg.MaxMessageBytes; r.size > int64(limit) {
+			oversize(&e, r.size, limit, snapshotOversizeHeld)
+		}
+		s.events = append(s.events, e)
 	}
 	s.unsettled, s.failed, s.firstFailure = len(rows), 0, ""
-	if len(rows) == s.reader.batch {
+	if page.more {
 		s.readAhead() // a backlog: fetch the next page while this one publishes
 	}
 	return engine.Read{Events: s.events}, nil
 }
+
+// snapshotOversizeHeld is what the snapshot strategy does with an
+// oversize row's aggregate, and how to go on.
+const snapshotOversizeHeld = "the later events of its aggregate go on, as on the WAL path; once the limits are raised, republish it with `outbox-relay reconcile --republish` over its insert time"
 
 // emptyStoreEvery bounds how often windows without rows are stored.
 const emptyStoreEvery = 10 * time.Second
@@ -371,7 +380,9 @@ type snapPage struct {
 	rows   []snapRow
 	target snapProgress
 	opened bool
-	err    error
+	// more: the window, or the existing pass, has rows after these.
+	more bool
+	err  error
 }
 
 // read reads the next page and counts it.
@@ -379,7 +390,7 @@ func (s *snapSource) read(ctx context.Context) snapPage {
 	s.p.hooks.Alive()
 	s.lastRead = time.Now()
 	var page snapPage
-	page.rows, page.target, page.opened, page.err = s.reader.next(ctx)
+	page.rows, page.target, page.opened, page.more, page.err = s.reader.next(ctx)
 	if page.err != nil {
 		return page
 	}
@@ -546,15 +557,23 @@ func (p *Poller) settled(eventID string) {
 }
 
 // snapReader reads pages of windows through a cursor, on a connection of
-// its own: a window's rows are sorted once, and its pages are fetched from
-// the sorted result while the previous page publishes. pos is where it
-// has read to, ahead of the stored progress by the page in flight.
+// its own: a window's rows are sorted once, by their keys and sizes alone,
+// and its pages are fetched from the sorted result while the previous
+// page publishes; a page is cut to --poll-batch rows and to its byte
+// bound, and only then are its rows' values read. pos is where it has
+// read to, ahead of the stored progress by the page in flight.
 type snapReader struct {
 	conn  *pgx.Conn
 	q     *snapQueries
 	batch int
-	pos   snapProgress
-	tx    pgx.Tx // the open cursor's transaction; nil: none open
+	// bytes bounds a page's values; maxMessage is --max-message-bytes, over
+	// which a row's values are never read.
+	bytes      int64
+	maxMessage int64
+	pos        snapProgress
+	tx         pgx.Tx // the open cursor's transaction; nil: none open
+	// keys are the rows fetched from the cursor and not yet in a page.
+	keys []snapKey
 }
 
 // snapCursor is the cursor's name, one per reading connection.
@@ -562,38 +581,68 @@ const snapCursor = "outbox_relay_window"
 
 // next reads the next page, and returns the progress that holds once its
 // rows are in Kafka. opened says it took a new snapshot; no rows then
-// means no transaction with rows committed since the last one.
-func (r *snapReader) next(ctx context.Context) (rows []snapRow, after snapProgress, opened bool, err error) {
-	if r.tx == nil {
+// means no transaction with rows committed since the last one. more says
+// the window or the existing pass has rows left: a backlog.
+func (r *snapReader) next(ctx context.Context) (rows []snapRow, after snapProgress, opened, more bool, err error) {
+	if len(r.keys) == 0 && r.tx == nil {
 		if opened, err = r.open(ctx); err != nil || (opened && r.tx == nil) {
-			return nil, r.pos, opened, err
+			return nil, r.pos, opened, false, err
 		}
 	}
-	rows, err = r.fetch(ctx)
-	if err != nil {
-		r.close()
-		return nil, r.pos, opened, err
-	}
-	last := len(rows) < r.batch
-	if last {
-		if err := r.tx.Commit(ctx); err != nil {
+	if len(r.keys) == 0 {
+		if r.keys, err = r.fetch(ctx); err != nil {
 			r.close()
-			return nil, r.pos, opened, fmt.Errorf("end the window's read: %w", err)
+			return nil, r.pos, opened, false, err
 		}
-		r.tx = nil
+		if len(r.keys) < r.batch {
+			if err := r.tx.Commit(ctx); err != nil {
+				r.close()
+				return nil, r.pos, opened, false, fmt.Errorf("end the window's read: %w", err)
+			}
+			r.tx = nil
+		}
 	}
+	if rows, err = r.values(ctx, r.take()); err != nil {
+		r.close()
+		return nil, r.pos, opened, false, err
+	}
+	more = r.tx != nil || len(r.keys) > 0
 	switch {
-	case r.pos.Existing && last:
+	case r.pos.Existing && !more:
 		r.pos.Existing, r.pos.ExistingAfterCreated, r.pos.ExistingAfterID, r.pos.ExistingAfterSeq = false, time.Time{}, "", 0
 	case r.pos.Existing:
 		end := rows[len(rows)-1]
 		r.pos.ExistingAfterCreated, r.pos.ExistingAfterID, r.pos.ExistingAfterSeq = end.created, end.eventID, end.seq
-	case last:
+	case !more:
 		r.pos.Done, r.pos.Window, r.pos.AfterSeq = r.pos.Window, "", 0
 	default:
 		r.pos.AfterSeq = rows[len(rows)-1].seq
 	}
-	return rows, r.pos, opened, nil
+	return rows, r.pos, opened, more, nil
+}
+
+// take cuts the next page from the keys fetched: up to --poll-batch rows
+// whose values add up to its byte bound at most, and at least one row. A
+// row over --max-message-bytes counts for nothing: its values are not
+// read.
+func (r *snapReader) take() []snapKey {
+	n, used := 0, int64(0)
+	for n < len(r.keys) && n < r.batch {
+		size := r.keys[n].size
+		if size > r.maxMessage {
+			size = 0
+		}
+		if n > 0 && used+size > r.bytes {
+			break
+		}
+		used += size
+		n++
+	}
+	page := r.keys[:n:n]
+	if r.keys = r.keys[n:]; len(r.keys) == 0 {
+		r.keys = nil
+	}
+	return page
 }
 
 // open declares the cursor for the rows from before the strategy, for the
@@ -632,20 +681,20 @@ func (r *snapReader) open(ctx context.Context) (opened bool, err error) {
 	return opened, nil
 }
 
-// fetch reads the cursor's next page.
-func (r *snapReader) fetch(ctx context.Context) ([]snapRow, error) {
+// fetch reads the cursor's next keys.
+func (r *snapReader) fetch(ctx context.Context) ([]snapKey, error) {
 	rows, err := r.tx.Query(ctx, fmt.Sprintf("FETCH %d FROM %s", r.batch, snapCursor))
 	if err != nil {
 		return nil, fmt.Errorf("read the window's rows from %s: %w", r.q.t.outbox, err)
 	}
 	defer rows.Close()
-	out := make([]snapRow, 0, r.batch)
+	out := make([]snapKey, 0, r.batch)
 	for rows.Next() {
-		row, err := scanSnapRow(rows, r.q.layout, r.q.payloadBinary)
+		k, err := scanSnapKey(rows)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, row)
+		out = append(out, k)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read the window's rows from %s: %w", r.q.t.outbox, err)
@@ -653,10 +702,58 @@ func (r *snapReader) fetch(ctx context.Context) ([]snapRow, error) {
 	return out, nil
 }
 
-// close ends an open cursor's transaction.
+// values reads the values of a page's rows, those over --max-message-bytes
+// without their large ones, in the page's order.
+func (r *snapReader) values(ctx context.Context, page []snapKey) ([]snapRow, error) {
+	if len(page) == 0 {
+		return nil, nil
+	}
+	ctids, within := make([]string, len(page)), make([]string, 0, len(page))
+	index := make(map[string]int, len(page))
+	for i, k := range page {
+		ctids[i], index[k.at] = k.ctid, i
+		if k.size <= r.maxMessage {
+			within = append(within, k.at)
+		}
+	}
+	rows, err := r.conn.Query(ctx, r.q.values, ctids, within)
+	if err != nil {
+		return nil, fmt.Errorf("read the page's rows from %s: %w", r.q.t.outbox, err)
+	}
+	defer rows.Close()
+	out, found := make([]snapRow, len(page)), 0
+	for rows.Next() {
+		at := string(rows.RawValues()[0])
+		i, ok := index[at]
+		if !ok {
+			continue // another partition's row at the same ctid
+		}
+		k := page[i]
+		row := &out[i]
+		row.seq, row.created, row.eventID, row.size = k.seq, k.created, k.eventID, k.size
+		if err := scanSnapValues(rows, r.q.layout, r.q.payloadBinary, row); err != nil {
+			return nil, err
+		}
+		delete(index, at)
+		found++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the page's rows from %s: %w", r.q.t.outbox, err)
+	}
+	if found != len(page) {
+		// Only retention deletes, and never a row the progress does not
+		// cover; a row moves only when the table is rewritten.
+		return nil, fmt.Errorf("%d of the page's %d rows of %s moved or vanished while the window was read (was the table rewritten, by VACUUM FULL or CLUSTER?): the session ends, and the next reads the window again",
+			len(page)-found, len(page), r.q.t.outbox)
+	}
+	return out, nil
+}
+
+// close ends an open cursor's transaction, and forgets the keys fetched.
 func (r *snapReader) close() {
 	if r.tx != nil {
 		r.tx.Rollback(context.Background())
 		r.tx = nil
 	}
+	r.keys = nil
 }

@@ -49,19 +49,34 @@ type snapProgress struct {
 // the window in which it becomes visible, never behind a high-water mark.
 const windowSQL = `
 SELECT w.* FROM (
-    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
     WHERE o.{{xid}} = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
       AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
     UNION ALL
-    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
     WHERE o.{{xid}} >= pg_snapshot_xmax($1::pg_snapshot) AND o.{{xid}} < pg_snapshot_xmax($2::pg_snapshot)
       AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
 ) w ORDER BY 1`
 
+// The window's, and the existing pass's, cursors read each row's key
+// (where it is: its partition and ctid, valid while the window is read,
+// since only retention deletes, and never a row not yet covered) and its
+// size, not its values: the rows are sorted without them, and a page's
+// are read by valuesSQL once the page is cut to its byte bound.
+const keySQL = `o.tableoid::text || '/' || o.ctid::text, o.ctid::text, {{size}}`
+
+// valuesSQL reads the values of a page's rows, by ctid ($1; on a
+// partitioned table a ctid may name a row in each partition, so each row
+// read says where it is, and the caller keeps those of its page). A row
+// not in $2 (the page's rows within --max-message-bytes) gets NULL for its
+// large values, which are never read.
+const valuesSQL = `
+SELECT o.tableoid::text || '/' || o.ctid::text, {{guarded}} FROM {{outbox}} o WHERE o.ctid = ANY ($1::text[]::tid[])`
+
 // existingSQL reads the rows from before the strategy, oldest first, after
 // the row ($1, $2).
 const existingSQL = `
-SELECT 0::bigint, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{outbox}} o
+SELECT 0::bigint, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
 WHERE o.{{xid}} IS NULL AND {{existing_after}}
 ORDER BY {{existing_order}}`
 
@@ -70,7 +85,7 @@ ORDER BY {{existing_order}}`
 // quarantined), in its insertion order, after its seq $1: a switch from
 // the lease strategy publishes what it had not, and only that.
 const existingLeaseSQL = `
-SELECT s.seq, {{created}}, o.{{event_id}}::text, {{columns}} FROM {{state}} s JOIN {{outbox}} o ON o.{{event_id}} = s.event_id
+SELECT s.seq, {{created}}, o.{{event_id}}::text, {{key}} FROM {{state}} s JOIN {{outbox}} o ON o.{{event_id}} = s.event_id
 WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o.{{xid}} IS NULL AND s.seq > $1
 ORDER BY s.seq`
 
@@ -105,6 +120,7 @@ type snapQueries struct {
 	layout   *layout.Layout
 	window   string
 	existing string
+	values   string
 	// existingLease is existingLeaseSQL; empty when the table has no
 	// lease state table.
 	existingLease string
@@ -120,10 +136,11 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 	if err := checkSnapTables(ctx, conn, t); err != nil {
 		return nil, err
 	}
-	columns, payloadBinary, err := store.EventColumns(ctx, conn, t.outbox, l, "o")
+	exprs, payloadBinary, err := store.EventColumnExprs(ctx, conn, t.outbox, l, "o")
 	if err != nil {
 		return nil, err
 	}
+	sized := newSizedColumns(exprs)
 	var hasCreated, hasLeaseState bool
 	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped), to_regclass($3) IS NOT NULL",
 		t.outbox.Quoted(), l.Column(layout.CreatedAt), t.state.Quoted()).Scan(&hasCreated, &hasLeaseState); err != nil {
@@ -146,10 +163,11 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 			" AND ps.published_at IS NULL AND ps.quarantined_at IS NULL AND ps.seq > coalesce(s.existing_after_seq, 0)))"
 	}
 	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{state}}", t.state.Quoted(),
-		"{{columns}}", columns, "{{created}}", created,
+		"{{key}}", strings.ReplaceAll(keySQL, "{{size}}", sized.size), "{{guarded}}", sized.guarded("NOT (o.tableoid::text || '/' || o.ctid::text = ANY ($2::text[]))"),
+		"{{created}}", created,
 		"{{event_id}}", eventIDColumn, "{{xid}}", xid, "{{existing_rows}}", existingRows,
 		"{{seq}}", quoteIdent(store.OrderColumn), "{{existing_after}}", after, "{{existing_order}}", order)
-	q := &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL),
+	q := &snapQueries{t: t, layout: l, window: r.Replace(windowSQL), existing: r.Replace(existingSQL), gauges: r.Replace(gaugesSQL), values: r.Replace(valuesSQL),
 		payloadBinary: payloadBinary, hasCreated: hasCreated}
 	if hasLeaseState {
 		q.existingLease = r.Replace(existingLeaseSQL)
@@ -312,38 +330,55 @@ type snapRow struct {
 	seq     int64
 	created time.Time // zero without the column
 	eventID string
-	ev      event.Event
+	// size is the row's values' bytes; over --max-message-bytes, they
+	// were not read.
+	size int64
+	ev   event.Event
 }
 
-// scanSnapRow reads one row of windowSQL or existingSQL: three fixed
-// columns, then the event's, all text or NULL. The event's values are
-// copied from the row's raw text into one buffer: decoding each into a Go
-// value first took two allocations a column.
-func scanSnapRow(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (snapRow, error) {
-	var r snapRow
-	raw := rows.RawValues()
-	fields := rows.FieldDescriptions()
-	const fixed = 3
-	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
-	if len(raw) != fixed+eventColumns {
-		return r, fmt.Errorf("read outbox row: %d columns, want %d", len(raw), fixed+eventColumns)
-	}
-	types := rows.Conn().TypeMap()
+// snapKey is a row as a window's cursor reads it: where it is, and its
+// size, without its values.
+type snapKey struct {
+	seq     int64
+	created time.Time
+	eventID string
+	// at is the row's partition and ctid, as valuesSQL names it; ctid
+	// alone is what it looks up.
+	at, ctid string
+	size     int64
+}
+
+// scanSnapKey reads one row of a window's or the existing pass's cursor.
+func scanSnapKey(rows pgx.Rows) (snapKey, error) {
+	var k snapKey
 	var created pgtype.Timestamptz
-	for i, dst := range []any{&r.seq, &created, &r.eventID} {
-		if err := types.Scan(fields[i].DataTypeOID, fields[i].Format, raw[i], dst); err != nil {
-			return r, fmt.Errorf("read outbox row: column %d: %w", i+1, err)
-		}
+	if err := rows.Scan(&k.seq, &created, &k.eventID, &k.at, &k.ctid, &k.size); err != nil {
+		return k, fmt.Errorf("read outbox row: %w", err)
 	}
 	if created.Valid {
-		r.created = created.Time
+		k.created = created.Time
+	}
+	return k, nil
+}
+
+// scanSnapValues reads one row of valuesSQL: where the row is, then the
+// event's columns, all text or NULL, into r (whose key fields are set).
+// The values are copied from the row's raw text into one buffer: decoding
+// each into a Go value first took two allocations a column.
+func scanSnapValues(rows pgx.Rows, l *layout.Layout, payloadBinary bool, r *snapRow) error {
+	raw := rows.RawValues()
+	fields := rows.FieldDescriptions()
+	const fixed = 1
+	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
+	if len(raw) != fixed+eventColumns {
+		return fmt.Errorf("read outbox row: %d columns, want %d", len(raw), fixed+eventColumns)
 	}
 	size := 0
 	for i, v := range raw[fixed:] {
 		// The layout casts every column that is not text or varchar,
 		// whose binary form is their text.
 		if oid := fields[fixed+i].DataTypeOID; oid != pgtype.TextOID && oid != pgtype.VarcharOID {
-			return r, fmt.Errorf("read outbox row: column %d is of type %d, want text or varchar", fixed+i+1, oid)
+			return fmt.Errorf("read outbox row: column %d is of type %d, want text or varchar", fixed+i+1, oid)
 		}
 		size += len(v)
 	}
@@ -361,7 +396,7 @@ func scanSnapRow(rows pgx.Rows, l *layout.Layout, payloadBinary bool) (snapRow, 
 	// As in the lease strategy: no commit time, the insert's instead.
 	r.ev.CommitTime = r.created
 	r.ev.Position = uint64(r.seq)
-	return r, nil
+	return nil
 }
 
 // SnapshotStatus is the snapshot strategy's progress, for the status

@@ -22,13 +22,20 @@ import (
 // the stream sends it too, and each event read must say so
 // (Event.PayloadBinary) for its record to carry the bytes.
 func EventColumns(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.Layout, alias string) (list string, payloadBinary bool, err error) {
+	exprs, payloadBinary, err := EventColumnExprs(ctx, conn, outbox, l, alias)
+	return strings.Join(exprs, ", "), payloadBinary, err
+}
+
+// EventColumnExprs is EventColumns' list as its expressions, one per
+// layout field, then one per header column.
+func EventColumnExprs(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.Layout, alias string) (exprs []string, payloadBinary bool, err error) {
 	// A domain over bytea is not taken as one: pgoutput names the
 	// domain's type, so the WAL path could not tell, and the two paths
 	// must build the same record.
 	rows, err := conn.Query(ctx, `SELECT attname, atttypid = 'bytea'::regtype FROM pg_attribute
 		WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped`, outbox.Quoted())
 	if err != nil {
-		return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
+		return nil, false, fmt.Errorf("read the outbox table's columns: %w", err)
 	}
 	present := map[string]bool{}
 	for rows.Next() {
@@ -36,23 +43,23 @@ func EventColumns(ctx context.Context, conn *pgx.Conn, outbox Table, l *layout.L
 		var bytea bool
 		if err := rows.Scan(&name, &bytea); err != nil {
 			rows.Close()
-			return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
+			return nil, false, fmt.Errorf("read the outbox table's columns: %w", err)
 		}
 		present[name] = true
 		payloadBinary = payloadBinary || bytea && name == l.Column(layout.Payload)
 	}
 	if err := rows.Err(); err != nil {
-		return "", false, fmt.Errorf("read the outbox table's columns: %w", err)
+		return nil, false, fmt.Errorf("read the outbox table's columns: %w", err)
 	}
 	if missing := l.MissingNamedColumns(func(c string) bool { return present[c] }); len(missing) > 0 {
-		return "", false, fmt.Errorf("%w: %w: outbox table %s: a flag names a column the table does not have: %s; fix the flag, or point --table at the right table (read as absent, the column's field would be missing from every record)",
+		return nil, false, fmt.Errorf("%w: %w: outbox table %s: a flag names a column the table does not have: %s; fix the flag, or point --table at the right table (read as absent, the column's field would be missing from every record)",
 			pg.ErrPrecondition, layout.ErrColumnMapping, outbox, strings.Join(missing, ", "))
 	}
 	quote := func(name string) string { return pgx.Identifier{name}.Sanitize() }
 	if alias != "" {
 		quote = func(name string) string { return pgx.Identifier{alias, name}.Sanitize() }
 	}
-	return l.SelectList(present, quote), payloadBinary, nil
+	return l.SelectExprs(present, quote), payloadBinary, nil
 }
 
 // Failure is why an event is quarantined, as the quarantine table keeps

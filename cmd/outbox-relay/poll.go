@@ -57,6 +57,8 @@ func (o *options) pollConfig(log zerolog.Logger) poll.Config {
 	c.QuarantineTable = o.relay.QuarantineTable
 	c.OnPermanentError = o.relay.OnPermanentError
 	c.ShutdownTimeout = o.relay.ShutdownTimeout
+	c.MaxInFlightBytes = o.relay.MaxInFlightBytes
+	c.MaxMessageBytes = o.relay.Replication.MaxMessageBytes
 	r := o.relay.Retention
 	c.Retention = r.Retention
 	return c
