@@ -168,7 +168,8 @@ func SQL(n Names) (string, error) {
 		"{{poll_notify}}", pollNotify(n, table),
 		"{{stamp}}", stampSQL(table),
 		"{{table_literal}}", literal(table.Quoted()),
-		"{{existing_published_at}}", existingPublishedAt,
+		"{{existing_published_at_literal}}", literal(existingPublishedAt),
+		"{{snap_literal}}", literal(snap.Quoted()),
 		"{{event_id}}", column(layout.EventID),
 		"{{aggregate_type}}", column(layout.AggregateType),
 		"{{aggregate_id}}", column(layout.AggregateID),
@@ -433,6 +434,15 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 			state = "published, as --poll-existing published says"
 		}
 		what := fmt.Sprintf("poll state of %d rows already in the outbox, marked %s", untracked, state)
+		if n.Poll && n.ExistingPublished {
+			bySnapshot, err := snapshotPending(ctx, tx, outbox)
+			if err != nil {
+				return nil, err
+			}
+			if bySnapshot >= 0 {
+				what += fmt.Sprintf(", except the %d the snapshot strategy's progress does not cover: pending, published first", bySnapshot)
+			}
+		}
 		if n.PollSnapshot {
 			what = fmt.Sprintf("the snapshot strategy's progress, with %d rows already in the outbox %s", untracked, state)
 			if n.ExistingPublished {
@@ -488,6 +498,27 @@ func leasePending(ctx context.Context, tx pgx.Tx, outbox store.Table, eventID st
 		" o ON o."+pgx.Identifier{eventID}.Sanitize()+" = s.event_id WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o."+store.SnapshotXidColumn+" IS NULL) ELSE 0 END FROM "+
 		snap.Quoted()).Scan(&count); err != nil {
 		return 0, fmt.Errorf("count the rows the lease strategy holds as pending: %w", err)
+	}
+	return count, nil
+}
+
+// snapshotPending counts the lease state's pending rows when the table
+// has the snapshot strategy's progress table, which --poll-existing
+// published leaves pending where that progress does not cover them; -1
+// without one.
+func snapshotPending(ctx context.Context, tx pgx.Tx, outbox store.Table) (int64, error) {
+	snap, err := store.PollSnapshotTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	poll, err := store.PollStateTable(outbox)
+	if err != nil {
+		return 0, err
+	}
+	var count int64
+	if err := tx.QueryRow(ctx, "SELECT CASE WHEN to_regclass($1) IS NULL THEN -1 ELSE (SELECT count(*) FROM "+poll.Quoted()+" WHERE published_at IS NULL) END",
+		snap.Quoted()).Scan(&count); err != nil {
+		return 0, fmt.Errorf("count the rows the snapshot strategy had not published: %w", err)
 	}
 	return count, nil
 }

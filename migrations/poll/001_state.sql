@@ -78,24 +78,41 @@ CREATE OR REPLACE TRIGGER {{poll_trigger}} AFTER INSERT ON {{table}}
 -- Rows written before the trigger existed are tracked too, as pending unless
 -- `migrate --poll-existing published` says another relay published them all:
 -- a poller that skipped them could lose events. `migrate` says how many.
--- Oldest first, so each aggregate's rows keep their order; by insert time
--- when the table has that column.
+-- Oldest first, so each aggregate's rows keep their order: in insertion
+-- order (outbox_relay_seq) where the table numbers its rows, else by
+-- insert time when the table has that column.
+--
+-- A switch back from the snapshot strategy: "published" then means what
+-- its progress row says, so a row it had not published yet (written
+-- after its poller stopped, or in a window it had not finished) stays
+-- pending; only the rows it covers are taken as published.
 DO $migrate$
 DECLARE
-    oldest_first text := {{event_id_literal}};
+    oldest_first text := '';
+    published text := {{existing_published_at_literal}};
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass
+               AND attname = 'outbox_relay_seq' AND NOT attisdropped) THEN
+        oldest_first := 'outbox_relay_seq NULLS FIRST, ';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass
                AND attname = {{created_at_literal}} AND NOT attisdropped) THEN
-        oldest_first := format('%I, %I', {{created_at_literal}}, {{event_id_literal}});
+        oldest_first := oldest_first || format('%I, %I', {{created_at_literal}}, {{event_id_literal}});
     ELSE
-        oldest_first := format('%I', {{event_id_literal}});
+        oldest_first := oldest_first || format('%I', {{event_id_literal}});
+    END IF;
+    IF published <> 'NULL::timestamptz' AND to_regclass({{snap_literal}}) IS NOT NULL
+       AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass AND attname = 'outbox_relay_xid' AND NOT attisdropped) THEN
+        published := format('(SELECT CASE WHEN CASE WHEN o.outbox_relay_xid IS NULL THEN NOT p.existing_pending
+                                                    ELSE pg_visible_in_snapshot(o.outbox_relay_xid, p.done) END
+                                   THEN now() END FROM %s p)', {{snap_literal}});
     END IF;
     EXECUTE format($sql$
         INSERT INTO {{poll}} (seq, event_id, aggregate_type, aggregate_id, published_at)
-        SELECT nextval(%L), o.%I, o.%I, o.%I, {{existing_published_at}}
+        SELECT nextval(%L), o.%I, o.%I, o.%I, %s
         FROM (SELECT * FROM {{table}} o
               WHERE NOT EXISTS (SELECT 1 FROM {{poll}} s WHERE s.event_id = o.%I)
               ORDER BY %s) o$sql$,
-        {{poll_seq_literal}}, {{event_id_literal}}, {{aggregate_type_literal}}, {{aggregate_id_literal}}, {{event_id_literal}}, oldest_first);
+        {{poll_seq_literal}}, {{event_id_literal}}, {{aggregate_type_literal}}, {{aggregate_id_literal}}, published, {{event_id_literal}}, oldest_first);
 END
 $migrate$;

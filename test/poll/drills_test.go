@@ -5,6 +5,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,9 +103,12 @@ func (w *world) restart(i int, extra ...string) {
 // synchronisation). A commit whose outcome is unknown (the server died)
 // is looked up by settle.
 type writer struct {
-	stop  chan struct{}
-	done  chan error
-	doubt struct {
+	stop chan struct{}
+	done chan error
+	// prepare makes each transaction from now on two-phase: PREPARE
+	// TRANSACTION, then COMMIT PREPARED, as an XA transaction manager does.
+	prepare atomic.Bool
+	doubt   struct {
 		ids    []string
 		events []harness.OutboxEvent
 	}
@@ -140,7 +144,11 @@ func (w *world) startWriter(dsn string, every time.Duration, aggregates int) *wr
 			for i := range ids {
 				ids[i] = harness.NewUUID()
 			}
-			if err := w.CommitIDs(ctx, conn, ids, events); err != nil {
+			commit := w.CommitIDs
+			if wr.prepare.Load() {
+				commit = w.commitPrepared
+			}
+			if err := commit(ctx, conn, ids, events); err != nil {
 				wr.doubt.ids, wr.doubt.events = ids, events
 				wr.done <- err
 				return
@@ -148,6 +156,30 @@ func (w *world) startWriter(dsn string, every time.Duration, aggregates int) *wr
 		}
 	}()
 	return wr
+}
+
+// commitPrepared commits the events in a two-phase transaction.
+func (w *world) commitPrepared(ctx context.Context, conn *pgx.Conn, ids []string, events []harness.OutboxEvent) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	for i, e := range events {
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, $3, $4, $5::jsonb)`,
+			ids[i], e.AggregateType, e.AggregateID, e.EventType, e.Payload); err != nil {
+			return err
+		}
+	}
+	gid := "drill-" + ids[0]
+	if _, err := tx.Exec(ctx, "PREPARE TRANSACTION '"+gid+"'"); err != nil {
+		return fmt.Errorf("prepare: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "COMMIT PREPARED '"+gid+"'"); err != nil {
+		return fmt.Errorf("commit prepared: %w", err)
+	}
+	w.Record(ids, events)
+	return nil
 }
 
 // halt stops the writer and returns the error it stopped on, if any.
