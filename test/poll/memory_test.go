@@ -3,6 +3,7 @@ package poll_test
 import (
 	"fmt"
 	mrand "math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,25 +24,9 @@ func (w *world) bigRows(n, size int) []string {
 			SELECT gen_random_uuid(), 'big', 'big-' || (i % 7), 'Large', jsonb_build_object('pad', repeat(md5(i::text), $2 / 32))
 			FROM generate_series($1::int, $1::int + $3 - 1) i RETURNING event_id)
 			SELECT string_agg(event_id::text, ',') FROM ins`, done, size, batch)
-		for _, id := range splitIDs(got) {
-			ids = append(ids, id)
-		}
+		ids = append(ids, strings.Split(got, ",")...)
 	}
 	return ids
-}
-
-func splitIDs(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			if i > start {
-				out = append(out, s[start:i])
-			}
-			start = i + 1
-		}
-	}
-	return out
 }
 
 // memoryWorld is a drill's world for the strategy, without the lease
