@@ -84,9 +84,12 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 	defer stopListening()
 	readCtx, stopReads := context.WithCancel(ctx)
 	defer stopReads()
+	reader := &snapReader{conn: read, q: q, batch: p.cfg.Batch, pos: progress, bytes: pageBytes(p.cfg.MaxInFlightBytes, snapshotPagesHeld),
+		maxMessage: int64(p.cfg.MaxMessageBytes)}
+	reader.inline = max(reader.bytes/int64(reader.batch), 1)
+	q.setInline(reader.inline)
 	src := &snapSource{p: p, ctl: ctl, stored: progress, storedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
-		reader: &snapReader{conn: read, q: q, batch: p.cfg.Batch, pos: progress, bytes: pageBytes(p.cfg.MaxInFlightBytes, snapshotPagesHeld),
-			maxMessage: int64(p.cfg.MaxMessageBytes)}, wake: wake, listenErr: listenErr}
+		reader: reader, wake: wake, listenErr: listenErr}
 	loopCfg := engine.Config{Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout, MaxAttempts: p.cfg.MaxAttempts,
 		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt}
 	if p.cfg.DryRun != nil {
@@ -570,8 +573,11 @@ type snapReader struct {
 	// which a row's values are never read.
 	bytes      int64
 	maxMessage int64
-	pos        snapProgress
-	tx         pgx.Tx // the open cursor's transaction; nil: none open
+	// inline is the largest row whose values the cursor brings with its
+	// key: a FETCH of batch such rows is within bytes.
+	inline int64
+	pos    snapProgress
+	tx     pgx.Tx // the open cursor's transaction; nil: none open
 	// keys are the rows fetched from the cursor and not yet in a page.
 	keys []snapKey
 }
@@ -690,7 +696,7 @@ func (r *snapReader) fetch(ctx context.Context) ([]snapKey, error) {
 	defer rows.Close()
 	out := make([]snapKey, 0, r.batch)
 	for rows.Next() {
-		k, err := scanSnapKey(rows)
+		k, err := scanSnapKey(rows, r.inline, r.q.layout, r.q.payloadBinary)
 		if err != nil {
 			return nil, err
 		}
@@ -702,49 +708,55 @@ func (r *snapReader) fetch(ctx context.Context) ([]snapKey, error) {
 	return out, nil
 }
 
-// values reads the values of a page's rows, those over --max-message-bytes
-// without their large ones, in the page's order.
+// values returns a page's rows with their values: those the cursor
+// brought, and those of the larger rows read now by ctid; a row over
+// --max-message-bytes keeps only its identity.
 func (r *snapReader) values(ctx context.Context, page []snapKey) ([]snapRow, error) {
 	if len(page) == 0 {
 		return nil, nil
 	}
-	ctids, within := make([]string, len(page)), make([]string, 0, len(page))
-	index := make(map[string]int, len(page))
-	for i, k := range page {
-		ctids[i], index[k.at] = k.ctid, i
-		if k.size <= r.maxMessage {
-			within = append(within, k.at)
+	out := make([]snapRow, len(page))
+	var ctids, within []string
+	var index map[string]int
+	for i := range page {
+		k := &page[i]
+		out[i] = k.row
+		if k.inline || k.size > r.maxMessage {
+			continue
 		}
+		if index == nil {
+			index = map[string]int{}
+		}
+		ctids, within, index[k.at] = append(ctids, k.ctid), append(within, k.at), i
+	}
+	if len(ctids) == 0 {
+		return out, nil
 	}
 	rows, err := r.conn.Query(ctx, r.q.values, ctids, within)
 	if err != nil {
 		return nil, fmt.Errorf("read the page's rows from %s: %w", r.q.t.outbox, err)
 	}
 	defer rows.Close()
-	out, found := make([]snapRow, len(page)), 0
+	wanted := len(index)
 	for rows.Next() {
 		at := string(rows.RawValues()[0])
 		i, ok := index[at]
 		if !ok {
 			continue // another partition's row at the same ctid
 		}
-		k := page[i]
-		row := &out[i]
-		row.seq, row.created, row.eventID, row.size = k.seq, k.created, k.eventID, k.size
-		if err := scanSnapValues(rows, r.q.layout, r.q.payloadBinary, row); err != nil {
+		if err := scanSnapValues(rows, 1, r.q.layout, r.q.payloadBinary, &out[i]); err != nil {
 			return nil, err
 		}
 		delete(index, at)
-		found++
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read the page's rows from %s: %w", r.q.t.outbox, err)
 	}
-	if found != len(page) {
+	if len(index) > 0 {
 		// Only retention deletes, and never a row the progress does not
 		// cover; a row moves only when the table is rewritten.
-		return nil, fmt.Errorf("%d of the page's %d rows of %s moved or vanished while the window was read (was the table rewritten, by VACUUM FULL or CLUSTER?): the session ends, and the next reads the window again",
-			len(page)-found, len(page), r.q.t.outbox)
+		return nil, fmt.Errorf("%d of the page's %d rows of %s read by their place moved or vanished while the window was read (was the table rewritten, by VACUUM FULL or CLUSTER?): the session ends, and the next reads the window again",
+			len(index), wanted, r.q.t.outbox)
 	}
 	return out, nil
 }

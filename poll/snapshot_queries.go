@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,22 +49,27 @@ type snapProgress struct {
 // $1's oldest open transaction is. A transaction that commits late is in
 // the window in which it becomes visible, never behind a high-water mark.
 const windowSQL = `
-SELECT w.* FROM (
-    SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
+SELECT {{outer}} FROM (
+    SELECT o.{{seq}} AS seq, {{created}} AS created, o.{{event_id}}::text AS eid, {{key}} FROM {{outbox}} o
     WHERE o.{{xid}} = ANY (ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
       AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
     UNION ALL
     SELECT o.{{seq}}, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
     WHERE o.{{xid}} >= pg_snapshot_xmax($1::pg_snapshot) AND o.{{xid}} < pg_snapshot_xmax($2::pg_snapshot)
       AND pg_visible_in_snapshot(o.{{xid}}, $2::pg_snapshot) AND o.{{seq}} > $3
-) w ORDER BY 1`
+    OFFSET 0) x ORDER BY 1`
 
 // The window's, and the existing pass's, cursors read each row's key
 // (where it is: its partition and ctid, valid while the window is read,
-// since only retention deletes, and never a row not yet covered) and its
-// size, not its values: the rows are sorted without them, and a page's
-// are read by valuesSQL once the page is cut to its byte bound.
-const keySQL = `o.tableoid::text || '/' || o.ctid::text, o.ctid::text, {{size}}`
+// since only retention deletes, and never a row not yet covered), its
+// size, and its values only when they are small ({{inline}} bytes at
+// most, so that a FETCH of --poll-batch rows stays within a page's byte
+// bound): a larger row's values are read by valuesSQL once its page is
+// cut to that bound, and those of a row over --max-message-bytes never.
+// The inner query converts each value to text once (OFFSET 0 keeps the
+// planner from copying the conversions into the outer expressions); the
+// outer one measures and guards the texts.
+const keySQL = `o.tableoid::text || '/' || o.ctid::text AS at, o.ctid::text AS ctid, {{texts}}`
 
 // valuesSQL reads the values of a page's rows, by ctid ($1; on a
 // partitioned table a ctid may name a row in each partition, so each row
@@ -76,8 +82,10 @@ SELECT o.tableoid::text || '/' || o.ctid::text, {{guarded}} FROM {{outbox}} o WH
 // existingSQL reads the rows from before the strategy, oldest first, after
 // the row ($1, $2).
 const existingSQL = `
-SELECT 0::bigint, {{created}}, o.{{event_id}}::text, {{key}} FROM {{outbox}} o
-WHERE o.{{xid}} IS NULL AND {{existing_after}}
+SELECT {{outer}} FROM (
+    SELECT 0::bigint AS seq, {{created}} AS created, o.{{event_id}}::text AS eid, {{key}} FROM {{outbox}} o
+    WHERE o.{{xid}} IS NULL AND {{existing_after}}
+    OFFSET 0) x
 ORDER BY {{existing_order}}`
 
 // existingLeaseSQL reads the rows from before the strategy that the lease
@@ -85,9 +93,11 @@ ORDER BY {{existing_order}}`
 // quarantined), in its insertion order, after its seq $1: a switch from
 // the lease strategy publishes what it had not, and only that.
 const existingLeaseSQL = `
-SELECT s.seq, {{created}}, o.{{event_id}}::text, {{key}} FROM {{state}} s JOIN {{outbox}} o ON o.{{event_id}} = s.event_id
-WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o.{{xid}} IS NULL AND s.seq > $1
-ORDER BY s.seq`
+SELECT {{outer}} FROM (
+    SELECT s.seq AS seq, {{created}} AS created, o.{{event_id}}::text AS eid, {{key}} FROM {{state}} s JOIN {{outbox}} o ON o.{{event_id}} = s.event_id
+    WHERE s.published_at IS NULL AND s.quarantined_at IS NULL AND o.{{xid}} IS NULL AND s.seq > $1
+    OFFSET 0) x
+ORDER BY x.seq`
 
 // gaugesSQL reads what snapshotGauges reports. The backlog is the
 // committed rows the progress does not cover, found as a window finds
@@ -121,6 +131,8 @@ type snapQueries struct {
 	window   string
 	existing string
 	values   string
+	// inline keeps the cursors' queries before setInline.
+	inline map[*string]string
 	// existingLease is existingLeaseSQL; empty when the table has no
 	// lease state table.
 	existingLease string
@@ -147,13 +159,19 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 		return nil, fmt.Errorf("look up %s's columns: %w", t.outbox, err)
 	}
 	eventID := "o." + quoteIdent(l.Column(layout.EventID))
-	created, after, order := "NULL::timestamptz", eventID+"::text > $1::text", eventID+"::text"
+	created, after, order := "NULL::timestamptz", eventID+"::text > $1::text", "x.eid"
 	if hasCreated {
 		c := "o." + quoteIdent(l.Column(layout.CreatedAt))
 		created = c
 		after = "(" + c + ", " + eventID + "::text) > ($1::timestamptz, $2::text)"
-		order = c + ", " + eventID + "::text"
+		order = "x.created, x.eid"
 	}
+	texts, inner := make([]string, len(exprs)), make([]string, len(exprs))
+	for i, e := range exprs {
+		texts[i], inner[i] = fmt.Sprintf("%s AS c%d", e, i), fmt.Sprintf("x.c%d", i)
+	}
+	measured := newSizedColumns(inner)
+	outer := "x.seq, x.created, x.eid, x.at, x.ctid, " + measured.size + ", " + measured.guarded(measured.size+" > {{inline}}")
 	eventIDColumn, xid := quoteIdent(l.Column(layout.EventID)), quoteIdent(store.SnapshotXidColumn)
 	existingRows := "FROM " + t.outbox.Quoted() + " o WHERE o." + xid + " IS NULL"
 	if hasLeaseState {
@@ -163,7 +181,8 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 			" AND ps.published_at IS NULL AND ps.quarantined_at IS NULL AND ps.seq > coalesce(s.existing_after_seq, 0)))"
 	}
 	r := strings.NewReplacer("{{outbox}}", t.outbox.Quoted(), "{{snapshot}}", t.snapshot.Quoted(), "{{state}}", t.state.Quoted(),
-		"{{key}}", strings.ReplaceAll(keySQL, "{{size}}", sized.size), "{{guarded}}", sized.guarded("NOT (o.tableoid::text || '/' || o.ctid::text = ANY ($2::text[]))"),
+		"{{key}}", strings.ReplaceAll(keySQL, "{{texts}}", strings.Join(texts, ", ")), "{{outer}}", outer,
+		"{{guarded}}", sized.guarded("NOT (o.tableoid::text || '/' || o.ctid::text = ANY ($2::text[]))"),
 		"{{created}}", created,
 		"{{event_id}}", eventIDColumn, "{{xid}}", xid, "{{existing_rows}}", existingRows,
 		"{{seq}}", quoteIdent(store.OrderColumn), "{{existing_after}}", after, "{{existing_order}}", order)
@@ -172,7 +191,19 @@ func newSnapQueries(ctx context.Context, conn *pgx.Conn, t tables, l *layout.Lay
 	if hasLeaseState {
 		q.existingLease = r.Replace(existingLeaseSQL)
 	}
+	q.setInline(0)
 	return q, nil
+}
+
+// setInline makes the cursors bring the values of rows of up to bytes
+// bytes with their keys (see keySQL).
+func (q *snapQueries) setInline(bytes int64) {
+	if q.inline == nil {
+		q.inline = map[*string]string{&q.window: q.window, &q.existing: q.existing, &q.existingLease: q.existingLease}
+	}
+	for query, template := range q.inline {
+		*query = strings.ReplaceAll(template, "{{inline}}", strconv.FormatInt(bytes, 10))
+	}
 }
 
 // existingQuery is the query of the rows from before the strategy, and
@@ -346,29 +377,49 @@ type snapKey struct {
 	// alone is what it looks up.
 	at, ctid string
 	size     int64
+	// row is the row as the cursor read it: with its values when inline.
+	row    snapRow
+	inline bool
 }
 
-// scanSnapKey reads one row of a window's or the existing pass's cursor.
-func scanSnapKey(rows pgx.Rows) (snapKey, error) {
+// snapKeyColumns are the cursor's columns before the event's.
+const snapKeyColumns = 6
+
+// scanSnapKey reads one row of a window's or the existing pass's cursor:
+// its key, and its values when the cursor brought them (inline).
+func scanSnapKey(rows pgx.Rows, inline int64, l *layout.Layout, payloadBinary bool) (snapKey, error) {
 	var k snapKey
 	var created pgtype.Timestamptz
-	if err := rows.Scan(&k.seq, &created, &k.eventID, &k.at, &k.ctid, &k.size); err != nil {
-		return k, fmt.Errorf("read outbox row: %w", err)
+	raw, fields, types := rows.RawValues(), rows.FieldDescriptions(), rows.Conn().TypeMap()
+	if len(raw) < snapKeyColumns {
+		return k, fmt.Errorf("read outbox row: %d columns", len(raw))
+	}
+	for i, dst := range []any{&k.seq, &created, &k.eventID, &k.at, &k.ctid, &k.size} {
+		if err := types.Scan(fields[i].DataTypeOID, fields[i].Format, raw[i], dst); err != nil {
+			return k, fmt.Errorf("read outbox row: column %d: %w", i+1, err)
+		}
 	}
 	if created.Valid {
 		k.created = created.Time
 	}
+	k.row = snapRow{seq: k.seq, created: k.created, eventID: k.eventID, size: k.size}
+	// A larger row's values are NULL here but its identity: read them
+	// with the page (or never, over --max-message-bytes).
+	k.inline = k.size <= inline
+	if err := scanSnapValues(rows, snapKeyColumns, l, payloadBinary, &k.row); err != nil {
+		return k, err
+	}
 	return k, nil
 }
 
-// scanSnapValues reads one row of valuesSQL: where the row is, then the
-// event's columns, all text or NULL, into r (whose key fields are set).
+// scanSnapValues reads the event's columns of one row of valuesSQL or of a
+// cursor, after its fixed columns, all text or NULL, into r (whose key
+// fields are set).
 // The values are copied from the row's raw text into one buffer: decoding
 // each into a Go value first took two allocations a column.
-func scanSnapValues(rows pgx.Rows, l *layout.Layout, payloadBinary bool, r *snapRow) error {
+func scanSnapValues(rows pgx.Rows, fixed int, l *layout.Layout, payloadBinary bool, r *snapRow) error {
 	raw := rows.RawValues()
 	fields := rows.FieldDescriptions()
-	const fixed = 1
 	eventColumns := int(layout.NumFields) + len(l.HeaderColumns)
 	if len(raw) != fixed+eventColumns {
 		return fmt.Errorf("read outbox row: %d columns, want %d", len(raw), fixed+eventColumns)
