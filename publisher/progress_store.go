@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -27,7 +28,21 @@ type ProgressStore struct {
 	client   sarama.Client
 	admin    sarama.ClusterAdmin
 	producer sarama.SyncProducer
+
+	// A write that starts after Close would send on the producer's closed
+	// input and panic: a progress writer that gave up waiting for a
+	// stalled broker still flushes once more when it stops.
+	mu      sync.Mutex
+	closed  bool
+	writing sync.WaitGroup
 }
+
+// ErrProgressClosed is the error of a write to a closed progress store.
+var ErrProgressClosed = errors.New("progress store closed")
+
+// closeWait bounds how long Close waits for writes under way, which a
+// stalled broker can hold for the producer's whole timeout.
+const closeWait = 5 * time.Second
 
 // OpenProgress connects to Kafka with sc (see publisher.ClientConfig) and makes
 // sure the topic exists, creating it compacted with one partition when it
@@ -82,6 +97,22 @@ func (s *ProgressStore) Topic() string { return s.topic }
 
 // Close releases the store's Kafka connections.
 func (s *ProgressStore) Close() error {
+	s.mu.Lock()
+	was := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if was {
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		s.writing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+	}
 	perr := s.producer.Close()
 	if err := s.admin.Close(); err != nil && !errors.Is(err, sarama.ErrClosedClient) {
 		return err
@@ -183,6 +214,14 @@ func (s *ProgressStore) awaitLeader(ctx context.Context) error {
 
 // Write stores a record for key and returns once Kafka acknowledged it.
 func (s *ProgressStore) Write(key []byte, r progress.Record) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return fmt.Errorf("write progress to %s: %w", s.topic, ErrProgressClosed)
+	}
+	s.writing.Add(1)
+	s.mu.Unlock()
+	defer s.writing.Done()
 	_, _, err := s.producer.SendMessage(&sarama.ProducerMessage{
 		Topic: s.topic, Partition: progressPartition, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(r.Marshal()),
 	})

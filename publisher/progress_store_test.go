@@ -396,3 +396,23 @@ func TestLatestReadsPastOneRequest(t *testing.T) {
 		t.Fatalf("latest of the other key = %+v, %v; want LSN %d", r, ok, n-1)
 	}
 }
+
+// A progress writer that gave up waiting for a stalled broker at SIGTERM
+// still flushed once more when it stopped, after the relay had closed the
+// store: sarama panicked with "send on closed channel" and the relay
+// exited 2 about 148 s later (issue 51's hostile review). A write after
+// Close is an error now, and Close twice is harmless.
+func TestProgressWriteAfterCloseIsAnError(t *testing.T) {
+	_, brokers := startProgressKfake(t)
+	s := openProgressStore(t, brokers, "progress")
+	if err := s.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	err := s.Write([]byte("slot@1"), progress.Record{LSN: 0x100, Timeline: 1})
+	if !errors.Is(err, ErrProgressClosed) {
+		t.Fatalf("write after close: %v, want ErrProgressClosed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}

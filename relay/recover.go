@@ -9,6 +9,7 @@ import (
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/progress"
 	"github.com/outbox-relay/outbox-relay/replication"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // What a session does when the slot is gone (--on-slot-lost).
@@ -108,6 +109,8 @@ func (c Config) validateExistingRows() error {
 		return fmt.Errorf("--existing-rows %s with the messages source: it has no table whose rows a new slot could leave behind; drop the flag", c.ExistingRows)
 	case c.DryRun != nil:
 		return fmt.Errorf("--existing-rows %s with --dry-run: a dry run streams from a temporary slot and makes no slot of its own; drop one of them", c.ExistingRows)
+	case c.ExistingRows == ExistingRowsPublished && c.OnSlotLost == SlotLostRecover:
+		return errors.New("--existing-rows published and --on-slot-lost recover contradict each other: recover republishes a lost slot's gap, published gives it up. Keep one")
 	case c.ExistingRows == ExistingRowsPending && c.RecreateLostSlot:
 		return errors.New("--existing-rows pending and --recreate-lost-slot contradict each other: pending republishes what the lost slot left behind, --recreate-lost-slot gives it up. Keep one")
 	case c.ExistingRows == ExistingRowsPending && c.Recoverer == nil:
@@ -280,15 +283,21 @@ func (r *Relay) prepareTableSlot(ctx context.Context, admin *replication.Admin, 
 	if err != nil || loss == nil {
 		return slot, sys, existing, false, err
 	}
-	choice := r.cfg.ExistingRows
+	choice := r.existingRowsChoice()
 	switch {
 	case choice == ExistingRowsPublished && loss.kind != lossUnfinished,
 		choice == ExistingRowsPending, r.cfg.OnSlotLost == SlotLostRecover:
-	case loss.kind == lossInvalidated || loss.kind == lossUnfinished:
-		// As before --existing-rows: PrepareSlot refuses an invalidated
-		// slot (or recreates it under --recreate-lost-slot), and resume
-		// refuses an unfinished recovery's mark, each with its advice.
+	case loss.kind == lossInvalidated || loss.kind == lossUnfinished && loss.drop:
+		// PrepareSlot refuses an invalidated slot (or recreates it under
+		// --recreate-lost-slot), and resume refuses an unfinished
+		// recovery's mark on the slot it made, each with its advice.
 		return slot, sys, "", false, nil
+	case loss.kind == lossUnfinished:
+		// The recovery died before its slot existed: making one here,
+		// before resume refuses the mark, would leave a slot over the gap
+		// with no record, which a later start could stream silently.
+		return slot, sys, "", true, fmt.Errorf("%w: the progress record marks a recovery of the lost slot that began and did not finish, and slot %q does not exist. Start with --on-slot-lost recover (or once with --existing-rows pending, which compares the whole table) to finish it",
+			ErrRecoveryUnfinished, r.cfg.Replication.Slot)
 	default:
 		err := replication.LostHistoryError(r.cfg.Replication, loss.reason, false)
 		if loss.kind == lossMissing {
@@ -323,6 +332,18 @@ func (r *Relay) prepareTableSlot(ctx context.Context, admin *replication.Admin, 
 	// new slot's position is past.
 	sys, err = replication.IdentifySystem(ctx, r.cfg.Replication)
 	return slot, sys, "", true, err
+}
+
+// existingRowsChoice is --existing-rows for this session: the choice is
+// made for the start it was given to. Once this process streamed, a slot
+// lost under it is a new loss, which --on-slot-lost decides.
+func (r *Relay) existingRowsChoice() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.status.streamed {
+		return ExistingRowsRefuse
+	}
+	return r.cfg.ExistingRows
 }
 
 // makeSlotOver makes the slot over what the lost one (or no slot) left
@@ -379,7 +400,7 @@ func (r *Relay) recordSlot(ctx context.Context, admin *replication.Admin, rec re
 func (r *Relay) recoverSlot(ctx context.Context, admin *replication.Admin, sys replication.System, loss *slotLoss) (replication.SlotStart, error) {
 	began := time.Now()
 	r.setState(pipeline.StateRecovering, nil)
-	r.setDetail("recovering the lost slot: " + loss.reason)
+	r.setDetail(recoveryWord(loss) + ": " + loss.reason)
 	stopPings := r.pingWhileRecovering(ctx)
 	start, rep, since, err := r.recoverGap(ctx, admin, sys, loss)
 	stopPings()
@@ -396,11 +417,23 @@ func (r *Relay) recoverSlot(ctx context.Context, admin *replication.Admin, sys r
 	m.SlotRecoveries.WithLabelValues(recoveryDone).Inc()
 	m.SlotRecoveryRepublished.Add(float64(rep.Republished))
 	m.SlotRecoverySeconds.Set(took.Seconds())
+	todo := "nothing for the operator to do"
+	if rep.Quarantined > 0 {
+		todo = "the quarantined events wait in the quarantine table: `outbox-relay quarantine list`, then `quarantine replay` once their cause is fixed"
+	}
 	r.log.Warn().Str("loss", loss.reason).Time("window_since", since).Bool("whole_table", loss.wholeTable).Str("slot_lsn", start.LSN.String()).
 		Int64("rows_checked", rep.RowsChecked).Int64("found_in_kafka", rep.Found).Int64("missing", rep.Missing).
 		Int64("republished", rep.Republished).Int64("quarantined", rep.Quarantined).Dur("took", took).
-		Msg("recovered the lost replication slot: a new slot streams everything committed after slot_lsn, and every event of the window committed before it that Kafka lacked was republished from the outbox table; nothing for the operator to do (see docs/slot-trouble.md)")
+		Msg("recovered the lost replication slot: a new slot streams everything committed after slot_lsn, and every event of the window committed before it that Kafka lacked was republished from the outbox table; " + todo + " (see docs/slot-trouble.md)")
 	return start, nil
+}
+
+// recoveryWord names what a recovery does, for the status.
+func recoveryWord(loss *slotLoss) string {
+	if loss.wholeTable {
+		return "republishing what Kafka lacks of the table (--existing-rows pending)"
+	}
+	return "recovering the lost slot"
 }
 
 // pingWhileRecovering tells the process around the relay, every status
@@ -413,7 +446,9 @@ func (r *Relay) pingWhileRecovering(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(r.cfg.StatusInterval)
+		// Often enough that the notifier's own pacing, not this tick,
+		// decides when systemd hears from the relay.
+		tick := time.NewTicker(min(r.cfg.StatusInterval, 200*time.Millisecond))
 		defer tick.Stop()
 		for {
 			r.hooks.Alive()
@@ -464,7 +499,7 @@ func (r *Relay) recoverGap(ctx context.Context, admin *replication.Admin, sys re
 			return start, rep, since, err
 		}
 	}
-	r.setDetail("recovering the lost slot: making the new slot (it waits for the transactions open now to end)")
+	r.setDetail(recoveryWord(loss) + ": making the new slot (it waits for the transactions open now to end)")
 	snap, err := admin.CreateSlotWithSnapshot(ctx)
 	if err != nil {
 		return start, rep, since, err
@@ -472,7 +507,7 @@ func (r *Relay) recoverGap(ctx context.Context, admin *replication.Admin, sys re
 	defer snap.Close()
 	rep, err = r.cfg.Recoverer.Recover(ctx, RecoveryWindow{Since: since, Until: snap.Before.Add(time.Hour), HeldSince: held, Snapshot: snap.Snapshot,
 		Progress: func(phase string, done, total int64) {
-			r.setDetail(fmt.Sprintf("recovering the lost slot: %s %d of %d", phase, done, total))
+			r.setDetail(fmt.Sprintf("%s: %s %d of %d", recoveryWord(loss), phase, done, total))
 		}})
 	snap.Close()
 	if err != nil {
@@ -526,6 +561,12 @@ func (r *Relay) recoveryWindow(loss *slotLoss) (since, held time.Time, err error
 		last = later(last, loss.record.CommitTime)
 	}
 	if last.IsZero() && loss.made != nil {
+		if loss.made.CreatedAt.After(time.Now().Add(time.Minute)) {
+			// The record was changed (or the clock jumped): a window from
+			// it would begin after the loss and miss the gap.
+			return since, held, fmt.Errorf("%w: %w", ErrSlotUnrecoverable, replication.LostHistoryError(r.cfg.Replication,
+				loss.reason+fmt.Sprintf("; its record in %s says the slot was made at %s, which is in the future, so it cannot say where the gap starts", store.SlotRegistryName, loss.made.CreatedAt.UTC().Format(time.RFC3339)), false))
+		}
 		return loss.made.CreatedAt.Add(-r.cfg.Retention.Margin), time.Time{}, nil
 	}
 	if last.IsZero() {

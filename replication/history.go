@@ -141,7 +141,7 @@ var ErrExistingRows = errors.New("the relay will not make a slot over rows it ha
 // LostHistoryError says why a slot may not be made silently, and the
 // choices that let the relay make it.
 func LostHistoryError(cfg Config, why string, pendingNeedsRun bool) error {
-	choices := fmt.Sprintf("Start the relay once with --existing-rows pending: it makes the slot together with a snapshot, compares every row of %s with Kafka and republishes those Kafka lacks, oldest first, then streams (slow on a large table; needs SELECT on it)", cfg.Table)
+	choices := fmt.Sprintf("Start the relay once with --existing-rows pending: it makes the slot together with a snapshot, compares every row of %s with Kafka and republishes those Kafka lacks, oldest first, then streams (slow on a large table; needs SELECT on it and its insert-time column, --column-created-at)", cfg.Table)
 	if pendingNeedsRun {
 		choices = "This command does not publish, so it leaves the slot to the relay. " + choices
 	}

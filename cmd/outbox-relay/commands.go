@@ -317,6 +317,14 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if o.pollExisting != "pending" && o.pollExisting != "published" {
 		return usageError(stderr, "migrate", fmt.Errorf("--poll-existing %q: use pending or published", o.pollExisting), "")
 	}
+	if o.relay.ExistingRows == relay.ExistingRowsPublished {
+		switch {
+		case o.skipSlot:
+			return usageError(stderr, "migrate", errors.New("--existing-rows published with --skip-slot: it says what the slot made now leaves behind, and --skip-slot makes none; drop one of them"), "")
+		case !o.relay.Replication.ReadsTable() || source.noSlot != "":
+			return usageError(stderr, "migrate", fmt.Errorf("--existing-rows published with --source %s: this source makes no slot over an outbox table's rows; drop the flag", source.name), "")
+		}
+	}
 	if source.noSlot != "" {
 		if o.slotOnly {
 			return usageError(stderr, "migrate", fmt.Errorf("--slot-only with --source %s: %s", source.name, source.noSlot), "")

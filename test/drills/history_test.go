@@ -260,3 +260,45 @@ func TestUnusableProgressRecordNamesResetProgress(t *testing.T) {
 	w.startRelay("--reset-progress")
 	w.checkDelivery(w.waitSettled(time.Minute))
 }
+
+// Issue 51's hostile review: a process started once with --existing-rows
+// published, whose slot was dropped under it minutes later, made a new slot
+// over the gap and streamed on (196 of 2,358 events lost). The choice is
+// for the start it is given to: a slot lost under a running relay is a new
+// loss, which --on-slot-lost (stop, here) decides.
+func TestExistingRowsIsForOneStart(t *testing.T) {
+	rng := newRand(t)
+	w, _ := newKfakeWorld(t, shared)
+	relay := w.startRelay("--existing-rows", "published")
+	pw := startPacedWriter(w, w.connect(), mrand.New(mrand.NewPCG(rng.Uint64(), 1)), 10*time.Millisecond, 5, 50, false)
+	defer pw.halt()
+	harness.WaitFor(t, time.Minute, "200 events committed", func() bool { return pw.events.Load() >= 200 })
+	dropSlotUnder(t, w)
+	expectRefusal(t, w, relay, "a relay started with --existing-rows published, its slot dropped later")
+}
+
+// Issue 51's hostile review: a record of the slot changed to say it was
+// made in the future made --on-slot-lost recover compare an empty window
+// and report the recovery done (868 events lost). Such a record says
+// nothing of where the gap starts: the relay refuses, and its advice,
+// followed with the writer running, loses nothing.
+func TestDrillRecoverRefusesARecordFromTheFuture(t *testing.T) {
+	rng := newRand(t)
+	w, _ := newKfakeWorld(t, shared)
+	pw, lostAt := loseHistory(t, w, rng, true, recoverFlags...)
+	defer pw.halt()
+	w.DB.Exec(t, "UPDATE outbox_relay_slots SET created_at = now() + interval '2 hours' WHERE slot_name = $1", w.Slot)
+	p := w.startRelayNoWait(recoverFlags...)
+	code, err := p.Wait(2 * time.Minute)
+	if err != nil {
+		p.Kill()
+		t.Fatalf("the relay went on from a record made in the future: %v\n%s", err, harness.LastLines(p.Output(), 10))
+	}
+	if out := p.Output(); code != 1 || !strings.Contains(out, "in the future") || !strings.Contains(out, adviceExisting) || strings.Contains(out, msgRecovered) {
+		t.Fatalf("a record from the future: exit %d, want 1 naming it and the choices, with no recovery:\n%s", code, harness.LastLines(out, 10))
+	}
+	relay := w.startRelayNoWait(append(recoverFlags, "--existing-rows", "pending")...)
+	back := waitRecovered(t, relay, 0, lostAt)
+	writeOnAfterRecovery(t, pw)
+	checkRecovered(t, w, relay, "at-least-once", back)
+}

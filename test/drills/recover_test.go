@@ -270,14 +270,28 @@ func TestDrillRecoverKilledMidway(t *testing.T) {
 		t.Fatalf("the progress record is not marked as recovering after the relay was killed in a recovery: %+v\n%s", rec, harness.LastLines(p.Output(), 20))
 	}
 
-	stop := w.startRelayNoWait("--on-slot-lost", "stop")
-	code, err := stop.Wait(2 * time.Minute)
-	if err != nil {
-		t.Fatalf("a relay with --on-slot-lost stop streamed past an unfinished recovery: %v\n%s", err, harness.LastLines(stop.Output(), 20))
+	refuseStop := func(what string) {
+		t.Helper()
+		stop := w.startRelayNoWait("--on-slot-lost", "stop")
+		code, err := stop.Wait(2 * time.Minute)
+		if err != nil {
+			t.Fatalf("a relay with --on-slot-lost stop streamed past an unfinished recovery (%s): %v\n%s", what, err, harness.LastLines(stop.Output(), 20))
+		}
+		if out := stop.Output(); code != 1 || !strings.Contains(out, "marks a recovery of the lost slot that began and did not finish") ||
+			!strings.Contains(out, "--on-slot-lost recover") {
+			t.Errorf("--on-slot-lost stop after an unfinished recovery (%s): exit %d, want 1 naming the recovery and what to do:\n%s", what, code, harness.LastLines(out, 20))
+		}
 	}
-	if out := stop.Output(); code != 1 || !strings.Contains(out, "marks a recovery of the lost slot that began and did not finish") ||
-		!strings.Contains(out, "--on-slot-lost recover") {
-		t.Errorf("--on-slot-lost stop after an unfinished recovery: exit %d, want 1 naming the recovery and what to do:\n%s", code, harness.LastLines(out, 20))
+	refuseStop("its slot made")
+	// Issue 51's hostile review: killed before its slot existed, the
+	// recovery left only the mark, and a start with stop made a slot over
+	// the gap with no record before refusing the mark; once the mark was
+	// gone (the progress topic deleted) a plain start streamed from that
+	// slot and the gap was lost. Nothing may be made before the refusal.
+	w.DB.DropSlot(t, w.Slot)
+	refuseStop("its slot not made")
+	if si := w.pg.SlotInfo(t, w.DB.Name(), w.Slot); si.Exists {
+		t.Fatalf("--on-slot-lost stop made slot %s over an unfinished recovery's gap before refusing", w.Slot)
 	}
 
 	relay := w.startRelayNoWait(recoverFlags...)
