@@ -32,7 +32,7 @@ func TestSlotAdviceFitsTheSource(t *testing.T) {
 			if !messages && what == "slot created" {
 				continue // counts the outbox table: needs a database (test/e2e)
 			}
-			want, not := []string{"reconcile --since", "--republish"}, []string{"emit them again"}
+			want, not := []string{"--on-slot-lost recover", "migrate --skip-slot"}, []string{"emit them again"}
 			if messages {
 				want = []string{"exist only in the WAL", "emit them again"}
 				not = []string{"reconcile --", "reconcile_command", "rows_in_table", "count_error", "outbox table"}

@@ -35,13 +35,13 @@ func TestSlotGapAdviceFitsTheSource(t *testing.T) {
 			table, msgs []string // what the message says for each source
 		}{
 			{"missing", a.missingSlotError(since).Error(),
-				[]string{"outbox-relay reconcile --since 2026-11-30T12:00:00Z --republish", "--on-slot-lost recover does that by itself"},
+				[]string{"--on-slot-lost recover", "--existing-rows pending", "2026-11-30T12:00:00Z"},
 				[]string{"migrate --source messages", "exist only in the WAL", "emit them again", "since 2026-11-30T12:00:00Z", "this source writes none"}},
 			{"invalidated", invalidated.Error(),
-				[]string{"Reconcile the outbox table", "--recreate-lost-slot", "--on-slot-lost recover, which does all of that by itself"},
+				[]string{"--existing-rows pending", "--recreate-lost-slot", "--on-slot-lost recover"},
 				[]string{"--recreate-lost-slot", "exist only in the WAL", "emit them again", "this source writes none"}},
 			{"lost at START_REPLICATION", cfg.lostSlotAdvice("s"),
-				[]string{"Reconcile the outbox table", "--recreate-lost-slot", "--on-slot-lost recover"},
+				[]string{"--existing-rows pending", "--recreate-lost-slot", "--on-slot-lost recover"},
 				[]string{"--recreate-lost-slot", "exist only in the WAL", "emit them again", "this source writes none"}},
 		} {
 			want, not := c.table, []string{"emit them again"}

@@ -113,6 +113,11 @@ func (a *Admin) missingSlotError(lastConfirmedCommit time.Time) error {
 		since = lastConfirmedCommit.UTC().Format(time.RFC3339)
 	}
 	advice := fmt.Sprintf("Run `%s` to create the slot again; %s", a.cfg.source().Migrate(), a.cfg.GapAdvice(since))
+	if a.cfg.ReadsTable() {
+		// Each way makes the new slot before it reads the table, so what
+		// the writers commit meanwhile is not missed.
+		advice = fmt.Sprintf("Start the relay once with --on-slot-lost recover (it republishes from the outbox table what Kafka lacks since %s) or --existing-rows pending (the whole table); see docs/slot-trouble.md", since)
+	}
 	return fmt.Errorf("%w: replication slot %q no longer exists on %s although this relay streamed from it: it was dropped, or PostgreSQL failed over to a server without it, "+
 		"so events committed since the last confirmed position are in no slot and will not reach Kafka. The relay will not create a new slot silently. %s",
 		ErrSlotMissing, a.cfg.Slot, pg.Describe(a.cfg.DSN), advice)

@@ -67,7 +67,7 @@ func TestPrepareSlotCreatesOnlyAtFirstStart(t *testing.T) {
 	if !errors.Is(err, ErrSlotMissing) {
 		t.Fatalf("missing slot after streaming: %v, want ErrSlotMissing", err)
 	}
-	for _, want := range []string{cfg.Slot, "outbox-relay migrate", "outbox-relay reconcile --since 2026-11-30T12:00:00Z"} {
+	for _, want := range []string{cfg.Slot, "--on-slot-lost recover", "--existing-rows pending", "2026-11-30T12:00:00Z"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, err)
 		}
