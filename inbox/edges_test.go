@@ -115,7 +115,13 @@ func TestInboxParkedEventReleasedAfterALockWait(t *testing.T) {
 // the handler returns: its event is named, and the records the COMMIT
 // took with it for events whose handlers never ran are taken back.
 func TestInboxHandlerThatEndsTheTransactionFails(t *testing.T) {
-	for _, how := range []string{"tx.Commit", "tx.Rollback", "COMMIT", "ROLLBACK"} {
+	// The chained forms, and ROLLBACK followed by a write, came from a
+	// hostile try of the first fix: AND CHAIN leaves the connection in a
+	// new transaction the status check cannot tell from the inbox's
+	// (effects lost, or applied twice, and the batch reported applied),
+	// and a write after ROLLBACK committed on its own.
+	for _, how := range []string{"tx.Commit", "tx.Rollback", "COMMIT", "ROLLBACK", "ROLLBACK AND CHAIN", "COMMIT AND CHAIN",
+		"rollback; begin", "ROLLBACK+write"} {
 		for _, versions := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/versions=%v", how, versions), func(t *testing.T) {
 				ctx := context.Background()
@@ -138,6 +144,9 @@ func TestInboxHandlerThatEndsTheTransactionFails(t *testing.T) {
 						_ = tx.Commit(ctx) // the error is ignored, as a careless handler does
 					case "tx.Rollback":
 						_ = tx.Rollback(ctx)
+					case "ROLLBACK+write":
+						_, _ = tx.Exec(ctx, "ROLLBACK")
+						_ = recordEffect(ctx, tx, e)
 					default:
 						_, _ = tx.Exec(ctx, how)
 					}

@@ -231,8 +231,9 @@ func (ib *Inbox) Handle(ctx context.Context, db Beginner, ev Event, h Handler) (
 // handler committed or rolled back the transaction it was given: that
 // transaction also records the batch's events, so ending it early would
 // record events whose handlers never ran. The handler's tx.Commit and
-// tx.Rollback are refused with it; a COMMIT or ROLLBACK sent as SQL is
-// noticed when the handler returns.
+// tx.Rollback are refused with it, and so is SQL through tx that would end
+// the transaction (txguard.go); a COMMIT or ROLLBACK sent past the wrapper
+// is noticed when the handler returns.
 var ErrHandlerEndedTx = errors.New("the handler ended the inbox's transaction (commit or rollback); leave that to the inbox, " +
 	"and for a step that may fail on its own use a savepoint (tx.Begin) and roll that back")
 
