@@ -361,6 +361,20 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	parkedUntyped := `SELECT DISTINCT aggregate_type FROM ` + ib.tables.parked() + ` WHERE consumer = $1 AND aggregate_id = $2`
 
 	batch := &pgx.Batch{}
+	// One aggregate id's rows are made under one lock, whatever the type:
+	// a typed and an untyped batch of a new aggregate would otherwise each
+	// miss the other's uncommitted row and make two, and their versions
+	// would park behind each other for ever. Taken in id order, before any
+	// row lock, so two batches never wait on each other in a circle.
+	var ids []string
+	for _, a := range typed {
+		ids = append(ids, a.id)
+	}
+	ids = append(ids, untyped...)
+	slices.Sort(ids)
+	for _, id := range slices.Compact(ids) {
+		batch.Queue(`SELECT pg_advisory_xact_lock(hashtext('outbox-relay inbox ' || $1), hashtext($2))`, ib.cfg.Consumer, id)
+	}
 	var tookOver []aggregate
 	for _, a := range typed {
 		batch.Queue(insertTyped, ib.cfg.Consumer, a.typ, a.id).Query(func(rows pgx.Rows) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,5 +226,65 @@ func TestInboxHandlerThatSwallowsAnSQLErrorIsNamed(t *testing.T) {
 	}
 	if c := ib.Metrics().Counts(); c.HandlerErrors != 1 {
 		t.Errorf("counts %+v, want 1 handler error", c)
+	}
+}
+
+// A hostile try of the record-format switch (issue 55, item 4): a new
+// aggregate's typed batch and untyped batch applied at once each missed
+// the other's uncommitted version row and made its own, ('order', A) and
+// (”, A), so every later version parked for ever (527 of 3,090 events in
+// a run with partitions added and CloudEvents switched on). Rows of one
+// aggregate id are now made under one lock. Under REPEATABLE READ the
+// snapshot is older than the lock, so the race stays there (docs/inbox.md
+// says so); SERIALIZABLE fails one of the two and applies it again.
+func TestInboxNewAggregateTypedAndUntypedAtOnce(t *testing.T) {
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.Serializable} {
+		for _, typedFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/typed-first=%v", iso, typedFirst), func(t *testing.T) {
+				ctx := context.Background()
+				db, _ := setup(t)
+				ib := newInbox(t, inbox.Config{CheckVersions: true})
+				first, second := []inbox.Event{ev("a1", "a", 1)}, []inbox.Event{untyped("a2", "a", 2), untyped("a3", "a", 3)}
+				if !typedFirst {
+					first, second = []inbox.Event{untyped("a1", "a", 1)}, []inbox.Event{ev("a2", "a", 2), ev("a3", "a", 3)}
+				}
+				holding, release := make(chan struct{}), make(chan struct{})
+				var held sync.Once
+				slow := func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+					if e.ID == "a1" {
+						held.Do(func() { close(holding) })
+						<-release
+					}
+					return recordEffect(ctx, tx, e)
+				}
+				apply := func(conn inbox.Beginner, events []inbox.Event, h inbox.Handler, done chan<- error) {
+					done <- ib.ApplyInOrder(ctx, conn, inbox.Records{Len: len(events),
+						Parse:   func(i int) (inbox.Event, error) { return events[i], nil },
+						Applied: func(int, int) {},
+					}, h, 10*time.Millisecond)
+				}
+				firstDone, secondDone := make(chan error, 1), make(chan error, 1)
+				go apply(isoBeginner{db.Connect(t), iso}, first, slow, firstDone)
+				<-holding
+				go apply(isoBeginner{db.Connect(t), iso}, second, slow, secondDone)
+				harness.WaitFor(t, 30*time.Second, "the second batch waits, or is done", func() bool {
+					return len(secondDone) > 0 || db.QueryInt64(t, `SELECT count(*) FROM pg_stat_activity
+						WHERE wait_event_type = 'Lock' AND datname = current_database()`) == 1
+				})
+				close(release)
+				for _, done := range []chan error{firstDone, secondDone} {
+					if err := <-done; err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n := db.QueryInt64(t, `SELECT count(*) FROM inbox_parked`); n != 0 {
+					t.Errorf("%d events parked for ever; version rows: %s", n,
+						db.QueryString(t, `SELECT string_agg(format('(%L, %s)', aggregate_type, version), ' ') FROM inbox_versions`))
+				}
+				if got := effects(t, db); got != "a1,a2,a3" {
+					t.Errorf("effects %q, want a1,a2,a3", got)
+				}
+			})
+		}
 	}
 }
