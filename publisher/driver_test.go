@@ -192,6 +192,11 @@ func (s txnStats) String() string {
 func (d *driver) stats() txnStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.statsLocked()
+}
+
+// statsLocked is stats for a caller that holds d.mu.
+func (d *driver) statsLocked() txnStats {
 	var st txnStats
 	for _, r := range d.reports {
 		switch {
