@@ -303,6 +303,10 @@ func (v *versionState) keyOf(ev Event) aggregate {
 // whatever the table's statistics say, while a join against an unnested
 // array was planned as a scan of all the consumer's versions when the
 // statistics were older than the table (a new consumer draining a backlog).
+// lockAggregateID takes, until the transaction ends, the lock under which
+// an aggregate id's version rows are made, whatever their type.
+const lockAggregateID = `SELECT pg_advisory_xact_lock(hashtext('outbox-relay inbox ' || $1), hashtext($2))`
+
 func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fresh []bool) (*versionState, error) {
 	v := &versionState{applied: map[aggregate]int64{}, parked: map[aggregate]bool{}, changed: map[aggregate]bool{}, untyped: map[string]aggregate{}}
 	var typed []aggregate
@@ -373,7 +377,7 @@ func (ib *Inbox) lockVersions(ctx context.Context, tx pgx.Tx, events []Event, fr
 	ids = append(ids, untyped...)
 	slices.Sort(ids)
 	for _, id := range slices.Compact(ids) {
-		batch.Queue(`SELECT pg_advisory_xact_lock(hashtext('outbox-relay inbox ' || $1), hashtext($2))`, ib.cfg.Consumer, id)
+		batch.Queue(lockAggregateID, ib.cfg.Consumer, id)
 	}
 	var tookOver []aggregate
 	for _, a := range typed {

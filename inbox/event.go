@@ -119,6 +119,12 @@ func ParseRecord(key []byte, headers []Header, value []byte) (Event, error) {
 			return Event{}, fmt.Errorf("event %s: header %s is %q, want a positive integer", ev.ID, VersionHeader, v)
 		}
 		ev.Version = n
+		if ev.AggregateID == "" {
+			// A version orders one aggregate's events: without the
+			// aggregate, every such record would share one sequence and
+			// all but the first of each number would count as stale.
+			return Event{}, fmt.Errorf("event %s: header %s is %d, but the record names no aggregate id (aggregate_id header, ce_subject, or the key)", ev.ID, VersionHeader, n)
+		}
 	}
 	return ev, nil
 }

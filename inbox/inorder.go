@@ -2,6 +2,8 @@ package inbox
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
@@ -136,9 +138,9 @@ func (ib *Inbox) setAside(ctx context.Context, db Beginner, rec RawRecord, parse
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 	tag, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.unparsable()+`
-		(consumer, topic, partition, "offset", record_key, record_value, header_keys, header_values, error, set_aside_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
-		ib.cfg.Consumer, rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, keys, values, msg, ib.cfg.Now())
+		(consumer, topic, partition, "offset", record_key, record_value, header_keys, header_values, error, set_aside_at, record_sha256)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING`,
+		ib.cfg.Consumer, rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, keys, values, msg, ib.cfg.Now(), recordDigest(rec.Key, rec.Value, keys, values))
 	if err != nil {
 		return fmt.Errorf("set aside unparsable record at %s (%w): %w%s", where, parseErr, err, missingTableHint(err))
 	}
@@ -152,4 +154,26 @@ func (ib *Inbox) setAside(ctx context.Context, db Beginner, rec RawRecord, parse
 		}
 	}
 	return nil
+}
+
+// recordDigest is the SHA-256 of a record's key, value and headers, each
+// part length-prefixed so that no two records share one by where their
+// parts end; a nil key or value differs from an empty one.
+func recordDigest(key, value []byte, headerKeys, headerValues [][]byte) []byte {
+	h := sha256.New()
+	part := func(b []byte) {
+		n := int64(len(b))
+		if b == nil {
+			n = -1
+		}
+		_ = binary.Write(h, binary.BigEndian, n)
+		h.Write(b)
+	}
+	part(key)
+	part(value)
+	for i := range headerKeys {
+		part(headerKeys[i])
+		part(headerValues[i])
+	}
+	return h.Sum(nil)
 }

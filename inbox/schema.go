@@ -138,7 +138,11 @@ CREATE TABLE IF NOT EXISTS {{unparsable}} (
     header_values bytea[]     NOT NULL,
     error         text        NOT NULL,
     set_aside_at  timestamptz NOT NULL,
-    PRIMARY KEY (consumer, topic, partition, "offset")
+    -- What tells a re-delivery (not stored twice) from another record at
+    -- the same place, as after a topic was deleted and made again: the
+    -- SHA-256 of the key, the value and the headers.
+    record_sha256 bytea       NOT NULL,
+    PRIMARY KEY (consumer, topic, partition, "offset", record_sha256)
 );
 
 -- Versions an operator declared will never come (SkipMissing), so the

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Skip reports what SkipMissing did.
@@ -33,7 +36,7 @@ type Skip struct {
 // which is what skipping it means.
 func (ib *Inbox) SkipMissing(ctx context.Context, db Beginner, aggregateType, aggregateID string, through int64, reason string, h Handler) (Skip, error) {
 	what := fmt.Sprintf("skip %s %s versions through %d", aggregateType, aggregateID, through)
-	if reason == "" {
+	if strings.TrimSpace(reason) == "" {
 		return Skip{}, fmt.Errorf("%s: give a reason (a ticket, who decided); it is kept with the skip", what)
 	}
 	if h == nil {
@@ -44,6 +47,30 @@ func (ib *Inbox) SkipMissing(ctx context.Context, db Beginner, aggregateType, ag
 		return Skip{}, fmt.Errorf("%s: begin: %w", what, err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	if _, err := tx.Exec(ctx, lockAggregateID, ib.cfg.Consumer, aggregateID); err != nil {
+		return Skip{}, fmt.Errorf("%s: lock the aggregate: %w", what, err)
+	}
+	if aggregateType == "" {
+		// A record without a type (CloudEvents, Debezium's shape) uses the
+		// versions kept for its id whatever their type; its error names
+		// no type, so the skip resolves it the same way.
+		var types []string
+		rows, err := tx.Query(ctx, `SELECT DISTINCT aggregate_type FROM `+ib.tables.versions()+` WHERE consumer = $1 AND aggregate_id = $2 ORDER BY 1`,
+			ib.cfg.Consumer, aggregateID)
+		if err == nil {
+			types, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return Skip{}, fmt.Errorf("%s: read the id's versions: %w%s", what, err, missingTableHint(err))
+		}
+		switch {
+		case len(types) > 1:
+			return Skip{}, fmt.Errorf("%s: aggregate id %s has versions under the types %q: name the one to skip", what, aggregateID, types)
+		case len(types) == 1:
+			aggregateType = types[0]
+			what = fmt.Sprintf("skip %s %s versions through %d", aggregateType, aggregateID, through)
+		}
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO `+ib.tables.versions()+` (consumer, aggregate_type, aggregate_id, version)
 		VALUES ($1, $2, $3, 0) ON CONFLICT DO NOTHING`, ib.cfg.Consumer, aggregateType, aggregateID); err != nil {
 		return Skip{}, fmt.Errorf("%s: %w%s", what, err, missingTableHint(err))

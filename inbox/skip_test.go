@@ -40,6 +40,7 @@ func TestInboxSkipMissingReleasesWhatWaits(t *testing.T) {
 		want    string
 	}{
 		{4, "", "give a reason"},
+		{4, "  ", "give a reason"},
 		{2, "INC-7", "version 2 is applied already"},
 		{5, "INC-7", "version 5 is parked, not missing: skip through 4 at most"},
 	} {
@@ -83,5 +84,39 @@ func TestInboxSkipMissingReleasesWhatWaits(t *testing.T) {
 	}
 	if c := ib.Metrics().Counts(); c.SkippedVersions != 2 || c.Applied != 5 {
 		t.Errorf("counts %+v, want 2 skipped and 5 applied", c)
+	}
+}
+
+// A hostile try of the runbook: under RefuseGaps a record without a type
+// (CloudEvents, Debezium's shape) is refused naming no type, and the skip
+// the runbook then gives, SkipMissing with the empty type, recorded
+// versions under '' while the id's versions were kept under its type: the
+// refused event kept failing. The empty type now resolves as such a
+// record's does.
+func TestInboxSkipMissingOfAnUntypedRecord(t *testing.T) {
+	ctx := context.Background()
+	db, conn := setup(t)
+	ib := newInbox(t, inbox.Config{CheckVersions: true})
+	mustHandle(t, ib, conn, ev("a1", "a", 1))
+	if r := mustHandle(t, ib, conn, untyped("a4", "a", 4)); r.Outcome != inbox.Parked {
+		t.Fatalf("a4: %v, want parked", r.Outcome)
+	}
+	skip, err := ib.SkipMissing(ctx, conn, "", "a", 3, "INC-8: versions 2 and 3 were never written", recordEffect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (inbox.Skip{From: 2, Through: 3, Released: 1, Version: 4}); skip != want {
+		t.Fatalf("skip %+v, want %+v", skip, want)
+	}
+	if got := db.QueryString(t, `SELECT string_agg(DISTINCT aggregate_type, ',') FROM inbox_skipped`); got != "account" {
+		t.Errorf("skipped versions kept under type %q, want the id's own, account", got)
+	}
+	if got := effects(t, db); got != "a1,a4" {
+		t.Errorf("effects %q, want a1,a4", got)
+	}
+	mustHandle(t, ib, conn, ev("a2b", "b", 1))
+	mustHandle(t, ib, conn, inbox.Event{ID: "b-other", AggregateType: "other", AggregateID: "b", EventType: "X", Version: 1, Payload: []byte(`{}`)})
+	if _, err := ib.SkipMissing(ctx, conn, "", "b", 3, "INC-9", recordEffect); err == nil || !strings.Contains(err.Error(), "name the one to skip") {
+		t.Errorf("SkipMissing of an untyped id with versions under two types: %v, want a refusal naming them", err)
 	}
 }
