@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -166,11 +167,18 @@ func writeEvents(ctx context.Context, events []Event, exec execFunc, statement f
 	rows := make([]row, len(events))
 	ids := make([]string, len(events))
 	tc := traceContextOf(ctx)
+	seen := make(map[string]int, len(events))
 	for i := range events {
 		r, err := prepare(&events[i], tc)
 		if err != nil {
 			return nil, fmt.Errorf("outbox event %d of %d: %w", i+1, len(events), err)
 		}
+		if j, dup := seen[r.id]; dup {
+			// The second insert would fail on the table's key and abort
+			// the whole transaction.
+			return nil, fmt.Errorf("outbox event %d of %d: it and event %d have one ID, %s: give each event its own", i+1, len(events), j+1, r.id)
+		}
+		seen[r.id] = i
 		rows[i], ids[i] = r, r.id
 	}
 	for start := 0; start < len(rows); start += maxRowsPerStatement {
@@ -313,6 +321,9 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 	if r.schemaVersion < 0 {
 		return row{}, fmt.Errorf("event %s: SchemaVersion %d is negative", id, ev.SchemaVersion)
 	}
+	if r.schemaVersion > math.MaxInt32 {
+		return row{}, fmt.Errorf("event %s: SchemaVersion %d is past the column's int range (at most %d)", id, ev.SchemaVersion, math.MaxInt32)
+	}
 	raw := ev.ContentType != "" || ev.RawPayload
 	switch {
 	case raw:
@@ -331,6 +342,9 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 		} else if at >= 0 {
 			return row{}, fmt.Errorf("event %s: Payload holds the escape %s at byte %d, a lone surrogate (half of a UTF-16 pair without its other half), which is no character "+
 				"and which jsonb refuses (PostgreSQL would abort the whole transaction); fix the encoder that wrote it", id, esc, at)
+		}
+		if err := checkJSON(ev.Payload); err != nil {
+			return row{}, fmt.Errorf("event %s: Payload: %w", id, err)
 		}
 		r.payload = string(ev.Payload)
 	}
@@ -374,6 +388,10 @@ func prepare(ev *Event, tc traceContext) (row, error) {
 	}
 	if !ev.OccurredAt.IsZero() {
 		t := ev.OccurredAt
+		// timestamptz runs from 4713 BC to 294276 AD.
+		if y := t.UTC().Year(); y < -4712 || y > 294275 {
+			return row{}, fmt.Errorf("event %s: OccurredAt %s is outside what PostgreSQL's timestamptz holds (4713 BC to 294276 AD)", id, t.UTC().Format("2006-01-02"))
+		}
 		r.occurredAt = &t
 	}
 	return r, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outbox-relay/outbox-relay/outbox"
 )
@@ -23,6 +24,8 @@ func TestWriterRefusesTextPostgreSQLCannotStore(t *testing.T) {
 	conn := db.Connect(t)
 	w := newWriter(t)
 	good := event("a", 1)
+	good.ID = outbox.NewID()
+	goodID := good.ID
 	for _, c := range []struct {
 		name string
 		edit func(*outbox.Event)
@@ -39,6 +42,15 @@ func TestWriterRefusesTextPostgreSQLCannotStore(t *testing.T) {
 		{"header value not UTF-8", func(e *outbox.Event) { e.Headers = map[string]string{"tenant": "ac\xffme"} }, `header "tenant" is not UTF-8`},
 		{"header name not UTF-8", func(e *outbox.Event) { e.Headers = map[string]string{"t\xff": "acme"} }, `is not UTF-8`},
 		{"content type not UTF-8", func(e *outbox.Event) { e.ContentType = "application/\xff" }, `ContentType: header "content-type" is not UTF-8`},
+		// From a hostile try: each of these aborted the caller's
+		// transaction at the insert, or was stored changed.
+		{"number past numeric", func(e *outbox.Event) { e.Payload = []byte(`{"n": 1e300000}`) }, "past what PostgreSQL's numeric holds"},
+		{"tiny number past numeric", func(e *outbox.Event) { e.Payload = []byte(`{"n": 1e-300000}`) }, "past what PostgreSQL's numeric holds"},
+		{"member twice", func(e *outbox.Event) { e.Payload = []byte(`{"a":1,"a":2}`) }, `member "a" twice`},
+		{"occurred far ahead", func(e *outbox.Event) { e.OccurredAt = time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) }, "outside what PostgreSQL's timestamptz holds"},
+		{"occurred far back", func(e *outbox.Event) { e.OccurredAt = time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC) }, "outside what PostgreSQL's timestamptz holds"},
+		{"schema version past int", func(e *outbox.Event) { e.SchemaVersion = 3_000_000_000 }, "past the column's int range"},
+		{"the first event's ID again", func(e *outbox.Event) { e.ID = strings.ToUpper(goodID) }, "have one ID"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			bad := event("a", 2)
