@@ -46,7 +46,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -186,6 +189,11 @@ type Inbox struct {
 func New(cfg Config) (*Inbox, error) {
 	if cfg.Consumer == "" {
 		return nil, errors.New("inbox: Config.Consumer is empty; name the consumer (e.g. the service and its purpose)")
+	}
+	if strings.ContainsRune(cfg.Consumer, 0) || !utf8.ValidString(cfg.Consumer) {
+		// Every row the inbox writes carries it, in a text column, so
+		// every record would fail for ever.
+		return nil, fmt.Errorf("inbox: Config.Consumer %q holds a NUL byte or bytes that are not UTF-8, which PostgreSQL text cannot store; name the consumer in plain text", cfg.Consumer)
 	}
 	t := cfg.Tables.withDefaults()
 	if err := t.validate(); err != nil {
@@ -382,4 +390,19 @@ func missingTableHint(err error) string {
 		return " (apply inbox.SQL again: it creates the tables this version added, and leaves existing ones as they are)"
 	}
 	return ""
+}
+
+// IsNil reports whether db is nil, or an interface holding a nil pointer
+// (a *pgxpool.Pool never opened), which would panic on the first record
+// inside a consumer's goroutine, where the caller cannot recover it.
+func IsNil(db Beginner) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }

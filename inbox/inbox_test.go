@@ -321,3 +321,13 @@ func TestInboxSecondEventWithAParkedVersionIsStale(t *testing.T) {
 		t.Errorf("counts %+v, want 3 applied, 1 stale, 1 gap", c)
 	}
 }
+
+// A hostile try: a consumer name with a NUL byte was accepted, and every
+// record then failed for ever at the insert. It is refused at New.
+func TestNewRefusesAConsumerNameTextCannotHold(t *testing.T) {
+	for _, name := range []string{"bill\x00ing", "bill\xffing"} {
+		if _, err := inbox.New(inbox.Config{Consumer: name}); err == nil || !strings.Contains(err.Error(), "plain text") {
+			t.Errorf("consumer %q: %v, want a refusal", name, err)
+		}
+	}
+}

@@ -122,7 +122,7 @@ func (f *finished) arm(ctx context.Context) (context.Context, context.CancelFunc
 // Run keeps polling through an outage. Run waits for the batches it
 // started before it returns, and resumes the partitions it paused.
 func (c *Consumer) Run(ctx context.Context) error {
-	if c.Client == nil || c.Inbox == nil || c.DB == nil || c.Handler == nil {
+	if c.Client == nil || c.Inbox == nil || inbox.IsNil(c.DB) || c.Handler == nil {
 		return errors.New("inboxkgo: Client, Inbox, DB and Handler must all be set")
 	}
 	runCtx, cancel := context.WithCancel(ctx)

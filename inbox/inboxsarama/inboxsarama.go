@@ -132,9 +132,10 @@ const DefaultMaxBatch = 256
 // without its Inbox, DB or Handler, so the group's Consume returns that
 // error at once instead of a panic on the first record.
 func (h *Handler) Setup(sarama.ConsumerGroupSession) error {
-	if h.Inbox == nil || h.DB == nil || h.Handler == nil {
+	db := !inbox.IsNil(h.DB)
+	if h.Inbox == nil || !db || h.Handler == nil {
 		return fmt.Errorf("inboxsarama: Handler.Inbox, DB and Handler must all be set (Inbox %t, DB %t, Handler %t)",
-			h.Inbox != nil, h.DB != nil, h.Handler != nil)
+			h.Inbox != nil, db, h.Handler != nil)
 	}
 	return nil
 }

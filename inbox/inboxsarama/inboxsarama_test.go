@@ -62,6 +62,9 @@ func TestHandlerWithoutDBOrInboxSaysSo(t *testing.T) {
 	for name, handler := range map[string]*inboxsarama.Handler{
 		"no DB":    {Inbox: ib, Handler: h},
 		"no Inbox": {DB: &pgxpool.Pool{}, Handler: h},
+		// A hostile try: a pool variable never opened passed Setup and
+		// panicked in sarama's goroutine on the first record.
+		"a nil pool": {Inbox: ib, DB: (*pgxpool.Pool)(nil), Handler: h},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := inboxsarama.NewConfig()
