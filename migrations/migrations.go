@@ -273,10 +273,12 @@ func stampSQL(table store.Table) string {
 	return r.Replace(`DO $migrate$
 DECLARE
     body text := '';
+    keep text := '';
     seq oid;
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {{table_literal}}::regclass AND attname = {{xid_literal}} AND NOT attisdropped) THEN
         body := body || format('NEW.%I := pg_catalog.pg_current_xact_id(); ', {{xid_literal}});
+        keep := keep || format('NEW.%I := OLD.%I; ', {{xid_literal}}, {{xid_literal}});
     END IF;
     SELECT dep.refobjid INTO seq FROM pg_attrdef d
         JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
@@ -285,12 +287,16 @@ BEGIN
         WHERE d.adrelid = {{table_literal}}::regclass AND a.attname = {{seq_literal}} AND NOT a.attisdropped;
     IF seq IS NOT NULL THEN
         body := body || format('NEW.%I := pg_catalog.nextval(%s::pg_catalog.oid::pg_catalog.regclass); ', {{seq_literal}}, seq);
+        keep := keep || format('NEW.%I := OLD.%I; ', {{seq_literal}}, {{seq_literal}});
     END IF;
     IF body = '' THEN
         RETURN;
     END IF;
-    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %L', {{function_literal}}, 'BEGIN ' || body || 'RETURN NEW; END');
-    EXECUTE format('CREATE OR REPLACE TRIGGER %s BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %s()', {{trigger_literal}}, {{table_literal}}, {{function_literal}});
+    -- An UPDATE keeps what the INSERT stamped: an ORM that writes every
+    -- column back would otherwise hide the row again, or move it.
+    EXECUTE format('CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS %L', {{function_literal}},
+        'BEGIN IF TG_OP = ''INSERT'' THEN ' || body || 'ELSE ' || keep || 'END IF; RETURN NEW; END');
+    EXECUTE format('CREATE OR REPLACE TRIGGER %s BEFORE INSERT OR UPDATE ON %s FOR EACH ROW EXECUTE FUNCTION %s()', {{trigger_literal}}, {{table_literal}}, {{function_literal}});
     EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER %s', {{table_literal}}, {{trigger_literal}});
 END
 $migrate$;`)

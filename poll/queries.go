@@ -181,7 +181,7 @@ func checkTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 	}
 	var stateExists, triggerExists bool
 	err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
-		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $3 AND tgenabled <> 'D')`,
+		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $3 AND tgenabled IN ('O', 'A'))`,
 		t.state.Quoted(), t.outbox.Quoted(), t.state.Name+"_track").Scan(&stateExists, &triggerExists)
 	if err != nil {
 		return fmt.Errorf("look up poll mode's tables: %w", err)

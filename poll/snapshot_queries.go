@@ -244,7 +244,7 @@ func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 		(SELECT count(*) = 2 FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname IN ($3, $4) AND NOT attisdropped),
 		(SELECT count(*) = 2 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
 		 WHERE d.adrelid = to_regclass($2) AND a.attname IN ($3, $4)),
-		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $5 AND tgenabled <> 'D')`,
+		EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($2) AND tgname = $5 AND tgenabled IN ('O', 'A'))`,
 		t.snapshot.Quoted(), t.outbox.Quoted(), store.SnapshotXidColumn, store.OrderColumn, store.StampTrigger(t.outbox)).Scan(&progress, &columns, &defaults, &stamp)
 	if err != nil {
 		return fmt.Errorf("look up the snapshot strategy's tables: %w", err)

@@ -47,6 +47,33 @@ func TestSnapshotPublishesRowsWhoseInsertSetItsColumns(t *testing.T) {
 		}
 		want = append(want, id)
 	}
+	// A hostile try: the stamp was the INSERT's only, and an ORM that
+	// writes every column back in the same transaction hid the row again.
+	// An UPDATE now keeps what the INSERT stamped.
+	for name, update := range map[string]string{
+		"update to NULL":           `UPDATE outbox_events SET outbox_relay_xid = NULL, outbox_relay_seq = NULL WHERE event_id = $1`,
+		"update to an older stamp": `UPDATE outbox_events SET (outbox_relay_xid, outbox_relay_seq) = (SELECT outbox_relay_xid, outbox_relay_seq FROM outbox_events WHERE event_id = $2) WHERE event_id = $1`,
+	} {
+		id := harness.NewUUID()
+		tx, err := conn.Begin(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(t.Context(), `INSERT INTO outbox_events (event_id, aggregate_type, aggregate_id, event_type, payload) VALUES ($1, 'order', 'orm-1', 'created', '{}')`, id); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		args := []any{id}
+		if strings.Contains(update, "$2") {
+			args = append(args, first)
+		}
+		if _, err := tx.Exec(t.Context(), update, args...); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := tx.Commit(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
 	for _, r := range harness.ConsumeEventIDs(t, e.Kafka.Brokers(), harness.RelayTopics, want, 30*time.Second) {
 		t.Logf("published %s", r.EventID())
 	}
@@ -59,10 +86,14 @@ func TestSnapshotPublishesRowsWhoseInsertSetItsColumns(t *testing.T) {
 	if code, err := p.Stop(30 * time.Second); err != nil || code != 0 {
 		t.Fatalf("poller stopped with %d, %v", code, err)
 	}
-	e.DB.Exec(t, "ALTER TABLE outbox_events DISABLE TRIGGER outbox_events_outbox_relay_stamp")
-	code, out := harness.RunCommand(t, e.Bin, e.pollArgs(snapshotFlags...))
-	if code == 0 || !strings.Contains(out, "outbox_events_outbox_relay_stamp") || !strings.Contains(out, "migrate --source poll --poll-strategy snapshot") {
-		t.Errorf("poller without the stamp trigger exited %d:\n%s\nwant a refusal that names the trigger and the migrate command", code, harness.LastLines(out, 5))
+	// Disabled, or firing only for replication (ENABLE REPLICA, which a
+	// hostile try found accepted: every event lost).
+	for _, off := range []string{"DISABLE TRIGGER", "ENABLE REPLICA TRIGGER"} {
+		e.DB.Exec(t, "ALTER TABLE outbox_events "+off+" outbox_events_outbox_relay_stamp")
+		code, out := harness.RunCommand(t, e.Bin, e.pollArgs(snapshotFlags...))
+		if code == 0 || !strings.Contains(out, "outbox_events_outbox_relay_stamp") || !strings.Contains(out, "migrate --source poll --poll-strategy snapshot") {
+			t.Errorf("poller with the stamp trigger after %s exited %d:\n%s\nwant a refusal that names the trigger and the migrate command", off, code, harness.LastLines(out, 5))
+		}
 	}
 }
 
