@@ -90,7 +90,7 @@ func TestInboxSkipMissingReleasesWhatWaits(t *testing.T) {
 // A hostile try of the runbook: under RefuseGaps a record without a type
 // (CloudEvents, Debezium's shape) is refused naming no type, and the skip
 // the runbook then gives, SkipMissing with the empty type, recorded
-// versions under '' while the id's versions were kept under its type: the
+// versions under ” while the id's versions were kept under its type: the
 // refused event kept failing. The empty type now resolves as such a
 // record's does.
 func TestInboxSkipMissingOfAnUntypedRecord(t *testing.T) {
