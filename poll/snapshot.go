@@ -118,6 +118,9 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 	houseCtx, stopHousekeeping := context.WithCancel(ctx)
 	housekeeping, err := p.housekeep(houseCtx, houseErr, func(conn *pgx.Conn) chores {
 		return chores{stats: func(ctx context.Context) error {
+			if err := checkStamp(ctx, conn, p.t); err != nil {
+				return err
+			}
 			if err := p.snapshotGauges(ctx, conn, q); err != nil {
 				return err
 			}

@@ -254,11 +254,7 @@ func checkSnapTables(ctx context.Context, conn *pgx.Conn, t tables) error {
 			pg.ErrPrecondition, t.snapshot, store.SnapshotXidColumn, store.OrderColumn, t.outbox)
 	}
 	if !stamp {
-		// Without it a row inserted with an explicit NULL or stale
-		// transaction id would be in no window: never published, never
-		// counted.
-		return fmt.Errorf("%w: the trigger %s of %s, which stamps every row with its transaction's id, is missing or disabled: a row a writer inserts with %s set (an ORM that inserts every column) would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner, or enable the trigger",
-			pg.ErrPrecondition, store.StampTrigger(t.outbox), t.outbox, store.SnapshotXidColumn)
+		return stampOffError(t)
 	}
 	for _, need := range []struct {
 		table store.Table
@@ -498,4 +494,29 @@ func ReadSnapshotStatus(ctx context.Context, cfg Config) (SnapshotStatus, error)
 		return st, fmt.Errorf("count the rows the snapshot strategy has not published: %w", err)
 	}
 	return st, nil
+}
+
+// stampOffError says the stamp trigger is missing or does not fire for
+// ordinary sessions (disabled, or ENABLE REPLICA). Without it a row
+// inserted with an explicit NULL or stale transaction id would be in no
+// window: never published, never counted.
+func stampOffError(t tables) error {
+	return fmt.Errorf("%w: the trigger %s of %s, which stamps every row with its transaction's id, is missing, disabled or enabled for replication only: a row a writer inserts with %s set (an ORM that inserts every column) would never be published; run `outbox-relay migrate --source poll --poll-strategy snapshot` as the schema's owner, which makes it and enables it ALWAYS, then republish what was written meanwhile (docs/poll-snapshot.md)",
+		pg.ErrPrecondition, store.StampTrigger(t.outbox), t.outbox, store.SnapshotXidColumn)
+}
+
+// checkStamp fails while the stamp trigger does not fire for ordinary
+// sessions: a running poller checks it with its gauges, so a trigger
+// disabled under it stops it within a reading.
+func checkStamp(ctx context.Context, conn *pgx.Conn, t tables) error {
+	var on bool
+	err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2 AND tgenabled IN ('O', 'A'))",
+		t.outbox.Quoted(), store.StampTrigger(t.outbox)).Scan(&on)
+	if err != nil {
+		return fmt.Errorf("look up the stamp trigger: %w", err)
+	}
+	if !on {
+		return stampOffError(t)
+	}
+	return nil
 }
