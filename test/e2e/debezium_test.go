@@ -438,3 +438,28 @@ func TestDebeziumRetentionWithoutCreatedAtColumn(t *testing.T) {
 		t.Errorf("the refused start left a replication slot")
 	}
 }
+
+// Issue 51.8: the same table with --on-slot-lost recover was accepted at
+// start, failed only once the slot was lost, and the command it then
+// advised failed the same way. Republishing selects rows by their insert
+// time, so both recover and --existing-rows pending are a flag problem on
+// a table without that column: exit 2 at start, before any slot is made.
+func TestDebeziumRecoverWithoutCreatedAtColumn(t *testing.T) {
+	e := newEnv(t)
+	e.DB.Exec(t, strings.Replace(debeziumTable, "timestamp     timestamptz  NOT NULL DEFAULT now(),", "", 1))
+	e.Migrate(append(debeziumFlags, "--skip-slot")...)
+	for _, flags := range [][]string{{"--on-slot-lost", "recover"}, {"--existing-rows", "pending"}} {
+		p := e.StartRelayNoWait(append(append([]string(nil), debeziumFlags...), flags...)...)
+		code, err := p.Wait(30 * time.Second)
+		if err != nil {
+			p.Kill()
+			t.Fatalf("run %v without the insert-time column is still running after 30 s (%v):\n%s", flags, err, harness.LastLines(p.Output(), 5))
+		}
+		if code != 2 || !strings.Contains(p.Output(), "--column-created-at") {
+			t.Errorf("run %v without the insert-time column: exit %d, want 2 naming --column-created-at:\n%s", flags, code, harness.LastLines(p.Output(), 5))
+		}
+		if n := e.DB.QueryInt64(t, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", e.Slot); n != 0 {
+			t.Errorf("the refused start %v left a replication slot", flags)
+		}
+	}
+}
