@@ -235,81 +235,100 @@ func (w *world) checkApplied(last map[string]int, skip map[string]int) {
 func TestDrillPartitionsAddedUnderLiveTraffic(t *testing.T) {
 	for _, name := range []string{"inboxsarama", "inboxkgo"} {
 		t.Run(name, func(t *testing.T) {
-			w := newWorld(t, 3)
-			// 60 aggregates take a version a round throughout; from the
-			// change on, 60 new ones start at version 1, so the new
-			// partitions' batches mix events that park with events that
-			// apply (and hold their locks while the handler works).
-			const rounds, change = 12, 6
-			var aggs []string
-			start, last := map[string]int{}, map[string]int{}
-			for i := range 60 {
-				old, fresh := fmt.Sprintf("acct-%03d", i), fmt.Sprintf("late-%03d", i)
-				aggs = append(aggs, old, fresh)
-				start[old], start[fresh] = 1, change+1
-				last[old], last[fresh] = rounds, rounds-change
-			}
-			metrics := inbox.NewMetrics("billing")
-			ib, err := inbox.New(inbox.Config{Consumer: "billing", CheckVersions: true, Metrics: metrics})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The consumer's database stalls (a lock its handlers wait
-			// for) from the round before the change until the group has
-			// all six partitions and two rounds went to them: then the
-			// members apply the old partitions' last versions and the new
-			// partitions' first ones at once, as a group that lagged does.
-			stall := w.db.Connect(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			stop := w.members(2, adapters[name], "billing", ib, stallingEffect)
-			stalled, moved := make(chan error, 1), make(chan error, 1)
-			var writeErr error
-			var writer sync.WaitGroup
-			writer.Go(func() {
-				writeErr = w.write(ctx, rounds, 300*time.Millisecond, w.versionsOf(aggs, start, nil), func(round int) {
-					switch round {
-					case change - 1:
-						_, err := stall.Exec(ctx, `SELECT pg_advisory_lock($1)`, stallLock)
-						stalled <- err
-					case change:
-						_, err := w.adm.UpdatePartitions(ctx, 6, w.topic)
-						w.produce.ForceMetadataRefresh()
-						moved <- err
-					}
-				})
-			})
-			if err := <-stalled; err != nil {
-				t.Fatal(err)
-			}
-			if err := <-moved; err != nil {
-				t.Fatalf("raise the partition count: %v", err)
-			}
-			harness.WaitFor(t, time.Minute, "the group has all six partitions and the new ones have records", func() bool {
-				return w.assigned("billing") == 6 && w.newPartitionsHaveRecords(3)
-			})
-			if _, err := stall.Exec(ctx, `SELECT pg_advisory_unlock($1)`, stallLock); err != nil {
-				t.Fatal(err)
-			}
-			writer.Wait()
-			if writeErr != nil {
-				t.Fatal(writeErr)
-			}
-			harness.WaitFor(t, 3*time.Minute, "the members' offsets reach the end of all six partitions", func() bool {
-				return w.caughtUp("billing")
-			})
-			if err := stop(); err != nil {
-				t.Errorf("members: %v", err)
-			}
-			w.checkApplied(last, nil)
-			c := metrics.Counts()
-			t.Logf("%s: %d events of %d aggregates, %d parked on arrival, %d duplicates skipped, %d applied",
-				name, c.Applied+c.Duplicates+c.StaleVersions, len(aggs), c.VersionGaps, c.Duplicates+c.StaleVersions, c.Applied)
-			if c.VersionGaps == 0 {
-				t.Errorf("no event arrived before its predecessor: the drill did not exercise what it is for")
+			// Whether an event arrives before its predecessor is up to the
+			// group's timing: a run where none did proves nothing of the
+			// release, so it is run again (each run is checked for loss and
+			// order all the same), up to three times.
+			for attempt := 1; ; attempt++ {
+				gaps := partitionsAddedUnderLiveTraffic(t, name)
+				if gaps > 0 {
+					return
+				}
+				if attempt == 3 {
+					t.Fatalf("in %d runs no event arrived before its predecessor: the drill did not exercise what it is for", attempt)
+				}
+				t.Logf("run %d: no event arrived before its predecessor; running again", attempt)
 			}
 		})
 	}
+}
+
+// partitionsAddedUnderLiveTraffic is one run of the drill with adapter
+// name; it checks every event was applied once and in order, and returns
+// how many arrived before their predecessor.
+func partitionsAddedUnderLiveTraffic(t *testing.T, name string) (gaps int64) {
+	t.Helper()
+	w := newWorld(t, 3)
+	// 60 aggregates take a version a round throughout; from the
+	// change on, 60 new ones start at version 1, so the new
+	// partitions' batches mix events that park with events that
+	// apply (and hold their locks while the handler works).
+	const rounds, change = 12, 6
+	var aggs []string
+	start, last := map[string]int{}, map[string]int{}
+	for i := range 60 {
+		old, fresh := fmt.Sprintf("acct-%03d", i), fmt.Sprintf("late-%03d", i)
+		aggs = append(aggs, old, fresh)
+		start[old], start[fresh] = 1, change+1
+		last[old], last[fresh] = rounds, rounds-change
+	}
+	metrics := inbox.NewMetrics("billing")
+	ib, err := inbox.New(inbox.Config{Consumer: "billing", CheckVersions: true, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The consumer's database stalls (a lock its handlers wait
+	// for) from the round before the change until the group has
+	// all six partitions and two rounds went to them: then the
+	// members apply the old partitions' last versions and the new
+	// partitions' first ones at once, as a group that lagged does.
+	stall := w.db.Connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := w.members(2, adapters[name], "billing", ib, stallingEffect)
+	stalled, moved := make(chan error, 1), make(chan error, 1)
+	var writeErr error
+	var writer sync.WaitGroup
+	writer.Go(func() {
+		writeErr = w.write(ctx, rounds, 300*time.Millisecond, w.versionsOf(aggs, start, nil), func(round int) {
+			switch round {
+			case change - 1:
+				_, err := stall.Exec(ctx, `SELECT pg_advisory_lock($1)`, stallLock)
+				stalled <- err
+			case change:
+				_, err := w.adm.UpdatePartitions(ctx, 6, w.topic)
+				w.produce.ForceMetadataRefresh()
+				moved <- err
+			}
+		})
+	})
+	if err := <-stalled; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-moved; err != nil {
+		t.Fatalf("raise the partition count: %v", err)
+	}
+	harness.WaitFor(t, time.Minute, "the group has all six partitions and the new ones have records", func() bool {
+		return w.assigned("billing") == 6 && w.newPartitionsHaveRecords(3)
+	})
+	if _, err := stall.Exec(ctx, `SELECT pg_advisory_unlock($1)`, stallLock); err != nil {
+		t.Fatal(err)
+	}
+	writer.Wait()
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
+	harness.WaitFor(t, 3*time.Minute, "the members' offsets reach the end of all six partitions", func() bool {
+		return w.caughtUp("billing")
+	})
+	if err := stop(); err != nil {
+		t.Errorf("members: %v", err)
+	}
+	w.checkApplied(last, nil)
+	c := metrics.Counts()
+	t.Logf("%s: %d events of %d aggregates, %d parked on arrival, %d duplicates skipped, %d applied",
+		name, c.Applied+c.Duplicates+c.StaleVersions, len(aggs), c.VersionGaps, c.Duplicates+c.StaleVersions, c.Applied)
+	return c.VersionGaps
 }
 
 // stallLock is the advisory lock a drill holds to stall the handlers.
