@@ -179,6 +179,7 @@ func SQL(n Names) (string, error) {
 		"{{created_at_literal}}", literal(l.Column(layout.CreatedAt)),
 		"{{quarantine}}", quarantine.Quoted(),
 		"{{slots}}", store.SlotRegistry(table).Quoted(),
+		"{{partitions}}", store.PartitionRegistry(table).Quoted(),
 		"{{table}}", table.Quoted(),
 		// Named after the table, and quoted whole: a name with a space or
 		// a quote must not break the DDL.
@@ -403,6 +404,8 @@ func Apply(ctx context.Context, conn *pgx.Conn, n Names) (created []string, err 
 				"SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $1 AND NOT tgisinternal)", snap.Name + "_notify"})
 		}
 	}
+	partitions := store.PartitionRegistry(outbox)
+	objects = append(objects, struct{ what, exists, arg string }{"partition count registry " + partitions.String(), tableExists, partitions.Quoted()})
 	existed := make([]bool, len(objects))
 	for i, o := range objects {
 		if (i == 0 || i == orderColumn) && (n.ExternalTable || n.Messages) {

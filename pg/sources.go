@@ -93,3 +93,30 @@ func CheckNoPollers(ctx context.Context, conn Querier, cfg Config) error {
 	return Preconditionf("%d poll-mode relays (run --source poll) are polling %s (their PostgreSQL sessions: PIDs %v), and streaming it too would publish every event twice; stop them first, see %s",
 		len(pids), cfg.Table, pids, modesDoc)
 }
+
+// RunningRelay names the relay running on cfg.Table or slot now, "" when
+// none: a session streaming the slot (the wal and messages sources), or a
+// poller holding its lock on the table. A one-shot command that changes
+// what a running relay has read (partitions adopt) refuses while one is.
+func RunningRelay(ctx context.Context, conn Querier, cfg Config, slot string) (string, error) {
+	table, err := cfg.QuotedTable()
+	if err != nil {
+		return "", err
+	}
+	var running string
+	err = conn.QueryRow(ctx, `SELECT 'a relay is streaming replication slot ' || quote_literal(slot_name) || ' (walsender PID ' || active_pid || ')'
+		FROM pg_replication_slots WHERE database = current_database() AND active AND slot_name = $1
+		UNION ALL
+		SELECT 'a poll-mode relay is polling ' || $3 || ' (PostgreSQL session PID ' || pid || ')' FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 2
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid = $2::bigint::oid AND objid = to_regclass($4)::oid
+		LIMIT 1`, slot, pollerLockClass, cfg.Table, table).Scan(&running)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("look up running relays: %w", err)
+	}
+	return running, nil
+}

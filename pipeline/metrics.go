@@ -29,6 +29,11 @@ type Metrics struct {
 	RetentionDeleted prometheus.Counter
 	RetentionRuns    prometheus.Counter
 	State            *prometheus.GaugeVec
+	// TopicPartitions and TopicPartitionsUsed are each event topic's
+	// partition count and the count its keys are mapped by; they differ
+	// once partitions were added and not yet adopted (docs/partitions.md).
+	TopicPartitions     *prometheus.GaugeVec
+	TopicPartitionsUsed *prometheus.GaugeVec
 
 	mu       sync.Mutex
 	perTopic map[string]topicCounters
@@ -45,16 +50,18 @@ var LatencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	s := NewSeries(reg)
 	m := &Metrics{
-		EventsPublished:  s.CounterVec("outbox_relay_events_published_total", "Events acknowledged by Kafka, by topic.", "topic"),
-		BytesPublished:   s.CounterVec("outbox_relay_bytes_published_total", "Record bytes acknowledged by Kafka, by topic.", "topic"),
-		PublishErrors:    s.CounterVec("outbox_relay_publish_errors_total", "Records Kafka failed, one per failed attempt, by error class (retriable, producer, permanent).", "class"),
-		OrderBreaks:      s.CounterVec("outbox_relay_order_breaks_total", "Failed records that later records of their partition may have passed in Kafka, so that their re-delivery lands after them (per-aggregate order broken); by the partition's topic and number.", "topic", "partition"),
-		Restarts:         s.Counter("outbox_relay_stream_restarts_total", "Sessions restarted after a failure of PostgreSQL or Kafka (not the waits of a standby); each reads again what was not confirmed."),
-		Quarantined:      s.Gauge("outbox_relay_quarantined_events", "Events in the quarantine table waiting for a replay."),
-		RetentionDeleted: s.Counter("outbox_relay_retention_rows_deleted_total", "Published outbox rows deleted by retention cleanup."),
-		RetentionRuns:    s.Counter("outbox_relay_retention_runs_total", "Retention cleanup passes completed."),
-		State:            s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
-		perTopic:         make(map[string]topicCounters),
+		EventsPublished:     s.CounterVec("outbox_relay_events_published_total", "Events acknowledged by Kafka, by topic.", "topic"),
+		BytesPublished:      s.CounterVec("outbox_relay_bytes_published_total", "Record bytes acknowledged by Kafka, by topic.", "topic"),
+		PublishErrors:       s.CounterVec("outbox_relay_publish_errors_total", "Records Kafka failed, one per failed attempt, by error class (retriable, producer, permanent).", "class"),
+		OrderBreaks:         s.CounterVec("outbox_relay_order_breaks_total", "Failed records that later records of their partition may have passed in Kafka, so that their re-delivery lands after them (per-aggregate order broken); by the partition's topic and number.", "topic", "partition"),
+		Restarts:            s.Counter("outbox_relay_stream_restarts_total", "Sessions restarted after a failure of PostgreSQL or Kafka (not the waits of a standby); each reads again what was not confirmed."),
+		Quarantined:         s.Gauge("outbox_relay_quarantined_events", "Events in the quarantine table waiting for a replay."),
+		RetentionDeleted:    s.Counter("outbox_relay_retention_rows_deleted_total", "Published outbox rows deleted by retention cleanup."),
+		RetentionRuns:       s.Counter("outbox_relay_retention_runs_total", "Retention cleanup passes completed."),
+		State:               s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
+		TopicPartitions:     s.GaugeVec("outbox_relay_topic_partitions", "Partitions of each event topic the relay published to, as the brokers' metadata last showed them (checked every 10s).", "topic"),
+		TopicPartitionsUsed: s.GaugeVec("outbox_relay_topic_partitions_used", "The partition count each event topic's keys are mapped by: the one the relay recorded for the topic, until an operator adopts another (outbox-relay partitions adopt). Below outbox_relay_topic_partitions after partitions were added: keys stay where they were, the new partitions get nothing.", "topic"),
+		perTopic:            make(map[string]topicCounters),
 	}
 	if reg != nil {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -66,6 +73,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.PublishErrors.WithLabelValues(string(class))
 	}
 	return m
+}
+
+// SetTopicPartitions sets a topic's partition gauges; used 0 (not known)
+// leaves the used gauge as it was.
+func (m *Metrics) SetTopicPartitions(topic string, actual, used int32) {
+	m.TopicPartitions.WithLabelValues(topic).Set(float64(actual))
+	if used > 0 {
+		m.TopicPartitionsUsed.WithLabelValues(topic).Set(float64(used))
+	}
 }
 
 // SetState makes state the one outbox_relay_state series at 1. Every

@@ -51,7 +51,8 @@ func ValidateOnPermanent(policy string) error {
 // IsFatal reports whether err needs the operator whatever the source:
 // retrying cannot fix it.
 func IsFatal(err error) bool {
-	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, sink.ErrAuth) || errors.Is(err, ErrQuarantineWrite)
+	return errors.Is(err, pg.ErrPrecondition) || errors.Is(err, sink.ErrAuth) || errors.Is(err, ErrQuarantineWrite) ||
+		errors.Is(err, sink.ErrTopicPartitions)
 }
 
 // maxWaitPoll caps the delay while waiting as a standby: often enough to

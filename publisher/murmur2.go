@@ -59,7 +59,12 @@ type javaPartitioner struct{}
 
 func newJavaPartitioner(string) sarama.Partitioner { return javaPartitioner{} }
 
-func (javaPartitioner) Partition(msg *sarama.ProducerMessage, numPartitions int32) (int32, error) {
+func (j javaPartitioner) Partition(msg *sarama.ProducerMessage, numPartitions int32) (int32, error) {
+	return j.partitionBy(msg, numPartitions)
+}
+
+// partitionBy places msg's key among numPartitions partitions.
+func (javaPartitioner) partitionBy(msg *sarama.ProducerMessage, numPartitions int32) (int32, error) {
 	if msg.Key == nil {
 		return 0, fmt.Errorf("partition record for topic %s: record has no key", msg.Topic)
 	}

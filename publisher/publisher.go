@@ -78,6 +78,11 @@ type Config struct {
 	// its outcome; nil (the default) turns tracing off at the cost of a
 	// nil check per record.
 	Tracing *tracing.Records
+
+	// Partitions, when set, maps each event topic's keys by the partition
+	// count recorded for it (see Partitions); nil maps them by the
+	// topic's current count, for tests and tools that record nothing.
+	Partitions *Partitions
 }
 
 // DefaultConfig returns the safe defaults the relay ships with.
@@ -188,6 +193,9 @@ func saramaConfig(cfg Config) (*sarama.Config, error) {
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
 	sc.Producer.Partitioner = newJavaPartitioner
+	if cfg.Partitions != nil {
+		sc.Producer.Partitioner = cfg.Partitions.partitioner
+	}
 	sc.Producer.MaxMessageBytes = cfg.batchBytes()
 	sc.Producer.Flush.Frequency = cfg.Linger
 	sc.Metadata.AllowAutoTopicCreation = true

@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -41,10 +42,41 @@ type topicResolver struct {
 }
 
 func newTopicResolver(cfg Config, log zerolog.Logger, template *topicTemplate, client sarama.Client, admin sarama.ClusterAdmin) *topicResolver {
-	return &topicResolver{
+	t := &topicResolver{
 		cfg: cfg, log: log, template: template, client: client, admin: admin,
 		known: make(map[string]*topicInfo), missing: make(map[string]missingTopic), lookups: make(map[string]*lookup),
 		quit: make(chan struct{}), spans: newSpanTable(cfg),
+	}
+	if cfg.Partitions != nil {
+		t.running.Add(1)
+		go func() {
+			defer t.running.Done()
+			t.watchPartitions()
+		}()
+	}
+	return t
+}
+
+// partitionCheckEvery is how often the metadata watch asks the brokers for
+// the event topics' partition counts. sarama's own refresh comes every ten
+// minutes; an operator who added partitions should see the relay's warning
+// and gauge within seconds. One metadata request for a few topics costs the
+// brokers next to nothing.
+const partitionCheckEvery = 10 * time.Second
+
+// watchPartitions notices, while the relay runs, a change of an event
+// topic's partition count: the keys stay mapped by the recorded count
+// whatever it finds, so this only tells the operator.
+func (t *topicResolver) watchPartitions() {
+	tick := time.NewTicker(partitionCheckEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.quit:
+			return
+		case <-tick.C:
+		}
+		t.cfg.Partitions.check(t.client, t.log)
 	}
 }
 
@@ -202,6 +234,12 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 		}
 	}
 
+	if t.cfg.Partitions != nil {
+		if err := t.pin(name); err != nil {
+			return nil, err
+		}
+	}
+
 	info := &topicInfo{name: name, maxBytes: t.cfg.batchBytes() + recordBatchOverhead}
 	maxBytes, found, err := topicconfig.Value(t.admin, name, "max.message.bytes")
 	if err != nil {
@@ -218,4 +256,25 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 	}
 	t.log.Debug().Str("topic", name).Int("max_message_bytes", info.maxBytes).Msg("topic ready")
 	return info, nil
+}
+
+// pin reads the partition count a topic's keys are mapped by, recording
+// its current count on the first use of the topic, before any of its
+// records is built.
+func (t *topicResolver) pin(name string) error {
+	parts, err := t.client.Partitions(name)
+	if err != nil {
+		return fmt.Errorf("look up topic %s: %w", name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+	defer cancel()
+	go func() { // a closing sink gives up on PostgreSQL too
+		select {
+		case <-t.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	_, err = t.cfg.Partitions.learn(ctx, name, int32(len(parts)))
+	return err
 }

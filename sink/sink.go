@@ -33,6 +33,12 @@ func Classes() []Class { return []Class{ClassRetriable, ClassProducer, ClassPerm
 // exits and its supervisor restarts it with what the operator fixed.
 var ErrAuth = errors.New("kafka authentication failed")
 
+// ErrTopicPartitions marks an event topic whose partitions no longer
+// hold its keys' partitions: it has fewer than its keys are mapped by
+// (deleted and created again). Retrying cannot fix it; the operator
+// decides (docs/partitions.md).
+var ErrTopicPartitions = errors.New("event topic has fewer partitions than its keys are mapped by")
+
 // BatchLimitError says a topic accepts smaller batches than the producer
 // builds. The caller restarts with BatchLimit lowered to the limit;
 // otherwise a batch of small records could exceed the topic's limit.

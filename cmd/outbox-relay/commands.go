@@ -40,6 +40,7 @@ commands:
             show or re-publish events Kafka refused
   reconcile --since DURATION|RFC3339 [--until ...] [--republish] [--json]
             find outbox rows missing from Kafka, and republish them
+  partitions show | adopt   the partition counts event topics' keys are mapped by
   version   print the version
 
 Run 'outbox-relay <command> -h' for a command's flags. Every flag can also be
@@ -104,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) int{
 		"run": runCommand, "migrate": migrateCommand, "status": statusCommand, "quarantine": quarantineCommand,
-		"reconcile": reconcileCommand,
+		"reconcile": reconcileCommand, "partitions": partitionsCommand,
 	}
 	switch args[0] {
 	case "version", "--version", "-version":
@@ -266,7 +267,9 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 			return e.Stringer("record_format", cfg.Replication.OutboxLayout().RecordFormat()).Int("gogc", gcPercent).Int64("gomemlimit", memoryLimit)
 		},
 		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
-			r := relay.New(cfg, log, relay.NewMetrics(registry), hooks)
+			m := relay.NewMetrics(registry)
+			o.observePartitions(m.Metrics)
+			r := relay.New(cfg, log, m, hooks)
 			return r, func() pipeline.Status { return r.Status().Status }, nil
 		},
 	})

@@ -12,17 +12,22 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/store"
 	"github.com/outbox-relay/outbox-relay/tracing"
 	"github.com/rs/zerolog"
 )
 
 // options is everything a command can be told, with the relay's defaults.
 type options struct {
-	relay      relay.Config
-	kafka      publisher.Config
+	relay relay.Config
+	kafka publisher.Config
+	// partitions is the process's mapping of keys by the recorded
+	// partition counts, shared by every sink (see kafkaConfig).
+	partitions *publisher.Partitions
 	dryRun     bool
 	brokers    string
 	adminAddr  string
@@ -35,7 +40,9 @@ type options struct {
 	// migrate
 	printSQL, skipSlot, slotOnly bool
 	// quarantine
-	asJSON        bool
+	asJSON bool
+	// adopt is partitions adopt's flags.
+	adopt         adoptFlags
 	replayAll     bool
 	listReplayed  bool
 	replayTimeout time.Duration
@@ -85,13 +92,17 @@ func commandFlags(command string) []flagGroup {
 		return []flagGroup{postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, topicFlag, replayFlags, logFlags}
 	case "reconcile":
 		return []flagGroup{sourceFlag, postgresFlags, layoutFlags, quarantineTableFlag, kafkaFlags, publishFlags, reconcileFlags, logFlags}
+	case "partitions show":
+		return []flagGroup{postgresFlags, kafkaFlags, partitionsShowFlags}
+	case "partitions adopt":
+		return []flagGroup{postgresFlags, kafkaFlags, partitionsAdoptFlags}
 	}
 	return nil
 }
 
 // allCommands are the commands with flags; a --config file may hold the
 // flags of any of them, so one file serves every command.
-var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "quarantine replay", "reconcile"}
+var allCommands = [...]string{"run", "migrate", "status", "quarantine list", "quarantine replay", "reconcile", "partitions show", "partitions adopt"}
 
 // newFlagSet declares a command's flags. Every flag can also come from
 // OUTBOX_RELAY_<NAME> and from the YAML file given by --config.
@@ -549,11 +560,35 @@ func (o *options) finish() error {
 	return nil
 }
 
+// kafkaConfig is the Kafka configuration every path that publishes
+// uses: each event topic's keys mapped by the partition count recorded in
+// the registry beside the outbox table (docs/partitions.md).
+func (o *options) kafkaConfig(log zerolog.Logger) publisher.Config {
+	if o.partitions == nil {
+		// A --table that does not parse is refused by every command before
+		// it publishes, with the flag named.
+		if registry, err := store.NewPartitions(o.relay.Replication.Config); err == nil {
+			o.partitions = publisher.NewPartitions(registry, log)
+		}
+	}
+	k := o.kafka
+	k.Partitions = o.partitions
+	return k
+}
+
+// observePartitions has the partition gauges of m follow what the sinks
+// learn.
+func (o *options) observePartitions(m *pipeline.Metrics) {
+	if o.partitions != nil {
+		o.partitions.Observe(m.SetTopicPartitions)
+	}
+}
+
 // relayConfig is the relay's configuration, with the Kafka sinks of the
 // flags.
 func (o *options) relayConfig(log zerolog.Logger) relay.Config {
 	c := o.relay
-	c.Sinks = publisher.NewKafka(o.kafka, log)
+	c.Sinks = publisher.NewKafka(o.kafkaConfig(log), log)
 	if (c.OnSlotLost == relay.SlotLostRecover || c.ExistingRows == relay.ExistingRowsPending) && c.Replication.ReadsTable() {
 		c.Recoverer = newTableRecoverer(o, log)
 	}

@@ -53,7 +53,7 @@ func (o *options) pollConfig(log zerolog.Logger) poll.Config {
 	c := o.poll
 	c.Postgres = o.relay.Replication.Config
 	c.Slot = o.relay.Replication.Slot
-	c.Sinks = publisher.NewKafka(o.kafka, log)
+	c.Sinks = publisher.NewKafka(o.kafkaConfig(log), log)
 	c.QuarantineTable = o.relay.QuarantineTable
 	c.OnPermanentError = o.relay.OnPermanentError
 	c.ShutdownTimeout = o.relay.ShutdownTimeout
@@ -87,7 +87,9 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 			return e.Str("table", cfg.Postgres.Table).Stringer("record_format", cfg.Postgres.OutboxLayout().RecordFormat())
 		},
 		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
-			p, err := poll.New(cfg, log, poll.NewMetrics(registry), hooks)
+			m := poll.NewMetrics(registry)
+			o.observePartitions(m.Metrics)
+			p, err := poll.New(cfg, log, m, hooks)
 			if err != nil {
 				return nil, nil, err
 			}

@@ -139,7 +139,7 @@ func quarantineCommand(ctx context.Context, args []string, stdout, stderr io.Wri
 	for _, e := range events {
 		quarantinedFrom[e.EventID] = e.Topic
 	}
-	results, err := relay.Replay(ctx, publisher.NewKafka(o.kafka, log), o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
+	results, err := relay.Replay(ctx, publisher.NewKafka(o.kafkaConfig(log), log), o.relay.Replication.OutboxLayout(), quarantine, events, o.replayTimeout, log)
 	if err != nil && results == nil {
 		return failure(stderr, command, err, dsn)
 	}

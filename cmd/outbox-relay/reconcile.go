@@ -103,7 +103,7 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 
 	tuneReconcileGC(os.Getenv)
-	cfg := reconcileConfig(o)
+	cfg := reconcileConfig(o, log)
 	cfg.Since, cfg.Until = since, until
 	cfg.Margin, cfg.Stall = f.margin, f.stall
 	cfg.Republish = reconcile.Republish{Enabled: f.republish, Quarantine: o.relay.OnPermanentError == pipeline.OnPermanentQuarantine,
@@ -134,9 +134,9 @@ func reconcileCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 
 // reconcileConfig is the comparison's configuration from the shared flags,
 // which validateRun has checked.
-func reconcileConfig(o *options) reconcile.Config {
+func reconcileConfig(o *options, log zerolog.Logger) reconcile.Config {
 	quarantine, _ := store.QuarantineTable(o.relay.Replication.Table, o.relay.QuarantineTable)
-	return reconcile.Config{Postgres: o.relay.Replication.Config, Kafka: o.kafka,
+	return reconcile.Config{Postgres: o.relay.Replication.Config, Kafka: o.kafkaConfig(log),
 		Quarantine: quarantine, Margin: 5 * time.Minute, Stall: time.Minute}
 }
 
@@ -310,7 +310,7 @@ func startPeriodicReconcile(ctx context.Context, o *options, reg prometheus.Regi
 	if p.every <= 0 {
 		return func() {}
 	}
-	checker := &reconcile.Periodic{Config: reconcileConfig(o), Every: p.every, Window: p.window, Settle: p.settle,
+	checker := &reconcile.Periodic{Config: reconcileConfig(o, log), Every: p.every, Window: p.window, Settle: p.settle,
 		Metrics: metrics, Log: log}
 	done := make(chan struct{})
 	go func() {

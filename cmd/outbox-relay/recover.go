@@ -24,7 +24,7 @@ type tableRecoverer struct {
 }
 
 func newTableRecoverer(o *options, log zerolog.Logger) tableRecoverer {
-	cfg := reconcileConfig(o)
+	cfg := reconcileConfig(o, log)
 	cfg.Republish = reconcile.Republish{Enabled: true, Quarantine: o.relay.OnPermanentError == pipeline.OnPermanentQuarantine,
 		AckTimeout: 2 * time.Minute}
 	return tableRecoverer{cfg: cfg, log: log.With().Str("component", "slot-recovery").Logger()}
