@@ -506,6 +506,24 @@ const alertTests = `
 rule_files: [rules.yaml]
 evaluation_interval: 1m
 tests:
+  # Partitions added to one topic: fires after 5 minutes; a topic whose
+  # count is the one its keys are mapped by stays quiet.
+  - interval: 1m
+    input_series:
+      - series: 'outbox_relay_topic_partitions{job="outbox-relay", instance="a", topic="orders"}'
+        values: '6 6 12x20'
+      - series: 'outbox_relay_topic_partitions_used{job="outbox-relay", instance="a", topic="orders"}'
+        values: '6x22'
+      - series: 'outbox_relay_topic_partitions{job="outbox-relay", instance="a", topic="invoices"}'
+        values: '3x22'
+      - series: 'outbox_relay_topic_partitions_used{job="outbox-relay", instance="a", topic="invoices"}'
+        values: '3x22'
+    alert_rule_test:
+      - {eval_time: 5m, alertname: OutboxRelayTopicPartitionsChanged, exp_alerts: []}
+      - eval_time: 10m
+        alertname: OutboxRelayTopicPartitionsChanged
+        exp_alerts: [{exp_labels: {job: outbox-relay, topic: orders, severity: warning}}]
+
   # The slot has no consumer: fires after 5 minutes, not before.
   - interval: 1m
     input_series:
