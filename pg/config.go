@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -25,6 +26,11 @@ type Config struct {
 	// Layout is the outbox table's columns and the records' shape; nil
 	// is the relay's own.
 	Layout *layout.Layout
+	// DeadAfter is how long a connection may go with what it sent
+	// unacknowledged, or a replication stream with nothing from the
+	// server, before it is taken for dead and made again (--pg-timeout);
+	// zero is tcpdial.DefaultDeadAfter.
+	DeadAfter time.Duration
 }
 
 // OutboxLayout is the configured layout, the relay's own when none is.

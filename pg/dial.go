@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outbox-relay/outbox-relay/internal/tcpdial"
 )
 
 // ErrPrecondition marks a server or schema state the operator must fix; the
@@ -21,8 +24,9 @@ func Preconditionf(format string, args ...any) error {
 }
 
 // Dial opens a plain connection with the session settings the relay
-// relies on (UTC ISO timestamps), a bounded connect time, and connection
-// errors that say what to fix.
+// relies on (UTC ISO timestamps), a bounded connect time, a dead peer
+// noticed within cfg.DeadAfter (tcpdial), and connection errors that say
+// what to fix.
 func Dial(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 	pc, err := pgx.ParseConfig(cfg.DSN)
 	if err != nil {
@@ -30,6 +34,7 @@ func Dial(ctx context.Context, cfg Config) (*pgx.Conn, error) {
 	}
 	pinParams(pc.RuntimeParams, false)
 	defaultConnectTimeout(&pc.Config)
+	pc.DialFunc = tcpdial.Dialer(cfg.DeadAfter, 0).DialContext
 	conn, err := pgx.ConnectConfig(ctx, pc)
 	if err != nil {
 		return nil, connectError(err, cfg.DSN)
@@ -47,6 +52,12 @@ func DialReplication(ctx context.Context, cfg Config, frontend pgconn.BuildFront
 	}
 	pinParams(pc.RuntimeParams, true)
 	defaultConnectTimeout(pc)
+	pc.DialFunc = tcpdial.Dialer(cfg.DeadAfter, 0).DialContext
+	// The stream judges the server's silence by bytes arriving, not by
+	// whole messages: over a slow link one message can take many reads.
+	pc.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
+		return tcpdial.Heard(c), nil
+	}
 	if frontend != nil {
 		pc.BuildFrontend = frontend
 	}
@@ -99,4 +110,20 @@ func connectError(err error, dsn string) error {
 		}
 	}
 	return fmt.Errorf("connect to %s: %s", where, RedactError(err.Error(), dsn))
+}
+
+// ServerNoticesDeathSettings are the SET statements that make the server
+// notice a client gone without closing its connection within about
+// deadAfter, as the client notices the server (tcpdial). Without them the
+// server relies on the host's keepalive settings (two hours by default)
+// and a session-level advisory lock held by a vanished poller would keep
+// its standby waiting that long. They do nothing over a Unix socket.
+func ServerNoticesDeathSettings(deadAfter time.Duration) string {
+	if deadAfter <= 0 {
+		deadAfter = tcpdial.DefaultDeadAfter
+	}
+	idle := max(deadAfter/3, time.Second)
+	interval := max(deadAfter/6, time.Second)
+	return fmt.Sprintf("SET tcp_keepalives_idle = %d; SET tcp_keepalives_interval = %d; SET tcp_keepalives_count = 4; SET tcp_user_timeout = %d",
+		int(idle.Seconds()), int(interval.Seconds()), deadAfter.Milliseconds())
 }

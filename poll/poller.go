@@ -356,7 +356,10 @@ func (p *Poller) dial(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, plannerSettings); err != nil {
+	// The server side's bound too: a poller's sessions hold its advisory
+	// locks and leases, which a standby waits on until the server notices
+	// the session gone.
+	if _, err := conn.Exec(ctx, plannerSettings+"; "+pg.ServerNoticesDeathSettings(p.cfg.Postgres.DeadAfter)); err != nil {
 		conn.Close(context.Background())
 		return nil, fmt.Errorf("set the session's planner settings: %w", err)
 	}

@@ -2,6 +2,7 @@ package poll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/engine"
+	"github.com/outbox-relay/outbox-relay/internal/tcpdial"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -88,7 +90,7 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 		maxMessage: int64(p.cfg.MaxMessageBytes)}
 	reader.inline = max(reader.bytes/int64(reader.batch), 1)
 	q.setInline(reader.inline)
-	src := &snapSource{p: p, ctl: ctl, stored: progress, storedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
+	src := &snapSource{p: p, ctl: ctl, stored: progress, storedAt: time.Now(), provedAt: time.Now(), readCtx: readCtx, stopReads: stopReads,
 		reader: reader, wake: wake, listenErr: listenErr}
 	loopCfg := engine.Config{Log: p.log, Metrics: p.metrics.Metrics, ShutdownTimeout: p.cfg.ShutdownTimeout, MaxAttempts: p.cfg.MaxAttempts,
 		HaltOnPermanent: p.cfg.OnPermanentError == pipeline.OnPermanentHalt}
@@ -304,6 +306,11 @@ type snapSource struct {
 	lastRead time.Time
 	// storedAt is when the progress was last stored.
 	storedAt time.Time
+	// provedAt is when the last statement on ctl, the lock's session, was
+	// sent that then succeeded: the server had heard from the session then,
+	// so it could not have released the lock to a standby before
+	// provedAt plus its own bound (ServerNoticesDeathSettings).
+	provedAt time.Time
 
 	// ahead brings the page read ahead, while one runs; readCtx ends with
 	// the session (stopReads ends it sooner, at Close).
@@ -354,6 +361,9 @@ func (s *snapSource) Next(ctx context.Context, deadline time.Time) (engine.Read,
 			return engine.Read{}, nil
 		}
 		return engine.Read{}, s.store()
+	}
+	if err := s.proveLock(); err != nil {
+		return engine.Read{}, err
 	}
 	s.base = s.next
 	s.next += engine.Position(len(rows))
@@ -503,10 +513,41 @@ func (s *snapSource) store() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
+	sent := time.Now()
 	if err := writeSnapProgress(ctx, s.ctl, s.p.t, s.target); err != nil {
 		return err
 	}
-	s.stored, s.storedAt = s.target, time.Now()
+	s.stored, s.storedAt, s.provedAt = s.target, time.Now(), sent
+	return nil
+}
+
+// ErrLockUnproven ends a snapshot poller's session that could not show
+// its lock's session alive before publishing a page.
+var ErrLockUnproven = errors.New("the poller could not prove it still holds its lock")
+
+// proveLock asks ctl for an answer unless one came within a third of
+// --pg-timeout. A page goes to Kafka only after that: a session that died
+// unnoticed (its connection black-holed) may have let the server release
+// the lock to a standby, and two pollers would publish at once.
+func (s *snapSource) proveLock() error {
+	if s.dryRun {
+		return nil
+	}
+	every := s.p.cfg.Postgres.DeadAfter / 3
+	if every <= 0 {
+		every = tcpdial.DefaultDeadAfter / 3
+	}
+	if time.Since(s.provedAt) < every {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), every)
+	defer cancel()
+	sent := time.Now()
+	if _, err := s.ctl.Exec(ctx, "SELECT 1"); err != nil {
+		return fmt.Errorf("%w (no answer on its session within %s: %w); publishing stops and the session is made again, so a standby that took the lock publishes alone",
+			ErrLockUnproven, every, err)
+	}
+	s.provedAt = sent
 	return nil
 }
 

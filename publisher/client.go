@@ -13,6 +13,7 @@ import (
 	"github.com/IBM/sarama"
 
 	"github.com/outbox-relay/outbox-relay/internal/await"
+	"github.com/outbox-relay/outbox-relay/internal/tcpdial"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -84,6 +85,11 @@ func ClientConfig(cfg Config) (*sarama.Config, error) {
 		// sarama checks this between attempts, so a lookup ends within
 		// about one more request timeout.
 		sc.Metadata.Timeout = cfg.Timeout
+		// Each request is bounded by its read timeout already; the
+		// kernel's own bound also ends a connection to a broker that
+		// vanished without closing it while nothing was asked of it.
+		sc.Net.Proxy.Enable = true
+		sc.Net.Proxy.Dialer = tcpdial.Dialer(cfg.Timeout, cfg.Timeout)
 	}
 	if err := cfg.Security.apply(sc); err != nil {
 		return nil, err

@@ -128,6 +128,11 @@ type fakeSource struct {
 	buffered atomic.Bool // what Buffered reports
 	closed   chan bool   // true: closed gracefully
 	msg      replication.Message
+	// heard is when the fake server last sent something: a message, or
+	// the answer a live server gives a ping at once. silent stops the
+	// answers, as a connection black-holed in the network would.
+	heard  time.Time
+	silent atomic.Bool
 }
 
 type sourceStep struct {
@@ -142,7 +147,7 @@ type status struct {
 
 func newFakeSource(c *fakeClock) *fakeSource {
 	return &fakeSource{clock: c, steps: make(chan sourceStep), deadline: make(chan time.Time, 1024),
-		statuses: make(chan status, 1024), closed: make(chan bool, 1)}
+		statuses: make(chan status, 1024), closed: make(chan bool, 1), heard: c.Now()}
 }
 
 func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
@@ -152,6 +157,7 @@ func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
 	case step.err != nil:
 		return nil, step.err
 	case step.msg != nil:
+		s.heard = s.clock.Now()
 		s.msg = *step.msg
 		return &s.msg, nil
 	}
@@ -163,10 +169,15 @@ func (s *fakeSource) Receive(deadline time.Time) (*replication.Message, error) {
 
 func (s *fakeSource) Buffered() bool { return s.buffered.Load() }
 
-func (s *fakeSource) SendStatus(written, flushed lsn.LSN) error {
+func (s *fakeSource) SendStatus(written, flushed lsn.LSN, ping bool) error {
+	if ping && !s.silent.Load() {
+		s.heard = s.clock.Now()
+	}
 	s.statuses <- status{written, flushed, s.clock.Now()}
 	return nil
 }
+
+func (s *fakeSource) Heard() time.Time { return s.heard }
 
 func (s *fakeSource) Close(ctx context.Context) error {
 	s.closed <- ctx.Err() == nil
@@ -456,7 +467,7 @@ func startLoop(t *testing.T, o rigOptions) *loopRig {
 		q = engine.NewQuarantiner(`"public"."outbox_quarantine"`, o.quarantine, o.events+2, quarantineStored)
 	}
 	rig.relay.clock = rig.clock
-	rig.reader = newWALReader(rig.relay.loopEnv(), rig.source, rig.tracker, rigStart, rigKeepalive)
+	rig.reader = newWALReader(rig.relay.loopEnv(), rig.source, rig.tracker, rigStart, rigKeepalive, newLiveness(0, 0, rigKeepalive))
 	var newSink func() (sink.Sink, error)
 	if o.recover {
 		newSink = func() (sink.Sink, error) {

@@ -101,6 +101,7 @@ type walReader struct {
 	flushedSent    lsn.LSN // flush position last reported
 	lastStatus     time.Time
 	keepaliveEvery time.Duration
+	alive          liveness
 	readTick       time.Duration
 	txnEnded       bool // a commit was the last message handled
 	timer          timer
@@ -120,10 +121,10 @@ type walReader struct {
 	feed *progressFeed
 }
 
-func newWALReader(env loopEnv, stream walStream, t *lsn.Tracker, start lsn.LSN, keepaliveEvery time.Duration) *walReader {
+func newWALReader(env loopEnv, stream walStream, t *lsn.Tracker, start lsn.LSN, keepaliveEvery time.Duration, alive liveness) *walReader {
 	s := &walReader{
 		loopEnv: env, stream: stream, tracker: t,
-		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery,
+		received: start, flushedSent: start, lastStatus: env.clock.Now(), keepaliveEvery: keepaliveEvery, alive: alive,
 		timer: env.clock.NewTimer(env.cfg.statusInterval), readTick: env.cfg.readTick,
 		txnSink: env.cfg.exactlyOnce,
 	}
@@ -176,6 +177,11 @@ func (s *walReader) Next(ctx context.Context, deadline time.Time) (engine.Read, 
 	msg, err := s.stream.Receive(deadline)
 	if err != nil {
 		return engine.Read{}, err
+	}
+	if msg.Kind == replication.KindNone {
+		if err := s.alive.check(s.clock.Now(), s.stream.Heard()); err != nil {
+			return engine.Read{}, err
+		}
 	}
 	return s.handle(msg)
 }
@@ -409,13 +415,17 @@ func (s *walReader) statusIfDue(force bool) error {
 	since := now.Sub(s.lastStatus)
 	confirmed := s.tracker.Confirmed()
 	moved := confirmed != s.flushedSent
-	due := force || since >= s.keepaliveEvery ||
+	ping := s.alive.ping(now, s.stream.Heard())
+	due := force || ping || since >= s.keepaliveEvery ||
 		moved && (since >= s.cfg.statusInterval || since >= idleConfirmDelay && s.tracker.Idle())
 	if !due {
 		return nil
 	}
-	if err := s.stream.SendStatus(s.received, confirmed); err != nil {
+	if err := s.stream.SendStatus(s.received, confirmed, ping); err != nil {
 		return err
+	}
+	if ping {
+		s.alive.pinged(now)
 	}
 	s.tracker.Reported(confirmed)
 	s.lastStatus, s.flushedSent = now, confirmed

@@ -22,8 +22,11 @@ type walStream interface {
 	// Buffered reports whether a Receive now would return at once, with
 	// part of the next message already read from the socket.
 	Buffered() bool
-	// SendStatus tells the server what was read and what may be released.
-	SendStatus(written, flushed lsn.LSN) error
+	// SendStatus tells the server what was read and what may be released;
+	// ping asks it to answer at once.
+	SendStatus(written, flushed lsn.LSN, ping bool) error
+	// Heard is when anything last arrived from the server.
+	Heard() time.Time
 	// Close ends the stream so that the last status sent is read.
 	Close(ctx context.Context) error
 }

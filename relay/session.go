@@ -87,6 +87,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 			return false, err
 		}
 	}
+	keepaliveEvery := statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout)
 	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
 	if err != nil {
 		closeSink()
@@ -100,7 +101,7 @@ func (r *Relay) session(ctx context.Context, batchLimit int) (streamed bool, err
 		return false, err
 	}
 
-	s := newWALReader(r.loopEnv(), stream, tracker, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s := newWALReader(r.loopEnv(), stream, tracker, start, keepaliveEvery, newLiveness(r.cfg.Replication.DeadAfter, senderTimeout, keepaliveEvery))
 	if s.txnSink {
 		s.progress = r.progress.txnProgress()
 	} else {
@@ -262,6 +263,7 @@ func (r *Relay) dryRunSession(ctx context.Context) (streamed bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	keepaliveEvery := statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout)
 	stream, err := replication.OpenStream(ctx, r.cfg.Replication)
 	if err != nil {
 		snk.Close(time.Second)
@@ -280,7 +282,7 @@ func (r *Relay) dryRunSession(ctx context.Context) (streamed bool, err error) {
 		quarantine = engine.NewQuarantiner("the dry run's output", r.cfg.DryRun, r.cfg.inFlightEvents()+2,
 			"dry run: the relay would quarantine this event (printed on stdout, written nowhere)")
 	}
-	s := newWALReader(r.loopEnv(), stream, tracker, start, statusMaxInterval(r.cfg.StatusMaxInterval, senderTimeout))
+	s := newWALReader(r.loopEnv(), stream, tracker, start, keepaliveEvery, newLiveness(r.cfg.Replication.DeadAfter, senderTimeout, keepaliveEvery))
 	loop := engine.New(r.engineConfig(s, quarantine, r.cfg.DryRun.NewSink), s, snk)
 	s.takeRetries = loop.TakeRetries
 	r.setStreaming(tracker)

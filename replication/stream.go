@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/outbox-relay/outbox-relay/internal/tcpdial"
 	"github.com/outbox-relay/outbox-relay/lsn"
 	"github.com/outbox-relay/outbox-relay/pg"
 )
@@ -36,6 +37,9 @@ type Stream struct {
 	// deadline is the read deadline set on the connection. Setting one
 	// per message was a measurable share of the read path.
 	deadline time.Time
+	// received is when the last whole message arrived, for a connection
+	// that does not count its bytes (see Heard).
+	received time.Time
 }
 
 // OpenStream opens a replication=database connection.
@@ -126,6 +130,7 @@ func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 		}
 		return nil, fmt.Errorf("receive replication message: %w", err)
 	}
+	s.received = time.Now()
 	switch raw := raw.(type) {
 	case *pgproto3.CopyData:
 		return s.decodeCopyData(raw.Data)
@@ -140,6 +145,15 @@ func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 		s.msg = Message{Kind: KindOther}
 		return &s.msg, nil
 	}
+}
+
+// Heard is when bytes last arrived from the server: a part of a message
+// counts, so a large message crossing a slow link is not silence.
+func (s *Stream) Heard() time.Time {
+	if at, ok := tcpdial.LastHeard(s.conn.Conn()); ok {
+		return at
+	}
+	return s.received
 }
 
 // Buffered reports whether bytes of the next message were already read
@@ -183,8 +197,10 @@ func (s *Stream) decodeCopyData(data []byte) (*Message, error) {
 // SendStatus reports the relay's positions to the server. flushed is what
 // the server may release: it must be a position the relay has confirmed,
 // never zero (pglogrepl would replace a zero with written, confirming WAL
-// the relay has not), and never past an unacknowledged commit.
-func (s *Stream) SendStatus(written, flushed lsn.LSN) error {
+// the relay has not), and never past an unacknowledged commit. ping asks
+// the server to answer at once with a keepalive, which proves the
+// connection alive when nothing else comes.
+func (s *Stream) SendStatus(written, flushed lsn.LSN, ping bool) error {
 	if flushed == 0 {
 		return errors.New("send status update: refusing to send a zero flush position")
 	}
@@ -196,6 +212,7 @@ func (s *Stream) SendStatus(written, flushed lsn.LSN) error {
 		WALWritePosition: pglogrepl.LSN(written),
 		WALFlushPosition: pglogrepl.LSN(flushed),
 		WALApplyPosition: pglogrepl.LSN(flushed),
+		ReplyRequested:   ping,
 	})
 	if err != nil {
 		return fmt.Errorf("send status update: %w", err)
