@@ -1,0 +1,126 @@
+package drills
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/outbox-relay/outbox-relay/test/harness"
+)
+
+// advertised is a broker's listener that names the proxy in front of it:
+// kfake tells clients the address its listener reports, so clients come
+// back through the proxy after the first metadata answer, as they do to
+// an Apache Kafka broker whose advertised.listeners names the proxy.
+type advertised struct {
+	net.Listener
+	addr net.Addr
+}
+
+func (a advertised) Addr() net.Addr { return a.addr }
+
+// kfakeBehindToxi starts a one-broker kfake cluster that clients reach only
+// through toxiproxy, and returns the proxy.
+func kfakeBehindToxi(t *testing.T, topics []string) (*kfake.Cluster, *harness.Toxi) {
+	t.Helper()
+	var toxi *harness.Toxi
+	listen := func(network, address string) (net.Listener, error) {
+		ln, err := net.Listen(network, address)
+		if err != nil {
+			return nil, err
+		}
+		toxi = harness.StartToxi(t, ln.Addr().String())
+		front, err := net.ResolveTCPAddr("tcp", toxi.Addr())
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		return advertised{Listener: ln, addr: front}, nil
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...), kfake.ListenFn(listen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	return cluster, toxi
+}
+
+// TestDrillSlowLinks puts 100 ms ± 50 ms of latency each way and a
+// bandwidth cap on both the PostgreSQL and the Kafka link while a writer
+// commits about 100 events a second, in both delivery modes. Throughput
+// may drop; nothing else may happen: the replication stream is never taken
+// for dead (its pings are answered late, not never), no order break, no
+// loss, and no duplicates for read_committed readers.
+func TestDrillSlowLinks(t *testing.T) {
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			rng := newRand(t)
+			pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "10s"}})
+			w := newWorld(t, pg, nil)
+			cluster, kafkaToxi := kfakeBehindToxi(t, w.topics())
+			w.Brokers = cluster.ListenAddrs()
+			if len(w.Brokers) != 1 || w.Brokers[0] != kafkaToxi.Addr() {
+				t.Fatalf("kfake advertises %v, not the proxy %s", w.Brokers, kafkaToxi.Addr())
+			}
+			w.Migrate()
+			pgToxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
+			w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), pgToxi.Addr(), 1)
+			off := newOffsets(t, w.Brokers)
+			flags := []string{"--pg-timeout", "5s"}
+			if mode == "exactly-once" {
+				flags = append(flags, eosFlags...)
+			}
+			relay := w.startRelay(flags...)
+			conn := w.connect()
+			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
+			defer pw.halt()
+			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
+				m, err := off.read(w.topics())
+				return err == nil && sumOffsets(m) >= 200
+			})
+			streams := strings.Count(relay.Output(), harness.LogStreaming)
+			pgToxi.Slow(t, 100, 50, 256)
+			kafkaToxi.Slow(t, 100, 50, 256)
+			slowFor := time.Duration(harness.Sized(20, 120)) * time.Second
+			err := hold(slowFor, func() error {
+				if relay.Exited() {
+					return fmt.Errorf("relay exited on a slow link:\n%s", relay.Output())
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := off.read(w.topics())
+			if err != nil {
+				t.Fatal(err)
+			}
+			duringSlow := sumOffsets(m)
+			pgToxi.Heal(t)
+			kafkaToxi.Heal(t)
+			if err := pw.halt(); err != nil {
+				t.Fatal(err)
+			}
+			var records []harness.Record
+			dups := 0
+			if mode == "exactly-once" {
+				records = w.settleExactlyOnce(3 * time.Minute)
+			} else {
+				records = w.waitSettled(3 * time.Minute)
+				w.checkDelivery(records)
+				dups = len(records) - len(harness.FirstDeliveries(records))
+			}
+			out := relay.Output()
+			if strings.Contains(out, logSilent) {
+				t.Errorf("the slow replication connection was taken for dead:\n%s", out)
+			}
+			restarts := strings.Count(out, harness.LogStreaming) - streams
+			t.Logf("%s: %v slow (100±50 ms each way, 256 KB/s, both links): Kafka's offsets at %d by its end; %d events, %d records, %d duplicates, %d session restarts, 0 lost, order kept",
+				mode, slowFor, duringSlow, w.CommittedCount(), len(records), dups, restarts)
+		})
+	}
+}
