@@ -7,7 +7,7 @@ BIN := bin/outbox-relay
 # Go's own test timeout; the suite is sized to finish well inside it.
 TEST_TIMEOUT ?= 60m
 
-.PHONY: all build deb deb-version demo docs docs-generate docs-site test test-unit test-norace test-postgres-versions drills bench fuzz lint kafka postgres jaeger clean
+.PHONY: all build deb deb-version demo docs docs-generate docs-site test test-unit test-norace test-postgres-versions drills soak bench fuzz lint kafka postgres jaeger clean
 
 all: build
 
@@ -115,6 +115,12 @@ test-unit:
 # Full-size failure drills (50,000 events, 20 SIGKILLs, ...): minutes, not for CI.
 drills: kafka
 	OUTBOX_RELAY_DRILL_SIZE=full $(GO) test -race -count=1 -timeout 120m -run 'Drill' -v ./test/...
+
+# The soak at full size: each source and delivery mode under a seeded
+# random schedule of 40 field faults (TestDrillSoak); it prints its seed,
+# and SEED=<seed> replays that schedule.
+soak: build kafka
+	OUTBOX_RELAY_DRILL_SIZE=full $(if $(SEED),OUTBOX_RELAY_DRILL_SEED=$(SEED)) $(GO) test -race -count=1 -timeout 120m -run '^TestDrillSoak$$' -v ./test/drills/
 
 # Raw results go to bench/runs/ (ignored by git; the bench prints where);
 # bench/results/ keeps the published history and the runs the docs cite.
