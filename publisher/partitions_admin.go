@@ -51,7 +51,11 @@ func GroupsBehind(client sarama.Client, admin sarama.ClusterAdmin, topic string,
 	var behind []GroupBehind
 	for _, g := range groups {
 		resp, err := admin.ListConsumerGroupOffsets(g, map[string][]int32{topic: parts})
-		if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+		if err == nil && errors.Is(resp.Err, sarama.ErrGroupIDNotFound) {
+			// A group that never committed: some brokers answer so, others
+			// with no offsets; either way it read nothing.
+			resp = &sarama.OffsetFetchResponse{}
+		} else if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
 			err = resp.Err
 		}
 		if err != nil {
