@@ -199,7 +199,7 @@ func adoptPartitions(ctx context.Context, o *options, registry *store.Partitions
 	groups := groupList(o.adopt.groups)
 	behind, err := publisher.GroupsBehind(client, admin, topic, groups)
 	if err != nil {
-		return fail("%s; check --consumer-groups and that the relay's Kafka principal may describe the groups", operatorMessage(err, dsn))
+		return fail("%s; check --consumer-groups, and that the relay's Kafka principal may describe the groups and read the topic", operatorMessage(err, dsn))
 	}
 	if len(behind) > 0 {
 		var lines []string
@@ -215,7 +215,7 @@ func adoptPartitions(ctx context.Context, o *options, registry *store.Partitions
 			}
 		}
 		return fail("%d partition(s) not read to the end by the named consumer groups: %s. Adopting now would let a consumer read an aggregate's newer events, on its new partition, before its older ones. "+
-			"Keep the relay stopped, wait until the groups caught up (kafka-consumer-groups --describe shows LAG 0), and run this command again; "+
+			"Keep the relay stopped, wait until the groups caught up, and run this command again; "+
 			"a group that no longer reads the topic: leave it out of --consumer-groups, or delete it", len(behind), strings.Join(lines, "; "))
 	}
 

@@ -349,6 +349,272 @@ func (g *groupReader) orderBreaks(index map[string]int) int {
 	return len(broken)
 }
 
+// adoptArgs are partitions adopt's flags for the drill's first topic.
+func (w *world) adoptArgs(groups string) []string {
+	return w.partitionsArgs("adopt", "--event-topic", w.topics()[0], "--consumer-groups", groups)
+}
+
+// partitionsArgs is a partitions subcommand's command line.
+func (w *world) partitionsArgs(sub string, extra ...string) []string {
+	return append([]string{"partitions", sub, "--pg-dsn", w.relayDSN, "--slot", w.Slot, "--kafka-brokers", strings.Join(w.Brokers, ",")}, extra...)
+}
+
+// partitionsWorld is a migrated world on the shared PostgreSQL whose
+// topics have the drills' partition count, on its own kfake cluster or,
+// for "apache-kafka", on the shared one-node Apache Kafka 4 cluster with
+// topics named after prefix.
+func partitionsWorld(t *testing.T, kafka, prefix string) *world {
+	t.Helper()
+	w := newWorld(t, shared, nil)
+	if kafka == "apache-kafka" {
+		w.topicPrefix = prefix
+		k := requireKafka(t, harness.ApacheKafkaOptions{Version: harness.ApacheKafka4Version, Nodes: 1}, w.topics(), 1, nil)
+		w.Brokers = k.Brokers()
+	} else {
+		w.Brokers = startKfake(t, harness.KfakeOptions{}, w.topics()).Brokers()
+	}
+	w.Migrate()
+	return w
+}
+
+// partitionsKafkas are the brokers the adopt drills run on.
+var partitionsKafkas = []string{"kfake", "apache-kafka"}
+
+// TestDrillPartitionsAdopt follows docs/partitions.md's procedure
+// literally while a writer keeps committing at a steady rate (150
+// events/s over 200 aggregates) in exactly-once mode: partitions added,
+// the relay stopped, adopt run until it accepts while the group consumer
+// catches up, the relay started. Nothing may be lost; the group consumer,
+// which read everything before the adoption and reads on after it, must
+// read every aggregate in commit order; each aggregate's records must sit
+// on its old partition (murmur2 mod 6) and then only on its new one
+// (murmur2 mod 12), each side in commit order; and events after the
+// adoption must reach the new partitions.
+//
+// The group consumer is franz-go, read_committed, committing the offset
+// after the last record it was handed: one short of each partition's end,
+// on the commit marker of the relay's last Kafka transaction. adopt must
+// see that it read everything (it refused for ever before).
+func TestDrillPartitionsAdopt(t *testing.T) {
+	for _, kafka := range partitionsKafkas {
+		t.Run(kafka, func(t *testing.T) {
+			adoptDrill(t, partitionsWorld(t, kafka, "drill_adopt."))
+		})
+	}
+}
+
+func adoptDrill(t *testing.T, w *world) {
+	const aggregates = 200
+	rng := newRand(t)
+	group := "billing-" + w.Slot
+	reader := newGroupReader(t, w.Brokers, group, w.topicRegex())
+	pw := startPacedWriter(w, w.connect(), writerRand(rng), 20*time.Millisecond, 3, aggregates, false) // 150 events/s
+	defer pw.halt()
+	relay := w.startRelay(eosFlags...)
+	harness.WaitFor(t, time.Minute, "the group reads the first events", func() bool {
+		reader.poll(t, 500*time.Millisecond)
+		return reader.count() >= 200
+	})
+	const raised = 2 * partitions
+	addPartitions(t, w.Brokers, w.topics(), raised)
+
+	// 1. Stop the relay.
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("stop the relay: exit %d, %v\n%s", code, err, relay.Output())
+	}
+	stoppedAt := pw.events.Load()
+	// 2. and 3. Wait for the group, running adopt until it accepts. The
+	// group consumer read nothing since its first events and committed
+	// nothing yet: adopt must refuse first, and the consumer reads and
+	// commits after each refusal.
+	var out, refused string
+	start := time.Now()
+	refusals := 0
+	harness.WaitFor(t, 2*time.Minute, "partitions adopt accepts", func() bool {
+		var code int
+		code, out = harness.RunCommand(t, w.Bin, w.adoptArgs(group))
+		if code == 2 {
+			t.Fatalf("partitions adopt: exit 2:\n%s", out)
+		}
+		if code == 0 {
+			return true
+		}
+		refusals++
+		refused = out
+		if !strings.Contains(out, "not read to the end") {
+			t.Fatalf("partitions adopt refused, exit %d, for another reason than a group behind:\n%s", code, out)
+		}
+		reader.poll(t, 500*time.Millisecond)
+		reader.commit(t)
+		return false
+	})
+	adoptAfter := time.Since(start)
+	t.Logf("adopt accepted after %d refusals, %v after the relay stopped: %s", refusals, adoptAfter.Round(time.Millisecond), strings.TrimSpace(out))
+	if refusals == 0 {
+		t.Errorf("adopt accepted at once, while the group consumer had committed nothing")
+	} else {
+		t.Logf("the last refusal: %s", harness.LastLines(refused, 1))
+	}
+	if !strings.Contains(out, fmt.Sprintf("keys are mapped by %d partitions", raised)) {
+		t.Errorf("adopt accepted without saying the new count %d:\n%s", raised, out)
+	}
+	if n := w.DB.QueryInt64(t, "SELECT partitions FROM outbox_relay_partitions WHERE topic = $1", w.topics()[0]); n != raised {
+		t.Errorf("after adopt %s is recorded with %d partitions, want %d", w.topics()[0], n, raised)
+	}
+	// 4. Start the relay.
+	adoptedAt := pw.events.Load()
+	relay = w.startRelay(eosFlags...)
+	mark := pw.events.Load()
+	harness.WaitFor(t, 2*time.Minute, "the writer commits 600 events after the restart", func() bool { return pw.events.Load() >= mark+600 })
+	if err := pw.halt(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	records := w.settleAdopted(3 * time.Minute)
+	if relay.Exited() {
+		t.Fatalf("the relay started after the adoption exited:\n%s", harness.LastLines(relay.Output(), 20))
+	}
+	ids, order := w.Committed()
+	harness.CheckNoLoss(t, records, ids)
+	lost := countLost(records, ids)
+	sides := checkAdoptedPlacement(t, records, order, w.topics(), raised)
+	harness.WaitFor(t, 3*time.Minute, "the group reads every event", func() bool {
+		reader.poll(t, time.Second)
+		return reader.covers(ids)
+	})
+	breaks := reader.orderBreaks(w.CommitIndex())
+	if breaks > 0 {
+		t.Errorf("the group consumer read %d aggregates' events out of commit order", breaks)
+	}
+	// Events committed after the relay started again go by the new count.
+	index := w.CommitIndex()
+	moved, wrong := 0, 0
+	for _, r := range harness.FirstDeliveries(records) {
+		if r.Topic != w.topics()[0] || index[r.EventID()] < int(adoptedAt)+int(pw.events.Load()-adoptedAt)/2 {
+			continue
+		}
+		if want := harness.JavaPartition(r.Key, raised); r.Partition != want {
+			wrong++
+		} else if r.Partition >= partitions {
+			moved++
+		}
+	}
+	if wrong > 0 || moved == 0 {
+		t.Errorf("after the adoption %d records of %s are not on murmur2 mod %d, %d on the new partitions", wrong, w.topics()[0], raised, moved)
+	}
+	t.Logf("%d events over %d aggregates (%d committed while the relay was stopped): adopt accepted %v after the stop, %d refusals; "+
+		"%d lost; %d aggregates out of order for the group; %d aggregates moved to their new partition; %d late records of %s on partitions %d-%d",
+		len(ids), len(order), adoptedAt-stoppedAt, adoptAfter.Round(time.Millisecond), refusals, lost, breaks, sides, moved, w.topics()[0], partitions, raised-1)
+}
+
+// settleAdopted is settleExactlyOnce for a drill that changed the mapping:
+// a fence transaction, confirmed by the slot, then every committed event
+// read read_committed, each exactly once; per-aggregate placement and
+// order are checkAdoptedPlacement's, since an adopted aggregate moves
+// partition once.
+func (w *world) settleAdopted(timeout time.Duration) []harness.Record {
+	w.T.Helper()
+	conn := w.connect()
+	var markers []harness.OutboxEvent
+	for _, typ := range w.types {
+		markers = append(markers, harness.OutboxEvent{AggregateType: typ, AggregateID: "settle-" + typ, EventType: "Settled", Payload: `{"marker": true}`})
+	}
+	commit := w.fence(conn, markers)
+	harness.WaitFor(w.T, timeout, "the slot confirms the settle transaction (commit at "+commit+")", func() bool {
+		return !notPast(w.ConfirmedFlush(), commit)
+	})
+	ids, _ := w.Committed()
+	return harness.ConsumeExactlyOnce(w.T, w.Brokers, w.topicRegex(), ids, timeout)
+}
+
+// checkAdoptedPlacement checks every aggregate's records (first
+// deliveries) in commit order: on the partition murmur2 mod the drills'
+// count gives, then, once it moved, only on the one murmur2 mod raised
+// gives, at rising offsets on each. It returns how many aggregates moved.
+func checkAdoptedPlacement(t *testing.T, records []harness.Record, order map[string][]string, topics []string, raised int32) int {
+	t.Helper()
+	first := map[string]harness.Record{}
+	for _, r := range harness.FirstDeliveries(records) {
+		first[r.EventID()] = r
+	}
+	moved, bad := 0, 0
+	for agg, ids := range order {
+		var prev harness.Record
+		onNew := false
+		for i, id := range ids {
+			r, ok := first[id]
+			if !ok {
+				continue // CheckNoLoss names it
+			}
+			old, now := harness.JavaPartition(r.Key, partitions), harness.JavaPartition(r.Key, raised)
+			switch {
+			case !onNew && r.Partition == old:
+			case r.Partition == now:
+				if !onNew && i > 0 && now != old {
+					moved++
+				}
+				onNew = true
+			default:
+				t.Errorf("aggregate %s: event #%d on %s/%d, neither its partition by %d (%d) nor, after the adoption, by %d (%d)",
+					agg, i+1, r.Topic, r.Partition, partitions, old, raised, now)
+				bad++
+			}
+			if i > 0 && r.Partition == prev.Partition && r.Offset < prev.Offset {
+				t.Errorf("aggregate %s: event #%d at %s/%d@%d, before event #%d at offset %d", agg, i+1, r.Topic, r.Partition, r.Offset, i, prev.Offset)
+				bad++
+			}
+			prev = r
+			if bad > 10 {
+				t.Fatalf("more than 10 placement errors over %v", topics)
+			}
+		}
+	}
+	return moved
+}
+
+// TestDrillPartitionsAdoptRefuses: partitions adopt refuses while the
+// relay runs, and while a named group has not read the topic to its end,
+// each time saying what to do, and records nothing.
+func TestDrillPartitionsAdoptRefuses(t *testing.T) {
+	for _, kafka := range partitionsKafkas {
+		t.Run(kafka, func(t *testing.T) {
+			adoptRefusesDrill(t, partitionsWorld(t, kafka, "drill_adopt_refuses."))
+		})
+	}
+}
+
+func adoptRefusesDrill(t *testing.T, w *world) {
+	conn := w.connect()
+	if err := w.writeTxns(conn, newRand(t), 20, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	relay := w.startRelay()
+	w.consumeAll(time.Minute)
+	addPartitions(t, w.Brokers, w.topics(), 2*partitions)
+	group := "late-" + w.Slot
+	code, out := harness.RunCommand(t, w.Bin, w.adoptArgs(group))
+	if code != 1 || !strings.Contains(out, "a relay is streaming replication slot") || !strings.Contains(out, "Stop it first") {
+		t.Errorf("adopt with the relay running: exit %d, want 1 naming the running relay and what to do:\n%s", code, out)
+	}
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("stop the relay: exit %d, %v", code, err)
+	}
+	code, out = harness.RunCommand(t, w.Bin, w.adoptArgs(group))
+	if code != 1 || !strings.Contains(out, "not read to the end") || !strings.Contains(out, "nothing committed") || !strings.Contains(out, "run this command again") {
+		t.Errorf("adopt with a group that read nothing: exit %d, want 1 saying how far it is behind and what to do:\n%s", code, out)
+	}
+	code, out = harness.RunCommand(t, w.Bin, w.partitionsArgs("adopt", "--event-topic", w.topics()[0]))
+	if code != 2 || !strings.Contains(out, "--consumer-groups is required") {
+		t.Errorf("adopt without --consumer-groups: exit %d, want 2:\n%s", code, out)
+	}
+	if n := w.DB.QueryInt64(t, "SELECT partitions FROM outbox_relay_partitions WHERE topic = $1", w.topics()[0]); n != partitions {
+		t.Errorf("a refused adopt recorded %d partitions, want %d unchanged", n, partitions)
+	}
+	code, out = harness.RunCommand(t, w.Bin, w.partitionsArgs("show"))
+	if code != 0 || !strings.Contains(out, "partitions 6-11 unused") {
+		t.Errorf("partitions show: exit %d, want 0 showing the unused partitions:\n%s", code, out)
+	}
+}
+
 // TestDrillPartitionsFewer: an event topic deleted and made again with
 // fewer partitions than its keys are mapped by. The relay must publish
 // nothing to it and stop, exit 1, naming the topic, both counts and the
