@@ -130,6 +130,7 @@ type Publisher struct {
 	quit         chan struct{} // closed by Close: outcomes are no longer wanted
 	closing      sync.Once
 	adminClosing sync.Once
+	severing     sync.Once
 	workers      sync.WaitGroup
 }
 
@@ -317,7 +318,11 @@ func (p *Publisher) drainOutcomes() {
 			if errors.As(perr.Err, &local) {
 				o.Partition = -1 // refused by sarama before it chose a partition
 			}
-			o.Err = recordError(Classify(perr.Err), string(r.rec.EventID), o.Topic, o.Partition, perr.Err, r)
+			class := Classify(perr.Err)
+			o.Err = recordError(class, string(r.rec.EventID), o.Topic, o.Partition, perr.Err, r)
+			if class != sink.ClassPermanent {
+				p.sever()
+			}
 		}
 		p.topics.spans.end(&o)
 		select {
@@ -340,6 +345,23 @@ func (p *Publisher) drainOutcomes() {
 			t.Stop()
 		}
 	}
+}
+
+// sever cuts the producer off from the brokers at its first failure that
+// is not a refusal of the record itself: the caller abandons this sink
+// and re-sends from its confirmed position then, so nothing more of it may
+// reach Kafka. sarama goes on after a record it gave up on: it moves the
+// idempotent producer to a new epoch, whose sequence numbers the broker
+// accepts afresh, and sends the records queued behind the failed one. Over
+// a link that came back (a black hole healed, a leader found again) those
+// later records were appended before the failed one was sent again, and an
+// aggregate's events reached its partition out of order. Closing the
+// client fails everything still queued instead.
+func (p *Publisher) sever() {
+	p.severing.Do(func() {
+		p.log.Warn().Msg("kafka producer failed: its connections are closed so that nothing queued behind the failed record reaches Kafka before it; the relay sends again from its confirmed position")
+		go p.adminClosing.Do(func() { p.admin.Close() })
+	})
 }
 
 // failedDelivery describes a record reported failed without reading what

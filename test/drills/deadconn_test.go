@@ -86,3 +86,95 @@ func TestDrillPostgresBlackHole(t *testing.T) {
 		})
 	}
 }
+
+// logKafkaFailed is what the relay logs when its producer fails and it
+// waits for Kafka with the replication connection kept.
+const logKafkaFailed = "kafka failed; keeping the replication connection"
+
+// logKafkaStalled is what the relay logs when Kafka acknowledged nothing
+// for --kafka-stall-timeout; /readyz says not ready from then on.
+const logKafkaStalled = "kafka has not acknowledged any event for longer than --kafka-stall-timeout"
+
+// TestDrillKafkaBlackHole black-holes every connection between the relay
+// and an Apache Kafka broker (toxiproxy in front of the broker, whose
+// client listener advertises the proxy's address, so clients never go
+// around it) while a writer commits about 100 events a second, in both
+// delivery modes. The relay must notice within about --kafka-timeout, keep
+// its replication connection, connect again once the network heals, and
+// lose nothing; read_committed readers see each event once.
+func TestDrillKafkaBlackHole(t *testing.T) {
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			const kafkaTimeout = 5 * time.Second
+			rng := newRand(t)
+			w := newWorld(t, shared, nil)
+			w.topicPrefix = "drill_kbh_" + strings.ReplaceAll(mode, "-", "_") + "."
+			k := requireKafka(t, harness.ApacheKafkaOptions{Version: harness.ApacheKafka4Version, Proxied: true}, w.topics(), 1, nil)
+			toxi := k.Toxi(0)
+			t.Cleanup(func() { toxi.Heal(t) })
+			w.Brokers = k.Brokers()
+			w.Migrate()
+			off := newOffsets(t, w.Brokers)
+			flags := []string{"--kafka-timeout", kafkaTimeout.String(), "--kafka-stall-timeout", (2 * kafkaTimeout).String(), "--progress-topic", "drill_kbh_progress_" + strings.ReplaceAll(mode, "-", "_")}
+			if mode == "exactly-once" {
+				flags = append(flags, eosFlags...)
+			}
+			relay := w.startRelay(flags...)
+			conn := w.connect()
+			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
+			defer pw.halt()
+			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
+				m, err := off.read(w.topics())
+				return err == nil && sumOffsets(m) >= 300
+			})
+
+			failed := strings.Count(relay.Output(), logKafkaFailed)
+			stalled := strings.Count(relay.Output(), logKafkaStalled)
+			toxi.BlackHole(t)
+			holed := time.Now()
+			// At least once, the black hole lasts until the producer gives up
+			// on a record, the case where sarama went on with the records
+			// queued behind it; exactly once, the transaction waits without
+			// failing, and the stall is what the relay notices.
+			harness.WaitFor(t, 12*kafkaTimeout, "the relay notices its dead Kafka connections", func() bool {
+				out := relay.Output()
+				if mode == "exactly-once" {
+					return relay.Exited() || strings.Count(out, logKafkaStalled) > stalled
+				}
+				return relay.Exited() || strings.Count(out, logKafkaFailed) > failed
+			})
+			if relay.Exited() {
+				t.Fatalf("relay exited behind the black hole:\n%s", relay.Output())
+			}
+			detected := time.Since(holed)
+			toxi.Heal(t)
+			healed := time.Now()
+			m, err := off.read(w.topics())
+			if err != nil {
+				t.Fatal(err)
+			}
+			harness.WaitFor(t, 2*time.Minute, "the relay delivers again", func() bool {
+				now, err := off.read(w.topics())
+				return relay.Exited() || err == nil && sumOffsets(now) >= sumOffsets(m)+200
+			})
+			if relay.Exited() {
+				t.Fatalf("relay exited after the black hole:\n%s", relay.Output())
+			}
+			again := time.Since(healed)
+			if err := pw.halt(); err != nil {
+				t.Fatal(err)
+			}
+			var records []harness.Record
+			dups := 0
+			if mode == "exactly-once" {
+				records = w.settleExactlyOnce(3 * time.Minute)
+			} else {
+				records = w.waitSettled(3 * time.Minute)
+				w.checkDelivery(records)
+				dups = len(records) - len(harness.FirstDeliveries(records))
+			}
+			t.Logf("%s on Apache Kafka: black hole noticed after %v (--kafka-timeout %v), delivering again %v after the network healed; %d events, %d records, %d duplicates, 0 lost, order kept",
+				mode, detected.Round(100*time.Millisecond), kafkaTimeout, again.Round(100*time.Millisecond), w.CommittedCount(), len(records), dups)
+		})
+	}
+}

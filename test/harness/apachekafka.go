@@ -84,6 +84,10 @@ type ApacheKafkaOptions struct {
 	// StartTimeout bounds the wait for the cluster (or a restarted node)
 	// to be ready; 0 means 120s.
 	StartTimeout time.Duration
+	// Proxied puts toxiproxy in front of every broker (Toxi): clients
+	// reach a broker only through it, since its listener for clients
+	// advertises the proxy's address. Brokers talk to each other directly.
+	Proxied bool
 }
 
 func (o ApacheKafkaOptions) withDefaults() ApacheKafkaOptions {
@@ -115,9 +119,9 @@ func (o ApacheKafkaOptions) withDefaults() ApacheKafkaOptions {
 func (o ApacheKafkaOptions) key() string {
 	o = o.withDefaults()
 	var b strings.Builder
-	fmt.Fprintf(&b, "v=%s n=%d isr=%d rf=%d auto=%t parts=%d heap=%d server=%t timeout=%s",
+	fmt.Fprintf(&b, "v=%s n=%d isr=%d rf=%d auto=%t parts=%d heap=%d server=%t timeout=%s proxied=%t",
 		o.Version, o.Nodes, o.MinInsyncReplicas, o.DefaultReplicationFactor,
-		o.AutoCreateTopics, o.NumPartitions, o.HeapMB, o.ServerJVM, o.StartTimeout)
+		o.AutoCreateTopics, o.NumPartitions, o.HeapMB, o.ServerJVM, o.StartTimeout, o.Proxied)
 	keys := make([]string, 0, len(o.Settings))
 	for k := range o.Settings {
 		keys = append(keys, k)
@@ -184,23 +188,47 @@ type kafkaNode struct {
 	id             int
 	brokerPort     int
 	controllerPort int
-	dir            string
-	props          string
-	logPath        string
+	// externalPort is the clients' listener of a proxied cluster, behind
+	// toxi; 0 without a proxy.
+	externalPort int
+	toxi         *Toxi
+	dir          string
+	props        string
+	logPath      string
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed once cmd has exited
 	err  error         // cmd.Wait result, set before done is closed
 }
 
-// Brokers returns the brokers' host:port addresses, indexed by node.
+// Brokers returns the brokers' host:port addresses, indexed by node: the
+// proxies' of a proxied cluster.
 func (k *ApacheKafka) Brokers() []string {
+	out := make([]string, len(k.nodes))
+	for i, n := range k.nodes {
+		if n.toxi != nil {
+			out[i] = n.toxi.Addr()
+		} else {
+			out[i] = fmt.Sprintf("127.0.0.1:%d", n.brokerPort)
+		}
+	}
+	return out
+}
+
+// directBrokers are the brokers' own addresses, past any proxy: the
+// harness's admin client keeps working while a test breaks the proxies.
+func (k *ApacheKafka) directBrokers() []string {
 	out := make([]string, len(k.nodes))
 	for i, n := range k.nodes {
 		out[i] = fmt.Sprintf("127.0.0.1:%d", n.brokerPort)
 	}
 	return out
 }
+
+// Toxi is the proxy in front of node i of a proxied cluster (nil
+// otherwise). A test that adds faults must Heal them before it ends: the
+// cluster is shared.
+func (k *ApacheKafka) Toxi(i int) *Toxi { return k.nodes[i].toxi }
 
 // BrokerList returns Brokers joined by commas.
 func (k *ApacheKafka) BrokerList() string { return strings.Join(k.Brokers(), ",") }

@@ -29,14 +29,25 @@ func (k *ApacheKafka) serverProperties(n *kafkaNode) string {
 	for _, m := range k.nodes {
 		bootstrap = append(bootstrap, fmt.Sprintf("127.0.0.1:%d", m.controllerPort))
 	}
+	listeners := fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", n.brokerPort, n.controllerPort)
+	advertised := fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", n.brokerPort)
+	protocols := "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+	if n.toxi != nil {
+		// Clients connect to the proxy, which forwards to EXTERNAL; the
+		// broker answers a request with the endpoints of the listener it
+		// came in on, so clients stay behind the proxy.
+		listeners += fmt.Sprintf(",EXTERNAL://127.0.0.1:%d", n.externalPort)
+		advertised += ",EXTERNAL://" + n.toxi.Addr()
+		protocols += ",EXTERNAL:PLAINTEXT"
+	}
 	internalRF := strconv.Itoa(min(3, o.Nodes))
 	internalISR := strconv.Itoa(min(2, o.Nodes))
 	props := [][2]string{
 		{"process.roles", "broker,controller"},
 		{"node.id", strconv.Itoa(n.id)},
-		{"listeners", fmt.Sprintf("PLAINTEXT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d", n.brokerPort, n.controllerPort)},
-		{"advertised.listeners", fmt.Sprintf("PLAINTEXT://127.0.0.1:%d", n.brokerPort)},
-		{"listener.security.protocol.map", "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"},
+		{"listeners", listeners},
+		{"advertised.listeners", advertised},
+		{"listener.security.protocol.map", protocols},
 		{"inter.broker.listener.name", "PLAINTEXT"},
 		{"controller.listener.names", "CONTROLLER"},
 		// A dynamic quorum (KIP-853), seeded at format time; see format.

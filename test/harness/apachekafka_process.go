@@ -73,16 +73,26 @@ func (k *ApacheKafka) start() error {
 	if k.clusterID, err = kafkaUUID(); err != nil {
 		return err
 	}
-	ports, err := freePorts(2 * k.opts.Nodes)
+	perNode := 2
+	if k.opts.Proxied {
+		perNode = 3
+	}
+	ports, err := freePorts(perNode * k.opts.Nodes)
 	if err != nil {
 		return err
 	}
 	for i := range k.opts.Nodes {
 		n := &kafkaNode{
 			id:             i,
-			brokerPort:     ports[2*i],
-			controllerPort: ports[2*i+1],
+			brokerPort:     ports[perNode*i],
+			controllerPort: ports[perNode*i+1],
 			dir:            filepath.Join(k.dir, fmt.Sprintf("node-%d", i)),
+		}
+		if k.opts.Proxied {
+			n.externalPort = ports[perNode*i+2]
+			if n.toxi, err = newToxi(fmt.Sprintf("127.0.0.1:%d", n.externalPort)); err != nil {
+				return err
+			}
 		}
 		n.props = filepath.Join(n.dir, "server.properties")
 		n.logPath = filepath.Join(n.dir, "kafka.log")
@@ -104,7 +114,7 @@ func (k *ApacheKafka) start() error {
 	}
 
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(k.Brokers()...),
+		kgo.SeedBrokers(k.directBrokers()...),
 		kgo.DialTimeout(3*time.Second),
 		kgo.RequestTimeoutOverhead(5*time.Second),
 		kgo.RetryTimeout(10*time.Second),
@@ -292,6 +302,11 @@ func (k *ApacheKafka) Close() {
 		}
 		wg.Wait()
 		k.mu.Unlock()
+		for _, n := range k.nodes {
+			if n.toxi != nil {
+				n.toxi.stop()
+			}
+		}
 		if !k.keepDir {
 			_ = os.RemoveAll(k.dir)
 		}

@@ -30,15 +30,28 @@ var registerBlackHole sync.Once
 // connection to upstream (host:port); it is stopped when the test ends.
 func StartToxi(t testing.TB, upstream string) *Toxi {
 	t.Helper()
+	x, err := newToxi(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(x.stop)
+	return x
+}
+
+// newToxi starts a proxy whose lifetime the caller owns (stop): an Apache
+// Kafka cluster shared by a package's tests keeps its proxies as long as
+// its brokers. upstream need not listen yet.
+func newToxi(upstream string) (*Toxi, error) {
 	registerBlackHole.Do(func() { toxics.Register("black_hole", new(blackHole)) })
 	server := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
 	p := toxiproxy.NewProxy(server, "toxi-"+strings.ReplaceAll(upstream, ":", "-"), "127.0.0.1:0", upstream)
 	if err := p.Start(); err != nil {
-		t.Fatalf("start toxiproxy in front of %s: %v", upstream, err)
+		return nil, fmt.Errorf("start toxiproxy in front of %s: %w", upstream, err)
 	}
-	t.Cleanup(p.Stop)
-	return &Toxi{proxy: p}
+	return &Toxi{proxy: p}, nil
 }
+
+func (x *Toxi) stop() { x.proxy.Stop() }
 
 // Addr is the proxy's host:port.
 func (x *Toxi) Addr() string { return x.proxy.Listen }
