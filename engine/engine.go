@@ -145,11 +145,16 @@ type Loop struct {
 	sink sink.Sink
 
 	timer        pipeline.Timer
-	inFlight     int  // events sent or quarantining, not yet settled
-	quarantining int  // events handed to the quarantine writer, not yet stored
-	flushed      bool // a flush went to the sink since its last outcome
-	failure      error
-	finishBy     time.Time // set when a stop came inside a source transaction
+	inFlight     int // events sent or quarantining, not yet settled
+	quarantining int // events handed to the quarantine writer, not yet stored
+	// unstored are the quarantine jobs of records that failed after
+	// reaching their partition (OrderMayBreak), until stored: one that
+	// never gets to the table is delivered again, maybe after later
+	// records of its partition, and close counts it as an order break.
+	unstored []*quarantineJob
+	flushed  bool // a flush went to the sink since its last outcome
+	failure  error
+	finishBy time.Time // set when a stop came inside a source transaction
 	// retried are the attempts of the events in flight that were sent
 	// before or are at their last, by position: what the quarantine
 	// keeps, and whether it is the last.
@@ -351,29 +356,33 @@ func (l *Loop) publish(ctx context.Context, rd Read) error {
 		ev := &rd.Events[i]
 		if rd.HoldAggregates && l.held[ev.Hold] {
 			if err := l.settle(ev.Txn, Fate{Unsent: true}); err != nil {
+				l.unsent(rd.Events[i+1:])
 				return err
 			}
 			continue
 		}
 		if err := l.publishOne(ctx, ev, rd.HoldAggregates); err != nil {
-			// What was not sent is settled so; the source reads it again.
-			for j := i + 1; j < len(rd.Events); j++ {
-				l.src.Settle(rd.Events[j].Txn, Fate{Unsent: true})
-			}
+			l.unsent(rd.Events[i+1:])
 			return err
 		}
 	}
 	if rd.End == nil || !l.cfg.Transactional {
 		return nil
 	}
-	if err := l.awaitQuarantined(ctx); err != nil {
-		return err
+	return l.sendEnd(ctx, rd.End)
+}
+
+// unsent settles the rest of a read that the session ends before sending:
+// the source reads them again, and a source that was never told would
+// wait for them.
+func (l *Loop) unsent(evs []Event) {
+	for i := range evs {
+		l.src.Settle(evs[i].Txn, Fate{Unsent: true})
 	}
-	return l.send(ctx, sink.Item{End: rd.End})
 }
 
 func (l *Loop) publishOne(ctx context.Context, ev *Event, hold bool) error {
-	rec, err := l.build(ctx, ev)
+	rec, own, err := l.build(ctx, ev)
 	if err == nil {
 		l.src.Sent(ev.Txn, rec.Size())
 		l.inFlight++
@@ -383,7 +392,12 @@ func (l *Loop) publishOne(ctx context.Context, ev *Event, hold bool) error {
 			}
 			l.retried[ev.Txn] = ev.Attempts
 		}
-		if err := l.send(ctx, sink.Item{Record: rec}); err != nil {
+		if sent, err := l.send(ctx, sink.Item{Record: rec}); err != nil {
+			if sent {
+				// A stop or a failure came with the sink taking it: it is
+				// in flight, and its outcome settles it.
+				return err
+			}
 			l.inFlight--
 			delete(l.retried, ev.Txn)
 			l.src.Settle(ev.Txn, Fate{Unsent: true, Bytes: rec.Size()})
@@ -392,7 +406,7 @@ func (l *Loop) publishOne(ctx context.Context, ev *Event, hold bool) error {
 		return nil
 	}
 	var perr *sink.Error
-	if !errors.As(err, &perr) || perr.Class != sink.ClassPermanent {
+	if !own || !errors.As(err, &perr) || perr.Class != sink.ClassPermanent {
 		l.src.Settle(ev.Txn, Fate{Unsent: true})
 		return err
 	}
@@ -421,21 +435,25 @@ func (l *Loop) publishOne(ctx context.Context, ev *Event, hold bool) error {
 
 // build checks the event's required values, then builds its record,
 // waiting, with the loop's duties kept, while the sink looks up its topic.
-func (l *Loop) build(ctx context.Context, ev *Event) (sink.Record, error) {
+// own says err is the event's own refusal. A failure that ends the session
+// while it waits is not, even another record's permanent one (under halt
+// a source returns that record's error), and must not be counted, held or
+// settled as this event's.
+func (l *Loop) build(ctx context.Context, ev *Event) (rec sink.Record, own bool, err error) {
 	if ev.Refused != nil {
-		return nil, ev.Refused
+		return nil, true, ev.Refused
 	}
 	if perr := sink.CheckRow(ev.Event); perr != nil {
-		return nil, perr
+		return nil, true, perr
 	}
-	rec, err := l.sink.Build(ev.Event)
+	rec, err = l.sink.Build(ev.Event)
 	var pending *sink.TopicPendingError
 	for errors.As(err, &pending) {
 		if _, err := l.wait(ctx, nil, pending.Done); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if err := l.duties(); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		select {
 		case <-pending.Done:
@@ -443,18 +461,44 @@ func (l *Loop) build(ctx context.Context, ev *Event) (sink.Record, error) {
 		default:
 		}
 	}
-	return rec, err
+	return rec, true, err
 }
 
 // send hands an item to the sink, keeping the loop's duties while the sink
-// is full.
-func (l *Loop) send(ctx context.Context, it sink.Item) error {
+// is full. It reports whether the sink took the item, which it may have
+// done even when an error ends the wait.
+func (l *Loop) send(ctx context.Context, it sink.Item) (sent bool, err error) {
 	select {
 	case l.sink.Input() <- it:
-		return nil
+		return true, nil
 	default:
 	}
 	for {
+		sent, err := l.wait(ctx, &it, nil)
+		if sent || err != nil {
+			return sent, err
+		}
+		if err := l.duties(); err != nil {
+			return false, err
+		}
+	}
+}
+
+// sendEnd hands the sink a source transaction's end once the quarantine
+// writer has stored every event handed to it (awaitQuarantined). An
+// outcome taken while the end waits for room in the sink may hand it
+// another, so the end is offered again only after that one is stored too.
+func (l *Loop) sendEnd(ctx context.Context, end *sink.SourceEnd) error {
+	it := sink.Item{End: end}
+	for {
+		if err := l.awaitQuarantined(ctx); err != nil {
+			return err
+		}
+		select {
+		case l.sink.Input() <- it:
+			return nil
+		default:
+		}
 		sent, err := l.wait(ctx, &it, nil)
 		if sent || err != nil {
 			return err
@@ -520,8 +564,9 @@ func (l *Loop) outcome(o sink.Outcome) {
 	if l.cfg.Quarantine != nil && perr.Record != nil &&
 		(permanent && !l.cfg.HaltOnPermanent || last && !permanent && perr.Class != sink.ClassFenced) {
 		// Still in flight until stored: the source makes nothing after it
-		// durable before then. It is not re-delivered, so it cannot land
-		// after later events either.
+		// durable before then. Once stored it is not re-delivered, so it
+		// cannot land after later events either; one that is not stored
+		// before the session ends counts as an order break (close).
 		q := store.QuarantinedRecord(perr.Record.Shaped(), failure(perr))
 		q.Attempts = attempts
 		l.quarantine(q, perr, o.Txn, o.Bytes, attempts)
@@ -596,6 +641,12 @@ func (l *Loop) close(graceful bool) {
 	if l.cfg.Quarantine != nil {
 		l.cfg.Quarantine.stop()
 	}
+	// The writer has stopped: what it did not report stored is delivered
+	// again, and may land after later records of its partition.
+	for _, job := range l.unstored {
+		l.orderBreak(job.perr)
+	}
+	l.unstored = nil
 	l.closing.Wait()
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -103,7 +104,11 @@ func (q *Quarantiner) Stop() {
 // quarantine hands an event to the writer.
 func (l *Loop) quarantine(e store.Quarantined, perr *sink.Error, pos Position, bytes, attempts int) {
 	l.quarantining++
-	l.cfg.Quarantine.jobs <- &quarantineJob{event: e, perr: perr, pos: pos, bytes: bytes, attempts: attempts}
+	job := &quarantineJob{event: e, perr: perr, pos: pos, bytes: bytes, attempts: attempts}
+	if perr.OrderMayBreak {
+		l.unstored = append(l.unstored, job)
+	}
+	l.cfg.Quarantine.jobs <- job
 }
 
 // stored takes a quarantine write's result: the event is settled as
@@ -112,11 +117,15 @@ func (l *Loop) stored(res quarantineResult) {
 	job, perr := res.job, res.job.perr
 	l.quarantining--
 	if res.err != nil {
+		// It stays unstored: close counts it if it may break order.
 		if l.failure == nil {
 			l.failure = fmt.Errorf("%w %s: %w; %s; event %s (%v) stays unpublished until then",
 				pipeline.ErrQuarantineWrite, l.cfg.Quarantine.table, res.err, store.WriteAdvice(res.err), job.event.EventID, perr.Err)
 		}
 		return
+	}
+	if i := slices.Index(l.unstored, job); i >= 0 {
+		l.unstored = slices.Delete(l.unstored, i, i+1)
 	}
 	l.inFlight--
 	if err := l.settle(job.pos, Fate{Quarantined: true, Err: perr, Bytes: job.bytes}); err != nil {
