@@ -65,6 +65,19 @@ func (p *Partitions) Pin(ctx context.Context, topic string, actual int32) (int32
 	return n, nil
 }
 
+// Check says whether the registry exists, with the error a relay that
+// publishes without it stops with (explain's).
+func (p *Partitions) Check(ctx context.Context, conn *pgx.Conn) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", p.table.Quoted()).Scan(&exists); err != nil {
+		return fmt.Errorf("partition count registry %s: %w", p.table, err)
+	}
+	if !exists {
+		return p.explain(&pgconn.PgError{Code: "42P01"})
+	}
+	return nil
+}
+
 // explain says what to do about a missing registry: a relay upgraded
 // without running migrate.
 func (p *Partitions) explain(err error) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // service is what run serves, whatever the source: *relay.Relay and
@@ -64,7 +66,48 @@ func serve(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writer
 	start := log.Info().Str("version", versionString()).Str("source", o.source).Str("postgres", pg.Describe(spec.dsn)).
 		Strs("kafka_brokers", o.kafka.Brokers)
 	spec.start(start).Str("topic", o.kafka.TopicTemplate).Msg("starting")
+	if err := checkPartitionRegistry(ctx, o); err != nil {
+		notifier.stopping()
+		return exitCode(err, spec.dsn, log)
+	}
 	err = svc.Run(ctx)
 	notifier.stopping()
 	return exitCode(err, spec.dsn, log)
+}
+
+// checkPartitionRegistry stops a relay whose partition count registry is
+// missing, a deploy that skipped migrate, at its start rather than at its
+// first record, which on an idle outbox may come hours later. It speaks
+// only for a relay upgraded over what an older migrate made (the outbox
+// table, or for the messages source the slot): on a database migrate
+// never ran on, the relay's own checks name what is missing first.
+// PostgreSQL out of reach is left to the run, which waits for it; the
+// registry is read again where keys are first mapped, with the same error.
+func checkPartitionRegistry(ctx context.Context, o *options) error {
+	cfg := o.relay.Replication.Config
+	registry, err := store.NewPartitions(cfg)
+	if err != nil {
+		return nil // a --table that does not parse is refused with the flag named
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pg.Dial(ctx, cfg)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(context.Background())
+	var upgraded bool
+	if o.relay.Replication.ReadsTable() {
+		outbox, _ := store.ParseTable("--table", cfg.Table)
+		err = conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", outbox.Quoted()).Scan(&upgraded)
+	} else {
+		err = conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", o.relay.Replication.Slot).Scan(&upgraded)
+	}
+	if err != nil || !upgraded {
+		return nil
+	}
+	if err := registry.Check(ctx, conn); errors.Is(err, pg.ErrPrecondition) {
+		return err
+	}
+	return nil
 }

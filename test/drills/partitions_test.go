@@ -40,30 +40,30 @@ const (
 // consumer, and say so: its warning and gauges, while running and after
 // the restart. Detection times are logged.
 //
-// Reduced: about 4 s of writing on each side of the change, at-least-once
-// and exactly-once; OUTBOX_RELAY_DRILL_SIZE=full: 30 s, and the messages
-// source too.
+// Every source: wal in both delivery modes, messages and poll
+// at-least-once. Reduced: about 4 s of writing on each side of the change;
+// OUTBOX_RELAY_DRILL_SIZE=full: 30 s.
 func TestDrillPartitionsAdded(t *testing.T) {
 	cases := []struct {
-		name     string
-		source   string
-		flags    []string
-		fullOnly bool
+		name   string
+		source string
+		flags  []string
 	}{
 		{name: "wal-at-least-once"},
 		{name: "wal-exactly-once", flags: eosFlags},
-		{name: "messages-at-least-once", source: "messages", fullOnly: true},
+		{name: "messages-at-least-once", source: "messages"},
+		{name: "poll-at-least-once", source: "poll"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.fullOnly && harness.Sized(0, 1) == 0 {
-				t.Skip("full size only (" + harness.DrillSizeEnv + "=full)")
-			}
 			pg := harness.StartPostgres(t, harness.PGOptions{})
 			w := newWorld(t, pg, nil)
-			if c.source == "messages" {
+			switch c.source {
+			case "messages":
 				w.Source = "messages"
 				w.EmitMessages(t, w.DB, "outbox")
+			case "poll":
+				w.Source = "poll"
 			}
 			w.Brokers = startKfake(t, harness.KfakeOptions{}, w.topics()).Brokers()
 			w.Migrate()
@@ -82,7 +82,7 @@ func partitionsAddedDrill(t *testing.T, w *world, flags []string, exactlyOnce bo
 
 	pw := startPacedWriter(w, w.connect(), writerRand(rng), 20*time.Millisecond, 3, aggregates, false) // 150 events/s
 	defer pw.halt()
-	relay := w.startRelay(flags...)
+	relay := w.startSource(flags...)
 	admin := relay.AdminURL(t)
 	harness.WaitFor(t, time.Minute, "the relay publishes", func() bool { return sumOffsets(endOffsets(t, w.Brokers, w.topics())) > 0 })
 	if _, ok := waitCond(30*time.Second, func() bool {
@@ -147,9 +147,12 @@ func partitionsAddedDrill(t *testing.T, w *world, flags []string, exactlyOnce bo
 	}
 
 	var records []harness.Record
-	if exactlyOnce {
+	switch {
+	case w.Source == "poll":
+		records = w.settlePolled(3 * time.Minute)
+	case exactlyOnce:
 		records = w.settleExactlyOnce(3 * time.Minute)
-	} else {
+	default:
 		records = w.waitSettled(3 * time.Minute)
 	}
 	ids, order := w.Committed()
@@ -173,6 +176,30 @@ func partitionsAddedDrill(t *testing.T, w *world, flags []string, exactlyOnce bo
 	}
 	t.Logf("%d events over %d aggregates: %d aggregates split across partitions, %d lost, %d aggregates read out of order by the lagging group",
 		len(ids), len(order), len(split), lost, breaks)
+}
+
+// startSource starts the relay and waits until it reads its source:
+// streaming, or for poll mode polling.
+func (w *world) startSource(flags ...string) *harness.Process {
+	w.T.Helper()
+	if w.Source != "poll" {
+		return w.startRelay(flags...)
+	}
+	p := w.startRelayNoWait(flags...)
+	p.WaitForOutput(w.T, `"message":"polling"`, time.Minute)
+	return p
+}
+
+// settlePolled is waitSettled for poll mode, which has no slot to confirm
+// a fence: it waits until no row is left unpublished, then reads until
+// every committed event is in Kafka.
+func (w *world) settlePolled(timeout time.Duration) []harness.Record {
+	w.T.Helper()
+	harness.WaitFor(w.T, timeout, "the poller publishes every row", func() bool {
+		return w.DB.QueryInt64(w.T, "SELECT count(*) FROM outbox_events_poll WHERE published_at IS NULL") == 0
+	})
+	ids, _ := w.Committed()
+	return harness.ConsumeEventIDs(w.T, w.Brokers, w.topicRegex(), ids, timeout)
 }
 
 // addPartitions raises the partition count of topics to n, as an operator
@@ -655,4 +682,49 @@ func TestDrillPartitionsFewer(t *testing.T) {
 	if _, n := harness.TopicRecords(t, w.Brokers, topic); n != 0 {
 		t.Errorf("the relay published %d records to the smaller topic", n)
 	}
+}
+
+// TestDrillPartitionsRegistryMissing: a relay upgraded without running
+// migrate (docs/upgrades.md) finds no outbox_relay_partitions. It must
+// publish nothing and stop, exit 1, naming the table and saying to run
+// migrate: at its start, with events waiting and with none (an idle
+// outbox, where the first record may come hours later); after migrate it
+// starts and delivers everything.
+func TestDrillPartitionsRegistryMissing(t *testing.T) {
+	w, _ := newKfakeWorld(t, shared)
+	w.DB.Exec(t, "DROP TABLE outbox_relay_partitions")
+	stops := func(what string) {
+		t.Helper()
+		relay := w.startRelayNoWait()
+		code, err := relay.Wait(2 * time.Minute)
+		if err != nil {
+			t.Fatalf("%s: the relay did not stop: %v\n%s", what, err, harness.LastLines(relay.Output(), 20))
+		}
+		out := relay.Output()
+		for _, s := range []string{"partition count registry public.outbox_relay_partitions does not exist", "run `outbox-relay migrate`"} {
+			if !strings.Contains(out, s) {
+				t.Errorf("%s: the relay's output lacks %q:\n%s", what, s, harness.LastLines(out, 10))
+			}
+		}
+		if strings.Contains(out, `"message":"streaming"`) {
+			t.Errorf("%s: the relay streamed before it stopped:\n%s", what, harness.LastLines(out, 10))
+		}
+		if code != 1 {
+			t.Errorf("%s: the relay exited %d, want 1", what, code)
+		}
+		t.Logf("%s: exit %d: %s", what, code, harness.LastLines(out, 1))
+	}
+	stops("an idle outbox")
+	conn := w.connect()
+	if err := w.writeTxns(conn, newRand(t), 5, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	stops("events waiting")
+	if n := sumOffsets(endOffsets(t, w.Brokers, w.topics())); n != 0 {
+		t.Errorf("the relay published %d records without the registry", n)
+	}
+	w.Migrate()
+	w.startRelay()
+	records := w.waitSettled(2 * time.Minute)
+	w.checkDelivery(records)
 }
