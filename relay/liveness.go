@@ -22,6 +22,9 @@ var ErrServerSilent = errors.New("replication connection silent")
 // the connection, whatever TCP says.
 type liveness struct {
 	deadAfter time.Duration
+	// pgTimeout and senderTimeout are what deadAfter came from, for the
+	// message.
+	pgTimeout, senderTimeout time.Duration
 	pingEvery time.Duration
 	lastPing  time.Time
 	// pings counts the requests for an answer since heardAt, the last
@@ -38,7 +41,7 @@ func newLiveness(pgTimeout, senderTimeout, keepaliveEvery time.Duration) livenes
 		pgTimeout = tcpdial.DefaultDeadAfter
 	}
 	dead := max(pgTimeout, senderTimeout)
-	return liveness{deadAfter: dead, pingEvery: min(keepaliveEvery, dead/3)}
+	return liveness{deadAfter: dead, pgTimeout: pgTimeout, senderTimeout: senderTimeout, pingEvery: min(keepaliveEvery, dead/3)}
 }
 
 func (l *liveness) heard(at time.Time) {
@@ -68,6 +71,6 @@ func (l *liveness) check(now, heard time.Time) error {
 	}
 	return fmt.Errorf("%w: nothing from the server for %s although the relay asked it to answer %d times; "+
 		"taking the connection for dead (a NAT, load balancer or firewall that dropped it, or a failed host) and connecting again "+
-		"(--pg-timeout %s, or wal_sender_timeout when longer, bounds this wait)",
-		ErrServerSilent, silent.Round(time.Second), l.pings, l.deadAfter)
+		"(the wait is bounded by %s: the longer of --pg-timeout %s and the server's wal_sender_timeout %s)",
+		ErrServerSilent, silent.Round(time.Second), l.pings, l.deadAfter, l.pgTimeout, l.senderTimeout)
 }

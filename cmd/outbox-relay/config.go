@@ -124,7 +124,7 @@ func postgresFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&c.Replication.Table, "table", c.Replication.Table, "schema-qualified outbox table; a part in double quotes may hold a dot")
 	fs.StringVar(&c.Replication.Publication, "publication", c.Replication.Publication, "publication that carries the outbox table's inserts")
 	fs.StringVar(&c.Replication.Slot, "slot", c.Replication.Slot, "logical replication slot name")
-	fs.DurationVar(&c.Replication.DeadAfter, "pg-timeout", tcpdial.DefaultDeadAfter, "how soon a dead PostgreSQL connection (its peer gone without closing it: a NAT or load balancer that dropped it, a failed host) is noticed and made again: what the relay sent unacknowledged this long (TCP_USER_TIMEOUT, keepalives), or the replication stream silent this long although asked to answer, or a poller unable to prove it holds its lock; at least 3s")
+	fs.DurationVar(&c.Replication.DeadAfter, "pg-timeout", tcpdial.DefaultDeadAfter, "how soon a dead PostgreSQL connection (its peer gone without closing it: a NAT or load balancer that dropped it, a failed host) is noticed and made again: what the relay sent unacknowledged this long (TCP_USER_TIMEOUT, keepalives), or the replication stream silent this long although asked to answer, or a poller unable to prove it holds its lock; from 3s to 1h")
 }
 
 // layoutFlags say what the outbox table looks like and what records it
@@ -559,6 +559,9 @@ func (o *options) finish() error {
 	if c.Replication.DeadAfter < minDeadAfter {
 		return fmt.Errorf("--pg-timeout %s is too short: at least %s, so that a healthy server's answer to a ping is never taken for a dead connection", c.Replication.DeadAfter, minDeadAfter)
 	}
+	if c.Replication.DeadAfter > maxDeadAfter {
+		return fmt.Errorf("--pg-timeout %s is too long: at most %s; a dead connection would go unnoticed that long while events wait (PostgreSQL's own wal_receiver_timeout is 60s)", c.Replication.DeadAfter, maxDeadAfter)
+	}
 	if c.ShutdownTimeout < 0 {
 		return errors.New("--shutdown-timeout must not be negative")
 	}
@@ -592,6 +595,11 @@ func (o *options) observePartitions(m *pipeline.Metrics) {
 // minDeadAfter is the shortest --pg-timeout: a reply to a ping crosses a
 // busy server and link in well under a second, three pings fit inside it.
 const minDeadAfter = 3 * time.Second
+
+// maxDeadAfter is the longest: beyond it the bound stops bounding
+// anything an operator waits for, and the kernel refuses TCP_USER_TIMEOUT
+// values past about 24 days.
+const maxDeadAfter = time.Hour
 
 // relayConfig is the relay's configuration, with the Kafka sinks of the
 // flags.

@@ -242,3 +242,20 @@ func TestDryRunOnlyFromTheCommandLine(t *testing.T) {
 		t.Errorf("dry-run false from the environment: %v", err)
 	}
 }
+
+// --pg-timeout is refused outside 3s..1h by every command, before any
+// connection: below, a healthy server's answer to a ping could be taken for
+// a dead connection; above, the kernel refuses TCP_USER_TIMEOUT at some
+// point and every connection would fail in a retry loop.
+func TestPGTimeoutBounds(t *testing.T) {
+	for _, value := range []string{"0s", "-1s", "2999ms", "1000h", "61m"} {
+		for _, command := range [][]string{{"run", "--kafka-brokers", "k:1"}, {"migrate"}, {"status", "--kafka-brokers", "k:1"}, {"run", "--source", "poll", "--kafka-brokers", "k:1"}} {
+			args := append(append([]string{}, command...), "--pg-dsn", "postgres://u@h/db", "--pg-timeout", value)
+			var stdout, stderr bytes.Buffer
+			code := run(context.Background(), args, &stdout, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), "--pg-timeout") {
+				t.Errorf("%v: exit %d, stderr %q; want 2 naming --pg-timeout", args, code, stderr.String())
+			}
+		}
+	}
+}
