@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -51,9 +52,11 @@ func NewReadClient(cfg Config) (sarama.Client, error) {
 // would send it, for the dry run, which sends nothing. It looks up each
 // topic's partition count on first use, with a client that creates no
 // topic, and connects on the first lookup: a dry run runs without Kafka,
-// naming no partition.
+// naming no partition. With UseRecorded, keys are mapped by the count
+// recorded for the topic where one is, as the relay maps them.
 type Partitioner struct {
-	cfg Config
+	cfg      Config
+	recorded RecordedCounts
 
 	mu     sync.Mutex
 	client sarama.Client
@@ -77,6 +80,23 @@ func NewPartitioner(cfg Config) *Partitioner {
 	return &Partitioner{cfg: cfg, counts: map[string]partitionCount{}}
 }
 
+// RecordedCounts reads, and never writes, the partition count recorded
+// for an event topic (store.Partitions): 0 when none is recorded.
+type RecordedCounts interface {
+	Recorded(ctx context.Context, topic string) (int32, error)
+}
+
+// UseRecorded has keys mapped by the count r holds for each topic where
+// one is recorded, and by the topic's count where none is (the count the
+// relay would record on its first record); set it before the first
+// Partition. A topic with fewer partitions than recorded gets the error
+// the relay stops with.
+func (p *Partitioner) UseRecorded(r RecordedCounts) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.recorded = r
+}
+
 // Partition is the partition key goes to in topic.
 func (p *Partitioner) Partition(topic string, key []byte) (int32, error) {
 	p.mu.Lock()
@@ -98,6 +118,8 @@ func (p *Partitioner) Partition(topic string, key []byte) (int32, error) {
 		count = partitionCount{n: int32(len(partitions))}
 		if err != nil {
 			count.err = fmt.Errorf("look up topic %s: %w", topic, err)
+		} else if p.recorded != nil {
+			count = p.recordedCount(topic, count.n)
 		}
 		p.counts[topic] = count
 	}
@@ -108,6 +130,24 @@ func (p *Partitioner) Partition(topic string, key []byte) (int32, error) {
 		return -1, fmt.Errorf("partition record for topic %s: record has no key", topic)
 	}
 	return JavaPartition(key, count.n), nil
+}
+
+// recordedCount is the count keys of topic are mapped by, given the
+// topic's count now.
+func (p *Partitioner) recordedCount(topic string, actual int32) partitionCount {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeout+10*time.Second)
+	defer cancel()
+	used, err := p.recorded.Recorded(ctx, topic)
+	switch {
+	case err != nil:
+		return partitionCount{err: fmt.Errorf("read the partition count recorded for topic %s: %w", topic, err)}
+	case used > actual:
+		return partitionCount{err: &PartitionsShrunkError{Topic: topic, Recorded: used, Have: actual}}
+	case used > 0:
+		return partitionCount{n: used}
+	default:
+		return partitionCount{n: actual}
+	}
 }
 
 // Close closes the client, if it connected.

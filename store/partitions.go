@@ -65,6 +65,26 @@ func (p *Partitions) Pin(ctx context.Context, topic string, actual int32) (int32
 	return n, nil
 }
 
+// Recorded returns the count recorded for topic, 0 when none is, and
+// writes nothing: for the dry run, which maps keys as the relay would
+// without recording a count. It connects for the call.
+func (p *Partitions) Recorded(ctx context.Context, topic string) (int32, error) {
+	conn, err := pg.Dial(ctx, p.cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.Background())
+	var n int32
+	err = conn.QueryRow(ctx, "SELECT partitions FROM "+p.table.Quoted()+" WHERE topic = $1", topic).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, p.explain(err)
+	}
+	return n, nil
+}
+
 // Check says whether the registry exists, with the error a relay that
 // publishes without it stops with (explain's).
 func (p *Partitions) Check(ctx context.Context, conn *pgx.Conn) error {

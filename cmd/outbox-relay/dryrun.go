@@ -11,11 +11,13 @@ import (
 	"github.com/outbox-relay/outbox-relay/poll"
 	"github.com/outbox-relay/outbox-relay/publisher"
 	"github.com/outbox-relay/outbox-relay/relay"
+	"github.com/outbox-relay/outbox-relay/store"
 )
 
 // runDry is `run --dry-run`: the configuration is checked as run checks
 // it, and the source's records go to stdout instead of Kafka. Kafka is
-// only asked, read-only, how many partitions each topic has.
+// only asked, read-only, how many partitions each topic has, and the
+// partition count registry what count each topic's keys are mapped by.
 func runDry(ctx context.Context, o *options, source sourceSpec, log zerolog.Logger, stdout, stderr io.Writer) int {
 	namer, err := publisher.NewTopicNamer(o.kafka.TopicTemplate)
 	if err != nil {
@@ -23,6 +25,11 @@ func runDry(ctx context.Context, o *options, source sourceSpec, log zerolog.Logg
 	}
 	partitions := publisher.NewPartitioner(o.kafka)
 	defer partitions.Close()
+	// Keys as the relay maps them: by the count recorded for the topic,
+	// read only (a dry run records nothing).
+	if registry, err := store.NewPartitions(o.relay.Replication.Config); err == nil {
+		partitions.UseRecorded(registry)
+	}
 	printer := dryrun.NewPrinter(stdout, namer.Topic, partitions.Partition)
 	return source.dryRun(ctx, o, printer, log.With().Bool("dry_run", true).Logger(), stderr)
 }

@@ -2,9 +2,11 @@ package drills
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -727,4 +729,77 @@ func TestDrillPartitionsRegistryMissing(t *testing.T) {
 	w.startRelay()
 	records := w.waitSettled(2 * time.Minute)
 	w.checkDelivery(records)
+}
+
+// TestDrillPartitionsDryRun: after partitions were added, `run --dry-run`
+// prints the partition the relay would use, by the count recorded for the
+// topic (6), not the topic's count now (12); a topic with no count
+// recorded goes by its count now, as the relay's first record would
+// record it. The dry run writes nothing to the registry.
+func TestDrillPartitionsDryRun(t *testing.T) {
+	w, _ := newKfakeWorld(t, shared)
+	conn := w.connect()
+	rng := newRand(t)
+	if err := w.writeTxns(conn, rng, 20, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	relay := w.startRelay()
+	w.consumeAll(time.Minute)
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("stop the relay: exit %d, %v", code, err)
+	}
+	const raised = 2 * partitions
+	addPartitions(t, w.Brokers, w.topics(), raised)
+	pinned, unrecorded := w.topics()[0], w.topics()[1]
+	w.DB.Exec(t, "DELETE FROM outbox_relay_partitions WHERE topic = $1", unrecorded)
+	registry := func() string {
+		return w.DB.QueryString(t, "SELECT coalesce(string_agg(topic || '=' || partitions || '@' || recorded_at, ',' ORDER BY topic), '') FROM outbox_relay_partitions")
+	}
+	before := registry()
+
+	dry := harness.StartProcessSplit(t, w.Bin, w.args("run", "--dry-run"), []string{harness.LogLevelInfo})
+	dry.WaitForOutput(t, "dry run: printing", time.Minute)
+	mark := w.CommittedCount()
+	if err := w.writeTxns(conn, rng, 30, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	want := w.CommittedCount() - mark
+	harness.WaitFor(t, time.Minute, "every event printed", func() bool {
+		return strings.Count(dry.Stdout(), "\n") >= want || dry.Exited()
+	})
+	if err := dry.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code, err := dry.Wait(30 * time.Second); err != nil || code != 0 {
+		t.Fatalf("the dry run exited %d (%v); logs:\n%s", code, err, harness.LastLines(dry.Output(), 20))
+	}
+	counts := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(dry.Stdout()), "\n") {
+		var r struct {
+			Topic          string `json:"topic"`
+			Partition      *int32 `json:"partition"`
+			PartitionError string `json:"partition_error"`
+			Key            string `json:"key"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("stdout line is not a record: %q: %v", line, err)
+		}
+		n := int32(raised)
+		if r.Topic == pinned {
+			n = partitions
+		} else if r.Topic != unrecorded {
+			continue
+		}
+		counts[r.Topic]++
+		if r.Partition == nil || *r.Partition != harness.JavaPartition([]byte(r.Key), n) {
+			t.Errorf("%s key %s: partition %v (%s), want %d, murmur2 mod %d", r.Topic, r.Key, r.Partition, r.PartitionError, harness.JavaPartition([]byte(r.Key), n), n)
+		}
+	}
+	if counts[pinned] == 0 || counts[unrecorded] == 0 {
+		t.Errorf("printed records: %v, want some of %s and of %s", counts, pinned, unrecorded)
+	}
+	if after := registry(); after != before {
+		t.Errorf("the dry run changed the registry:\nbefore %s\nafter  %s", before, after)
+	}
+	t.Logf("%d records printed: %d of %s by its recorded %d partitions, %d of %s (none recorded) by its %d", want, counts[pinned], pinned, partitions, counts[unrecorded], unrecorded, raised)
 }
