@@ -89,7 +89,7 @@ func ClientConfig(cfg Config) (*sarama.Config, error) {
 		// kernel's own bound also ends a connection to a broker that
 		// vanished without closing it while nothing was asked of it.
 		sc.Net.Proxy.Enable = true
-		sc.Net.Proxy.Dialer = tcpdial.Dialer(cfg.Timeout, cfg.Timeout)
+		sc.Net.Proxy.Dialer = tcpdial.Paced{Dialer: tcpdial.Dialer(cfg.Timeout, cfg.Timeout)}
 	}
 	if err := cfg.Security.apply(sc); err != nil {
 		return nil, err

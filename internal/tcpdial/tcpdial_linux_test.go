@@ -2,6 +2,7 @@ package tcpdial
 
 import (
 	"context"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -70,5 +71,38 @@ func TestHeardMovesWithBytes(t *testing.T) {
 	}
 	if at, _ := LastHeard(h); !at.Equal(before) {
 		t.Fatal("a read that brought nothing moved LastHeard")
+	}
+}
+
+// A read deadline set after a large request is moved by the request's
+// crossing time at FloorRate; after a small one, or when past, it stays.
+func TestPacedDeadlines(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go io.Copy(io.Discard, b)
+	c := &pacedConn{Conn: a}
+	if _, err := c.Write(make([]byte, 10*FloorRate)); err != nil {
+		t.Fatal(err)
+	}
+	want := time.Now().Add(time.Second)
+	if got := c.paced(want); got.Sub(want) != 10*time.Second {
+		t.Fatalf("after %d bytes the read deadline moved by %v, want 10s", 10*FloorRate, got.Sub(want))
+	}
+	if got := c.paced(want); !got.Equal(want) {
+		t.Fatalf("a second deadline with nothing written since moved by %v", got.Sub(want))
+	}
+	if _, err := c.Write(make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.paced(want); !got.Equal(want) {
+		t.Fatalf("after a small request the deadline moved by %v", got.Sub(want))
+	}
+	if _, err := c.Write(make([]byte, 10*FloorRate)); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Unix(1, 0)
+	if got := c.paced(past); !got.Equal(past) {
+		t.Fatalf("an interrupting deadline in the past moved to %v", got)
 	}
 }
