@@ -59,8 +59,16 @@ func Classify(err error) sink.Class {
 		switch kerr {
 		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed,
 			sarama.ErrClusterAuthorizationFailed, sarama.ErrInvalidRecord,
-			sarama.ErrUnknownTopicOrPartition, sarama.ErrPolicyViolation:
+			sarama.ErrPolicyViolation:
 			return sink.ClassPermanent
+		case sarama.ErrUnknownTopicOrPartition:
+			// A record reaches the producer only once its topic was found
+			// (topicResolver), so the topic went away since: deleted, or a
+			// broker that lost it. The next session looks it up again and
+			// waits if the relay published to it before (TopicDeletedError);
+			// quarantined here, its events would be replayed after the ones
+			// published once the topic was back.
+			return sink.ClassRetriable
 		case sarama.ErrOutOfOrderSequenceNumber, sarama.ErrInvalidProducerEpoch, sarama.ErrUnknownProducerID,
 			sarama.ErrDuplicateSequenceNumber, sarama.ErrProducerFenced, sarama.ErrInvalidProducerIDMapping:
 			return sink.ClassProducer

@@ -20,6 +20,39 @@ type PartitionRecord interface {
 	// Pin returns the count recorded for topic, first recording actual
 	// when none is.
 	Pin(ctx context.Context, topic string, actual int32) (int32, error)
+	// Recorded returns the count recorded for topic, 0 when none is.
+	Recorded(ctx context.Context, topic string) (int32, error)
+}
+
+// TopicDeletedError is an event topic missing on the brokers that the
+// relay published to before (its partition count is recorded): it was
+// deleted. Its events wait in PostgreSQL until it exists again. Taken for
+// a topic that never existed, they would be quarantined, and published
+// again only by a replay after the events that came once the topic was
+// back: per-aggregate order broken for every one of them.
+type TopicDeletedError struct {
+	Topic    string
+	Recorded int32
+}
+
+func (e *TopicDeletedError) Error() string {
+	return fmt.Sprintf("event topic %s does not exist on the brokers, but the relay published to it before (%d partitions recorded): it was deleted. "+
+		"Its events wait in PostgreSQL, and the relay tries again with backoff. Create it again with %d partitions "+
+		"(kafka-topics.sh --create --topic %s --partitions %d, with its earlier replication factor and configuration), "+
+		"then check what its consumers lost with `outbox-relay reconcile`; see %s", e.Topic, e.Recorded, e.Recorded, e.Topic, e.Recorded, PartitionsDoc)
+}
+
+// deleted says whether topic, missing on the brokers, was published to
+// before.
+func (p *Partitions) deleted(ctx context.Context, topic string) (*TopicDeletedError, error) {
+	n, err := p.record.Recorded(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("read the partition count recorded for topic %s: %w", topic, err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return &TopicDeletedError{Topic: topic, Recorded: n}, nil
 }
 
 // PartitionsDoc is where an operator reads the procedure.

@@ -218,7 +218,7 @@ func TestClassify(t *testing.T) {
 		sarama.ErrMessageSizeTooLarge:                     sink.ClassPermanent,
 		sarama.ErrInvalidTopic:                            sink.ClassPermanent,
 		sarama.ErrTopicAuthorizationFailed:                sink.ClassPermanent,
-		sarama.ErrUnknownTopicOrPartition:                 sink.ClassPermanent,
+		sarama.ErrUnknownTopicOrPartition:                 sink.ClassRetriable,
 		sarama.ConfigurationError("too large"):            sink.ClassPermanent,
 		sarama.ErrOutOfOrderSequenceNumber:                sink.ClassProducer,
 		sarama.ErrInvalidProducerEpoch:                    sink.ClassProducer,

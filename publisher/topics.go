@@ -223,6 +223,16 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 			return nil, fmt.Errorf("look up topic %s: %w", name, err)
 		}
 		if time.Now().After(deadline) {
+			if t.cfg.Partitions != nil {
+				gone, err := t.wasDeleted(name)
+				if err != nil {
+					return nil, err
+				}
+				if gone != nil {
+					t.log.Error().Str("topic", name).Int32("recorded_partitions", gone.Recorded).Msg(gone.Error())
+					return nil, gone
+				}
+			}
 			return nil, recordError(sink.ClassPermanent, "", name, -1,
 				fmt.Errorf("%w: topic does not exist and the brokers did not create it", sarama.ErrUnknownTopicOrPartition), nil)
 		}
@@ -256,6 +266,14 @@ func (t *topicResolver) discover(name string) (*topicInfo, error) {
 	}
 	t.log.Debug().Str("topic", name).Int("max_message_bytes", info.maxBytes).Msg("topic ready")
 	return info, nil
+}
+
+// wasDeleted asks the partition record whether a missing topic was
+// published to before, within --kafka-timeout.
+func (t *topicResolver) wasDeleted(name string) (*TopicDeletedError, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+	defer cancel()
+	return t.cfg.Partitions.deleted(ctx, name)
 }
 
 // pin reads the partition count a topic's keys are mapped by, recording
