@@ -34,6 +34,9 @@ type Metrics struct {
 	// once partitions were added and not yet adopted (docs/partitions.md).
 	TopicPartitions     *prometheus.GaugeVec
 	TopicPartitionsUsed *prometheus.GaugeVec
+	// KafkaThrottle sums the time the brokers made the relay's clients
+	// wait (quotas).
+	KafkaThrottle prometheus.Counter
 
 	mu       sync.Mutex
 	perTopic map[string]topicCounters
@@ -61,6 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		State:               s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
 		TopicPartitions:     s.GaugeVec("outbox_relay_topic_partitions", "Partitions of each event topic the relay published to, as the brokers' metadata last showed them (checked every 10s).", "topic"),
 		TopicPartitionsUsed: s.GaugeVec("outbox_relay_topic_partitions_used", "The partition count each event topic's keys are mapped by: the one the relay recorded for the topic, until an operator adopts another (outbox-relay partitions adopt). Below outbox_relay_topic_partitions after partitions were added: keys stay where they were, the new partitions get nothing.", "topic"),
+		KafkaThrottle:       s.Counter("outbox_relay_kafka_throttle_seconds_total", "Time the brokers asked the relay's Kafka clients to wait before their next request, because a quota (producer_byte_rate, request_percentage) was exceeded; its rate is the share of time publishing was held back."),
 		perTopic:            make(map[string]topicCounters),
 	}
 	if reg != nil {

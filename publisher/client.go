@@ -78,7 +78,7 @@ func ClientConfig(cfg Config) (*sarama.Config, error) {
 	}
 	sc.Version = version
 	sc.ClientID = cfg.ClientID
-	sc.MetricRegistry = newDiscardMetrics()
+	sc.MetricRegistry = newDiscardMetrics(cfg.Throttle)
 	sc.Metadata.AllowAutoTopicCreation = false
 	if cfg.Timeout > 0 {
 		sc.Net.DialTimeout, sc.Net.ReadTimeout, sc.Net.WriteTimeout = cfg.Timeout, cfg.Timeout, cfg.Timeout

@@ -11,11 +11,23 @@ import (
 // UseNilMetrics switch.
 // Kinds it does not know go to a real registry, so a newer sarama keeps
 // working.
-type discardMetrics struct{ fallback metrics.Registry }
+// The brokers' throttle times are the exception: they go to throttle.
+type discardMetrics struct {
+	fallback metrics.Registry
+	throttle *Throttle
+}
 
-func newDiscardMetrics() *discardMetrics { return &discardMetrics{fallback: metrics.NewRegistry()} }
+func newDiscardMetrics(throttle *Throttle) *discardMetrics {
+	return &discardMetrics{fallback: metrics.NewRegistry(), throttle: throttle}
+}
 
 func (d *discardMetrics) GetOrRegister(name string, metric any) any {
+	switch metric.(type) {
+	case func() metrics.Histogram, metrics.Histogram:
+		if d.throttle != nil && isThrottleMetric(name) {
+			return throttleHistogram{t: d.throttle}
+		}
+	}
 	switch metric.(type) {
 	case func() metrics.Meter, metrics.Meter:
 		return metrics.NilMeter{}

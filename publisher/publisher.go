@@ -33,6 +33,9 @@ type Config struct {
 	Compression   string // none, gzip, snappy, lz4, zstd
 	KafkaVersion  string // protocol version to speak, e.g. "3.6.0"
 	ClientID      string
+	// Throttle counts the brokers' throttle times (quotas); nil: not
+	// counted.
+	Throttle *Throttle
 
 	// MaxMessageBytes is the largest batch the producer builds for one
 	// partition, and so the largest record it sends. Keep it at or below the

@@ -213,6 +213,28 @@ func TestValidTopicName(t *testing.T) {
 	}
 }
 
+// The brokers' throttle times, which sarama records per broker, reach the
+// Throttle's observer; other histograms stay no-ops.
+func TestThrottleTimesAreCounted(t *testing.T) {
+	th := NewThrottle(zerolog.Nop())
+	var total time.Duration
+	th.Observe(func(d time.Duration) { total += d })
+	r := newDiscardMetrics(th)
+	newHistogram := func() metrics.Histogram { return metrics.NewHistogram(metrics.NewUniformSample(10)) }
+	h, ok := r.GetOrRegister("throttle-time-in-ms-for-broker-1", newHistogram).(metrics.Histogram)
+	if !ok {
+		t.Fatal("the throttle histogram is not a histogram")
+	}
+	h.Update(250)
+	h.Update(750)
+	if _, ok := r.GetOrRegister("request-latency-in-ms-for-broker-1", newHistogram).(metrics.NilHistogram); !ok {
+		t.Error("another histogram is not a no-op")
+	}
+	if total != time.Second {
+		t.Fatalf("throttled %v, want 1s", total)
+	}
+}
+
 func TestClassify(t *testing.T) {
 	for err, want := range map[error]sink.Class{
 		sarama.ErrMessageSizeTooLarge:                     sink.ClassPermanent,
@@ -295,7 +317,7 @@ func TestBuildWithHeadersAllocations(t *testing.T) {
 }
 
 func TestDiscardMetricsHandsOutNoOps(t *testing.T) {
-	r := newDiscardMetrics()
+	r := newDiscardMetrics(nil)
 	if _, ok := r.GetOrRegister("m", metrics.NewMeter).(metrics.NilMeter); !ok {
 		t.Error("meter is not a no-op")
 	}

@@ -268,7 +268,7 @@ func runRelay(ctx context.Context, o *options, log zerolog.Logger, stderr io.Wri
 		},
 		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
 			m := relay.NewMetrics(registry)
-			o.observePartitions(m.Metrics)
+			o.observeKafka(m.Metrics)
 			r := relay.New(cfg, log, m, hooks)
 			return r, func() pipeline.Status { return r.Status().Status }, nil
 		},

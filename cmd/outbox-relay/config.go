@@ -29,6 +29,9 @@ type options struct {
 	// partitions is the process's mapping of keys by the recorded
 	// partition counts, shared by every sink (see kafkaConfig).
 	partitions *publisher.Partitions
+	// throttle counts the brokers' throttle times of every Kafka client
+	// of the process.
+	throttle   *publisher.Throttle
 	dryRun     bool
 	brokers    string
 	adminAddr  string
@@ -579,16 +582,23 @@ func (o *options) kafkaConfig(log zerolog.Logger) publisher.Config {
 			o.partitions = publisher.NewPartitions(registry, log)
 		}
 	}
+	if o.throttle == nil {
+		o.throttle = publisher.NewThrottle(log)
+	}
 	k := o.kafka
 	k.Partitions = o.partitions
+	k.Throttle = o.throttle
 	return k
 }
 
-// observePartitions has the partition gauges of m follow what the sinks
-// learn.
-func (o *options) observePartitions(m *pipeline.Metrics) {
+// observeKafka has the partition gauges and the throttle counter of m
+// follow what the sinks learn.
+func (o *options) observeKafka(m *pipeline.Metrics) {
 	if o.partitions != nil {
 		o.partitions.Observe(m.SetTopicPartitions)
+	}
+	if o.throttle != nil {
+		o.throttle.Observe(func(d time.Duration) { m.KafkaThrottle.Add(d.Seconds()) })
 	}
 }
 

@@ -88,7 +88,7 @@ func runPoll(ctx context.Context, o *options, log zerolog.Logger, stderr io.Writ
 		},
 		make: func(registry *prometheus.Registry, hooks pipeline.Hooks) (service, func() pipeline.Status, error) {
 			m := poll.NewMetrics(registry)
-			o.observePartitions(m.Metrics)
+			o.observeKafka(m.Metrics)
 			p, err := poll.New(cfg, log, m, hooks)
 			if err != nil {
 				return nil, nil, err
