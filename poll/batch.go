@@ -16,6 +16,9 @@ type worker struct {
 	p      *Poller
 	claims *queries
 	marks  *queries
+	// claimsAlive and marksAlive prove the two connections alive: the
+	// claimer's goroutine owns the claiming one, the marker's the other.
+	claimsAlive, marksAlive *prover
 	// rowBytes is the mean size of the rows the last claim took; the
 	// next claim asks for about twice as many rows as its byte bound
 	// holds of those. The claim reads the size of every row it may take
@@ -40,7 +43,14 @@ func (w *worker) claim(ctx context.Context) ([]claimed, error) {
 	if w.rowBytes > 0 {
 		limit = int(min(int64(cfg.Batch), max(1, 2*budget/w.rowBytes)))
 	}
-	rows, err := w.claims.claimBatch(ctx, limit, budget, cfg.MaxMessageBytes, cfg.Lease)
+	// A claim is bounded by --pg-timeout: behind a dead link it would
+	// wait for ever, and it proves the claiming session alive, which the
+	// leases it holds live by.
+	var rows []claimed
+	err := w.claimsAlive.bounded(ctx, w.p.deadAfter(), func(ctx context.Context) (err error) {
+		rows, err = w.claims.claimBatch(ctx, limit, budget, cfg.MaxMessageBytes, cfg.Lease)
+		return err
+	})
 	now := time.Now()
 	w.p.update(func(s *Status) { s.LastClaimAt = &now })
 	if err != nil {

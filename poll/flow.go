@@ -2,10 +2,13 @@ package poll
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/outbox-relay/outbox-relay/engine"
+	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/sink"
 )
 
@@ -38,7 +41,12 @@ type flow struct {
 	// failed holds the first failure of the claimer or the marker.
 	failed chan error
 	cancel context.CancelFunc
-	done   sync.WaitGroup
+	// abandoned ends the marks under way once a connection is taken for
+	// dead: the session ends, and waiting for them would keep it (and
+	// its log line) up to their bound.
+	abandoned context.Context
+	abandon   context.CancelFunc
+	done      sync.WaitGroup
 	// claimerDone is closed once the claimer returned: nobody counts the
 	// batches marked after that.
 	claimerDone chan struct{}
@@ -73,6 +81,7 @@ func (w *worker) startFlow(ctx context.Context, claimer func(ctx context.Context
 	ctx, cancel := context.WithCancel(ctx)
 	f := &flow{w: w, claimed: make(chan []claimed), toMark: make(chan markJob),
 		settled: make(chan struct{}), failed: make(chan error, 1), cancel: cancel, claimerDone: make(chan struct{})}
+	f.abandoned, f.abandon = context.WithCancel(context.Background())
 	f.done.Add(2)
 	go func() {
 		defer f.done.Done()
@@ -106,6 +115,10 @@ func (f *flow) Next(ctx context.Context, deadline time.Time) (engine.Read, error
 // start makes a claimed batch the one the engine publishes. Each row's
 // position is its index after base, carried as its event's Txn.
 func (f *flow) start(rows []claimed) (engine.Read, error) {
+	if err := f.claimsProved(); err != nil {
+		// Its leases end with the claiming session.
+		return engine.Read{}, err
+	}
 	f.base = f.next
 	f.next += engine.Position(len(rows))
 	f.batch, f.results = rows, make([]result, len(rows))
@@ -170,7 +183,40 @@ func (f *flow) finish() {
 }
 
 // Duties reports the claimer's or the marker's failure.
-func (f *flow) Duties(bool) error { return f.failure() }
+// While a batch publishes, it also stops the batch once its claiming
+// session is unproven.
+func (f *flow) Duties(bool) error {
+	if err := f.failure(); err != nil {
+		return err
+	}
+	if f.batch != nil {
+		return f.claimsProved()
+	}
+	return nil
+}
+
+// ErrLeaseUnproven ends a lease poller's session that could not show its
+// claiming session alive: PostgreSQL ends the leases of a session it
+// noticed gone, within about --pg-timeout, and another poller may claim
+// the rows.
+var ErrLeaseUnproven = errors.New("the poller could not prove its claiming session alive")
+
+// claimsProved says whether the claiming session answered within two
+// thirds of --pg-timeout: the server cannot have noticed it gone, and
+// released its leases, before --pg-timeout. The claimer proves it every
+// third while a batch waits or publishes.
+func (f *flow) claimsProved() error {
+	p := f.w.p
+	since := f.w.claimsAlive.since()
+	if since < 2*p.proofEvery() {
+		return nil
+	}
+	err := fmt.Errorf("%w: it last answered %s ago, and PostgreSQL releases its leases once it notices it gone (about --pg-timeout %s); publishing stops before another poller can claim the rows, taking the connection for dead and connecting again",
+		ErrLeaseUnproven, since.Round(100*time.Millisecond), p.deadAfter())
+	p.setState(pipeline.StateBackingOff, err)
+	f.abandon()
+	return err
+}
 
 // Wake: a poller has nothing to do on time (the claimer keeps the
 // watchdog, and Next hears the claimer's and the marker's failures), but
@@ -199,23 +245,34 @@ func (f *flow) Close(bool) {
 	f.cancel()
 	close(f.toMark)
 	f.done.Wait()
+	f.abandon()
 }
 
 // send hands a claimed batch to the engine, counting the batches marked
 // meanwhile. If the flow fails or ctx ends first, the batch was never
 // sent: its rows are given back.
-func (f *flow) send(ctx context.Context, rows []claimed, inFlight *int) {
+func (f *flow) send(ctx context.Context, rows []claimed, inFlight *int) error {
 	for {
+		proof := proofTimer(f.w.claimsAlive)
 		select {
 		case f.claimed <- rows:
+			proof.Stop()
 			*inFlight++
-			return
+			return nil
 		case <-f.settled:
 			*inFlight--
+		case <-proof.C:
+			// The engine publishes a batch only while the claiming
+			// session is proved alive (see start): keep proving it.
+			if err := f.w.claimsAlive.prove(ctx); err != nil {
+				return err
+			}
 		case <-ctx.Done():
+			proof.Stop()
 			f.w.giveBack(ctx, rows)
-			return
+			return nil
 		}
+		proof.Stop()
 	}
 }
 
@@ -223,14 +280,22 @@ func (f *flow) send(ctx context.Context, rows []claimed, inFlight *int) {
 // reports a failure.
 func (f *flow) settle(ctx context.Context, inFlight *int, other <-chan error) error {
 	for *inFlight > 0 {
+		proof := proofTimer(f.w.claimsAlive)
 		select {
 		case <-f.settled:
 			*inFlight--
+		case <-proof.C:
+			if err := f.w.claimsAlive.prove(ctx); err != nil {
+				return err
+			}
 		case err := <-other:
+			proof.Stop()
 			return err
 		case <-ctx.Done():
+			proof.Stop()
 			return nil
 		}
+		proof.Stop()
 	}
 	return nil
 }
@@ -238,11 +303,33 @@ func (f *flow) settle(ctx context.Context, inFlight *int, other <-chan error) er
 // markStage records each batch's results. The marks are written even when
 // the session is ending: they record acks Kafka gave, and save their
 // re-delivery.
+//
+// While no batch comes, it proves its connection alive; a mark, like a
+// proof, is bounded: by --pg-timeout.
 func (f *flow) markStage(ctx context.Context) {
-	for job := range f.toMark {
-		markCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-		err := f.w.mark(markCtx, job.rows, job.results)
-		cancel()
+	alive := f.w.marksAlive
+	for {
+		proof := proofTimer(alive)
+		var job markJob
+		var ok bool
+		select {
+		case job, ok = <-f.toMark:
+		case <-proof.C:
+			if err := alive.prove(ctx); err != nil {
+				f.fail(err)
+				for range f.toMark { // the session ends: nothing more is marked here
+				}
+				return
+			}
+			continue
+		}
+		proof.Stop()
+		if !ok {
+			return
+		}
+		err := alive.bounded(f.abandoned, f.w.p.deadAfter(), func(ctx context.Context) error {
+			return f.w.mark(ctx, job.rows, job.results)
+		})
 		select {
 		case f.settled <- struct{}{}:
 		case <-f.claimerDone:
@@ -255,6 +342,9 @@ func (f *flow) markStage(ctx context.Context) {
 
 // fail keeps the first failure and stops the claimer.
 func (f *flow) fail(err error) {
+	if errors.Is(err, ErrConnectionDead) || errors.Is(err, ErrLeaseUnproven) {
+		f.abandon()
+	}
 	select {
 	case f.failed <- err:
 	default:

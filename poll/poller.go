@@ -236,7 +236,8 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 	if err != nil {
 		return true, err
 	}
-	w := &worker{p: p, claims: q, marks: p.queriesOn(marks)}
+	w := &worker{p: p, claims: q, marks: p.queriesOn(marks), claimsAlive: p.newProver(conn, "claiming"),
+		marksAlive: p.newProver(marks, "marks")}
 	f := w.startFlow(ctx, func(ctx context.Context, f *flow) error {
 		return p.claimLoop(ctx, w, f, wake, listenErr, houseErr)
 	})
@@ -279,7 +280,9 @@ func (p *Poller) claimLoop(ctx context.Context, w *worker, f *flow, wake <-chan 
 			return err
 		}
 		if len(rows) > 0 {
-			f.send(ctx, rows, &inFlight)
+			if err := f.send(ctx, rows, &inFlight); err != nil {
+				return err
+			}
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -305,7 +308,14 @@ func (p *Poller) claimLoop(ctx context.Context, w *worker, f *flow, wake <-chan 
 			}
 		}
 		interval.Reset(p.cfg.Interval)
+		// Under a --poll-interval longer than a third of --pg-timeout the
+		// claiming session is proved alive in between.
+		proof := proofTimer(w.claimsAlive)
 		select {
+		case <-proof.C:
+			if err := w.claimsAlive.prove(ctx); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			return nil
 		case <-wake:
@@ -318,6 +328,7 @@ func (p *Poller) claimLoop(ctx context.Context, w *worker, f *flow, wake <-chan 
 		case err := <-houseErr:
 			return err
 		}
+		proof.Stop()
 	}
 }
 
@@ -384,6 +395,7 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error, chores func(c
 		return nil, err
 	}
 	work := chores(conn)
+	alive := p.newProver(conn, "housekeeping")
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -399,7 +411,10 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error, chores func(c
 			}
 			now := time.Now()
 			var err error
-			if !now.Before(nextStats) {
+			if now.Before(nextStats) && (p.cfg.Retention.After <= 0 || now.Before(nextRetention)) {
+				// Between chores the connection is proved alive.
+				err = alive.prove(ctx)
+			} else if !now.Before(nextStats) {
 				err = work.stats(ctx)
 				took := time.Since(now)
 				nextStats = now.Add(max(p.cfg.StatsInterval, 20*took))
@@ -414,9 +429,13 @@ func (p *Poller) housekeep(ctx context.Context, errc chan<- error, chores func(c
 				}
 				return
 			}
+			alive.proved(now) // a chore that succeeded proves it too
 			next := nextStats
 			if p.cfg.Retention.After > 0 && nextRetention.Before(next) {
 				next = nextRetention
+			}
+			if due := alive.due(); due.Before(next) {
+				next = due
 			}
 			timer.Reset(time.Until(next))
 		}
@@ -475,12 +494,28 @@ func (p *Poller) listen(ctx context.Context, wake chan<- struct{}, errc chan<- e
 		return nil, fmt.Errorf("listen on %s: %w", notifyChannel, err)
 	}
 	outbox := p.t.outbox.Quoted()
+	alive := p.newProver(conn, "LISTEN")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer conn.Close(context.Background())
 		for {
-			n, err := conn.WaitForNotification(ctx)
+			// A wait ends at least every third of --pg-timeout to prove
+			// the connection alive: behind a dead link no notification
+			// ever comes, and nothing else would tell. A wait its deadline
+			// interrupts leaves the connection usable.
+			waitCtx, cancel := context.WithDeadline(ctx, alive.due())
+			n, err := conn.WaitForNotification(waitCtx)
+			cancel()
+			if err == nil {
+				alive.proved(time.Now())
+			}
+			if err != nil && ctx.Err() == nil && timedOut(err) {
+				err = alive.prove(ctx)
+				if err == nil {
+					continue
+				}
+			}
 			if err != nil {
 				if ctx.Err() == nil {
 					errc <- err

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outbox-relay/outbox-relay/engine"
-	"github.com/outbox-relay/outbox-relay/internal/tcpdial"
 	"github.com/outbox-relay/outbox-relay/layout"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/store"
@@ -324,24 +323,35 @@ type snapSource struct {
 // ahead while that one published, if any; else it reads at once while
 // rows come, or after a notification (gathered for --poll-tick) or the
 // interval.
+//
+// Every read runs on a goroutine of its own, so that the lock's session is
+// proved alive every third of --pg-timeout whatever the reading
+// connection does: a read behind a dead link would wait for ever.
 func (s *snapSource) Next(ctx context.Context, deadline time.Time) (engine.Read, error) {
-	var page snapPage
-	if s.ahead != nil {
-		timer := time.NewTimer(time.Until(deadline))
-		defer timer.Stop()
-		select {
-		case page = <-s.ahead:
-			s.ahead = nil
-		case <-timer.C:
-			return engine.Read{}, nil
-		case <-ctx.Done():
-			return engine.Read{}, nil
+	if err := s.proveLock(); err != nil {
+		return engine.Read{}, err
+	}
+	if !s.dryRun {
+		if due := s.provedAt.Add(s.p.proofEvery()); due.Before(deadline) {
+			deadline = due
 		}
-	} else {
+	}
+	if s.ahead == nil {
 		if s.idle && !s.waitForRows(ctx, deadline) {
 			return engine.Read{}, nil
 		}
-		page = s.read(ctx)
+		s.readAhead()
+	}
+	var page snapPage
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case page = <-s.ahead:
+		s.ahead = nil
+	case <-timer.C:
+		return engine.Read{}, nil
+	case <-ctx.Done():
+		return engine.Read{}, nil
 	}
 	if page.err != nil {
 		return engine.Read{}, page.err
@@ -511,10 +521,16 @@ func (s *snapSource) store() error {
 		s.p.dryRunProgress, s.stored = &p, p
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+	// A one-row write, bounded as a proof of the lock's session is: it is
+	// one.
+	bound := s.p.proofEvery()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	sent := time.Now()
 	if err := writeSnapProgress(ctx, s.ctl, s.p.t, s.target); err != nil {
+		if timedOut(err) {
+			return s.lockDead(bound, err)
+		}
 		return err
 	}
 	s.stored, s.storedAt, s.provedAt = s.target, time.Now(), sent
@@ -533,10 +549,7 @@ func (s *snapSource) proveLock() error {
 	if s.dryRun {
 		return nil
 	}
-	every := s.p.cfg.Postgres.DeadAfter / 3
-	if every <= 0 {
-		every = tcpdial.DefaultDeadAfter / 3
-	}
+	every := s.p.proofEvery()
 	if time.Since(s.provedAt) < every {
 		return nil
 	}
@@ -544,15 +557,30 @@ func (s *snapSource) proveLock() error {
 	defer cancel()
 	sent := time.Now()
 	if _, err := s.ctl.Exec(ctx, "SELECT 1"); err != nil {
-		return fmt.Errorf("%w (no answer on its session within %s: %w); publishing stops and the session is made again, so a standby that took the lock publishes alone",
-			ErrLockUnproven, every, err)
+		return s.lockDead(every, err)
 	}
 	s.provedAt = sent
 	return nil
 }
 
+// lockDead is the error that ends the session when the lock's session
+// gave no answer within bound.
+func (s *snapSource) lockDead(bound time.Duration, err error) error {
+	e := fmt.Errorf("%w: the poller's lock session had no answer within %s (%w); taking it for dead (a NAT, load balancer, proxy or firewall that dropped it, or a failed host) and connecting again (--pg-timeout %s bounds this wait); publishing stops first, so a standby that takes the lock once PostgreSQL notices the session gone publishes alone",
+		ErrLockUnproven, bound, err, s.p.deadAfter())
+	s.p.setState(pipeline.StateBackingOff, e)
+	return e
+}
+
 // Duties reports the listener's and the housekeeping's failures.
+// While a page publishes, the lock's session is proved alive as while
+// reading.
 func (s *snapSource) Duties(bool) error {
+	if s.unsettled > 0 {
+		if err := s.proveLock(); err != nil {
+			return err
+		}
+	}
 	select {
 	case err := <-s.listenErr:
 		return fmt.Errorf("listen for new rows: %w", err)
