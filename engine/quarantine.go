@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -25,6 +26,38 @@ type quarantineJob struct {
 	pos      Position
 	bytes    int
 	attempts int
+	// bound is the time its write was given.
+	bound time.Duration
+}
+
+// quarantineFloorRate is the slowest link, in bytes a second, over which
+// a quarantine write still finishes within its bound: beyond the base
+// timeout, each row gets a second per this many bytes it writes. Measured:
+// a 1 MB row over a link of 32 KB/s with 100 ms of latency took 33 s, and
+// the fixed 30 s bound failed it, and the relay with it, every time.
+const quarantineFloorRate = 8 << 10
+
+// writeBound is how long the write of e may take: the base timeout plus
+// its bytes at quarantineFloorRate.
+func (q *Quarantiner) writeBound(e store.Quarantined) time.Duration {
+	return q.timeout + time.Duration(quarantineBytes(e))*time.Second/quarantineFloorRate
+}
+
+// quarantineBytes is about what the write of e sends: its values, and its
+// raw content when it keeps it.
+func quarantineBytes(e store.Quarantined) int {
+	return len(e.EventID) + len(e.AggregateType) + len(e.AggregateID) + len(e.EventType) + len(e.SchemaVersion) +
+		len(e.Payload) + len(e.Headers) + len(e.OccurredAt) + len(e.Topic) + len(e.ErrorMessage) + len(e.ContentProblem) + len(e.Raw)
+}
+
+// quarantineAdvice says what to do about a failed write: for one that did
+// not finish within its bound, what that means.
+func quarantineAdvice(err error, job *quarantineJob) string {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return store.WriteAdvice(err)
+	}
+	return fmt.Sprintf("the write of about %d bytes did not finish within %s (30s, plus 1s per %d KB written): PostgreSQL was slower to reach than %d KB/s, or down or unreachable (a dead connection is noticed within --pg-timeout); check that it is up and that the link from the relay carries more than that, then start the relay again: it writes the event again",
+		quarantineBytes(job.event), job.bound.Round(time.Second), quarantineFloorRate>>10, quarantineFloorRate>>10)
 }
 
 type quarantineResult struct {
@@ -72,8 +105,11 @@ func (q *Quarantiner) run() {
 			return
 		default:
 		}
-		// Its own context: a stop still stores what is in flight.
-		ctx, cancel := context.WithTimeout(context.Background(), q.timeout)
+		// Its own context: a stop still stores what is in flight. The
+		// bound grows with what is written, so a slow but live link
+		// finishes; a dead one is noticed sooner by TCP (--pg-timeout).
+		job.bound = q.writeBound(job.event)
+		ctx, cancel := context.WithTimeout(context.Background(), job.bound)
 		err := q.writer.Put(ctx, job.event)
 		cancel()
 		select {
@@ -120,7 +156,7 @@ func (l *Loop) stored(res quarantineResult) {
 		// It stays unstored: close counts it if it may break order.
 		if l.failure == nil {
 			l.failure = fmt.Errorf("%w %s: %w; %s; event %s (%v) stays unpublished until then",
-				pipeline.ErrQuarantineWrite, l.cfg.Quarantine.table, res.err, store.WriteAdvice(res.err), job.event.EventID, perr.Err)
+				pipeline.ErrQuarantineWrite, l.cfg.Quarantine.table, res.err, quarantineAdvice(res.err, job), job.event.EventID, perr.Err)
 		}
 		return
 	}

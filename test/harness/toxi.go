@@ -78,6 +78,16 @@ func (x *Toxi) Slow(t testing.TB, latencyMS, jitterMS, rateKBps int) {
 	}
 }
 
+// SlowUpstream is Slow for what the client sends alone: what the server
+// sends comes at full speed.
+func (x *Toxi) SlowUpstream(t testing.TB, latencyMS, jitterMS, rateKBps int) {
+	t.Helper()
+	x.add(t, "latency", "upstream", map[string]int{"latency": latencyMS, "jitter": jitterMS})
+	if rateKBps > 0 {
+		x.add(t, "bandwidth", "upstream", map[string]int{"rate": rateKBps})
+	}
+}
+
 // Heal removes every fault. A connection black-holed is closed then, as
 // the dead connection it stands for would be once noticed.
 func (x *Toxi) Heal(t testing.TB) {
