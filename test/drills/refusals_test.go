@@ -1,6 +1,7 @@
 package drills
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -46,6 +47,7 @@ func TestDrillBrokerRefusesForMinutes(t *testing.T) {
 			fence := w.fence(w.connect(), w.genEvents(rng, 5, 200)) // its own connection: the writer uses conn
 			var notReady string
 			var maxStall float64
+			slotSaid := false
 			err := hold(refuseFor, func() error {
 				if relay.Exited() {
 					return fmt.Errorf("relay exited while the broker refused:\n%s", relay.Output())
@@ -55,6 +57,16 @@ func TestDrillBrokerRefusesForMinutes(t *testing.T) {
 				}
 				if code, body := harness.HTTPGet(t, "http://"+admin+"/readyz"); code == http.StatusServiceUnavailable && notReady == "" {
 					notReady = body
+				}
+				var slot struct {
+					Relay struct {
+						State     string `json:"state"`
+						LastError string `json:"last_error"`
+					} `json:"relay"`
+				}
+				if _, body := harness.HTTPGet(t, "http://"+admin+"/slot"); json.Unmarshal([]byte(body), &slot) == nil &&
+					slot.Relay.State == "waiting-for-kafka" && strings.Contains(slot.Relay.LastError, "kafka-stalled") {
+					slotSaid = true
 				}
 				if v, ok := harness.MetricValue(harness.Scrape(t, "http://"+admin), "outbox_relay_kafka_stall_seconds"); ok {
 					maxStall = max(maxStall, v)
@@ -69,6 +81,9 @@ func TestDrillBrokerRefusesForMinutes(t *testing.T) {
 			}
 			if !strings.Contains(notReady, "kafka-stalled") {
 				t.Errorf("/readyz never said the relay waits for Kafka during %v of refusals; last not-ready body %q", refuseFor, notReady)
+			}
+			if !slotSaid {
+				t.Errorf("/slot never said waiting-for-kafka with the stall during %v of refusals", refuseFor)
 			}
 			if maxStall < 5 {
 				t.Errorf("outbox_relay_kafka_stall_seconds peaked at %v during %v of refusals, want it past the stall timeout", maxStall, refuseFor)
