@@ -210,8 +210,12 @@ type Sinks interface {
 	// and that reports every record within Bound: retrying belongs to the
 	// poller, per event, with backoff and a bound on attempts, for a sink
 	// that retried for as long as an outage lasts would outlive the
-	// lease, and another poller would publish the rows too.
-	NewBounded(batchLimit int) (sink.Sink, error)
+	// lease, and another poller would publish the rows too. abandoned
+	// says the poller drops the sink at its first failed record and sends
+	// again from what it stored (the snapshot strategy): the sink is then
+	// cut off from the brokers at that failure, so that no record queued
+	// behind the failed one reaches Kafka before it is sent again.
+	NewBounded(batchLimit int, abandoned bool) (sink.Sink, error)
 	// Bound is the longest a bounded sink takes to report a record, and
 	// how the settings make it, for an error that names them.
 	Bound() (time.Duration, string)

@@ -232,7 +232,9 @@ func (p *Poller) session(ctx context.Context, batchLimit int) (polled bool, err 
 		return true, err
 	}
 	defer marks.Close(context.Background())
-	pub, err := p.cfg.Sinks.NewBounded(batchLimit)
+	// The lease strategy goes on with its sink after a failure: a failed
+	// event backs off alone, and its aggregate's later rows wait for it.
+	pub, err := p.cfg.Sinks.NewBounded(batchLimit, false)
 	if err != nil {
 		return true, err
 	}

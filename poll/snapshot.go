@@ -11,6 +11,7 @@ import (
 
 	"github.com/outbox-relay/outbox-relay/engine"
 	"github.com/outbox-relay/outbox-relay/layout"
+	"github.com/outbox-relay/outbox-relay/pg"
 	"github.com/outbox-relay/outbox-relay/pipeline"
 	"github.com/outbox-relay/outbox-relay/store"
 )
@@ -53,6 +54,12 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 		return false, err
 	}
 	if p.cfg.DryRun == nil {
+		// The shared poller lock too, active or standby, on the lock's
+		// session: a WAL relay refuses to stream the table beside it, and
+		// partitions adopt sees a standby, which holds nothing else.
+		if err := pg.HoldPollerLock(ctx, ctl, p.cfg.Postgres); err != nil {
+			return false, err
+		}
 		if err := p.lockSnapshot(ctx, ctl); err != nil || ctx.Err() != nil {
 			return false, err
 		}
@@ -138,7 +145,7 @@ func (p *Poller) snapshotSession(ctx context.Context, batchLimit int) (polled bo
 		<-housekeeping
 	}()
 	src.houseErr = houseErr
-	pub, err := p.cfg.Sinks.NewBounded(batchLimit)
+	pub, err := p.cfg.Sinks.NewBounded(batchLimit, true)
 	if err != nil {
 		return true, err
 	}

@@ -36,9 +36,13 @@ func (k *Kafka) withBatchLimit(batchLimit int) Config {
 }
 
 // New makes an at-least-once sink whose batches are at most batchLimit
-// bytes (0: --kafka-max-message-bytes).
+// bytes (0: --kafka-max-message-bytes). Its callers (the relay's stream,
+// reconcile's republish, quarantine replay) abandon it at its first
+// failure, so it is cut off from the brokers then (SeverOnFailure).
 func (k *Kafka) New(batchLimit int) (sink.Sink, error) {
-	p, err := New(k.withBatchLimit(batchLimit), k.log)
+	cfg := k.withBatchLimit(batchLimit)
+	cfg.SeverOnFailure = true
+	p, err := New(cfg, k.log)
 	if err != nil {
 		return nil, err // not a nil *Publisher inside the interface
 	}
@@ -71,9 +75,11 @@ const boundedRetries = 1
 
 // NewBounded makes an at-least-once sink that reports every record within
 // Bound: it retries a record once, not for as long as an outage lasts.
-func (k *Kafka) NewBounded(batchLimit int) (sink.Sink, error) {
+// abandoned: the caller drops it at its first failure (SeverOnFailure).
+func (k *Kafka) NewBounded(batchLimit int, abandoned bool) (sink.Sink, error) {
 	cfg := k.withBatchLimit(batchLimit)
 	cfg.RetryMax = boundedRetries
+	cfg.SeverOnFailure = abandoned
 	p, err := New(cfg, k.log)
 	if err != nil {
 		return nil, err

@@ -36,6 +36,13 @@ type Config struct {
 	// Throttle counts the brokers' throttle times (quotas); nil: not
 	// counted.
 	Throttle *Throttle
+	// SeverOnFailure cuts the producer off from the brokers at its first
+	// failure that is not a refusal of the record (see sever): for a
+	// caller that then abandons the sink and sends again from what it
+	// confirmed. A caller that goes on with the sink after a failure (poll
+	// mode's bounded sinks, which retry per event and hold the rest of
+	// its aggregate back) leaves it off.
+	SeverOnFailure bool
 
 	// MaxMessageBytes is the largest batch the producer builds for one
 	// partition, and so the largest record it sends. Keep it at or below the
@@ -323,7 +330,7 @@ func (p *Publisher) drainOutcomes() {
 			}
 			class := Classify(perr.Err)
 			o.Err = recordError(class, string(r.rec.EventID), o.Topic, o.Partition, perr.Err, r)
-			if class != sink.ClassPermanent {
+			if class != sink.ClassPermanent && p.cfg.SeverOnFailure {
 				p.sever()
 			}
 		}

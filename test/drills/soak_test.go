@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/outbox-relay/outbox-relay/test/harness"
 )
@@ -23,14 +25,16 @@ type soakFault struct {
 // soak is one source and delivery mode under a seeded random schedule of
 // the field's faults.
 type soak struct {
-	t       *testing.T
-	w       *world
-	k       *harness.Kfake
-	toxi    *harness.Toxi
-	relay   *harness.Process
-	flags   []string
-	off     *offsets
-	applied map[string]int
+	t    *testing.T
+	w    *world
+	k    *harness.Kfake
+	toxi *harness.Toxi
+	// kafkaToxi is in front of the broker, whose listener advertises it.
+	kafkaToxi *harness.Toxi
+	relay     *harness.Process
+	flags     []string
+	off       *offsets
+	applied   map[string]int
 }
 
 // waitProgress waits until Kafka holds n more records than before, so each
@@ -115,17 +119,42 @@ var soakFaults = []soakFault{
 		s.relay.Kill()
 		s.relay = s.w.startRelayNoWait(s.flags...)
 	}},
+	// A poller's standby is not in the soak: one instance, killed and
+	// started again.
 	{"PostgreSQL immediate restart", func(s *soak, _ *mrand.Rand) {
 		s.w.pg.StopImmediate(s.t)
 		s.w.pg.Start(s.t)
 	}},
 	{"PostgreSQL link black-holed", func(s *soak, _ *mrand.Rand) {
-		silent := strings.Count(s.relay.Output(), logSilent)
+		noticed := logSilent
+		if s.w.Source == "poll" {
+			noticed = logPollerDead
+		}
+		silent := strings.Count(s.relay.Output(), noticed)
 		s.toxi.BlackHole(s.t)
 		harness.WaitFor(s.t, time.Minute, "the relay notices the black hole", func() bool {
-			return s.relay.Exited() || strings.Count(s.relay.Output(), logSilent) > silent
+			return s.relay.Exited() || strings.Count(s.relay.Output(), noticed) > silent
 		})
 		s.toxi.Heal(s.t)
+	}},
+	{"Kafka link black-holed", func(s *soak, rng *mrand.Rand) {
+		stalled := strings.Count(s.relay.Output(), logKafkaStalled)
+		s.kafkaToxi.BlackHole(s.t)
+		if s.w.Source == "poll" {
+			// A poller has no stall watch: its publish gives up within
+			// twice --kafka-timeout and the rows are polled again.
+			time.Sleep(time.Duration(5+rng.IntN(15)) * time.Second) // the fault's duration
+		} else {
+			harness.WaitFor(s.t, time.Minute, "the relay notices the black hole", func() bool {
+				return s.relay.Exited() || strings.Count(s.relay.Output(), logKafkaStalled) > stalled
+			})
+		}
+		s.kafkaToxi.Heal(s.t)
+	}},
+	{"Kafka link slow", func(s *soak, rng *mrand.Rand) {
+		s.kafkaToxi.Slow(s.t, 50+rng.IntN(100), 50, 64+rng.IntN(512))
+		time.Sleep(time.Duration(2+rng.IntN(6)) * time.Second) // the fault's duration
+		s.kafkaToxi.Heal(s.t)
 	}},
 	{"PostgreSQL link slow", func(s *soak, rng *mrand.Rand) {
 		s.toxi.Slow(s.t, 50+rng.IntN(100), 50, 128+rng.IntN(512))
@@ -144,67 +173,115 @@ var soakFaults = []soakFault{
 	}},
 }
 
-// TestDrillSoak runs each source (the WAL table source and the messages
-// source) in each delivery mode under one seeded random schedule of the
-// field's faults: relay SIGKILLs, PostgreSQL immediate restarts, the
-// PostgreSQL link black-holed or slow, the broker refusing with
-// NOT_ENOUGH_REPLICAS or cutting produce connections, while a writer
-// commits about 140 events a second throughout. An independent franz-go
-// reader checks at the end: no loss, per-aggregate order, and for
-// exactly-once every event once for read_committed. It prints its seed;
-// OUTBOX_RELAY_DRILL_SEED replays a schedule.
+// logPollerDead is what a poller logs when it takes one of its
+// connections for dead.
+const logPollerDead = "taking it for dead"
+
+// soakRun is one source and delivery mode of the soak.
+type soakRun struct {
+	name   string
+	source string   // "", "messages" or "poll"
+	flags  []string // the run's and migrate's own
+	eos    bool
+}
+
+var soakRuns = []soakRun{
+	{name: "wal/at-least-once"},
+	{name: "wal/exactly-once", eos: true},
+	{name: "messages/at-least-once", source: "messages"},
+	{name: "messages/exactly-once", source: "messages", eos: true},
+	{name: "poll-lease", source: "poll"},
+	{name: "poll-snapshot", source: "poll", flags: []string{"--poll-strategy", "snapshot"}},
+}
+
+// TestDrillSoak runs each source (the WAL table source, the messages
+// source, and poll mode with each strategy) in each delivery mode it has
+// under one seeded random schedule of the field's faults: relay SIGKILLs,
+// PostgreSQL immediate restarts, the PostgreSQL or the Kafka link
+// black-holed or slow, the broker refusing with NOT_ENOUGH_REPLICAS or
+// cutting produce connections, while a writer commits about 140 events a
+// second throughout. An independent franz-go reader checks at the end: no
+// loss, per-aggregate order, and for exactly-once every event once for
+// read_committed. It prints its seed; OUTBOX_RELAY_DRILL_SEED replays a
+// schedule.
 //
-// Reduced: 6 faults per run; OUTBOX_RELAY_DRILL_SIZE=full (make soak): 40.
-// The poll source is not in it yet.
+// Reduced: 5 faults per run; OUTBOX_RELAY_DRILL_SIZE=full (make soak): 40.
 func TestDrillSoak(t *testing.T) {
-	steps := harness.Sized(6, 40)
-	for _, source := range []string{"wal", "messages"} {
-		for _, mode := range []string{"at-least-once", "exactly-once"} {
-			t.Run(source+"/"+mode, func(t *testing.T) {
-				rng := newRand(t)
-				pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "10s"}})
-				w := newWorld(t, pg, nil)
-				if source == "messages" {
-					w.Source = "messages"
-					w.EmitMessages(t, w.DB, "outbox")
+	steps := harness.Sized(5, 40)
+	for _, run := range soakRuns {
+		t.Run(run.name, func(t *testing.T) {
+			rng := newRand(t)
+			pg := harness.StartPostgres(t, harness.PGOptions{Settings: map[string]string{"wal_sender_timeout": "10s"}})
+			w := newWorld(t, pg, nil)
+			switch run.source {
+			case "messages":
+				w.Source = "messages"
+				w.EmitMessages(t, w.DB, "outbox")
+			case "poll":
+				w.Source = "poll"
+			}
+			var kafkaToxi *harness.Toxi
+			listen := func(network, address string) (net.Listener, error) {
+				ln, err := net.Listen(network, address)
+				if err != nil {
+					return nil, err
 				}
-				k := startKfake(t, harness.KfakeOptions{}, w.topics())
-				w.Brokers = k.Brokers()
-				w.Migrate()
-				toxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
-				w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), toxi.Addr(), 1)
-				flags := []string{"--pg-timeout", "5s"}
-				if mode == "exactly-once" {
-					flags = append(flags, eosFlags...)
+				kafkaToxi = harness.StartToxi(t, ln.Addr().String())
+				front, err := net.ResolveTCPAddr("tcp", kafkaToxi.Addr())
+				if err != nil {
+					ln.Close()
+					return nil, err
 				}
-				s := &soak{t: t, w: w, k: k, toxi: toxi, flags: flags, off: newOffsets(t, w.Brokers), applied: map[string]int{}}
-				s.relay = w.startRelay(flags...)
-				pw := startSoakWriter(w, writerRand(rng))
-				defer pw.halt()
-				start := time.Now()
-				for i := range steps {
-					s.waitProgress(int64(100 + rng.IntN(400)))
-					f := soakFaults[rng.IntN(len(soakFaults))]
-					t.Logf("step %d: %s", i+1, f.name)
-					f.apply(s, rng)
-					s.applied[f.name]++
-				}
-				s.waitProgress(100)
-				if err := pw.halt(); err != nil {
-					t.Fatalf("writer: %v", err)
-				}
-				var records []harness.Record
-				dups := 0
-				if mode == "exactly-once" {
-					records = w.settleExactlyOnce(5 * time.Minute)
-				} else {
-					records = w.waitSettled(5 * time.Minute)
-					w.checkDelivery(records)
-					dups = len(records) - len(harness.FirstDeliveries(records))
-				}
-				t.Logf("soak %s/%s: %d faults in %v %v; %d events, %d records, %d duplicates, 0 lost, order kept",
-					source, mode, steps, time.Since(start).Round(time.Second), s.applied, w.CommittedCount(), len(records), dups)
-			})
-		}
+				return advertised{Listener: ln, addr: front}, nil
+			}
+			k := startKfake(t, harness.KfakeOptions{Extra: []kfake.Opt{kfake.ListenFn(listen)}}, w.topics())
+			w.Brokers = k.Brokers()
+			if len(w.Brokers) != 1 || w.Brokers[0] != kafkaToxi.Addr() {
+				t.Fatalf("kfake advertises %v, not the proxy %s", w.Brokers, kafkaToxi.Addr())
+			}
+			w.Migrate(run.flags...)
+			toxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
+			w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), toxi.Addr(), 1)
+			flags := append([]string{"--pg-timeout", "5s", "--kafka-timeout", "5s", "--kafka-stall-timeout", "10s"}, run.flags...)
+			if run.eos {
+				flags = append(flags, eosFlags...)
+			}
+			s := &soak{t: t, w: w, k: k, toxi: toxi, kafkaToxi: kafkaToxi, flags: flags, off: newOffsets(t, w.Brokers), applied: map[string]int{}}
+			s.relay = w.startSource(flags...)
+			pw := startSoakWriter(w, writerRand(rng))
+			defer pw.halt()
+			start := time.Now()
+			for i := range steps {
+				s.waitProgress(int64(100 + rng.IntN(400)))
+				f := soakFaults[rng.IntN(len(soakFaults))]
+				t.Logf("step %d: %s", i+1, f.name)
+				f.apply(s, rng)
+				s.applied[f.name]++
+			}
+			s.waitProgress(100)
+			if err := pw.halt(); err != nil {
+				t.Fatalf("writer: %v", err)
+			}
+			var records []harness.Record
+			dups := 0
+			switch {
+			case run.eos:
+				records = w.settleExactlyOnce(5 * time.Minute)
+			case run.source == "poll":
+				// No slot to confirm a fence: read until every committed
+				// event is in Kafka.
+				ids, order := w.Committed()
+				records = harness.ConsumeEventIDs(t, w.Brokers, w.topicRegex(), ids, 5*time.Minute)
+				harness.CheckNoLoss(t, records, ids)
+				harness.CheckPerAggregateOrder(t, records, order)
+				dups = len(records) - len(harness.FirstDeliveries(records))
+			default:
+				records = w.waitSettled(5 * time.Minute)
+				w.checkDelivery(records)
+				dups = len(records) - len(harness.FirstDeliveries(records))
+			}
+			t.Logf("soak %s: %d faults in %v %v; %d events, %d records, %d duplicates, 0 lost, order kept",
+				run.name, steps, time.Since(start).Round(time.Second), s.applied, w.CommittedCount(), len(records), dups)
+		})
 	}
 }
