@@ -3,6 +3,7 @@ package progress
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -138,6 +139,27 @@ func (w *Writer) loop() {
 	}
 }
 
+// remake makes a progress topic the brokers lost (deleted, or gone with a
+// broker's data) again and writes rec once more. Left missing, no record
+// would be stored until the stream restarted, and a PostgreSQL restart
+// meanwhile would re-deliver everything since the last one.
+func (w *Writer) remake(key []byte, rec Record) error {
+	ctx, cancel := context.WithTimeout(context.Background(), remakeTimeout)
+	defer cancel()
+	created, err := w.store.Recreate(ctx)
+	if err != nil {
+		return fmt.Errorf("make the missing progress topic again: %w", err)
+	}
+	if created {
+		w.log.Warn().Str("topic", w.store.Topic()).
+			Msg("the progress topic was missing on the brokers (deleted, or lost with a broker's data); made it again and wrote the current position to it")
+	}
+	return w.store.Write(key, rec)
+}
+
+// remakeTimeout bounds making the progress topic again.
+const remakeTimeout = 30 * time.Second
+
 // answer serves a Flush: it writes what is pending and replies with the
 // write's error, or nil when nothing was pending.
 func (w *Writer) answer(reply chan<- error, failing *bool) {
@@ -161,6 +183,9 @@ func (w *Writer) flush(failing *bool) bool {
 	w.dirty = false
 	w.mu.Unlock()
 	err := w.store.Write(key, rec)
+	if errors.Is(err, ErrTopicMissing) {
+		err = w.remake(key, rec)
+	}
 	w.lastErr = err
 	if err != nil {
 		w.mu.Lock()

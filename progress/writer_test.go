@@ -18,6 +18,10 @@ type memStore struct {
 	mu     sync.Mutex
 	writes []Record
 	fail   error // every Write fails with it when set
+	// missing: the topic was deleted; Write fails with ErrTopicMissing
+	// until Recreate, which counts in remade.
+	missing bool
+	remade  int
 }
 
 func (s *memStore) Topic() string { return "outbox-relay.progress" }
@@ -37,11 +41,23 @@ func (s *memStore) Write(_ []byte, r Record) error {
 	if s.fail != nil {
 		return s.fail
 	}
+	if s.missing {
+		return ErrTopicMissing
+	}
 	s.writes = append(s.writes, r)
 	return nil
 }
 
-func (s *memStore) Recreate(context.Context) (bool, error) { return false, nil }
+func (s *memStore) Recreate(context.Context) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	was := s.missing
+	if was {
+		s.missing = false
+		s.remade++
+	}
+	return was, nil
+}
 func (s *memStore) Close() error                           { return nil }
 
 func (s *memStore) positions() []lsn.LSN {
@@ -104,5 +120,21 @@ func TestFlushReportsAFailedWrite(t *testing.T) {
 		// The loop may answer before it sees ctx ended; then the write
 		// failed again and must still be reported.
 		t.Fatalf("Flush with an ended context and a failing store returned nil")
+	}
+}
+
+// TestWriteMakesAMissingTopicAgain: a write that finds the progress topic
+// gone (deleted under the running relay) makes it again at once and
+// stores the record, rather than failing until the stream restarts.
+func TestWriteMakesAMissingTopicAgain(t *testing.T) {
+	s := &memStore{missing: true}
+	w := NewWriter(s, time.Hour, zerolog.Nop(), nil)
+	defer w.Close(time.Second)
+	w.Offer(Key("outbox_relay", "1"), Record{LSN: 9, Timeline: 1})
+	if err := w.Flush(context.Background()); err != nil {
+		t.Fatalf("Flush with the topic missing: %v, want it made again and the record written", err)
+	}
+	if got := s.positions(); !slices.Equal(got, []lsn.LSN{9}) || s.remade != 1 {
+		t.Fatalf("store holds %v after %d re-creations, want [9] after 1", got, s.remade)
 	}
 }

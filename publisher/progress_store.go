@@ -225,6 +225,9 @@ func (s *ProgressStore) Write(key []byte, r progress.Record) error {
 	_, _, err := s.producer.SendMessage(&sarama.ProducerMessage{
 		Topic: s.topic, Partition: progressPartition, Key: sarama.ByteEncoder(key), Value: sarama.ByteEncoder(r.Marshal()),
 	})
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+		return fmt.Errorf("write progress to %s: %w: %w", s.topic, progress.ErrTopicMissing, err)
+	}
 	if err != nil {
 		return fmt.Errorf("write progress to %s: %w", s.topic, err)
 	}
