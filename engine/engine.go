@@ -559,6 +559,33 @@ func (l *Loop) outcome(o sink.Outcome) {
 		return
 	}
 	perr := o.Err
+	if errors.Is(perr, sink.ErrTopicPartitions) {
+		// The topic has fewer partitions than its keys are mapped by (made
+		// again smaller): no retry, backoff or quarantine can help, and the
+		// session ends with the topic's own error, which every source
+		// takes as fatal (pipeline.IsFatal). The event is read again by the
+		// next start.
+		l.inFlight--
+		l.settle(o.Txn, Fate{Unsent: true, Bytes: o.Bytes})
+		if l.failure == nil {
+			l.failure = perr.Err
+		}
+		return
+	}
+	if errors.Is(perr, sink.ErrTopicGone) {
+		// The topic was deleted since the session looked it up: backing
+		// the event off, or quarantining it, in this session would never
+		// look again. The session ends, and the next one looks the topic
+		// up: one the relay published to before is waited for.
+		l.cfg.Metrics.Failed(perr.Class)
+		l.inFlight--
+		l.settle(o.Txn, Fate{Unsent: true, Bytes: o.Bytes})
+		l.orderBreak(perr)
+		if l.failure == nil {
+			l.failure = perr
+		}
+		return
+	}
 	l.cfg.Metrics.Failed(perr.Class)
 	permanent := perr.Class == sink.ClassPermanent
 	if l.cfg.Quarantine != nil && perr.Record != nil &&

@@ -49,6 +49,15 @@ func isLocalSize(err error) bool {
 	return errors.As(err, &lsErr)
 }
 
+// topicGoneError is a producer's failure on a topic that no longer exists,
+// marked sink.ErrTopicGone so the engine ends the session and the next one
+// looks the topic up again (a deleted topic the relay published to is
+// waited for, TopicDeletedError). Its message is the producer's.
+type topicGoneError struct{ err error }
+
+func (e topicGoneError) Error() string   { return e.err.Error() }
+func (e topicGoneError) Unwrap() []error { return []error{e.err, sink.ErrTopicGone} }
+
 // errInvalidTopicName marks a topic name that Kafka would refuse.
 var errInvalidTopicName = errors.New("invalid topic name")
 

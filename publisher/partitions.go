@@ -234,8 +234,7 @@ func (pp *pinnedPartitioner) Partition(msg *sarama.ProducerMessage, numPartition
 	}
 	if used > numPartitions {
 		// Made again smaller: any choice would move keys.
-		return 0, fmt.Errorf("partition record for topic %s: keys are mapped by %d partitions and the topic has %d: %w",
-			pp.topic, used, numPartitions, sink.ErrTopicPartitions)
+		return 0, &PartitionsShrunkError{Topic: pp.topic, Recorded: used, Have: numPartitions}
 	}
 	return javaPartitioner{}.partitionBy(msg, used)
 }

@@ -329,7 +329,11 @@ func (p *Publisher) drainOutcomes() {
 				o.Partition = -1 // refused by sarama before it chose a partition
 			}
 			class := Classify(perr.Err)
-			o.Err = recordError(class, string(r.rec.EventID), o.Topic, o.Partition, perr.Err, r)
+			err := perr.Err
+			if errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+				err = topicGoneError{err}
+			}
+			o.Err = recordError(class, string(r.rec.EventID), o.Topic, o.Partition, err, r)
 			if class != sink.ClassPermanent && p.cfg.SeverOnFailure {
 				p.sever()
 			}

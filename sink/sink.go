@@ -39,6 +39,12 @@ var ErrAuth = errors.New("kafka authentication failed")
 // decides (docs/partitions.md).
 var ErrTopicPartitions = errors.New("event topic has fewer partitions than its keys are mapped by")
 
+// ErrTopicGone marks a record whose event topic no longer exists on the
+// brokers (deleted since the session looked it up). The session ends, and
+// the next one looks the topic up again: one the relay published to before
+// is waited for, its events held in the source, never quarantined.
+var ErrTopicGone = errors.New("event topic no longer exists on the brokers")
+
 // BatchLimitError says a topic accepts smaller batches than the producer
 // builds. The caller restarts with BatchLimit lowered to the limit;
 // otherwise a batch of small records could exceed the topic's limit.
