@@ -94,29 +94,68 @@ func CheckNoPollers(ctx context.Context, conn Querier, cfg Config) error {
 		len(pids), cfg.Table, pids, modesDoc)
 }
 
-// RunningRelay names the relay running on cfg.Table or slot now, "" when
-// none: a session streaming the slot (the wal and messages sources), or a
-// poller holding its lock on the table. A one-shot command that changes
-// what a running relay has read (partitions adopt) refuses while one is.
-func RunningRelay(ctx context.Context, conn Querier, cfg Config, slot string) (string, error) {
-	table, err := cfg.QuotedTable()
+// snapshotLockClass is the SQL of the first key of the advisory lock the
+// active snapshot poller of a table holds (poll's snapshotLock); the
+// second is hashtext of the table's quoted name.
+const snapshotLockClass = "hashtext('outbox-relay poll snapshot')"
+
+// RunningRelay names every relay that runs now on cfg.Table's schema and
+// so reads its partition count registry (shared by the schema's tables),
+// none when empty: a session streaming slot, a slot recorded in
+// slotRegistry (the schema's slot registry, quoted; skipped when "" or
+// missing), or another pgoutput slot whose walsender streams a
+// publication of cfg.Table (seen as CheckNoWALRelay sees it); a snapshot
+// poller holding its table's lock; a lease poller or a snapshot standby
+// holding the shared poller lock on a table of the schema. A one-shot
+// command that changes what a running relay has read (partitions adopt)
+// refuses while one is.
+func RunningRelay(ctx context.Context, conn Querier, cfg Config, slot, slotRegistry string) ([]string, error) {
+	schema, table, err := SplitTable(cfg.Table)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	var running string
-	err = conn.QueryRow(ctx, `SELECT 'a relay is streaming replication slot ' || quote_literal(slot_name) || ' (walsender PID ' || active_pid || ')'
-		FROM pg_replication_slots WHERE database = current_database() AND active AND slot_name = $1
-		UNION ALL
-		SELECT 'a poll-mode relay is polling ' || $3 || ' (PostgreSQL session PID ' || pid || ')' FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 2
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = $2::bigint::oid AND objid = to_regclass($4)::oid
-		LIMIT 1`, slot, pollerLockClass, cfg.Table, table).Scan(&running)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+	var recorded []string
+	if slotRegistry != "" {
+		var exists bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", slotRegistry).Scan(&exists); err != nil {
+			return nil, fmt.Errorf("look up the slot registry %s: %w", slotRegistry, err)
+		}
+		if exists {
+			if err := conn.QueryRow(ctx, "SELECT COALESCE(array_agg(slot_name::text), '{}') FROM "+slotRegistry).Scan(&recorded); err != nil {
+				return nil, fmt.Errorf("read the slot registry %s: %w", slotRegistry, err)
+			}
+		}
 	}
+	var running []string
+	err = conn.QueryRow(ctx, `WITH rels AS (
+		  SELECT c.oid, format('%I.%I', n.nspname, c.relname) AS name,
+		         '"' || replace(n.nspname, '"', '""') || '"."' || replace(c.relname, '"', '""') || '"' AS quoted
+		  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		  WHERE n.nspname = $2 AND c.relkind IN ('r', 'p')
+		), locks AS (
+		  SELECT * FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+		    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		), snapshot AS (
+		  SELECT l.pid, r.name FROM locks l JOIN rels r ON l.objid = hashtext(r.quoted)::oid
+		  WHERE l.granted AND l.classid = `+snapshotLockClass+`::oid
+		), found AS (
+		  SELECT 0 AS ord, 'a relay is streaming replication slot ' || quote_literal(s.slot_name) || ' (walsender PID ' || s.active_pid || ')' AS what
+		  FROM pg_replication_slots s
+		  WHERE s.database = current_database() AND s.active
+		    AND (s.slot_name = $1 OR s.slot_name = ANY($5::text[]) OR (s.plugin = 'pgoutput' AND EXISTS (
+		      SELECT 1 FROM pg_stat_activity a JOIN pg_publication_tables p ON position(p.pubname in a.query) > 0
+		      WHERE a.pid = s.active_pid AND p.schemaname = $2 AND p.tablename = $3 AND a.query LIKE '%publication_names%')))
+		  UNION ALL
+		  SELECT 1, 'a snapshot poller is publishing ' || name || ' (PostgreSQL session PID ' || pid || ')' FROM snapshot
+		  UNION ALL
+		  SELECT 2, 'a poller is polling ' || r.name || ' (the lease strategy, or a snapshot standby waiting to take over; PostgreSQL session PID ' || l.pid || ')'
+		  FROM locks l JOIN rels r ON l.objid = r.oid
+		  WHERE l.classid = $4::bigint::oid AND NOT EXISTS (SELECT 1 FROM snapshot WHERE snapshot.pid = l.pid)
+		)
+		SELECT COALESCE(array_agg(what ORDER BY ord, what), '{}') FROM found`,
+		slot, schema, table, pollerLockClass, recorded).Scan(&running)
 	if err != nil {
-		return "", fmt.Errorf("look up running relays: %w", err)
+		return nil, fmt.Errorf("look up running relays: %w", err)
 	}
 	return running, nil
 }

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -173,6 +174,22 @@ func adoptPartitions(ctx context.Context, o *options, registry *store.Partitions
 		fmt.Fprintf(stderr, "outbox-relay %s: %s\n", command, pg.RedactError(fmt.Sprintf(format, args...), dsn))
 		return exitFailure
 	}
+	recorded, err := registry.List(ctx, conn)
+	if err != nil {
+		return failure(stderr, command, err, dsn)
+	}
+	if !slices.ContainsFunc(recorded, func(r store.RecordedTopic) bool { return r.Topic == topic }) {
+		names := make([]string, len(recorded))
+		for i, r := range recorded {
+			names[i] = r.Topic
+		}
+		listed := "none yet"
+		if len(names) > 0 {
+			listed = strings.Join(names, ", ")
+		}
+		return fail("topic %s has no partition count recorded in %s: the relay never published to it, so there is nothing to adopt (its first record will record the topic's count then). "+
+			"Check --event-topic and --table; the topics the relay published to (outbox-relay partitions show): %s", topic, registry.Table(), listed)
+	}
 	actual, err := publisher.TopicPartitionCount(client, topic)
 	if err != nil {
 		return fail("%s; check --event-topic (outbox-relay partitions show lists the topics the relay publishes to)", operatorMessage(err, dsn))
@@ -184,13 +201,15 @@ func adoptPartitions(ctx context.Context, o *options, registry *store.Partitions
 	if n > actual {
 		return fail("--partitions %d: topic %s has %d partitions; keys can only be mapped by at most that many", n, topic, actual)
 	}
-	running, err := pg.RunningRelay(ctx, conn, o.relay.Replication.Config, o.relay.Replication.Slot)
+	slots := store.SlotRegistry(registry.Table()).Quoted()
+	running, err := pg.RunningRelay(ctx, conn, o.relay.Replication.Config, o.relay.Replication.Slot, slots)
 	if err != nil {
 		return failure(stderr, command, err, dsn)
 	}
-	if running != "" {
-		return fail("%s. Stop it first (systemctl stop outbox-relay, or every instance of it): events wait in PostgreSQL meanwhile. "+
-			"A relay that keeps publishing keeps consumers from reaching the end. Then run this command again; see %s", running, publisher.PartitionsDoc)
+	if len(running) > 0 {
+		return fail("%s. Every relay on the tables of schema %s maps keys by %s. Stop it first, each one listed, standbys included (systemctl stop outbox-relay, or every instance of it): events wait in PostgreSQL meanwhile. "+
+			"A relay that keeps publishing keeps consumers from reaching the end, and maps keys by the old count until it restarts. Then run this command again; see %s",
+			strings.Join(running, "; "), registry.Table().Schema, registry.Table(), publisher.PartitionsDoc)
 	}
 	admin, err := sarama.NewClusterAdminFromClient(client)
 	if err != nil {
@@ -231,11 +250,11 @@ func adoptPartitions(ctx context.Context, o *options, registry *store.Partitions
 	// Again, with the row held: a relay that started since the first check
 	// is refused here, and one that starts after it waits for this
 	// transaction and reads the new count.
-	if running, err = pg.RunningRelay(ctx, tx, o.relay.Replication.Config, o.relay.Replication.Slot); err != nil {
+	if running, err = pg.RunningRelay(ctx, tx, o.relay.Replication.Config, o.relay.Replication.Slot, slots); err != nil {
 		return failure(stderr, command, err, dsn)
 	}
-	if running != "" {
-		return fail("%s: it started while this command ran, and nothing was recorded. Stop it, and run this command again", running)
+	if len(running) > 0 {
+		return fail("%s: it started while this command ran, and nothing was recorded. Stop it, and run this command again", strings.Join(running, "; "))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return failure(stderr, command, fmt.Errorf("commit: %w", err), dsn)
