@@ -58,7 +58,7 @@ func (s *memStore) Recreate(context.Context) (bool, error) {
 	}
 	return was, nil
 }
-func (s *memStore) Close() error                           { return nil }
+func (s *memStore) Close() error { return nil }
 
 func (s *memStore) positions() []lsn.LSN {
 	s.mu.Lock()

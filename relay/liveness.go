@@ -25,8 +25,8 @@ type liveness struct {
 	// pgTimeout and senderTimeout are what deadAfter came from, for the
 	// message.
 	pgTimeout, senderTimeout time.Duration
-	pingEvery time.Duration
-	lastPing  time.Time
+	pingEvery                time.Duration
+	lastPing                 time.Time
 	// pings counts the requests for an answer since heardAt, the last
 	// arrival seen.
 	pings   int

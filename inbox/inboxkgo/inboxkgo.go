@@ -151,6 +151,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		})
 	}
 	var backoff time.Duration
+	// reached: a poll got through to the brokers once. From then on a
+	// connection closed at its first read is the network's doing (a
+	// broker restarting, a proxy or load balancer dropping connections,
+	// a black hole healing), not a listener that wants TLS.
+	reached := false
 	for {
 		resume := map[topicPartition]bool{}
 		for _, tp := range done.take() {
@@ -176,7 +181,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			switch {
 			case pollCtx.Err() != nil && errors.Is(err, context.Canceled):
 				// The poll was cut short to resume a partition.
-			case isRetriable(err):
+			case isRetriable(err) || reached && isFirstReadEOF(err):
 				retriable = err
 				if c.OnClientError != nil {
 					c.OnClientError(pollError(topic, partition, err))
@@ -187,6 +192,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		})
 		if fatal != nil {
 			return fatal
+		}
+		if retriable == nil {
+			reached = true
 		}
 		polled := map[topicPartition][]*kgo.Record{}
 		var order []topicPartition
@@ -294,6 +302,14 @@ func isRetriable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// isFirstReadEOF says the broker closed a connection before answering
+// its first request: kgo leaves it to the caller, since at a first
+// connection it often means a listener that wants TLS.
+func isFirstReadEOF(err error) bool {
+	_, ok := errors.AsType[*kgo.ErrFirstReadEOF](err)
+	return ok
 }
 
 // pollError says where a poll error came from: a partition's fetch, or

@@ -215,9 +215,10 @@ func (k *ApacheKafka) Brokers() []string {
 	return out
 }
 
-// directBrokers are the brokers' own addresses, past any proxy: the
-// harness's admin client keeps working while a test breaks the proxies.
-func (k *ApacheKafka) directBrokers() []string {
+// DirectBrokers are the brokers' own addresses, past any proxy: the
+// harness's admin client, and a test's producer, keep working while a test
+// breaks the proxies.
+func (k *ApacheKafka) DirectBrokers() []string {
 	out := make([]string, len(k.nodes))
 	for i, n := range k.nodes {
 		out[i] = fmt.Sprintf("127.0.0.1:%d", n.brokerPort)

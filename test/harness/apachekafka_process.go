@@ -114,7 +114,7 @@ func (k *ApacheKafka) start() error {
 	}
 
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(k.directBrokers()...),
+		kgo.SeedBrokers(k.DirectBrokers()...),
 		kgo.DialTimeout(3*time.Second),
 		kgo.RequestTimeoutOverhead(5*time.Second),
 		kgo.RetryTimeout(10*time.Second),

@@ -34,7 +34,14 @@ type world struct {
 
 func newWorld(t *testing.T, partitions int32) *world {
 	t.Helper()
-	k := harness.RequireApacheKafka(t, harness.ApacheKafkaOptions{})
+	return newWorldOn(t, partitions, harness.ApacheKafkaOptions{})
+}
+
+// newWorldOn is newWorld on the shared cluster of opts; the writer's
+// producer reaches the brokers directly, past any proxy in front of them.
+func newWorldOn(t *testing.T, partitions int32, opts harness.ApacheKafkaOptions) *world {
+	t.Helper()
+	k := harness.RequireApacheKafka(t, opts)
 	w := &world{t: t, db: pg.CreateTestDatabase(t), k: k,
 		topic: fmt.Sprintf("inbox.drill.%s.%d", strings.ToLower(strings.NewReplacer("/", ".", "=", ".").Replace(t.Name())), time.Now().UnixNano())}
 	ddl, err := inbox.SQL(inbox.Tables{})
@@ -55,7 +62,7 @@ func newWorld(t *testing.T, partitions int32) *world {
 	// The writer's producer learns of added partitions within a second, as
 	// a relay's does at its metadata refresh; keys go where murmur2 puts
 	// them, as the relay's partitioner does.
-	w.produce = harness.NewKgoClient(t, k.Brokers(), kgo.MetadataMinAge(250*time.Millisecond), kgo.MetadataMaxAge(time.Second), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
+	w.produce = harness.NewKgoClient(t, k.DirectBrokers(), kgo.MetadataMinAge(250*time.Millisecond), kgo.MetadataMaxAge(time.Second), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))
 	return w
 }
 
