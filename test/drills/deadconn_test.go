@@ -2,6 +2,7 @@ package drills
 
 import (
 	"fmt"
+	mrand "math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,49 @@ import (
 // logSilent is what the relay logs when it takes its replication
 // connection for dead.
 const logSilent = "replication connection silent"
+
+// settle waits until the slot confirmed everything committed and checks
+// what Kafka holds: in exactly-once mode every event once for
+// read_committed readers; else no loss and order, with the duplicates
+// counted.
+func (w *world) settle(exactlyOnce bool, timeout time.Duration) (records []harness.Record, dups int) {
+	w.T.Helper()
+	if exactlyOnce {
+		return w.settleExactlyOnce(timeout), 0
+	}
+	records = w.waitSettled(timeout)
+	w.checkDelivery(records)
+	return records, len(records) - len(harness.FirstDeliveries(records))
+}
+
+// underLoad starts the relay with flags, in exactly-once mode when asked,
+// and a writer committing 5 events over 200 aggregates every 50 ms (about
+// 100 a second) until halted, and waits until Kafka holds atLeast records.
+func (w *world) underLoad(rng *mrand.Rand, exactlyOnce bool, atLeast int64, flags ...string) (*harness.Process, *pacedWriter, *offsets) {
+	w.T.Helper()
+	off := newOffsets(w.T, w.Brokers)
+	if exactlyOnce {
+		flags = append(flags, eosFlags...)
+	}
+	relay := w.startRelay(flags...)
+	pw := startPacedWriter(w, w.connect(), writerRand(rng), 50*time.Millisecond, 5, 200, false)
+	w.T.Cleanup(func() { pw.halt() })
+	harness.WaitFor(w.T, time.Minute, "the relay delivers events", func() bool {
+		m, err := off.read(w.topics())
+		return err == nil && sumOffsets(m) >= atLeast
+	})
+	return relay, pw, off
+}
+
+// relayThrough points the relay's DSN at proxy instead of pg.
+func (w *world) relayThrough(pg *harness.Postgres, proxy *harness.Toxi) {
+	w.T.Helper()
+	direct := fmt.Sprintf("127.0.0.1:%d", pg.Port())
+	w.relayDSN = strings.Replace(w.DB.DSN(), direct, proxy.Addr(), 1)
+	if w.relayDSN == w.DB.DSN() {
+		w.T.Fatalf("could not point the DSN %s at the proxy", w.DB.DSN())
+	}
+}
 
 // TestDrillPostgresBlackHole black-holes every connection between the
 // relay and PostgreSQL (no FIN, no RST: toxiproxy drops everything both
@@ -29,23 +73,8 @@ func TestDrillPostgresBlackHole(t *testing.T) {
 			rng := newRand(t)
 			w, _ := newKfakeWorld(t, pg)
 			toxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
-			w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), toxi.Addr(), 1)
-			if w.relayDSN == w.DB.DSN() {
-				t.Fatalf("could not point the DSN %s at the proxy", w.DB.DSN())
-			}
-			off := newOffsets(t, w.Brokers)
-			flags := []string{"--pg-timeout", "5s"}
-			if mode == "exactly-once" {
-				flags = append(flags, eosFlags...)
-			}
-			relay := w.startRelay(flags...)
-			conn := w.connect()
-			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
-			defer pw.halt()
-			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
-				m, err := off.read(w.topics())
-				return err == nil && sumOffsets(m) >= 300
-			})
+			w.relayThrough(pg, toxi)
+			relay, pw, _ := w.underLoad(rng, mode == "exactly-once", 300, "--pg-timeout", "5s")
 
 			streams := strings.Count(relay.Output(), harness.LogStreaming)
 			toxi.BlackHole(t)
@@ -72,15 +101,7 @@ func TestDrillPostgresBlackHole(t *testing.T) {
 			if err := pw.halt(); err != nil {
 				t.Fatal(err)
 			}
-			var records []harness.Record
-			dups := 0
-			if mode == "exactly-once" {
-				records = w.settleExactlyOnce(3 * time.Minute)
-			} else {
-				records = w.waitSettled(3 * time.Minute)
-				w.checkDelivery(records)
-				dups = len(records) - len(harness.FirstDeliveries(records))
-			}
+			records, dups := w.settle(mode == "exactly-once", 3*time.Minute)
 			t.Logf("%s: black hole noticed after %v, streaming again %v after the network healed; %d events, %d records, %d duplicates, 0 lost, order kept",
 				mode, detected.Round(100*time.Millisecond), again.Round(100*time.Millisecond), w.CommittedCount(), len(records), dups)
 		})
@@ -114,19 +135,8 @@ func TestDrillKafkaBlackHole(t *testing.T) {
 			t.Cleanup(func() { toxi.Heal(t) })
 			w.Brokers = k.Brokers()
 			w.Migrate()
-			off := newOffsets(t, w.Brokers)
-			flags := []string{"--kafka-timeout", kafkaTimeout.String(), "--kafka-stall-timeout", (2 * kafkaTimeout).String(), "--progress-topic", "drill_kbh_progress_" + strings.ReplaceAll(mode, "-", "_")}
-			if mode == "exactly-once" {
-				flags = append(flags, eosFlags...)
-			}
-			relay := w.startRelay(flags...)
-			conn := w.connect()
-			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
-			defer pw.halt()
-			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
-				m, err := off.read(w.topics())
-				return err == nil && sumOffsets(m) >= 300
-			})
+			relay, pw, off := w.underLoad(rng, mode == "exactly-once", 300, "--kafka-timeout", kafkaTimeout.String(),
+				"--kafka-stall-timeout", (2 * kafkaTimeout).String(), "--progress-topic", "drill_kbh_progress_"+strings.ReplaceAll(mode, "-", "_"))
 
 			failed := strings.Count(relay.Output(), logKafkaFailed)
 			stalled := strings.Count(relay.Output(), logKafkaStalled)
@@ -164,15 +174,7 @@ func TestDrillKafkaBlackHole(t *testing.T) {
 			if err := pw.halt(); err != nil {
 				t.Fatal(err)
 			}
-			var records []harness.Record
-			dups := 0
-			if mode == "exactly-once" {
-				records = w.settleExactlyOnce(3 * time.Minute)
-			} else {
-				records = w.waitSettled(3 * time.Minute)
-				w.checkDelivery(records)
-				dups = len(records) - len(harness.FirstDeliveries(records))
-			}
+			records, dups := w.settle(mode == "exactly-once", 3*time.Minute)
 			t.Logf("%s on Apache Kafka: black hole noticed after %v (--kafka-timeout %v), delivering again %v after the network healed; %d events, %d records, %d duplicates, 0 lost, order kept",
 				mode, detected.Round(100*time.Millisecond), kafkaTimeout, again.Round(100*time.Millisecond), w.CommittedCount(), len(records), dups)
 		})

@@ -28,23 +28,11 @@ func TestDrillBrokerRefusesForMinutes(t *testing.T) {
 			rng := newRand(t)
 			w, k := kfakeWorld(t, harness.KfakeOptions{})
 			admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-			flags := []string{"--admin-addr", admin, "--kafka-stall-timeout", "5s"}
-			if mode == "exactly-once" {
-				flags = append(flags, eosFlags...)
-			}
-			relay := w.startRelay(flags...)
-			conn := w.connect()
-			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
-			defer pw.halt()
-			off := newOffsets(t, w.Brokers)
-			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
-				m, err := off.read(w.topics())
-				return err == nil && sumOffsets(m) >= 200
-			})
+			relay, pw, _ := w.underLoad(rng, mode == "exactly-once", 200, "--admin-addr", admin, "--kafka-stall-timeout", "5s")
 
 			refuseFor := time.Duration(harness.Sized(40, 180)) * time.Second
 			fault := k.FailProduceTo(w.topicPrefix, -1, kerr.NotEnoughReplicas.Code)
-			fence := w.fence(w.connect(), w.genEvents(rng, 5, 200)) // its own connection: the writer uses conn
+			fence := w.fence(w.connect(), w.genEvents(rng, 5, 200)) // its own connection: the writer has one
 			var notReady string
 			var maxStall float64
 			slotSaid := false
@@ -95,15 +83,7 @@ func TestDrillBrokerRefusesForMinutes(t *testing.T) {
 			if err := pw.halt(); err != nil {
 				t.Fatal(err)
 			}
-			var records []harness.Record
-			dups := 0
-			if mode == "exactly-once" {
-				records = w.settleExactlyOnce(3 * time.Minute)
-			} else {
-				records = w.waitSettled(3 * time.Minute)
-				w.checkDelivery(records)
-				dups = len(records) - len(harness.FirstDeliveries(records))
-			}
+			records, dups := w.settle(mode == "exactly-once", 3*time.Minute)
 			t.Logf("%s: %v of NOT_ENOUGH_REPLICAS (%d produce requests refused), /readyz %q, stall gauge peaked at %.0f s; refusals' start confirmed %v after they ended; %d events, %d records, %d duplicates, 0 lost, order kept",
 				mode, refuseFor, refused, strings.TrimSpace(notReady), maxStall, drained.Round(100*time.Millisecond), w.CommittedCount(), len(records), dups)
 		})

@@ -68,20 +68,8 @@ func TestDrillSlowLinks(t *testing.T) {
 			}
 			w.Migrate()
 			pgToxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
-			w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), pgToxi.Addr(), 1)
-			off := newOffsets(t, w.Brokers)
-			flags := []string{"--pg-timeout", "5s"}
-			if mode == "exactly-once" {
-				flags = append(flags, eosFlags...)
-			}
-			relay := w.startRelay(flags...)
-			conn := w.connect()
-			pw := startPacedWriter(w, conn, writerRand(rng), 50*time.Millisecond, 5, 200, false)
-			defer pw.halt()
-			harness.WaitFor(t, time.Minute, "the relay delivers events", func() bool {
-				m, err := off.read(w.topics())
-				return err == nil && sumOffsets(m) >= 200
-			})
+			w.relayThrough(pg, pgToxi)
+			relay, pw, off := w.underLoad(rng, mode == "exactly-once", 200, "--pg-timeout", "5s")
 			streams := strings.Count(relay.Output(), harness.LogStreaming)
 			pgToxi.Slow(t, 100, 50, 256)
 			kafkaToxi.Slow(t, 100, 50, 256)
@@ -105,15 +93,7 @@ func TestDrillSlowLinks(t *testing.T) {
 			if err := pw.halt(); err != nil {
 				t.Fatal(err)
 			}
-			var records []harness.Record
-			dups := 0
-			if mode == "exactly-once" {
-				records = w.settleExactlyOnce(3 * time.Minute)
-			} else {
-				records = w.waitSettled(3 * time.Minute)
-				w.checkDelivery(records)
-				dups = len(records) - len(harness.FirstDeliveries(records))
-			}
+			records, dups := w.settle(mode == "exactly-once", 3*time.Minute)
 			out := relay.Output()
 			if strings.Contains(out, logSilent) {
 				t.Errorf("the slow replication connection was taken for dead:\n%s", out)

@@ -241,7 +241,7 @@ func TestDrillSoak(t *testing.T) {
 			}
 			w.Migrate(run.flags...)
 			toxi := harness.StartToxi(t, fmt.Sprintf("127.0.0.1:%d", pg.Port()))
-			w.relayDSN = strings.Replace(w.DB.DSN(), fmt.Sprintf("127.0.0.1:%d", pg.Port()), toxi.Addr(), 1)
+			w.relayThrough(pg, toxi)
 			flags := append([]string{"--pg-timeout", "5s", "--kafka-timeout", "5s", "--kafka-stall-timeout", "10s"}, run.flags...)
 			if run.eos {
 				flags = append(flags, eosFlags...)
@@ -264,10 +264,7 @@ func TestDrillSoak(t *testing.T) {
 			}
 			var records []harness.Record
 			dups := 0
-			switch {
-			case run.eos:
-				records = w.settleExactlyOnce(5 * time.Minute)
-			case run.source == "poll":
+			if run.source == "poll" {
 				// No slot to confirm a fence: read until every committed
 				// event is in Kafka.
 				ids, order := w.Committed()
@@ -275,10 +272,8 @@ func TestDrillSoak(t *testing.T) {
 				harness.CheckNoLoss(t, records, ids)
 				harness.CheckPerAggregateOrder(t, records, order)
 				dups = len(records) - len(harness.FirstDeliveries(records))
-			default:
-				records = w.waitSettled(5 * time.Minute)
-				w.checkDelivery(records)
-				dups = len(records) - len(harness.FirstDeliveries(records))
+			} else {
+				records, dups = w.settle(run.eos, 5*time.Minute)
 			}
 			t.Logf("soak %s: %d faults in %v %v; %d events, %d records, %d duplicates, 0 lost, order kept",
 				run.name, steps, time.Since(start).Round(time.Second), s.applied, w.CommittedCount(), len(records), dups)
