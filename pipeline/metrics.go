@@ -34,6 +34,10 @@ type Metrics struct {
 	// once partitions were added and not yet adopted (docs/partitions.md).
 	TopicPartitions     *prometheus.GaugeVec
 	TopicPartitionsUsed *prometheus.GaugeVec
+	// TopicPartitionsRecordedOverRecords counts the topics whose count
+	// the relay recorded, as on a first start, while they already held
+	// records: the registry was lost (docs/partitions.md).
+	TopicPartitionsRecordedOverRecords *prometheus.CounterVec
 	// KafkaThrottle sums the time the brokers made the relay's clients
 	// wait (quotas).
 	KafkaThrottle prometheus.Counter
@@ -53,19 +57,20 @@ var LatencyBuckets = []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .2, .
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	s := NewSeries(reg)
 	m := &Metrics{
-		EventsPublished:     s.CounterVec("outbox_relay_events_published_total", "Events acknowledged by Kafka, by topic.", "topic"),
-		BytesPublished:      s.CounterVec("outbox_relay_bytes_published_total", "Record bytes acknowledged by Kafka, by topic.", "topic"),
-		PublishErrors:       s.CounterVec("outbox_relay_publish_errors_total", "Records Kafka failed, one per failed attempt, by error class (retriable, producer, permanent).", "class"),
-		OrderBreaks:         s.CounterVec("outbox_relay_order_breaks_total", "Failed records that later records of their partition may have passed in Kafka, so that their re-delivery lands after them (per-aggregate order broken); by the partition's topic and number.", "topic", "partition"),
-		Restarts:            s.Counter("outbox_relay_stream_restarts_total", "Sessions restarted after a failure of PostgreSQL or Kafka (not the waits of a standby); each reads again what was not confirmed."),
-		Quarantined:         s.Gauge("outbox_relay_quarantined_events", "Events in the quarantine table waiting for a replay."),
-		RetentionDeleted:    s.Counter("outbox_relay_retention_rows_deleted_total", "Published outbox rows deleted by retention cleanup."),
-		RetentionRuns:       s.Counter("outbox_relay_retention_runs_total", "Retention cleanup passes completed."),
-		State:               s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
-		TopicPartitions:     s.GaugeVec("outbox_relay_topic_partitions", "Partitions of each event topic the relay published to, as the brokers' metadata last showed them (checked every 10s).", "topic"),
-		TopicPartitionsUsed: s.GaugeVec("outbox_relay_topic_partitions_used", "The partition count each event topic's keys are mapped by: the one the relay recorded for the topic, until an operator adopts another (outbox-relay partitions adopt). Below outbox_relay_topic_partitions after partitions were added: keys stay where they were, the new partitions get nothing.", "topic"),
-		KafkaThrottle:       s.Counter("outbox_relay_kafka_throttle_seconds_total", "Time the brokers asked the relay's Kafka clients to wait before their next request, because a quota (producer_byte_rate, request_percentage) was exceeded; its rate is the share of time publishing was held back."),
-		perTopic:            make(map[string]topicCounters),
+		EventsPublished:                    s.CounterVec("outbox_relay_events_published_total", "Events acknowledged by Kafka, by topic.", "topic"),
+		BytesPublished:                     s.CounterVec("outbox_relay_bytes_published_total", "Record bytes acknowledged by Kafka, by topic.", "topic"),
+		PublishErrors:                      s.CounterVec("outbox_relay_publish_errors_total", "Records Kafka failed, one per failed attempt, by error class (retriable, producer, permanent).", "class"),
+		OrderBreaks:                        s.CounterVec("outbox_relay_order_breaks_total", "Failed records that later records of their partition may have passed in Kafka, so that their re-delivery lands after them (per-aggregate order broken); by the partition's topic and number.", "topic", "partition"),
+		Restarts:                           s.Counter("outbox_relay_stream_restarts_total", "Sessions restarted after a failure of PostgreSQL or Kafka (not the waits of a standby); each reads again what was not confirmed."),
+		Quarantined:                        s.Gauge("outbox_relay_quarantined_events", "Events in the quarantine table waiting for a replay."),
+		RetentionDeleted:                   s.Counter("outbox_relay_retention_rows_deleted_total", "Published outbox rows deleted by retention cleanup."),
+		RetentionRuns:                      s.Counter("outbox_relay_retention_runs_total", "Retention cleanup passes completed."),
+		State:                              s.GaugeVec("outbox_relay_state", "1 for the instance's current state (streaming or polling while it publishes; starting, connecting, waiting-for-slot, waiting-for-promotion, backing-off, draining, stopped, failed), 0 for the others.", "state"),
+		TopicPartitions:                    s.GaugeVec("outbox_relay_topic_partitions", "Partitions of each event topic the relay published to, as the brokers' metadata last showed them (checked every 10s).", "topic"),
+		TopicPartitionsUsed:                s.GaugeVec("outbox_relay_topic_partitions_used", "The partition count each event topic's keys are mapped by: the one the relay recorded for the topic, until an operator adopts another (outbox-relay partitions adopt). Below outbox_relay_topic_partitions after partitions were added: keys stay where they were, the new partitions get nothing.", "topic"),
+		TopicPartitionsRecordedOverRecords: s.CounterVec("outbox_relay_topic_partitions_recorded_over_records_total", "Times the relay recorded an event topic's partition count, as on its first start, while the topic already held records: its registry row was lost (outbox_relay_partitions dropped, or restored without it), and the partitions the topic's keys were mapped by before are unknown to it. Any increase: check outbox-relay partitions show, and adopt the count the records were written with if the topic's count changed since.", "topic"),
+		KafkaThrottle:                      s.Counter("outbox_relay_kafka_throttle_seconds_total", "Time the brokers asked the relay's Kafka clients to wait before their next request, because a quota (producer_byte_rate, request_percentage) was exceeded; its rate is the share of time publishing was held back."),
+		perTopic:                           make(map[string]topicCounters),
 	}
 	if reg != nil {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

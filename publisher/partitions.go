@@ -18,8 +18,8 @@ import (
 // maps every key as before.
 type PartitionRecord interface {
 	// Pin returns the count recorded for topic, first recording actual
-	// when none is.
-	Pin(ctx context.Context, topic string, actual int32) (int32, error)
+	// when none is; recorded says this call recorded it.
+	Pin(ctx context.Context, topic string, actual int32) (n int32, recorded bool, err error)
 	// Recorded returns the count recorded for topic, 0 when none is.
 	Recorded(ctx context.Context, topic string) (int32, error)
 }
@@ -75,6 +75,9 @@ type Partitions struct {
 	mu      sync.Mutex
 	topics  map[string]*pin
 	observe func(topic string, actual, used int32)
+	// overRecords is told each topic whose count the relay recorded
+	// while the topic already held records.
+	overRecords func(topic string)
 }
 
 // pin is what the relay knows of one topic's partitions.
@@ -99,6 +102,39 @@ func (p *Partitions) Observe(fn func(topic string, actual, used int32)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.observe = fn
+}
+
+// ObserveRecordedOverRecords has fn told each topic whose count the relay
+// recorded, as on its first start, while the topic already held records
+// (for the counter); set it before the first sink is made.
+func (p *Partitions) ObserveRecordedOverRecords(fn func(topic string)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.overRecords = fn
+}
+
+// MsgRecordedOverRecords is the relay's warning when it recorded a
+// topic's partition count while the topic already held records.
+const MsgRecordedOverRecords = "recorded the event topic's partition count, but the topic already holds records: the partitions its keys were mapped by before are unknown to the relay"
+
+// recordedOverRecords warns that the relay recorded used as topic's count
+// (no count was recorded: the registry was lost, or restored without its
+// row) while the topic already held records, which may have been written
+// with another count.
+func (p *Partitions) recordedOverRecords(topic string, used int32) {
+	p.mu.Lock()
+	fn := p.overRecords
+	p.mu.Unlock()
+	if fn != nil {
+		fn(topic)
+	}
+	p.log.Warn().Str("topic", topic).Int32("partitions_recorded", used).
+		Str("procedure", fmt.Sprintf("no partition count was recorded for topic %s (outbox_relay_partitions dropped, or restored without its row), so the relay recorded its count now, %d, and maps keys by it. "+
+			"Check with `outbox-relay partitions show`. If the topic's partition count changed since its earlier records were written, keys may have moved: "+
+			"stop the relay (events wait in PostgreSQL) and adopt the count those records were written with, "+
+			"`outbox-relay partitions adopt --event-topic %s --partitions N --consumer-groups <every group that reads it>` with the relay's flags, then start the relay; see %s",
+			topic, used, topic, PartitionsDoc)).
+		Msg(MsgRecordedOverRecords)
 }
 
 // pinOf returns topic's entry, made on first use.
@@ -146,19 +182,19 @@ func (e *PartitionsShrunkError) Unwrap() error { return sink.ErrTopicPartitions 
 
 // learn reads, or records, the count topic's keys are mapped by, on the
 // first use of the topic in a session: a PostgreSQL round trip per topic
-// and session, none per record.
-func (p *Partitions) learn(ctx context.Context, topic string, actual int32) (int32, error) {
-	used, err := p.record.Pin(ctx, topic, actual)
+// and session, none per record. recorded says this call recorded it.
+func (p *Partitions) learn(ctx context.Context, topic string, actual int32) (used int32, recorded bool, err error) {
+	used, recorded, err = p.record.Pin(ctx, topic, actual)
 	if err != nil {
-		return 0, fmt.Errorf("read the partition count recorded for topic %s: %w", topic, err)
+		return 0, false, fmt.Errorf("read the partition count recorded for topic %s: %w", topic, err)
 	}
 	if used > actual {
 		p.seen(topic, actual, used)
-		return 0, &PartitionsShrunkError{Topic: topic, Recorded: used, Have: actual}
+		return 0, recorded, &PartitionsShrunkError{Topic: topic, Recorded: used, Have: actual}
 	}
 	p.pinOf(topic).used.Store(used)
 	p.seen(topic, actual, used)
-	return used, nil
+	return used, recorded, nil
 }
 
 // seen notes a topic's actual count from the brokers' metadata, reports

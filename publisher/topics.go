@@ -293,6 +293,37 @@ func (t *topicResolver) pin(name string) error {
 		case <-ctx.Done():
 		}
 	}()
-	_, err = t.cfg.Partitions.learn(ctx, name, int32(len(parts)))
-	return err
+	used, recorded, err := t.cfg.Partitions.learn(ctx, name, int32(len(parts)))
+	if err != nil || !recorded {
+		return err
+	}
+	// The relay recorded the topic's count, as on its first start: if the
+	// topic already holds records, they may have been written with
+	// another count (a registry dropped, or restored without the row).
+	// One ListOffsets per partition, on the topic's first sight only.
+	held, err := topicHoldsRecords(t.client, name, parts)
+	if err != nil {
+		t.log.Warn().Err(err).Str("topic", name).Int32("partitions_recorded", used).
+			Msg("recorded the event topic's partition count, and could not check whether the topic already held records; check with `outbox-relay partitions show`, see " + PartitionsDoc)
+		return nil
+	}
+	if held {
+		t.cfg.Partitions.recordedOverRecords(name, used)
+	}
+	return nil
+}
+
+// topicHoldsRecords says whether any partition of topic has an end offset
+// above 0.
+func topicHoldsRecords(client sarama.Client, topic string, parts []int32) (bool, error) {
+	for _, p := range parts {
+		end, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return false, fmt.Errorf("read the end offset of %s/%d: %w", topic, p, err)
+		}
+		if end > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

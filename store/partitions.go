@@ -44,25 +44,25 @@ func NewPartitions(cfg pg.Config) (*Partitions, error) {
 func (p *Partitions) Table() Table { return p.table }
 
 // Pin returns the count recorded for topic, first recording actual when
-// none is. It connects for the call: the relay asks once per topic and
-// session, never per record.
-func (p *Partitions) Pin(ctx context.Context, topic string, actual int32) (int32, error) {
+// none is; recorded says this call recorded it. It connects for the call:
+// the relay asks once per topic and session, never per record.
+func (p *Partitions) Pin(ctx context.Context, topic string, actual int32) (n int32, recorded bool, err error) {
 	conn, err := pg.Dial(ctx, p.cfg)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "INSERT INTO "+p.table.Quoted()+" (topic, partitions, recorded_by) VALUES ($1, $2, 'run') ON CONFLICT (topic) DO NOTHING",
-		topic, actual); err != nil {
-		return 0, p.explain(err)
+	tag, err := conn.Exec(ctx, "INSERT INTO "+p.table.Quoted()+" (topic, partitions, recorded_by) VALUES ($1, $2, 'run') ON CONFLICT (topic) DO NOTHING",
+		topic, actual)
+	if err != nil {
+		return 0, false, p.explain(err)
 	}
-	var n int32
 	// FOR SHARE waits for an adoption under way (partitions adopt holds
 	// the row) and reads what it committed.
 	if err := conn.QueryRow(ctx, "SELECT partitions FROM "+p.table.Quoted()+" WHERE topic = $1 FOR SHARE", topic).Scan(&n); err != nil {
-		return 0, p.explain(err)
+		return 0, false, p.explain(err)
 	}
-	return n, nil
+	return n, tag.RowsAffected() == 1, nil
 }
 
 // Recorded returns the count recorded for topic, 0 when none is, and

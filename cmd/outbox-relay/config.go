@@ -596,6 +596,7 @@ func (o *options) kafkaConfig(log zerolog.Logger) publisher.Config {
 func (o *options) observeKafka(m *pipeline.Metrics) {
 	if o.partitions != nil {
 		o.partitions.Observe(m.SetTopicPartitions)
+		o.partitions.ObserveRecordedOverRecords(func(topic string) { m.TopicPartitionsRecordedOverRecords.WithLabelValues(topic).Inc() })
 	}
 	if o.throttle != nil {
 		o.throttle.Observe(func(d time.Duration) { m.KafkaThrottle.Add(d.Seconds()) })

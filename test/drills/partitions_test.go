@@ -731,6 +731,76 @@ func TestDrillPartitionsRegistryMissing(t *testing.T) {
 	w.checkDelivery(records)
 }
 
+// TestDrillPartitionsRegistryLost: outbox_relay_partitions dropped on a
+// database whose relay already published (6 partitions recorded), the
+// topic raised to 12 meanwhile, migrate run again. Nothing tells the relay
+// that keys were mapped by 6: it records 12, as on a first start. It must
+// say so, naming the topic and the count it recorded and what to do, and
+// count it in outbox_relay_topic_partitions_recorded_over_records_total.
+func TestDrillPartitionsRegistryLost(t *testing.T) {
+	w, _ := newKfakeWorld(t, shared)
+	conn := w.connect()
+	rng := newRand(t)
+	if err := w.writeTxns(conn, rng, 20, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	relay := w.startRelay()
+	w.consumeAll(time.Minute)
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("stop the relay: exit %d, %v", code, err)
+	}
+	if out := relay.Output(); strings.Contains(out, msgRecordedOverRecords) {
+		t.Errorf("the relay warned on its first start over empty topics:\n%s", harness.LastLines(out, 10))
+	}
+	w.DB.Exec(t, "DROP TABLE outbox_relay_partitions")
+	addPartitions(t, w.Brokers, w.topics(), 2*partitions)
+	w.Migrate()
+	if err := w.writeTxns(conn, rng, 5, 5, 50); err != nil {
+		t.Fatal(err)
+	}
+	relay = w.startRelay("--admin-addr", "127.0.0.1:0")
+	admin := relay.AdminURL(t)
+	w.waitSettled(2 * time.Minute)
+	for _, topic := range w.topics() {
+		v, ok := 0.0, false
+		waitCond(30*time.Second, func() bool {
+			v, ok = harness.MetricValue(harness.Scrape(t, admin), recordedOverRecordsCounter, "topic", topic)
+			return ok && v >= 1
+		})
+		if !ok || v != 1 {
+			t.Errorf("%s of %s: %v (exported: %v), want 1", recordedOverRecordsCounter, topic, v, ok)
+		}
+	}
+	if code, err := relay.Stop(time.Minute); err != nil || code != 0 {
+		t.Fatalf("stop the relay: exit %d, %v", code, err)
+	}
+	out := relay.Output()
+	for _, topic := range w.topics() {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, msgRecordedOverRecords) && strings.Contains(line, `"topic":"`+topic+`"`) {
+				found = true
+				for _, s := range []string{fmt.Sprintf(`"partitions_recorded":%d`, 2*partitions), "outbox-relay partitions show", "partitions adopt --event-topic " + topic + " --partitions N"} {
+					if !strings.Contains(line, s) {
+						t.Errorf("the warning for %s lacks %q: %s", topic, s, line)
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("the relay did not warn that it recorded the count of %s over its records:\n%s", topic, harness.LastLines(out, 20))
+		}
+	}
+}
+
+// msgRecordedOverRecords is the relay's warning when it records a topic's
+// count while the topic already holds records, and
+// recordedOverRecordsCounter counts it.
+const (
+	msgRecordedOverRecords     = "recorded the event topic's partition count, but the topic already holds records"
+	recordedOverRecordsCounter = "outbox_relay_topic_partitions_recorded_over_records_total"
+)
+
 // TestDrillPartitionsDryRun: after partitions were added, `run --dry-run`
 // prints the partition the relay would use, by the count recorded for the
 // topic (6), not the topic's count now (12); a topic with no count
