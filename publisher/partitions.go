@@ -39,7 +39,7 @@ func (e *TopicDeletedError) Error() string {
 	return fmt.Sprintf("event topic %s does not exist on the brokers, but the relay published to it before (%d partitions recorded): it was deleted. "+
 		"Its events wait in PostgreSQL, and the relay tries again with backoff. Create it again with %d partitions "+
 		"(kafka-topics.sh --create --topic %s --partitions %d, with its earlier replication factor and configuration), "+
-		"then check what its consumers lost with `outbox-relay reconcile`; see %s", e.Topic, e.Recorded, e.Recorded, e.Topic, e.Recorded, PartitionsDoc)
+		"then reset its consumer groups to the new topic's start (kafka-consumer-groups.sh --reset-offsets --to-earliest --topic %s) and check what they lost with `outbox-relay reconcile`; see %s", e.Topic, e.Recorded, e.Recorded, e.Topic, e.Recorded, e.Topic, PartitionsDoc)
 }
 
 // deleted says whether topic, missing on the brokers, was published to

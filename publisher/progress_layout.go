@@ -33,9 +33,10 @@ func (s *ProgressStore) checkLayout(meta *sarama.TopicMetadata) error {
 	if len(problems) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s exists but %s, so it is not a progress topic the relay made (is it an event topic?). "+
-		"Point --progress-topic at a topic of its own: a missing one is created as\n  %s\n"+
-		"Only if %s holds nothing but this relay's progress, fix it in place instead (kafka-configs.sh --alter --add-config cleanup.policy=compact; a topic's partitions cannot be reduced)",
+	return fmt.Errorf("%w: %s exists but %s, so it is not a progress topic the relay made: an event topic, or the relay's own progress topic deleted while it ran and made again by the brokers' auto.create.topics.enable with their defaults. "+
+		"If it is an event topic, point --progress-topic at a topic of its own: a missing one is created as\n  %s\n"+
+		"If it holds nothing but this relay's progress, delete it (kafka-topics.sh --delete --topic %s) and start the relay: it makes the topic again as above and starts from the slot, re-delivering what came after the slot's position (in exactly-once mode, read_committed consumers may see those twice); "+
+		"turning off auto.create.topics.enable on the brokers keeps a deleted progress topic from coming back like this",
 		progress.ErrTopic, s.topic, strings.Join(problems, " and "), s.CreateCommand(), s.topic)
 }
 
