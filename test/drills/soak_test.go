@@ -32,9 +32,12 @@ type soak struct {
 	// kafkaToxi is in front of the broker, whose listener advertises it.
 	kafkaToxi *harness.Toxi
 	relay     *harness.Process
-	flags     []string
-	off       *offsets
-	applied   map[string]int
+	// lives are every relay process of the run, the killed ones too: the
+	// order warnings of each count.
+	lives   []*harness.Process
+	flags   []string
+	off     *offsets
+	applied map[string]int
 }
 
 // waitProgress waits until Kafka holds n more records than before, so each
@@ -118,6 +121,7 @@ var soakFaults = []soakFault{
 	{"relay SIGKILL", func(s *soak, _ *mrand.Rand) {
 		s.relay.Kill()
 		s.relay = s.w.startRelayNoWait(s.flags...)
+		s.lives = append(s.lives, s.relay)
 	}},
 	// A poller's standby is not in the soak: one instance, killed and
 	// started again.
@@ -248,6 +252,7 @@ func TestDrillSoak(t *testing.T) {
 			}
 			s := &soak{t: t, w: w, k: k, toxi: toxi, kafkaToxi: kafkaToxi, flags: flags, off: newOffsets(t, w.Brokers), applied: map[string]int{}}
 			s.relay = w.startSource(flags...)
+			s.lives = []*harness.Process{s.relay}
 			pw := startSoakWriter(w, writerRand(rng))
 			defer pw.halt()
 			start := time.Now()
@@ -263,20 +268,59 @@ func TestDrillSoak(t *testing.T) {
 				t.Fatalf("writer: %v", err)
 			}
 			var records []harness.Record
-			dups := 0
-			if run.source == "poll" {
-				// No slot to confirm a fence: read until every committed
-				// event is in Kafka.
-				ids, order := w.Committed()
-				records = harness.ConsumeEventIDs(t, w.Brokers, w.topicRegex(), ids, 5*time.Minute)
-				harness.CheckNoLoss(t, records, ids)
-				harness.CheckPerAggregateOrder(t, records, order)
-				dups = len(records) - len(harness.FirstDeliveries(records))
+			dups, flaggedBreaks := 0, 0
+			if run.eos {
+				records, _ = w.settle(true, 5*time.Minute)
 			} else {
-				records, dups = w.settle(run.eos, 5*time.Minute)
+				flaggedBreaks, records = s.checkAtLeastOnce(run.source == "poll")
+				dups = len(records) - len(harness.FirstDeliveries(records))
 			}
-			t.Logf("soak %s: %d faults in %v %v; %d events, %d records, %d duplicates, 0 lost, order kept",
-				run.name, steps, time.Since(start).Round(time.Second), s.applied, w.CommittedCount(), len(records), dups)
+			t.Logf("soak %s: %d faults in %v %v; %d events, %d records, %d duplicates, 0 lost; order kept everywhere but on %d partitions the relay flagged as possibly out of order, where it broke",
+				run.name, steps, time.Since(start).Round(time.Second), s.applied, w.CommittedCount(), len(records), dups, flaggedBreaks)
 		})
 	}
+}
+
+// checkAtLeastOnce reads until every committed event is in Kafka (a WAL
+// source waits for the slot to confirm a fence first) and checks no loss
+// and per-aggregate order, on every partition but those the relay flagged
+// as possibly out of order (a record failed after reaching its partition,
+// counted in outbox_relay_order_breaks_total): guarantees.md promises
+// order there only as far as the producer keeps it. It returns on how many
+// flagged partitions order did break.
+func (s *soak) checkAtLeastOnce(poll bool) (flaggedBreaks int, records []harness.Record) {
+	t, w := s.t, s.w
+	t.Helper()
+	ids, order := w.Committed()
+	if poll {
+		// No slot to confirm a fence.
+		records = harness.ConsumeEventIDs(t, w.Brokers, w.topicRegex(), ids, 5*time.Minute)
+	} else {
+		records = w.waitSettled(5 * time.Minute)
+		ids, order = w.Committed()
+	}
+	harness.CheckNoLoss(t, records, ids)
+	flagged := map[string]bool{}
+	for _, life := range s.lives {
+		for _, l := range harness.LogLines(life.Output()) {
+			if strings.Contains(l.Str("message"), msgOrder) {
+				flagged[l.Str("topic")+"/"+l.Str("partition")] = true
+			}
+		}
+	}
+	var broken map[string]int
+	if !poll {
+		// A poller publishes each aggregate in order, not the whole
+		// partition in commit order.
+		broken = checkPartitionOrder(t, records, w.CommitIndex(), flagged)
+	}
+	where := onPartitions(records)
+	kept := map[string][]string{}
+	for agg, evs := range order {
+		if !flagged[where[agg]] {
+			kept[agg] = evs
+		}
+	}
+	harness.CheckPerAggregateOrder(t, records, kept)
+	return len(broken), records
 }
