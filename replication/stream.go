@@ -37,9 +37,6 @@ type Stream struct {
 	// deadline is the read deadline set on the connection. Setting one
 	// per message was a measurable share of the read path.
 	deadline time.Time
-	// received is when the last whole message arrived, for a connection
-	// that does not count its bytes (see Heard).
-	received time.Time
 }
 
 // OpenStream opens a replication=database connection.
@@ -130,7 +127,6 @@ func (s *Stream) Receive(deadline time.Time) (*Message, error) {
 		}
 		return nil, fmt.Errorf("receive replication message: %w", err)
 	}
-	s.received = time.Now()
 	switch raw := raw.(type) {
 	case *pgproto3.CopyData:
 		return s.decodeCopyData(raw.Data)
@@ -153,7 +149,9 @@ func (s *Stream) Heard() time.Time {
 	if at, ok := tcpdial.LastHeard(s.conn.Conn()); ok {
 		return at
 	}
-	return s.received
+	// Not dialled by pg.DialReplication: nothing counts its bytes, so
+	// it is never taken for silent.
+	return time.Now()
 }
 
 // Buffered reports whether bytes of the next message were already read
